@@ -1,0 +1,21 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: setup test lint bench-core
+
+setup:
+	python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev,bench,models]'
+
+test:
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(PY) -m pytest -q
+
+lint:
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench-core:
+	$(PY) benchmarks/core_humaneval.py

@@ -1,0 +1,1 @@
+"""Length controllers: how many tokens to draft before verifying."""

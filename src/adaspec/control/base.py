@@ -1,0 +1,29 @@
+"""The length-controller interface.
+
+`max_tokens` bounds the next draft; `keep_drafting` is asked after each drafted token (DISCO
+and confidence thresholds decide here); `update` learns from the verification result.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class LengthController(ABC):
+    name: str = "controller"
+
+    def start(self) -> None:
+        """A new request begins."""
+
+    @abstractmethod
+    def max_tokens(self) -> int:
+        """Upper bound on the number of tokens to draft in the next step (>= 1)."""
+
+    def keep_drafting(self, position: int, draft_probs: torch.Tensor | None) -> bool:
+        """After drafting token `position` (0-based) with distribution `draft_probs`: go on?"""
+        return True
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The target accepted `accepted` of `drafted` tokens."""

@@ -1,0 +1,1 @@
+"""Drafters: propose the next tokens cheaply."""

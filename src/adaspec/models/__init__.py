@@ -1,0 +1,1 @@
+"""Model store (GGUF parts -> verified cache) and model backends."""

@@ -1,0 +1,69 @@
+"""The model backend interface: all the decode loop knows about a model.
+
+A backend owns one KV cache. Tokens are fed with explicit positions; an optional tree mask
+lets a flattened token tree be scored in one pass (each node sees the cached prefix and its
+own ancestors). `truncate` rolls the cache back, `keep` compacts it to an accepted tree path.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n, vocab] float, one row per fed token
+    hidden: torch.Tensor | None = None  # [n, hidden] at the requested layer, if asked
+
+
+class ModelBackend(ABC):
+    """One model plus its KV cache."""
+
+    name: str
+    vocab_size: int
+    max_context: int
+    num_layers: int
+    hidden_size: int
+    bytes_per_forward: int  # weight bytes read by one forward pass (for bandwidth figures)
+
+    @property
+    @abstractmethod
+    def cache_len(self) -> int:
+        """Number of tokens whose keys/values are cached."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop the KV cache (a new request)."""
+
+    @abstractmethod
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layer: int | None = None,
+    ) -> ForwardOutput:
+        """Score `tokens` [n] after the cache and append them to it.
+
+        positions: [n] absolute positions (default: cache_len, cache_len + 1, ...).
+        tree_mask: [n, n] bool, True where new token i may attend to new token j
+            (default: causal). The cached prefix is always visible.
+        hidden_layer: also return the hidden state after this many decoder layers
+            (num_layers = the final normed state that feeds the output head).
+        """
+
+    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+        """Reset and score a whole prompt."""
+        self.reset()
+        return self.forward(tokens, hidden_layer=hidden_layer)
+
+    @abstractmethod
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` cached tokens."""
+
+    @abstractmethod
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep only the cached tokens at `indices` (ascending), e.g. an accepted tree path."""

@@ -1,0 +1,77 @@
+"""Logit processing shared by draft and target.
+
+The exactness proof of speculative sampling holds for the *processed* distributions, so the
+draft and the target go through exactly this code with the same parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the user asked for. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
+            raise InputError(f"temperature must be >= 0, got {t!r}")
+        if math.isinf(t):
+            raise InputError("temperature must be finite")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise InputError(f"top_k must be an integer >= 0 (0 disables it), got {k!r}")
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise InputError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator:
+        """A per-request generator: seeded requests are reproducible."""
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()
+        else:
+            g.manual_seed(self.seed)
+        return g
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn raw logits [..., V] into the processed probabilities [..., V] (float32).
+
+    Greedy requests get a one-hot on the argmax, so every verifier sees a distribution.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass before it already reaches top_p; the top token always stays.
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a 1-D probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
