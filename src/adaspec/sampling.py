@@ -72,6 +72,21 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return logits.softmax(-1)
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of (possibly unnormalised) probabilities [B, V], by inverse CDF.
+
+    torch.multinomial takes about 4 ms on a 152k vocabulary on this CPU; a float64 cumsum and
+    a binary search take about 0.3 ms, and never return a zero-probability token.
+    """
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:].contiguous()
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    index = torch.searchsorted(cdf, u * total, right=True)
+    # u * total can round up to total: then take the last token with positive probability.
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(index, last).squeeze(1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from a 1-D probability vector."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    return int(sample_rows(probs.unsqueeze(0), generator)[0])
