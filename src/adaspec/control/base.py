@@ -21,8 +21,9 @@ class LengthController(ABC):
     def max_tokens(self) -> int:
         """Upper bound on the number of tokens to draft in the next step (>= 1)."""
 
-    def keep_drafting(self, position: int, draft_probs: torch.Tensor | None) -> bool:
-        """After drafting token `position` (0-based) with distribution `draft_probs`: go on?"""
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
+        """After drafting token `position` (0-based) from raw `draft_logits` [V] (None for a
+        drafter without a distribution, e.g. n-gram): go on drafting?"""
         return True
 
     def update(self, drafted: int, accepted: int) -> None:

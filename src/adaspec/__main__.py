@@ -1,0 +1,5 @@
+import sys
+
+from adaspec.cli import main
+
+sys.exit(main())

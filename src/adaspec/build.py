@@ -1,0 +1,89 @@
+"""Assemble an Engine from a method string and loaded models.
+
+Models load once; `build_engine` is cheap, so the bench can switch methods on the same
+loaded target and draft.
+"""
+
+from __future__ import annotations
+
+from adaspec.draft.model import ModelDrafter
+from adaspec.draft.ngram import NgramDrafter
+from adaspec.engine import Engine
+from adaspec.errors import InputError
+from adaspec.methods import MethodSpec, build_controller, parse_method
+from adaspec.models.backend import ModelBackend
+from adaspec.verify import get_verifier
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_METHOD = "draft:k=4"
+
+
+def eos_ids_of(model, tokenizer) -> list[int]:
+    """EOS ids from the generation config (Qwen instruct stops on <|im_end|> and
+    <|endoftext|>) and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def build_engine(
+    method: str | MethodSpec,
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend | None = None,
+    eos_token_ids: list[int] | None = None,
+) -> Engine:
+    spec = parse_method(method) if isinstance(method, str) else method
+    drafter = None
+    if spec.name == "draft":
+        if draft is None:
+            raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
+        drafter = ModelDrafter(draft)
+    elif spec.name == "ngram":
+        drafter = NgramDrafter(n_max=int(spec["n_max"]), n_min=int(spec["n_min"]))  # type: ignore[call-overload]
+    verify = spec.params.get("verify", "auto")
+    verifier = None if verify == "auto" else get_verifier(str(verify))
+    return Engine(
+        target,
+        tokenizer,
+        drafter=drafter,
+        controller=build_controller(spec),
+        verifier=verifier,
+        eos_token_ids=eos_token_ids,
+    )
+
+
+def load_engine(
+    method: str = DEFAULT_METHOD,
+    target: str = DEFAULT_TARGET,
+    draft: str | None = DEFAULT_DRAFT,
+    dtype: str = "bfloat16",
+) -> Engine:
+    """Load the models a method needs (from the verified cache) and build its engine."""
+    from adaspec.models.store import check_tokenizer_pair, load_model
+    from adaspec.models.torch_backend import TorchBackend
+
+    spec = parse_method(method)
+    tgt = load_model(target, dtype=dtype)
+    draft_backend = None
+    if spec.needs_draft_model:
+        if draft is None:
+            raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
+        drf = load_model(draft, dtype=dtype)
+        check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
+        draft_backend = TorchBackend(drf.model, name=drf.name)
+    return build_engine(
+        spec,
+        TorchBackend(tgt.model, name=tgt.name),
+        tgt.tokenizer,
+        draft_backend,
+        eos_token_ids=eos_ids_of(tgt.model, tgt.tokenizer),
+    )

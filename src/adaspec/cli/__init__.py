@@ -1,0 +1,48 @@
+"""The `adaspec` command line: generate, models, methods."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from adaspec.errors import AdaspecError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from adaspec.cli.generate import add_generate_parser
+    from adaspec.cli.models import add_models_parser
+
+    parser = argparse.ArgumentParser(
+        prog="adaspec",
+        description="Adaptive speculative decoding: the target model's output, faster.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(sub)
+    add_models_parser(sub)
+    methods = sub.add_parser("methods", help="list decoding methods and their parameters")
+    methods.set_defaults(func=_cmd_methods)
+    return parser
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from adaspec.methods import describe_methods
+
+    print(describe_methods())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AdaspecError as exc:
+        print(f"adaspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("adaspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

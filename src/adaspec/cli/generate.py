@@ -1,0 +1,64 @@
+"""`adaspec generate`: one prompt through the speculative engine, then a stats line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from adaspec.build import DEFAULT_DRAFT, DEFAULT_METHOD, DEFAULT_TARGET
+from adaspec.sampling import SamplingParams
+
+
+def add_generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate an answer speculatively (default: the built-in Qwen2.5-Coder pair)",
+        description="Generate the target model's answer to PROMPT with speculative decoding.",
+    )
+    p.add_argument("prompt", help="the user message (a chat template is applied unless --raw)")
+    p.add_argument("--method", default=DEFAULT_METHOD, help=f"decoding method (default {DEFAULT_METHOD}; see `adaspec methods`)")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in model name, HF model directory or .gguf path")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: built-in name, HF directory or .gguf path")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--json", action="store_true", help="print the full per-request stats as JSON")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from adaspec.build import load_engine
+    from adaspec.engine import GenerationResult, StreamChunk
+    from adaspec.errors import InputError
+    from adaspec.methods import parse_method
+
+    # Check everything the user typed before spending seconds on loading models.
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    parse_method(args.method)
+    if not args.prompt.strip():
+        raise InputError("prompt is empty: give some text to continue")
+    engine = load_engine(args.method, args.target, args.draft, args.dtype)
+    result: GenerationResult | None = None
+    for item in engine.stream(args.prompt, args.max_new_tokens, sampling, args.stop, chat=not args.raw):
+        if isinstance(item, StreamChunk):
+            if args.stream:
+                sys.stdout.write(item.text)
+                sys.stdout.flush()
+        else:
+            result = item
+    assert result is not None
+    if args.stream:
+        sys.stdout.write("\n")
+    else:
+        print(result.text)
+    print(f"[{args.method}] {result.stats.summary_line()}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.stats.to_dict()), file=sys.stderr)
+    return 0

@@ -1,0 +1,75 @@
+"""Draft-model drafter: a small LM with its own KV cache proposes tokens autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.control.base import LengthController
+from adaspec.draft.base import DraftProposal, Drafter
+from adaspec.models.backend import ModelBackend
+from adaspec.sampling import SamplingParams, process_logits, sample
+
+
+class ModelDrafter(Drafter):
+    """Keeps the draft cache in step with the accepted context; only new tokens are fed."""
+
+    name = "draft"
+
+    def __init__(self, backend: ModelBackend) -> None:
+        self.backend = backend
+        self._cached: list[int] = []  # tokens whose keys/values are in the draft cache
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.backend.reset()
+        self._cached = []
+
+    def _sync(self, context: list[int]) -> None:
+        """Roll the cache back to the longest common prefix with `context`."""
+        n = 0
+        limit = min(len(self._cached), len(context))
+        while n < limit and self._cached[n] == context[n]:
+            n += 1
+        if n < len(self._cached):
+            self.backend.truncate(n)
+            del self._cached[n:]
+
+    def propose(
+        self,
+        context: list[int],
+        max_tokens: int,
+        controller: LengthController,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        self._sync(context)
+        # Leave at least the last context token to feed: its logits give the first draft.
+        if len(self._cached) == len(context):
+            self.backend.truncate(len(context) - 1)
+            del self._cached[-1:]
+        pending = context[len(self._cached) :]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        calls = 0
+        for i in range(max_tokens):
+            logits = self.backend.forward(torch.tensor(pending)).logits[-1]
+            calls += 1
+            self._cached.extend(pending)
+            if params.greedy:
+                token = int(logits.argmax())
+                probs = None
+            else:
+                probs = process_logits(logits, params)
+                token = sample(probs, generator)
+                rows.append(probs)
+            tokens.append(token)
+            pending = [token]
+            if not controller.keep_drafting(i, logits):
+                break
+        return DraftProposal(
+            tokens=tokens,
+            probs=torch.stack(rows) if rows else None,
+            forward_calls=calls,
+        )
+
+    def commit(self, context: list[int]) -> None:
+        self._sync(context)

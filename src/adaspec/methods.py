@@ -1,0 +1,109 @@
+"""The one parser for method strings, shared by the CLI, the bench and the server.
+
+Grammar: ``NAME[:key=value[,key=value...]]``, e.g. ``ar``, ``ngram:k=8``,
+``draft:k=4``, ``draft:ctrl=heuristic,k=4``, ``draft:k=6,verify=speculative``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from adaspec.control.base import LengthController
+from adaspec.control.heuristic import HeuristicLength
+from adaspec.control.static import StaticLength
+from adaspec.errors import InputError
+
+# name -> {parameter: (type, default, help)}
+_COMMON = {
+    "k": (int, 4, "tokens to draft per step (initial k for ctrl=heuristic)"),
+    "ctrl": (str, "static", "length controller: static | heuristic"),
+    "k_max": (int, 16, "upper bound on k for ctrl=heuristic"),
+    "verify": (str, "auto", "verifier: auto (greedy at T=0, speculative above) | greedy | speculative"),
+}
+METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
+    "ar": {},
+    "draft": dict(_COMMON),
+    "ngram": {
+        **_COMMON,
+        "k": (int, 8, "tokens to propose per step"),
+        "n_max": (int, 3, "longest n-gram to match"),
+        "n_min": (int, 1, "shortest n-gram to match"),
+    },
+}
+DESCRIPTIONS = {
+    "ar": "plain target decoding through the same loop (the baseline)",
+    "draft": "the draft model proposes tokens autoregressively",
+    "ngram": "prompt lookup: propose what followed the last match of the context's final n-gram",
+}
+CONTROLLERS = ("static", "heuristic")
+VERIFIERS = ("auto", "greedy", "speculative")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    params: dict[str, object] = field(default_factory=dict)
+    text: str = ""
+
+    def __getitem__(self, key: str) -> object:
+        return self.params[key]
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.name == "draft"
+
+
+def parse_method(text: str) -> MethodSpec:
+    """Parse and validate a method string; every mistake is an InputError naming the fix."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"empty method name; known methods: {', '.join(METHODS)}")
+    text = text.strip()
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if name not in METHODS:
+        raise InputError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+    schema = METHODS[name]
+    params: dict[str, object] = {key: default for key, (_, default, _) in schema.items()}
+    if rest.strip():
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq:
+                raise InputError(f"method {text!r}: expected key=value, got {item!r}")
+            if key not in schema:
+                known = ", ".join(schema) or "none"
+                raise InputError(f"method {name!r} has no parameter {key!r} (parameters: {known})")
+            kind = schema[key][0]
+            try:
+                params[key] = kind(value.strip())
+            except ValueError:
+                raise InputError(
+                    f"method {text!r}: {key} must be {kind.__name__}, got {value!r}"
+                ) from None
+    if "ctrl" in params and params["ctrl"] not in CONTROLLERS:
+        raise InputError(f"unknown length controller {params['ctrl']!r}; use one of {CONTROLLERS}")
+    if "verify" in params and params["verify"] not in VERIFIERS:
+        raise InputError(f"unknown verifier {params['verify']!r}; use one of {VERIFIERS}")
+    if "k" in params and int(params["k"]) < 1:  # type: ignore[call-overload]
+        raise InputError(f"method {text!r}: k must be >= 1")
+    if name == "ngram" and not 1 <= int(params["n_min"]) <= int(params["n_max"]):  # type: ignore[call-overload]
+        raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
+    return MethodSpec(name=name, params=params, text=text)
+
+
+def build_controller(spec: MethodSpec) -> LengthController:
+    if spec.name == "ar":
+        return StaticLength(1)
+    k = int(spec["k"])  # type: ignore[call-overload]
+    if spec["ctrl"] == "heuristic":
+        return HeuristicLength(k=k, k_max=max(k, int(spec["k_max"])))  # type: ignore[call-overload]
+    return StaticLength(k)
+
+
+def describe_methods() -> str:
+    lines = []
+    for name, schema in METHODS.items():
+        lines.append(f"{name}: {DESCRIPTIONS[name]}")
+        for key, (kind, default, help_) in schema.items():
+            lines.append(f"    {key}={default!s:<8} ({kind.__name__}) {help_}")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Per-request statistics: what was drafted, accepted, and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_calls: int = 0  # target forward passes, prefill included
+    draft_calls: int = 0  # draft model forward passes
+    drafted: int = 0  # draft tokens sent to verification
+    accepted: int = 0  # draft tokens the target accepted
+    wall_time: float = 0.0
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0  # target forward + verification (prefill excluded)
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
+    route: str | None = None  # the drafter a router picked, if any
+    route_time: float = 0.0
+
+    @property
+    def other_time(self) -> float:
+        return max(
+            0.0,
+            self.wall_time - self.prefill_time - self.draft_time - self.verify_time - self.route_time,
+        )
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """MAT: tokens emitted per target forward pass (1.0 for plain decoding)."""
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000 * self.wall_time / self.new_tokens if self.new_tokens else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        """Share of steps whose draft token at position i was accepted, given it was drafted."""
+        drafted: list[int] = []
+        accepted: list[int] = []
+        for d, a in self.steps:
+            for i in range(d):
+                if i >= len(drafted):
+                    drafted.append(0)
+                    accepted.append(0)
+                drafted[i] += 1
+                accepted[i] += i < a
+        return [a / d for a, d in zip(accepted, drafted, strict=True)]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            other_time=self.other_time,
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_tokens=self.mean_accepted_tokens,
+            tokens_per_s=self.tokens_per_s,
+            ms_per_token=self.ms_per_token,
+        )
+        return d
+
+    def summary_line(self) -> str:
+        return (
+            f"{self.new_tokens} new tokens | {self.tokens_per_s:.2f} tokens/s | "
+            f"{self.target_calls} target calls | MAT {self.mean_accepted_tokens:.2f} | "
+            f"acceptance {self.acceptance_rate:.1%} ({self.accepted}/{self.drafted})"
+        )

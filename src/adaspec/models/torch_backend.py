@@ -1,0 +1,102 @@
+"""Torch backend: a transformers causal LM driven with explicit positions and a KV cache."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from adaspec.models.backend import ForwardOutput, ModelBackend
+
+
+class TorchBackend(ModelBackend):
+    """Wraps a transformers CausalLM (Qwen2, Llama, ...) and owns its DynamicCache.
+
+    The model is fed a custom 4-D boolean mask whenever a tree mask is given, so a flattened
+    token tree is scored in one pass; otherwise transformers builds the causal mask itself.
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
+        self.model = model.eval()
+        self.name = name
+        cfg = model.config
+        self.config = cfg
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = int(getattr(cfg, "max_position_embeddings", 32768))
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.hidden_size = int(cfg.hidden_size)
+        self.dtype = next(model.parameters()).dtype
+        self.bytes_per_forward = self._weight_bytes_read()
+        self._cache: DynamicCache | None = None
+        self._len = 0
+
+    def _weight_bytes_read(self) -> int:
+        """Bytes of weights one forward reads: every parameter except the input embedding
+        table (only the fed rows of it are touched)."""
+        emb = self.model.get_input_embeddings().weight
+        out = self.model.get_output_embeddings().weight
+        total = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if emb.data_ptr() != out.data_ptr():
+            total -= emb.numel() * emb.element_size()
+        return total
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._cache = DynamicCache(config=self.config)
+        self._len = 0
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layer: int | None = None,
+    ) -> ForwardOutput:
+        if self._cache is None:
+            self.reset()
+        n = int(tokens.shape[-1])
+        if positions is None:
+            positions = torch.arange(self._len, self._len + n)
+        mask = None
+        if tree_mask is not None:
+            full = torch.ones(n, self._len + n, dtype=torch.bool)
+            full[:, self._len :] = tree_mask
+            mask = full[None, None]
+        out = self.model(
+            input_ids=tokens.view(1, n),
+            position_ids=positions.view(1, n),
+            attention_mask=mask,
+            past_key_values=self._cache,
+            use_cache=True,
+            output_hidden_states=hidden_layer is not None,
+        )
+        self._len += n
+        hidden = None
+        if hidden_layer is not None:
+            if not 0 <= hidden_layer <= self.num_layers:
+                raise ValueError(f"hidden_layer must be in [0, {self.num_layers}]")
+            hidden = out.hidden_states[hidden_layer][0]
+        return ForwardOutput(logits=out.logits[0], hidden=hidden)
+
+    def _layers(self) -> list:
+        assert self._cache is not None
+        return list(self._cache.layers)
+
+    def truncate(self, length: int) -> None:
+        if length >= self._len:
+            return
+        for layer in self._layers():
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys[..., :length, :]
+                layer.values = layer.values[..., :length, :]
+        self._len = length
+
+    def keep(self, indices: torch.Tensor) -> None:
+        for layer in self._layers():
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, indices)
+                layer.values = layer.values.index_select(-2, indices)
+        self._len = int(indices.numel())

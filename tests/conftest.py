@@ -1,0 +1,75 @@
+"""Tiny random models (fp32, a few layers) and a character tokenizer for fast tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from adaspec.models.torch_backend import TorchBackend
+
+ALPHABET = "\x00abcdefghijklmnopqrstuvwxyz .,:;!?()[]{}=+-*/<>'\"0123456789\nABCDEFGHIJKLMN"
+
+
+class CharTokenizer:
+    """One token per character; id 0 is EOS. Enough to test text, streaming and stops."""
+
+    chat_template = None
+    eos_token_id = 0
+
+    def __init__(self, vocab_size: int = 64) -> None:
+        self.chars = ALPHABET[:vocab_size]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [self.chars.index(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.chars[i] for i in ids if not (skip_special_tokens and i == 0))
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+
+def tiny_model(vocab: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0, sharpen: float = 30.0):
+    """A random Qwen2 whose output head is scaled so next-token distributions are peaked
+    (random init alone gives nearly uniform logits and near-ties)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+@pytest.fixture(scope="session")
+def target_model():
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def draft_model():
+    return tiny_model(seed=1, layers=1)
+
+
+@pytest.fixture
+def target(target_model):
+    return TorchBackend(target_model, name="tiny-target")
+
+
+@pytest.fixture
+def draft(draft_model):
+    return TorchBackend(draft_model, name="tiny-draft")
+
+
+@pytest.fixture
+def tokenizer():
+    return CharTokenizer()
