@@ -23,6 +23,15 @@ from typing import Any
 import torch
 
 from adaspec.errors import ModelStoreError
+from adaspec.models.assembly import (
+    assemble,
+    cached_sha256,
+    check_gguf_magic,
+    human_size,
+    models_dir,
+    pid_alive,
+    sha256_file,
+)
 from adaspec.models.registry import (
     DRAFT_DEFAULT,
     REGISTRY,
@@ -30,15 +39,6 @@ from adaspec.models.registry import (
     ModelSpec,
     get_registry,
     get_spec,
-)
-from adaspec.models.store import (
-    _pid_alive,
-    assemble,
-    cached_sha256,
-    check_gguf_magic,
-    human_size,
-    models_dir,
-    sha256_file,
 )
 
 # Never reach for a hub, whatever a caller forgets to pass (the user's explicit setting wins).
@@ -267,7 +267,7 @@ def _clean_stale_dirs(parent: Path, stem: str) -> None:
             pid = int(tmp.name.rsplit("-", 2)[-2])
         except (ValueError, IndexError):
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
