@@ -25,13 +25,18 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or math.isnan(t) or t < 0:
             raise InputError(f"temperature must be >= 0, got {t!r}")
         if math.isinf(t):
             raise InputError("temperature must be finite")
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InputError(f"top_k must be an integer >= 0 (0 disables it), got {k!r}")
-        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+        if (
+            not isinstance(p, (int, float))
+            or isinstance(p, bool)
+            or math.isnan(p)
+            or not 0 < p <= 1
+        ):
             raise InputError(f"top_p must be in (0, 1], got {p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise InputError(f"seed must be a non-negative integer, got {self.seed!r}")
@@ -58,15 +63,23 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    # Shift before dividing: with a tiny temperature logits / t overflows to inf, and the
+    # softmax of inf - inf is NaN. After the shift the top logit is 0 and the rest are <= 0.
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # Keep exactly k by index: a threshold on the k-th value would keep every tie with it.
+        top = torch.topk(logits, params.top_k, dim=-1).indices
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, top, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(-1)
         # Drop a token when the mass before it already reaches top_p; the top token always stays.
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        mass_before = sorted_probs.cumsum(-1)
+        mass_before = torch.cat(
+            [torch.zeros_like(mass_before[..., :1]), mass_before[..., :-1]], dim=-1
+        )
+        drop_sorted = mass_before >= params.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
