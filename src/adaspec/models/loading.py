@@ -297,6 +297,8 @@ def write_cache(model: Any, tokenizer: Any, cache: Path, *, dtype: str,
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         del state
         _clean_config(model, torch_dtype).save_pretrained(str(tmp))
+        # safetensors creates its file 0600; give it the umask-respecting mode of config.json
+        os.chmod(tmp / WEIGHTS, (tmp / "config.json").stat().st_mode & 0o777)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(str(tmp))
         if tokenizer is not None:
