@@ -94,8 +94,8 @@ def speculative_sample(
             residual = p_next.scatter(1, tokens[rows, pos].unsqueeze(1), 0.0)
         else:
             residual = (p_next - q[rows, pos]).clamp(min=0.0)
-        # Rejection has probability sum(residual); if that is zero up to rounding the residual
-        # is noise, and p is the limit of the correct answer.
+        # A rejection has probability sum(residual), so an all-zero residual (q >= p
+        # everywhere, which only rounding allows once we got here) has no shape: fall back to p.
         usable = residual.sum(1) > torch.finfo(dtype).tiny
         residual = torch.where(usable.unsqueeze(1), residual, p_next)
         p_next = torch.where(rejected.unsqueeze(1), residual, p_next)
