@@ -40,7 +40,11 @@ class NegatedBackend(TorchBackend):
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("method", ["draft", "ngram", "draft-ctrl-heuristic"])
 def test_greedy_equals_plain_decoding(target, draft, target_model, method, k):
-    spec = {"draft": f"draft:k={k}", "ngram": f"ngram:k={k}", "draft-ctrl-heuristic": f"draft:ctrl=heuristic,k={k}"}[method]
+    spec = {
+        "draft": f"draft:k={k}",
+        "ngram": f"ngram:k={k}",
+        "draft-ctrl-heuristic": f"draft:ctrl=heuristic,k={k}",
+    }[method]
     engine = build_engine(spec, target, None, draft, eos_token_ids=[])
     for prompt in PROMPTS:
         res = engine.generate(prompt, max_new_tokens=40)
@@ -60,7 +64,11 @@ def test_plain_method_is_plain_decoding(target, target_model):
 def test_draft_that_always_agrees(target_model, k):
     """The target as its own draft: everything is accepted, k + 1 tokens per target call."""
     engine = build_engine(
-        f"draft:k={k}", TorchBackend(target_model), None, TorchBackend(target_model), eos_token_ids=[]
+        f"draft:k={k}",
+        TorchBackend(target_model),
+        None,
+        TorchBackend(target_model),
+        eos_token_ids=[],
     )
     res = engine.generate(PROMPTS[0], max_new_tokens=1 + 5 * (k + 1))
     assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 1 + 5 * (k + 1))
@@ -116,7 +124,9 @@ def test_seeded_sampling_is_reproducible(target, draft):
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234)
     a = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=params).token_ids
     b = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=params).token_ids
-    c = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=SamplingParams(1.0, seed=99)).token_ids
+    c = engine.generate(
+        PROMPTS[1], max_new_tokens=30, sampling=SamplingParams(1.0, seed=99)
+    ).token_ids
     assert a == b
     assert a != c
 

@@ -15,7 +15,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
-from adaspec.draft.base import DraftProposal, Drafter
+from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.errors import InputError
 from adaspec.metrics import RequestStats
 from adaspec.models.backend import ModelBackend
@@ -58,7 +58,9 @@ class Engine:
         self.drafter = drafter
         self.controller = controller or StaticLength(4)
         self.verifier = verifier  # None: greedy at temperature 0, speculative sampling above
-        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else _eos_ids(tokenizer))
+        self.eos_token_ids = set(
+            eos_token_ids if eos_token_ids is not None else _eos_ids(tokenizer)
+        )
         limits = [target.max_context, max_context or target.max_context]
         if drafter is not None and hasattr(drafter, "backend"):
             limits.append(drafter.backend.max_context)
@@ -84,7 +86,10 @@ class Engine:
             raise InputError("prompt is empty: give at least one token")
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
         if bad:
-            raise InputError(f"prompt has token ids outside the vocabulary [0, {self.target.vocab_size}): {bad[:5]}")
+            raise InputError(
+                f"prompt has token ids outside the vocabulary "
+                f"[0, {self.target.vocab_size}): {bad[:5]}"
+            )
         return ids
 
     def _check_lengths(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -184,7 +189,9 @@ class Engine:
                 break
 
             remaining = max_new_tokens - len(generated)
-            k = min(self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1)
+            k = min(
+                self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
+            )
             proposal = DraftProposal(tokens=[])
             if self.drafter is not None and k > 0:
                 t0 = time.perf_counter()

@@ -18,7 +18,11 @@ _COMMON = {
     "k": (int, 4, "tokens to draft per step (initial k for ctrl=heuristic)"),
     "ctrl": (str, "static", "length controller: static | heuristic"),
     "k_max": (int, 16, "upper bound on k for ctrl=heuristic"),
-    "verify": (str, "auto", "verifier: auto (greedy at T=0, speculative above) | greedy | speculative"),
+    "verify": (
+        str,
+        "auto",
+        "verifier: auto (greedy at T=0, speculative above) | greedy | speculative",
+    ),
 }
 METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
     "ar": {},

@@ -25,7 +25,11 @@ class RequestStats:
     def other_time(self) -> float:
         return max(
             0.0,
-            self.wall_time - self.prefill_time - self.draft_time - self.verify_time - self.route_time,
+            self.wall_time
+            - self.prefill_time
+            - self.draft_time
+            - self.verify_time
+            - self.route_time,
         )
 
     @property

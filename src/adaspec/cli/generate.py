@@ -17,9 +17,21 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         description="Generate the target model's answer to PROMPT with speculative decoding.",
     )
     p.add_argument("prompt", help="the user message (a chat template is applied unless --raw)")
-    p.add_argument("--method", default=DEFAULT_METHOD, help=f"decoding method (default {DEFAULT_METHOD}; see `adaspec methods`)")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in model name, HF model directory or .gguf path")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: built-in name, HF directory or .gguf path")
+    p.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        help=f"decoding method (default {DEFAULT_METHOD}; see `adaspec methods`)",
+    )
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help="built-in model name, HF model directory or .gguf path",
+    )
+    p.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help="draft model: built-in name, HF directory or .gguf path",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -46,7 +58,9 @@ def run_generate(args: argparse.Namespace) -> int:
         raise InputError("prompt is empty: give some text to continue")
     engine = load_engine(args.method, args.target, args.draft, args.dtype)
     result: GenerationResult | None = None
-    for item in engine.stream(args.prompt, args.max_new_tokens, sampling, args.stop, chat=not args.raw):
+    for item in engine.stream(
+        args.prompt, args.max_new_tokens, sampling, args.stop, chat=not args.raw
+    ):
         if isinstance(item, StreamChunk):
             if args.stream:
                 sys.stdout.write(item.text)

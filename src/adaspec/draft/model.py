@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from adaspec.control.base import LengthController
-from adaspec.draft.base import DraftProposal, Drafter
+from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits, sample
 

@@ -1,0 +1,1 @@
+"""Benchmarks: prompt suites, side-by-side runs, exactness checks and reports."""
