@@ -418,3 +418,15 @@ def test_tokenizer_mismatch(tokenizer) -> None:  # noqa: ANN001
     assert "draft smol does not share the tokenizer of target qwen2.5-coder-1.5b-instruct" in msg
     assert "pick a draft that shares the target's tokenizer, e.g. qwen2.5-coder-0.5b" in msg
     store.check_tokenizer_pair(tokenizer, tokenizer, "a", "b")
+
+
+def test_truncated_gguf_fails_to_parse_with_a_clear_error(tmp_path: Path,
+                                                          tokenizer) -> None:  # noqa: ANN001
+    gguf = tmp_path / "cut.gguf"
+    write_gguf(gguf, tiny_model(len(tokenizer), tie=True), tokenizer)
+    gguf.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
+    with pytest.raises(ModelStoreError, match=r"could not load GGUF .*cut\.gguf.*corrupt") as err:
+        store.load_model(str(gguf), "float32")
+    assert "\n" not in str(err.value)
+    cached = store.models_dir()
+    assert not cached.exists() or not any(cached.iterdir())
