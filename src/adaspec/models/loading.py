@@ -102,8 +102,8 @@ def _resolve_source(spec: str | os.PathLike[str], registry: Mapping[str, ModelSp
         if isinstance(spec, str) and os.sep not in text and not text.endswith(".gguf"):
             get_spec(text, reg)  # raises "unknown model ..., use one of ..."
         raise ModelStoreError(
-            f"model path {path} does not exist: check the path, or use a built-in model name "
-            f"({', '.join(sorted(reg))})"
+            f"model path {path} does not exist (nothing is downloaded from a model hub): check "
+            f"the path, or use a built-in model name ({', '.join(sorted(reg))})"
         )
     path = path.resolve()
     if path.is_dir():
