@@ -9,6 +9,7 @@ setup:
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev,bench,models]'
+	$(VENV)/bin/adaspec models prepare
 
 test:
 	$(VENV)/bin/ruff check src tests benchmarks

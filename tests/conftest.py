@@ -35,7 +35,13 @@ class CharTokenizer:
 
 
 def tiny_model(
-    vocab: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0, sharpen: float = 30.0
+    vocab: int = 64,
+    layers: int = 2,
+    hidden: int = 32,
+    seed: int = 0,
+    sharpen: float = 30.0,
+    tie: bool = False,
+    random_norms: bool = False,
 ):
     """A random Qwen2 whose output head is scaled so next-token distributions are peaked
     (random init alone gives nearly uniform logits and near-ties)."""
@@ -48,12 +54,49 @@ def tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
     )
     model = Qwen2ForCausalLM(cfg).float().eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(sharpen)
+        if random_norms:  # non-trivial norms, so a wrong weight mapping shows in the logits
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.uniform_(0.5, 1.5)
+        model.get_output_embeddings().weight.mul_(sharpen)
     return model
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n"
+    "    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "for i in range(10):\n    print(i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+] * 4
+
+
+def bpe_tokenizer():
+    """A ~300-token byte-level BPE tokenizer with Qwen-style special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.add_special_tokens(SPECIALS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,9 @@ def run(*argv: str) -> int:
     return int(args.func(args))
 
 
-def test_list_shows_every_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_shows_every_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec, _ = make_fake_model(tmp_path, monkeypatch)
     store.assemble(spec.name, progress=False)
     assert run("list") == 0
@@ -41,8 +42,9 @@ def test_list_shows_every_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         assert name in out
 
 
-def test_verify_ok_fail_and_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_ok_fail_and_exit_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(registry, "REGISTRY", {})
     assert run("verify") == 1  # nothing assembled: nothing verified is not a success
     assert "nothing to verify" in capsys.readouterr().out

