@@ -401,7 +401,10 @@ class LoadedModel:
 def _load_dir(path: Path, torch_dtype: torch.dtype, fix: str) -> tuple[Any, Any]:
     """Load a dense HF-format directory (ours or a user's) without touching the network."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # Loading dense safetensors takes a second or two: its per-tensor progress bar is noise.
+    hf_logging.disable_progress_bar()
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise ModelStoreError(
             f"no tokenizer in {path} (none of {', '.join(_TOKENIZER_FILES)}): save it next to "
