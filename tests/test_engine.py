@@ -106,6 +106,9 @@ def test_stop_strings_and_streaming(target, draft, tokenizer, target_model):
     assert isinstance(result, GenerationResult)
     assert result.finish_reason == "stop"
     assert result.text == full_text[: full_text.index(stop)]
+    # token ids end with the token that completed the stop string
+    ids_text = tokenizer.decode(result.token_ids)
+    assert stop in ids_text and stop not in tokenizer.decode(result.token_ids[:-1])
     streamed = "".join(c.text for c in chunks if isinstance(c, StreamChunk))
     assert streamed == result.text
     assert stop not in streamed

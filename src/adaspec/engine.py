@@ -183,6 +183,9 @@ class Engine:
             piece, hit_stop = text_out.push(generated, final=finish is not None)
             if hit_stop:
                 finish = "stop"
+                kept = text_out.tokens_through_stop(generated)
+                emitted = emitted[: max(0, len(emitted) - (len(generated) - kept))]
+                del generated[kept:]
             if piece or emitted:
                 yield StreamChunk(text=piece, token_ids=emitted)
             if finish is not None:
@@ -289,6 +292,18 @@ class _TextAssembler:
         piece = text[self.sent : safe] if safe > self.sent else ""
         self.sent = max(self.sent, safe)
         return piece, hit
+
+    def tokens_through_stop(self, ids: list[int]) -> int:
+        """The fewest leading tokens whose text already reaches the stop string."""
+        assert self.cut is not None
+        n = len(ids)
+        while n > 1 and self._reaches_stop(ids[: n - 1]):
+            n -= 1
+        return n
+
+    def _reaches_stop(self, ids: list[int]) -> bool:
+        text = self._text(ids)
+        return any(text.find(s) == self.cut for s in self.stop)
 
     def final_text(self, ids: list[int]) -> str:
         text = self._text(ids)
