@@ -39,6 +39,16 @@ DESCRIPTIONS = {
     "draft": "the draft model proposes tokens autoregressively",
     "ngram": "prompt lookup: propose what followed the last match of the context's final n-gram",
 }
+# Reference methods: Hugging Face assisted generation on the same loaded models. They are not
+# adaspec engines, so only `adaspec bench` runs them (parse_method(..., reference=True)).
+REFERENCE_METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
+    "hf-assisted": {},
+    "hf-assisted-constant": {"k": (int, 5, "assistant tokens per step (constant schedule)")},
+}
+REFERENCE_DESCRIPTIONS = {
+    "hf-assisted": "[bench only] HF generate(assistant_model=draft), its default schedule",
+    "hf-assisted-constant": "[bench only] Hugging Face assisted generation, constant k tokens",
+}
 CONTROLLERS = ("static", "heuristic")
 VERIFIERS = ("auto", "greedy", "speculative")
 
@@ -54,19 +64,32 @@ class MethodSpec:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.name == "draft"
+        return self.name in ("draft", *REFERENCE_METHODS)
+
+    @property
+    def is_reference(self) -> bool:
+        """Hugging Face assisted generation: run by the bench, never built into an Engine."""
+        return self.name in REFERENCE_METHODS
 
 
-def parse_method(text: str) -> MethodSpec:
-    """Parse and validate a method string; every mistake is an InputError naming the fix."""
+def parse_method(text: str, reference: bool = False) -> MethodSpec:
+    """Parse and validate a method string; every mistake is an InputError naming the fix.
+
+    reference=True also accepts the bench-only reference methods (REFERENCE_METHODS).
+    """
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"empty method name; known methods: {', '.join(METHODS)}")
     text = text.strip()
     name, _, rest = text.partition(":")
     name = name.strip()
-    if name not in METHODS:
+    if name in REFERENCE_METHODS and not reference:
+        raise InputError(
+            f"method {name!r} is a reference (Hugging Face assisted generation) that only "
+            f"`adaspec bench` runs; here use one of: {', '.join(METHODS)}"
+        )
+    if name not in METHODS and name not in REFERENCE_METHODS:
         raise InputError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
-    schema = METHODS[name]
+    schema = METHODS[name] if name in METHODS else REFERENCE_METHODS[name]
     params: dict[str, object] = {key: default for key, (_, default, _) in schema.items()}
     if rest.strip():
         for item in rest.split(","):
@@ -108,6 +131,10 @@ def describe_methods() -> str:
     lines = []
     for name, schema in METHODS.items():
         lines.append(f"{name}: {DESCRIPTIONS[name]}")
+        for key, (kind, default, help_) in schema.items():
+            lines.append(f"    {key}={default!s:<8} ({kind.__name__}) {help_}")
+    for name, schema in REFERENCE_METHODS.items():
+        lines.append(f"{name}: {REFERENCE_DESCRIPTIONS[name]}")
         for key, (kind, default, help_) in schema.items():
             lines.append(f"    {key}={default!s:<8} ({kind.__name__}) {help_}")
     return "\n".join(lines)
