@@ -67,7 +67,13 @@ class Engine:
         self.max_context = min(limits)
 
     # ----------------------------------------------------------------- input
-    def encode_prompt(self, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
+    def encode_prompt(
+        self, prompt: str | Sequence[int] | Sequence[dict], chat: bool = True
+    ) -> list[int]:
+        """Token ids of a prompt: text, token ids, or a chat as a list of
+        {"role", "content"} messages ending with a user turn (multi-turn conversations)."""
+        if isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], dict):
+            return self._encode_messages(list(prompt), chat)  # type: ignore[arg-type]
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("prompt is empty: give some text to continue")
@@ -91,6 +97,21 @@ class Engine:
                 f"[0, {self.target.vocab_size}): {bad[:5]}"
             )
         return ids
+
+    def _encode_messages(self, messages: list[dict], chat: bool) -> list[int]:
+        if any(not str(m.get("content", "")).strip() for m in messages):
+            raise InputError("a chat message is empty: every turn needs some text")
+        if self.tokenizer is None:
+            raise InputError("this engine has no tokenizer: pass the prompt as token ids")
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):  # a BatchEncoding
+                ids = ids["input_ids"]
+            return [int(t) for t in ids]
+        text = "\n".join(str(m["content"]) for m in messages)  # no template: plain turns
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def _check_lengths(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
