@@ -50,7 +50,9 @@ class ModelBackend(ABC):
 
         positions: [n] absolute positions (default: cache_len, cache_len + 1, ...).
         tree_mask: [n, n] bool, True where new token i may attend to new token j
-            (default: causal). The cached prefix is always visible.
+            (default: causal). The cached prefix is always visible. Or [n, cache_len + n]
+            to choose the visible cached tokens too (a draft expanding a tree level by level
+            keeps earlier levels in its cache, and a node must see only its own ancestors).
         hidden_layer: also return the hidden state after this many decoder layers
             (num_layers = the final normed state that feeds the output head).
         """

@@ -62,8 +62,11 @@ class TorchBackend(ModelBackend):
             positions = torch.arange(self._len, self._len + n)
         mask = None
         if tree_mask is not None:
-            full = torch.ones(n, self._len + n, dtype=torch.bool)
-            full[:, self._len :] = tree_mask
+            if tree_mask.shape[-1] == self._len + n:  # also says which cached tokens to see
+                full = tree_mask.to(torch.bool)
+            else:
+                full = torch.ones(n, self._len + n, dtype=torch.bool)
+                full[:, self._len :] = tree_mask
             mask = full[None, None]
         out = self.model(
             input_ids=tokens.view(1, n),
