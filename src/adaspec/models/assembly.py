@@ -65,6 +65,16 @@ def human_size(n: int) -> str:
 # ----------------------------------------------------------------------------- parts
 
 
+def ensure_free_space(folder: Path, need: int, what: str) -> None:
+    """Fail before writing, not halfway through a gigabyte."""
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise ModelStoreError(
+            f"not enough disk space in {folder} to {what}: need {human_size(need)}, "
+            f"have {human_size(free)}: free some space or set ADASPEC_HOME"
+        )
+
+
 def _find_part(part: PartRef) -> Path | None:
     """The part file inside its installed package, or None if the package is not installed.
 
@@ -291,12 +301,7 @@ def assemble(name: str, *, registry: Mapping[str, ModelSpec] | None = None,
 
     final.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale_temps(final)
-    free = shutil.disk_usage(final.parent).free
-    if free < total:
-        raise ModelStoreError(
-            f"not enough disk space in {final.parent} to assemble {spec.name}: need "
-            f"{human_size(total)}, have {human_size(free)}: free some space or set ADASPEC_HOME"
-        )
+    ensure_free_space(final.parent, total, f"assemble {spec.name}")
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{time.time_ns()}")
     try:
         with tmp.open("wb") as out:

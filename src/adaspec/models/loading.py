@@ -27,7 +27,7 @@ from adaspec.models.assembly import (
     assemble,
     cached_sha256,
     check_gguf_magic,
-    human_size,
+    ensure_free_space,
     models_dir,
     pid_alive,
     sha256_file,
@@ -285,12 +285,7 @@ def write_cache(model: Any, tokenizer: Any, cache: Path, *, dtype: str,
     _clean_stale_dirs(cache.parent, cache.name)
     state = dense_state_dict(model, torch_dtype)
     need = sum(t.numel() * t.element_size() for t in state.values())
-    free = shutil.disk_usage(cache.parent).free
-    if free < need:
-        raise ModelStoreError(
-            f"not enough disk space in {cache.parent} to cache {cache.name}: need "
-            f"{human_size(need)}, have {human_size(free)}: free some space or set ADASPEC_HOME"
-        )
+    ensure_free_space(cache.parent, need, f"cache {cache.name}")
     tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}-{time.time_ns()}")
     try:
         tmp.mkdir()

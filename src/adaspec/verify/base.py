@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from adaspec.errors import InputError
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -34,3 +36,18 @@ class Verifier(ABC):
         target_probs: torch.Tensor,
         generator: torch.Generator | None,
     ) -> Verdict: ...
+
+
+def check_chain_shapes(
+    k: int, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
+) -> None:
+    """Both chain verifiers need target rows for k drafts + 1 and, if given, k draft rows."""
+    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
+        raise InputError(
+            f"target_probs must be [k + 1, V] = [{k + 1}, V] for {k} draft tokens, "
+            f"got {list(target_probs.shape)}"
+        )
+    if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
+        raise InputError(
+            f"draft_probs must be [k, V] = [{k}, V] or None, got {list(draft_probs.shape)}"
+        )

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from adaspec.errors import InputError
-from adaspec.verify.base import Verdict, Verifier
+from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
 
 
 class GreedyVerifier(Verifier):
@@ -30,11 +29,7 @@ class GreedyVerifier(Verifier):
         generator: torch.Generator | None,
     ) -> Verdict:
         k = len(draft_tokens)
-        if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-            raise InputError(
-                f"target_probs must be [k + 1, V] = [{k + 1}, V] for {k} draft tokens, "
-                f"got {list(target_probs.shape)}"
-            )
+        check_chain_shapes(k, None, target_probs)
         best = target_probs.argmax(-1)
         if k == 0:
             return Verdict(accepted=0, next_token=int(best[0]))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from adaspec.errors import InputError
 from adaspec.sampling import sample_rows
-from adaspec.verify.base import Verdict, Verifier
+from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
 
 
 def _pad_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
@@ -116,15 +116,7 @@ class SpeculativeSampler(Verifier):
         generator: torch.Generator | None,
     ) -> Verdict:
         k = len(draft_tokens)
-        if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-            raise InputError(
-                f"target_probs must be [k + 1, V] = [{k + 1}, V] for {k} draft tokens, "
-                f"got {list(target_probs.shape)}"
-            )
-        if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
-            raise InputError(
-                f"draft_probs must be [k, V] = [{k}, V] or None, got {list(draft_probs.shape)}"
-            )
+        check_chain_shapes(k, draft_probs, target_probs)
         tokens = torch.tensor([draft_tokens], dtype=torch.long, device=target_probs.device)
         accepted, next_token = speculative_sample(
             tokens.view(1, k),
