@@ -1,4 +1,4 @@
-"""The `adaspec` command line: generate, models, methods."""
+"""The `adaspec` command line: generate, bench, models, methods."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from adaspec.errors import AdaspecError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from adaspec.cli.bench import add_bench_parser
     from adaspec.cli.generate import add_generate_parser
     from adaspec.cli.models import add_models_parser
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(sub)
+    add_bench_parser(sub)
     add_models_parser(sub)
     methods = sub.add_parser("methods", help="list decoding methods and their parameters")
     methods.set_defaults(func=_cmd_methods)
