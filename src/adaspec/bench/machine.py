@@ -1,0 +1,95 @@
+"""The machine a benchmark ran on, and its measured memory bandwidth.
+
+Decoding one token streams every weight of the model from memory once, so tokens/s is
+bounded by bandwidth / weight bytes. Two microbenchmarks, best of several runs each:
+
+- copy: `dst.copy_(src)` of a large float32 tensor; bytes read + bytes written per second;
+- gemv: a matrix-vector product in the model's dtype (the decode-time access pattern);
+  matrix bytes read per second.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # touch the pages / warm the kernels
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@torch.inference_mode()
+def measure_bandwidth(
+    megabytes: int = 256, dtype: torch.dtype = torch.bfloat16, repeats: int = 5
+) -> dict:
+    """GB/s of a large copy and of a GEMV over a `megabytes`-sized matrix."""
+    n = megabytes * (1 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), repeats)
+    copy_gbs = 2 * src.numel() * 4 / copy_s / 1e9
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    cols = 4096
+    rows = megabytes * (1 << 20) // (cols * elem)
+    w = torch.randn(rows, cols).to(dtype)
+    x = torch.randn(cols).to(dtype)
+    gemv_s = _best_seconds(lambda: torch.mv(w, x), repeats)
+    gemv_gbs = w.numel() * elem / gemv_s / 1e9
+    return {
+        "copy_gbs": round(copy_gbs, 2),
+        "gemv_gbs": round(gemv_gbs, 2),
+        "gemv_dtype": str(dtype).replace("torch.", ""),
+        "megabytes": megabytes,
+        "method": (
+            f"best of {repeats}: float32 tensor copy of {megabytes} MiB (read + write bytes / s); "
+            f"{str(dtype).replace('torch.', '')} GEMV over a {megabytes} MiB [{rows}x{cols}] "
+            "matrix (matrix bytes / s)"
+        ),
+    }
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gb() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1e6, 1)
+    except OSError:
+        pass
+    return None
+
+
+def describe_machine() -> dict:
+    import transformers
+
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "memory_gb": memory_gb(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+    }

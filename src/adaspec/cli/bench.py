@@ -1,0 +1,249 @@
+"""`adaspec bench`: decoding methods side by side on the same loaded models.
+
+adaspec bench --suite spec-bench --limit 10 --methods ar,ngram,draft:k=4,hf-assisted
+adaspec bench --profile quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+
+DEFAULT_METHODS = "ar,ngram,draft:k=4,hf-assisted"
+DEFAULTS = {
+    "suite": "spec-bench",
+    "limit": None,
+    "methods": DEFAULT_METHODS,
+    "max_new_tokens": 128,
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "seed": 0,
+    "repeats": 1,
+}
+# Presets; any option given on the command line overrides the preset's value.
+PROFILES = {
+    "quick": {
+        # 1 Spec-Bench prompt per category (6, the MT-bench one with two turns) + 2 HumanEval
+        "suite": "spec-bench:1,humaneval:2",
+        "methods": DEFAULT_METHODS,
+        "max_new_tokens": 64,
+        "description": "about 8 minutes on 2 cores: spec-bench 1/category + 2 HumanEval, "
+        "64 new tokens, ar, ngram, draft:k=4, hf-assisted",
+    },
+}
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from adaspec.bench.suites import SUITES
+
+    p = sub.add_parser(
+        "bench",
+        help="benchmark decoding methods side by side (speedup, MAT, acceptance, plots)",
+        description=(
+            "Run decoding methods on the same prompts in one process on the same loaded "
+            "models, alternating methods prompt by prompt after a warm-up, and write a results "
+            "folder: results.jsonl (one row per prompt, method and repeat, appended as it "
+            "finishes), summary.json, summary.md and PNG plots."
+        ),
+    )
+    p.add_argument(
+        "--suite",
+        default=None,
+        help=f"prompt suite(s), comma-separated, each optionally NAME:LIMIT: {', '.join(SUITES)}"
+        f" (default {DEFAULTS['suite']})",
+    )
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="a preset: "
+        + "; ".join(f"{k}: {v['description']}" for k, v in PROFILES.items())
+        + " (other options override it)",
+    )
+    p.add_argument(
+        "--questions",
+        default=None,
+        metavar="PATH",
+        help="data file for the suite (Spec-Bench question.jsonl, WMT prompts.json, ...)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="prompts per category (default all)")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated method strings (default {DEFAULT_METHODS}; `ar` always runs; "
+        "see `adaspec methods`)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="base seed (+ repeat index), default 0")
+    p.add_argument("--repeats", type=int, default=None, help="runs per prompt and method")
+    p.add_argument("--out", default=None, help="results folder (default bench-results/NAME)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, HF dir or .gguf")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="built-in name, HF dir or .gguf")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_bench)
+
+
+def resolve_options(args: argparse.Namespace) -> dict:
+    """Command line over profile over defaults."""
+    opts = dict(DEFAULTS)
+    if args.profile:
+        opts.update({k: v for k, v in PROFILES[args.profile].items() if k in DEFAULTS})
+    for key in DEFAULTS:
+        value = getattr(args, key, None)
+        if value is not None:
+            opts[key] = value
+    return opts
+
+
+def parse_suites(text: str, limit: int | None, limit_given: bool) -> list[tuple[str, int | None]]:
+    """`spec-bench:1,humaneval:2` -> [(name, limit)]; an explicit --limit wins."""
+    from adaspec.errors import InputError
+
+    out = []
+    for item in text.split(","):
+        name, _, lim = item.strip().partition(":")
+        if not name:
+            continue
+        n: int | None = limit
+        if lim and not limit_given:
+            try:
+                n = int(lim)
+            except ValueError:
+                raise InputError(
+                    f"suite {item!r}: the limit after ':' must be an integer"
+                ) from None
+        out.append((name, n))
+    if not out:
+        raise InputError("no suite given: e.g. --suite spec-bench")
+    return out
+
+
+def load_prompts(suites: list[tuple[str, int | None]], questions: str | None):
+    from adaspec.bench.suites import load_suite
+    from adaspec.errors import InputError
+
+    names = [n for n, _ in suites]
+    target = None
+    if questions is not None:
+        if len(names) == 1:
+            target = names[0]
+        elif "spec-bench" in names:
+            target = "spec-bench"
+        else:
+            raise InputError("--questions needs a single --suite (or spec-bench among them)")
+    prompts = []
+    for name, limit in suites:
+        prompts += load_suite(name, limit, questions if name == target else None)
+    return prompts
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from adaspec.bench.runner import BenchConfig, check_out, normalize_methods
+    from adaspec.errors import InputError
+    from adaspec.methods import parse_method
+
+    opts = resolve_options(args)
+    suites = parse_suites(opts["suite"], opts["limit"], args.limit is not None)
+    methods = normalize_methods(opts["methods"].split(","))
+    specs = [parse_method(m, reference=True) for m in methods]
+    if args.resume and args.overwrite:
+        raise InputError("--resume and --overwrite exclude each other")
+    name = args.profile or "-".join(n for n, _ in suites)
+    config = BenchConfig(
+        methods=methods,
+        suites=[n if lim is None else f"{n}:{lim}" for n, lim in suites],
+        max_new_tokens=opts["max_new_tokens"],
+        temperature=opts["temperature"],
+        top_k=opts["top_k"],
+        top_p=opts["top_p"],
+        seed=opts["seed"],
+        repeats=opts["repeats"],
+        out=args.out or f"bench-results/{name}",
+        resume=args.resume,
+        overwrite=args.overwrite,
+        target=args.target,
+        draft=args.draft,
+        dtype=args.dtype,
+        profile=args.profile,
+        limit=opts["limit"],
+    )
+    if config.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}")
+    config.sampling(0)  # temperature / top-p / seed errors before loading anything
+    if config.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {config.repeats}")
+    prompts = load_prompts(suites, args.questions)
+    if not prompts:
+        raise InputError("no prompts selected: check --suite and --limit")
+    check_out(config)
+    needs_draft = any(s.needs_draft_model for s in specs)
+    return _run(config, prompts, needs_draft, progress=not args.no_progress)
+
+
+def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
+    import torch
+
+    from adaspec.bench.machine import describe_machine, measure_bandwidth
+    from adaspec.bench.report import to_markdown
+    from adaspec.bench.runner import BenchRunner
+    from adaspec.build import eos_ids_of
+    from adaspec.models.store import check_tokenizer_pair, load_model
+    from adaspec.models.torch_backend import TorchBackend
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    say(
+        f"adaspec bench: {len(prompts)} prompts x {len(config.methods)} methods x "
+        f"{config.repeats} repeat(s) -> {config.out}"
+    )
+    t0 = time.perf_counter()
+    tgt = load_model(config.target, dtype=config.dtype)
+    target = TorchBackend(tgt.model, name=tgt.name)
+    draft = None
+    if needs_draft:
+        drf = load_model(config.draft, dtype=config.dtype)
+        check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
+        draft = TorchBackend(drf.model, name=drf.name)
+    load_s = time.perf_counter() - t0
+    say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
+    machine = describe_machine()
+    bandwidth = measure_bandwidth(
+        dtype=target.dtype if target.dtype.is_floating_point else torch.float32
+    )
+    say(f"memory bandwidth: {bandwidth['copy_gbs']} GB/s copy, {bandwidth['gemv_gbs']} GB/s GEMV")
+    runner = BenchRunner(
+        config,
+        target,
+        tgt.tokenizer,
+        draft,
+        eos_token_ids=eos_ids_of(tgt.model, tgt.tokenizer),
+        progress=progress,
+    )
+    t1 = time.perf_counter()
+    summary = runner.run(
+        prompts,
+        machine={"machine": {**machine, "model_load_s": round(load_s, 1)}, "bandwidth": bandwidth},
+    )
+    summary["bench_seconds"] = round(time.perf_counter() - t1, 1)
+    runner.save_summary(summary)
+    print(to_markdown(summary))
+    ex = summary["exactness"]
+    if ex["bugs"]:
+        say(
+            f"adaspec bench: EXACTNESS FAILURE: {ex['bugs']} output(s) differ from plain "
+            "decoding by more than a numerical tie (see summary.md)"
+        )
+        return 1
+    say(f"adaspec bench: done in {summary['bench_seconds']:.0f} s; results in {config.out}")
+    return 0
