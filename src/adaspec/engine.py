@@ -3,6 +3,9 @@
 One step: the drafter proposes up to k tokens, the target scores [last token] + draft in one
 forward pass, the verifier accepts a prefix plus one correction/bonus token, and the target
 cache rolls back to the accepted context. With no drafter the same loop is plain decoding.
+A tree drafter (MCSD) makes the step draft a token tree instead: the target scores every node
+in one pass (tree mask + positions), a tree verifier walks it from the root, and both caches
+are compacted to the accepted path.
 """
 
 from __future__ import annotations
@@ -16,12 +19,19 @@ import torch
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
 from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.tree import TreeDrafter
 from adaspec.errors import InputError
 from adaspec.metrics import RequestStats
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits
+from adaspec.tree import TokenTree, TreeProposal
 from adaspec.verify.base import Verifier
 from adaspec.verify.greedy import GreedyVerifier
+from adaspec.verify.multi_candidate import (
+    GreedyTreeVerifier,
+    MCSSWithoutReplacementVerifier,
+    TreeVerifier,
+)
 from adaspec.verify.speculative import SpeculativeSampler
 
 
@@ -49,7 +59,7 @@ class Engine:
         tokenizer,
         drafter: Drafter | None = None,
         controller: LengthController | None = None,
-        verifier: Verifier | None = None,
+        verifier: Verifier | TreeVerifier | None = None,
         eos_token_ids: Sequence[int] | None = None,
         max_context: int | None = None,
     ) -> None:
@@ -77,16 +87,7 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("prompt is empty: give some text to continue")
-            if self.tokenizer is None:
-                raise InputError("this engine has no tokenizer: pass the prompt as token ids")
-            if chat and getattr(self.tokenizer, "chat_template", None):
-                ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-                )
-                if hasattr(ids, "keys"):  # a BatchEncoding
-                    ids = ids["input_ids"]
-                return [int(t) for t in ids]
-            return [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=False)]
+            return self._encode_messages([{"role": "user", "content": prompt}], chat)
         ids = [int(t) for t in prompt]
         if not ids:
             raise InputError("prompt is empty: give at least one token")
@@ -159,6 +160,11 @@ class Engine:
         return result
 
     def _verifier_for(self, sampling: SamplingParams) -> Verifier:
+        if isinstance(self.verifier, TreeVerifier):
+            raise InputError(
+                f"verifier {self.verifier.name!r} walks token trees; give the drafter a tree "
+                "(tree=...) or use verify=speculative or greedy"
+            )
         if self.verifier is not None:
             if isinstance(self.verifier, GreedyVerifier) and not sampling.greedy:
                 raise InputError(
@@ -168,12 +174,32 @@ class Engine:
             return self.verifier
         return GreedyVerifier() if sampling.greedy else SpeculativeSampler()
 
+    def _tree_verifier_for(self, sampling: SamplingParams) -> TreeVerifier:
+        verifier = self.verifier
+        if verifier is None:
+            return GreedyTreeVerifier() if sampling.greedy else MCSSWithoutReplacementVerifier()
+        if not isinstance(verifier, TreeVerifier):
+            raise InputError(
+                f"verifier {verifier.name!r} checks chains; a token tree needs verify=mcss, "
+                "mcss-wor, mcns or greedy"
+            )
+        if isinstance(verifier, GreedyTreeVerifier) and not sampling.greedy:
+            raise InputError(
+                "the greedy verifier only keeps the output exact at temperature 0; use "
+                "verify=mcss-wor, mcss or mcns (or leave verify unset) for temperature > 0"
+            )
+        return verifier
+
     def _decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
     ) -> Iterator[StreamChunk | GenerationResult]:
         stats = RequestStats(prompt_tokens=len(prompt_ids))
         generator = sampling.generator()
-        verifier = self._verifier_for(sampling)
+        verifier = (
+            self._tree_verifier_for(sampling)
+            if isinstance(self.drafter, TreeDrafter)
+            else self._verifier_for(sampling)
+        )
         text_out = _TextAssembler(self.tokenizer, stop)
         t_start = time.perf_counter()
 
@@ -216,35 +242,10 @@ class Engine:
             k = min(
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
-            proposal = DraftProposal(tokens=[])
-            if self.drafter is not None and k > 0:
-                t0 = time.perf_counter()
-                proposal = self.drafter.propose(context, k, self.controller, sampling, generator)
-                stats.draft_time += time.perf_counter() - t0
-                stats.draft_calls += proposal.forward_calls
-                proposal.tokens = proposal.tokens[:k]
-
-            t0 = time.perf_counter()
-            draft = proposal.tokens
-            fed = torch.tensor([context[-1], *draft])
-            target_logits = self.target.forward(fed).logits
-            stats.target_calls += 1
-            target_probs = (
-                target_logits
-                if isinstance(verifier, GreedyVerifier)
-                else process_logits(target_logits, sampling)
-            )
-            draft_probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
-            verdict = verifier.verify(draft, draft_probs, target_probs, generator)
-            self.target.truncate(len(context) + verdict.accepted)
-            stats.verify_time += time.perf_counter() - t0
-
-            if draft:
-                stats.drafted += len(draft)
-                stats.accepted += verdict.accepted
-                stats.steps.append((len(draft), verdict.accepted))
-                self.controller.update(len(draft), verdict.accepted)
-            step_tokens = [*draft[: verdict.accepted], verdict.next_token]
+            if isinstance(self.drafter, TreeDrafter):
+                step_tokens = self._tree_step(context, k, sampling, generator, verifier, stats)
+            else:
+                step_tokens = self._chain_step(context, k, sampling, generator, verifier, stats)
             context = context + step_tokens
             if self.drafter is not None:
                 t0 = time.perf_counter()
@@ -261,12 +262,110 @@ class Engine:
             prompt_ids=prompt_ids,
         )
 
+    def _chain_step(
+        self,
+        context: list[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        verifier: Verifier,
+        stats: RequestStats,
+    ) -> list[int]:
+        """Draft up to k tokens, score [last token] + draft, verify; the accepted tokens."""
+        proposal = DraftProposal(tokens=[])
+        if self.drafter is not None and k > 0:
+            t0 = time.perf_counter()
+            proposal = self.drafter.propose(context, k, self.controller, sampling, generator)
+            stats.draft_time += time.perf_counter() - t0
+            stats.draft_calls += proposal.forward_calls
+            proposal.tokens = proposal.tokens[:k]
+
+        t0 = time.perf_counter()
+        draft = proposal.tokens
+        fed = torch.tensor([context[-1], *draft])
+        target_logits = self.target.forward(fed).logits
+        stats.target_calls += 1
+        target_probs = (
+            target_logits
+            if isinstance(verifier, GreedyVerifier)
+            else process_logits(target_logits, sampling)
+        )
+        draft_probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
+        verdict = verifier.verify(draft, draft_probs, target_probs, generator)
+        self.target.truncate(len(context) + verdict.accepted)
+        stats.verify_time += time.perf_counter() - t0
+
+        if draft:
+            stats.drafted += len(draft)
+            stats.accepted += verdict.accepted
+            stats.steps.append((len(draft), verdict.accepted))
+            self.controller.update(len(draft), verdict.accepted)
+        return [*draft[: verdict.accepted], verdict.next_token]
+
+    def _tree_step(
+        self,
+        context: list[int],
+        depth: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        verifier: TreeVerifier,
+        stats: RequestStats,
+    ) -> list[int]:
+        """Draft a token tree below the last token, score every node in one target pass
+        (tree mask + positions), walk it with the tree verifier, and compact both caches to
+        the accepted path; the accepted tokens."""
+        assert isinstance(self.drafter, TreeDrafter)
+        root = len(context) - 1  # cache index and position of the root (the last token)
+        if depth > 0:
+            t0 = time.perf_counter()
+            proposal = self.drafter.propose_tree(
+                context, depth, sampling, generator, verifier.replacement
+            )
+            stats.draft_time += time.perf_counter() - t0
+            stats.draft_calls += proposal.forward_calls
+        else:
+            proposal = TreeProposal(tree=TokenTree.root(context[-1]))
+        tree = proposal.tree
+
+        t0 = time.perf_counter()
+        tokens, positions, mask = tree.flatten(root)
+        target_logits = self.target.forward(tokens, positions, mask).logits
+        stats.target_calls += 1
+        target_probs = (
+            target_logits
+            if isinstance(verifier, GreedyTreeVerifier)
+            else process_logits(target_logits, sampling)
+        )
+        verdict = verifier.verify_tree(tree, proposal.probs, target_probs, generator)
+        if verdict.path == list(range(1, verdict.accepted + 1)):  # a prefix of the cache
+            self.target.truncate(root + 1 + verdict.accepted)
+        else:
+            self.target.keep(torch.tensor([*range(root + 1), *(root + i for i in verdict.path)]))
+        stats.verify_time += time.perf_counter() - t0
+
+        if tree.depth:
+            # Drafted counts positions (levels), not nodes: acceptance compares with chains.
+            stats.drafted += tree.depth
+            stats.accepted += verdict.accepted
+            stats.steps.append((tree.depth, verdict.accepted))
+            self.controller.update(tree.depth, verdict.accepted)
+            t0 = time.perf_counter()
+            self.drafter.accept_path(verdict.path)
+            stats.draft_time += time.perf_counter() - t0
+        return [*(tree.tokens[i] for i in verdict.path), verdict.next_token]
+
 
 def _pick(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, verifier: Verifier
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    verifier: Verifier | TreeVerifier,
 ) -> int:
     """The first token comes straight from the prefill: a verification of an empty draft."""
-    probs = logits if isinstance(verifier, GreedyVerifier) else process_logits(logits, sampling)
+    greedy = isinstance(verifier, (GreedyVerifier, GreedyTreeVerifier))
+    probs = logits if greedy else process_logits(logits, sampling)
+    if isinstance(verifier, TreeVerifier):
+        return verifier.verify_tree(TokenTree.root(0), None, probs, generator).next_token
     return verifier.verify([], None, probs, generator).next_token
 
 
