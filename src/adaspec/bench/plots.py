@@ -10,21 +10,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from adaspec.bench.report import OVERALL  # noqa: E402
+from adaspec.metrics import RequestStats  # noqa: E402
 
 
 def acceptance_by_position(steps: list[tuple[int, int]]) -> tuple[list[float], list[int]]:
-    """Share of steps whose draft token at position i was accepted, given it was drafted;
-    and how many steps drafted position i."""
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for d, a in steps:
-        for i in range(d):
-            if i >= len(drafted):
-                drafted.append(0)
-                accepted.append(0)
-            drafted[i] += 1
-            accepted[i] += i < a
-    return [a / n for a, n in zip(accepted, drafted, strict=True)], drafted
+    """Share of steps whose draft token at position i was accepted, given it was drafted
+    (`RequestStats.acceptance_by_position`), and how many steps drafted position i."""
+    rates = RequestStats(steps=list(steps)).acceptance_by_position()
+    counts = [sum(1 for d, _ in steps if d > i) for i in range(len(rates))]
+    return rates, counts
 
 
 def plot_speedup(summary: dict, path: Path) -> bool:

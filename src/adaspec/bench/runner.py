@@ -306,8 +306,8 @@ class BenchRunner:
         ref = self.by_key.get((prompt.id, "ar", row["repeat"]))
         if ref is None:
             return
-        ref_turns = _split(ref["token_ids"], ref["turn_tokens"])
-        out_turns = _split(row["token_ids"], row["turn_tokens"])
+        ref_turns = _split(ref["token_ids"], ref.get("turn_tokens"))
+        out_turns = _split(row["token_ids"], row.get("turn_tokens"))
         for t, (a, b) in enumerate(zip(ref_turns, out_turns, strict=False)):
             if a == b:
                 continue
@@ -441,9 +441,12 @@ class BenchRunner:
         wanted = {
             (p.id, m, r) for p in prompts for m in self.methods for r in range(self.config.repeats)
         }
+        category = {p.id: p.category for p in prompts}
         rows = [
             r for r in self.rows if (r["prompt_id"], r["method"], int(r.get("repeat", 0))) in wanted
         ]
+        for r in rows:  # rows written by older versions carry no category
+            r.setdefault("category", category[r["prompt_id"]])
         summary = summarize(
             rows,
             self.methods,

@@ -203,6 +203,10 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # HF generate's per-call notices would bury the bar
+
     say(
         f"adaspec bench: {len(prompts)} prompts x {len(config.methods)} methods x "
         f"{config.repeats} repeat(s) -> {config.out}"
