@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
+from adaspec.draft.tree import ModelTreeDrafter
 from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.methods import MethodSpec, build_controller, parse_method
 from adaspec.models.backend import ModelBackend
 from adaspec.verify import get_verifier
+from adaspec.verify.multi_candidate import get_tree_verifier
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_METHOD = "draft:k=4"
+DEFAULT_METHOD = "draft:ctrl=heuristic,k=4"
 END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
 
 
@@ -51,11 +53,17 @@ def build_engine(
     if spec.name == "draft":
         if draft is None:
             raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
-        drafter = ModelDrafter(draft)
+        tree = spec.tree
+        drafter = ModelDrafter(draft) if tree is None else ModelTreeDrafter(draft, tree)
     elif spec.name == "ngram":
         drafter = NgramDrafter(n_max=int(spec["n_max"]), n_min=int(spec["n_min"]))  # type: ignore[call-overload]
     verify = spec.params.get("verify", "auto")
-    verifier = None if verify == "auto" else get_verifier(str(verify))
+    if verify == "auto":
+        verifier = None
+    elif spec.params.get("tree"):
+        verifier = get_tree_verifier(str(verify))
+    else:
+        verifier = get_verifier(str(verify))
     return Engine(
         target,
         tokenizer,

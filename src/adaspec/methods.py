@@ -1,7 +1,8 @@
 """The one parser for method strings, shared by the CLI, the bench and the server.
 
 Grammar: ``NAME[:key=value[,key=value...]]``, e.g. ``ar``, ``ngram:k=8``,
-``draft:k=4``, ``draft:ctrl=heuristic,k=4``, ``draft:k=6,verify=speculative``.
+``draft:k=4``, ``draft:ctrl=heuristic,k=4``, ``draft:k=6,verify=speculative``,
+``draft:tree=4x2x2x1,verify=mcss-wor`` (a token tree, multi-candidate verification).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from adaspec.control.base import LengthController
 from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
+from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
 
 # name -> {parameter: (type, default, help)}
 _COMMON = {
@@ -21,12 +23,17 @@ _COMMON = {
     "verify": (
         str,
         "auto",
-        "verifier: auto (greedy at T=0, speculative above) | greedy | speculative",
+        "verifier: auto (greedy at T=0, speculative above; mcss-wor above for trees) | "
+        "greedy | speculative | mcss | mcss-wor | mcns (the last three verify trees)",
     ),
 }
 METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
     "ar": {},
-    "draft": dict(_COMMON),
+    "draft": {
+        **_COMMON,
+        "tree": (str, "", "token tree, candidates per level, e.g. 4x2x2x1 (unset: a chain of k)"),
+        "max_nodes": (int, DEFAULT_MAX_NODES, "limit on the drafted nodes of a tree"),
+    },
     "ngram": {
         **_COMMON,
         "k": (int, 8, "tokens to propose per step"),
@@ -50,7 +57,8 @@ REFERENCE_DESCRIPTIONS = {
     "hf-assisted-constant": "[bench only] Hugging Face assisted generation, constant k tokens",
 }
 CONTROLLERS = ("static", "heuristic")
-VERIFIERS = ("auto", "greedy", "speculative")
+VERIFIERS = ("auto", "greedy", "speculative", "mcss", "mcss-wor", "mcns")
+TREE_ONLY_VERIFIERS = ("mcss", "mcss-wor", "mcns")
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,14 @@ class MethodSpec:
     @property
     def needs_draft_model(self) -> bool:
         return self.name in ("draft", *REFERENCE_METHODS)
+
+    @property
+    def tree(self) -> tuple[int, ...] | None:
+        """Branching factors per level when the method drafts a token tree."""
+        text = self.params.get("tree")
+        if not text:
+            return None
+        return parse_branching(str(text), int(self.params["max_nodes"]))  # type: ignore[call-overload]
 
     @property
     def is_reference(self) -> bool:
@@ -115,12 +131,38 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
         raise InputError(f"method {text!r}: k must be >= 1")
     if name == "ngram" and not 1 <= int(params["n_min"]) <= int(params["n_max"]):  # type: ignore[call-overload]
         raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
-    return MethodSpec(name=name, params=params, text=text)
+    spec = MethodSpec(name=name, params=params, text=text)
+    if "verify" in params:
+        _check_tree_params(spec)
+    return spec
+
+
+def _check_tree_params(spec: MethodSpec) -> None:
+    tree = spec.tree if "tree" in spec.params else None  # parses: a bad config raises here
+    verify = spec["verify"]
+    if tree is None and verify in TREE_ONLY_VERIFIERS:
+        raise InputError(
+            f"method {spec.text!r}: verify={verify} walks a token tree; add tree=... "
+            "(e.g. draft:tree=4x2x2x1) or use verify=speculative"
+        )
+    if tree is not None and verify == "speculative":
+        raise InputError(
+            f"method {spec.text!r}: verify=speculative checks chains; a tree needs "
+            "verify=mcss, mcss-wor, mcns or greedy"
+        )
+    if tree is not None and spec["ctrl"] != "static":
+        raise InputError(
+            f"method {spec.text!r}: a token tree has a fixed shape; ctrl={spec['ctrl']} "
+            "only works with chains"
+        )
 
 
 def build_controller(spec: MethodSpec) -> LengthController:
     if spec.name == "ar":
         return StaticLength(1)
+    tree = spec.tree if "tree" in spec.params else None
+    if tree is not None:
+        return StaticLength(len(tree))  # the depth of the tree
     k = int(spec["k"])  # type: ignore[call-overload]
     if spec["ctrl"] == "heuristic":
         return HeuristicLength(k=k, k_max=max(k, int(spec["k_max"])))  # type: ignore[call-overload]

@@ -1,0 +1,179 @@
+"""The engine's tree step on tiny fp32 models: greedy tree decoding is plain greedy decoding,
+both caches hold exactly the accepted context after every step, and sampled trees emit the
+target's distribution end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaspec.build import build_engine
+from adaspec.draft.base import Drafter
+from adaspec.draft.tree import ModelTreeDrafter
+from adaspec.engine import Engine, StreamChunk
+from adaspec.errors import InputError
+from adaspec.models.torch_backend import TorchBackend
+from adaspec.sampling import SamplingParams
+from adaspec.verify.multi_candidate import MCSSVerifier
+
+from .conftest import tiny_model
+from .test_engine import PROMPTS, NegatedBackend, reference_greedy
+from .test_engine_sampling import BOUND, V, empirical, exact_marginals, tv
+from .test_tree import cache_equals_prefill
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "draft:tree=4x2x2x1",
+        "draft:tree=2x2x2x1",
+        "draft:tree=8x2x1",
+        "draft:tree=16x1",
+        "draft:tree=1x1x1x1",
+        "draft:tree=3x3,verify=mcss",  # MCSS at T=0: deterministic candidates, one-hot p
+        "draft:tree=2x2x2,verify=mcns",
+    ],
+)
+def test_greedy_tree_decoding_equals_plain_decoding(target, draft, target_model, method):
+    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    for prompt in PROMPTS:
+        res = engine.generate(prompt, max_new_tokens=30)
+        assert res.token_ids == reference_greedy(target_model, prompt, 30), (method, prompt)
+
+
+def test_tree_near_the_context_limit_is_cut_short(target, draft, target_model):
+    prompt = [(7 * i) % 60 + 1 for i in range(244)]  # 244 + 12 = the 256-token window
+    engine = build_engine("draft:tree=4x2x2x1", target, None, draft, eos_token_ids=[])
+    res = engine.generate(prompt, max_new_tokens=12)
+    assert res.token_ids == reference_greedy(target_model, prompt, 12)
+
+
+def test_draft_that_always_agrees_fills_every_level(target_model):
+    engine = build_engine(
+        "draft:tree=3x2x1",
+        TorchBackend(target_model),
+        None,
+        TorchBackend(target_model),
+        eos_token_ids=[],
+    )
+    res = engine.generate(PROMPTS[0], max_new_tokens=1 + 5 * 4)
+    assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 21)
+    assert res.stats.acceptance_rate == 1.0
+    assert res.stats.target_calls == 1 + 5 and res.stats.draft_calls == 5 * 3
+    assert res.stats.steps == [(3, 3)] * 5
+
+
+def test_draft_that_always_disagrees(target, target_model):
+    engine = build_engine(
+        "draft:tree=4x2", target, None, NegatedBackend(target_model), eos_token_ids=[]
+    )
+    res = engine.generate(PROMPTS[2], max_new_tokens=20)
+    assert res.token_ids == reference_greedy(target_model, PROMPTS[2], 20)
+    assert res.stats.accepted == 0 and res.stats.drafted > 0
+
+
+@pytest.mark.parametrize(
+    ("method", "sampling"),
+    [
+        ("draft:tree=3x2x2", SamplingParams()),
+        ("draft:tree=3x2x2,verify=mcss", SamplingParams(1.0, seed=4)),
+        ("draft:tree=4x2x1,verify=mcss-wor", SamplingParams(0.7, top_k=6, seed=5)),
+    ],
+)
+def test_both_caches_hold_exactly_the_accepted_context(
+    target, draft, target_model, draft_model, method, sampling
+):
+    """After every step the target cache is a fresh prefill of the context but its last
+    token, and the draft cache a fresh prefill of a prefix that misses at most the accepted
+    leaf and the new token."""
+    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    assert isinstance(engine.drafter, ModelTreeDrafter)
+    prompt = PROMPTS[1]
+    generated: list[int] = []
+    paths = set()
+    for chunk in engine.stream(prompt, max_new_tokens=30, sampling=sampling):
+        if not isinstance(chunk, StreamChunk):
+            break
+        generated += chunk.token_ids
+        context = prompt + generated
+        cache_equals_prefill(target, target_model, context[:-1])
+        if len(generated) > 1:  # after the first tree step
+            cached = engine.drafter.cached_tokens
+            assert cached == context[: len(cached)] and len(cached) >= len(context) - 2
+            cache_equals_prefill(draft, draft_model, cached)
+        paths.add(len(chunk.token_ids))
+    assert len(generated) == 30
+    assert max(paths) > 1  # some drafts were accepted
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return (
+        tiny_model(vocab=V, seed=5, sharpen=6.0),
+        tiny_model(vocab=V, seed=6, layers=1, sharpen=6.0),
+    )
+
+
+def test_tree_sampling_matches_target_distribution(pair):
+    """Tokens 2 and 3 come out of one tree step (depth 2); their exact marginals are
+    enumerated on the 8-token model (see tests/test_engine_sampling.py). One run (20 s):
+    the verifiers themselves are checked far more tightly in tests/test_verify_multi.py."""
+    method, params = "draft:tree=3x2,verify=mcss-wor", SamplingParams(0.8, top_k=5, top_p=0.9)
+    target_model, draft_model = pair
+    engine = build_engine(method, TorchBackend(target_model), None, TorchBackend(draft_model), [])
+    second, third, acceptance = empirical(engine, params)
+    exact2, exact3 = exact_marginals(target_model, params)
+    assert 0.05 < acceptance < 0.95
+    assert tv(second, exact2) < BOUND
+    assert tv(third, exact3) < BOUND
+
+
+def test_seeded_tree_sampling_is_reproducible(target, draft):
+    engine = build_engine("draft:tree=4x2x1", target, None, draft, eos_token_ids=[])
+    params = SamplingParams(temperature=1.0, seed=99)
+    a = engine.generate(PROMPTS[3], max_new_tokens=25, sampling=params).token_ids
+    b = engine.generate(PROMPTS[3], max_new_tokens=25, sampling=params).token_ids
+    assert a == b
+
+
+def test_verifier_and_drafter_must_match(target, draft):
+    engine = build_engine("draft:tree=4x2,verify=greedy", target, None, draft)
+    with pytest.raises(InputError, match="greedy verifier"):
+        engine.generate([1, 2], sampling=SamplingParams(temperature=0.7))
+    chain = build_engine("draft:k=2", target, None, draft)
+    chain.verifier = MCSSVerifier()
+    with pytest.raises(InputError, match="walks token trees"):
+        chain.generate([1, 2])
+    with pytest.raises(InputError, match="needs a draft model"):
+        build_engine("draft:tree=4x2", target, None, None)
+    tree = Engine(target, None, drafter=ModelTreeDrafter(draft, (2, 2)), eos_token_ids=[])
+    tree.verifier = build_engine("draft:k=2,verify=speculative", target, None, draft).verifier
+    with pytest.raises(InputError, match="checks chains"):
+        tree.generate([1, 2])
+
+
+class _AsChain(Drafter):
+    """Shows the engine only the chain interface of a tree drafter."""
+
+    def __init__(self, inner: ModelTreeDrafter) -> None:
+        self.inner = inner
+        self.backend = inner.backend
+
+    def start(self, prompt_ids):
+        self.inner.start(prompt_ids)
+
+    def propose(self, context, max_tokens, controller, params, generator):
+        return self.inner.propose(context, max_tokens, controller, params, generator)
+
+    def commit(self, context):
+        self.inner.commit(context)
+
+
+def test_tree_drafter_also_drafts_chains(target, draft, target_model):
+    """Its chain interface (`propose`) keeps greedy decoding exact, draft cache in step."""
+    inner = ModelTreeDrafter(draft, (2, 2))
+    engine = Engine(target, None, drafter=_AsChain(inner), eos_token_ids=[])
+    res = engine.generate(PROMPTS[0], max_new_tokens=20)
+    assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 20)
+    assert res.stats.drafted > 0
+    cached = inner.cached_tokens
+    assert cached == (PROMPTS[0] + res.token_ids)[: len(cached)]
