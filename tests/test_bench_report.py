@@ -219,3 +219,11 @@ def test_acceptance_by_position():
     rates, counts = acceptance_by_position([(3, 3), (3, 1), (2, 0)])
     assert counts == [3, 3, 2]
     assert rates == pytest.approx([2 / 3, 1 / 3, 1 / 2])
+
+
+def test_tokens_per_call_counts_calls_without_a_draft():
+    from adaspec.bench.plots import tokens_per_call
+
+    # 6 target calls: the prefill, 3 verified drafts, 2 with nothing to verify
+    rows = [{"target_calls": 6, "steps": [[4, 4], [4, 0], [2, 1]]}]
+    assert sorted(tokens_per_call(rows)) == [1, 1, 1, 2, 5]

@@ -71,36 +71,52 @@ def plot_acceptance(rows: list[dict], methods: list[str], path: Path) -> bool:
     return True
 
 
+def tokens_per_call(rows: list[dict]) -> list[int]:
+    """Tokens each decode-time target call emitted (accepted + 1), over `rows`; calls that
+    verified no draft at all emitted one token."""
+    out: list[int] = []
+    for r in rows:
+        steps = r.get("steps") or []
+        out += [a + 1 for _, a in steps]
+        out += [1] * max(0, r.get("target_calls", 0) - 1 - len(steps))
+    return out
+
+
 def plot_mat(rows: list[dict], methods: list[str], path: Path) -> bool:
-    series: dict[str, list[float]] = {}
+    per_call: dict[str, list[int]] = {}
+    per_prompt: dict[str, list[float]] = {}
     for m in methods:
-        if m == "ar":
+        mine = [r for r in rows if r["method"] == m and r.get("target_calls")]
+        if m == "ar" or not mine:
             continue
-        vals = [
-            r["new_tokens"] / r["target_calls"]
-            for r in rows
-            if r["method"] == m and r.get("target_calls")
-        ]
-        if vals:
-            series[m] = vals
-    oracle = [
-        r["oracle"]["new_tokens"] / r["oracle"]["target_calls"]
-        for r in rows
-        if r["method"] == "ar" and r.get("oracle") and r["oracle"]["target_calls"]
-    ]
+        per_call[m] = tokens_per_call(mine)
+        per_prompt[m] = [r["new_tokens"] / r["target_calls"] for r in mine]
+    oracle = [r["oracle"] for r in rows if r["method"] == "ar" and r.get("oracle")]
     if oracle:
-        series["oracle (draft model)"] = oracle
-    if not series:
+        name = "oracle (draft model)"
+        per_call[name] = [s + 1 for o in oracle for s in o["steps"]]
+        per_prompt[name] = [
+            o["new_tokens"] / o["target_calls"] for o in oracle if o["target_calls"]
+        ]
+    if not any(per_call.values()):
         return False
-    top = max(max(v) for v in series.values())
-    bins = [1 + 0.25 * i for i in range(int((top - 1) / 0.25) + 2)]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, vals in series.items():
-        ax.hist(vals, bins=bins, histtype="step", linewidth=1.6, label=name)
-    ax.set_xlabel("MAT per prompt (new tokens / target calls)")
-    ax.set_ylabel("prompts")
-    ax.set_title("Mean accepted tokens per target call")
-    ax.legend(fontsize=8)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    top = max(max(v) for v in per_call.values() if v)
+    bins = [b + 0.5 for b in range(top + 1)]
+    for name, vals in per_call.items():
+        if vals:
+            left.hist(vals, bins=bins, histtype="step", linewidth=1.6, density=True, label=name)
+    left.set_xlabel("tokens per target call (accepted + 1)")
+    left.set_ylabel("share of decode calls")
+    left.set_title("Tokens per decode-time target call")
+    left.legend(fontsize=8)
+    top = max(max(v) for v in per_prompt.values() if v)
+    bins_p = [1 + 0.25 * i for i in range(int((top - 1) / 0.25) + 2)]
+    for name, vals in per_prompt.items():
+        right.hist(vals, bins=bins_p, histtype="step", linewidth=1.6, label=name)
+    right.set_xlabel("MAT per prompt (new tokens / target calls)")
+    right.set_ylabel("prompts")
+    right.set_title("MAT per prompt")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
