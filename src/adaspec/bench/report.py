@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
+from adaspec.bench.exactness import TIE_TOLERANCE
 from adaspec.bench.theory import leviathan_speedup, per_token_alpha
 
 OVERALL = "overall"
@@ -202,6 +203,7 @@ def summarize(
     ]
     checked = [r for r in rows if r["method"] != "ar" and r.get("exactness_checked", True)]
     result["exactness"] = {
+        "tie_tolerance": TIE_TOLERANCE,
         "checked": len(checked),
         "differs": len(divergences),
         "numerical_ties": sum(1 for d in divergences if d["kind"] == "tie"),
@@ -333,7 +335,9 @@ def to_markdown(summary: dict) -> str:
     else:
         lines.append(
             f"**{ex['differs']} of {ex['checked']} greedy outputs differ from plain decoding: "
-            f"{ex['numerical_ties']} numerical tie(s), {ex['bugs']} BUG(S).**"
+            f"{ex['numerical_ties']} numerical tie(s), {ex['bugs']} BUG(S).** A tie: the top-2 "
+            f"logit gap of the reference at the first differing token is at most "
+            f"{ex.get('tie_tolerance', TIE_TOLERANCE)} (one bf16 ulp at magnitude 16-32)."
         )
         lines.append("")
         lines.append(
