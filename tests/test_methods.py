@@ -7,7 +7,7 @@ import pytest
 from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
-from adaspec.methods import build_controller, describe_methods, parse_method
+from adaspec.methods import build_controller, describe_methods, parse_method, split_method_list
 
 
 def test_defaults_and_overrides():
@@ -55,3 +55,14 @@ def test_describe_lists_every_method_and_parameter():
     text = describe_methods()
     for word in ("ar:", "draft:", "ngram:", "k=", "ctrl=", "n_max="):
         assert word in text
+
+
+def test_method_lists_keep_parameters_with_their_method():
+    text = "ar, ngram,draft:k=4,verify=speculative,draft:tree=4x2x1,verify=mcss,hf-assisted"
+    assert split_method_list(text) == [
+        "ar",
+        "ngram",
+        "draft:k=4,verify=speculative",
+        "draft:tree=4x2x1,verify=mcss",
+        "hf-assisted",
+    ]

@@ -88,6 +88,20 @@ class MethodSpec:
         return self.name in REFERENCE_METHODS
 
 
+def split_method_list(text: str) -> list[str]:
+    """Split "ar,ngram,draft:k=4,verify=mcss" into method strings: a comma starts a new
+    method only when what follows is not a `key=value` parameter of the previous one."""
+    methods: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if methods and "=" in part and ":" not in part.split("=", 1)[0]:
+            methods[-1] += "," + part
+        else:
+            methods.append(part)
+    return methods
+
+
 def parse_method(text: str, reference: bool = False) -> MethodSpec:
     """Parse and validate a method string; every mistake is an InputError naming the fix.
 

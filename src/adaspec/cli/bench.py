@@ -150,11 +150,11 @@ def load_prompts(suites: list[tuple[str, int | None]], questions: str | None):
 def run_bench(args: argparse.Namespace) -> int:
     from adaspec.bench.runner import BenchConfig, check_out, normalize_methods
     from adaspec.errors import InputError
-    from adaspec.methods import parse_method
+    from adaspec.methods import parse_method, split_method_list
 
     opts = resolve_options(args)
     suites = parse_suites(opts["suite"], opts["limit"], args.limit is not None)
-    methods = normalize_methods(opts["methods"].split(","))
+    methods = normalize_methods(split_method_list(opts["methods"]))
     specs = [parse_method(m, reference=True) for m in methods]
     if args.resume and args.overwrite:
         raise InputError("--resume and --overwrite exclude each other")
