@@ -122,3 +122,17 @@ def draft(draft_model):
 @pytest.fixture
 def tokenizer():
     return CharTokenizer()
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """A tiny target and draft saved as Hugging Face directories with a tokenizer."""
+    tok = bpe_tokenizer()
+    root = tmp_path_factory.mktemp("models")
+    for name, model in [
+        ("target", tiny_model(vocab=len(tok), seed=0)),
+        ("draft", tiny_model(vocab=len(tok), seed=1, layers=1)),
+    ]:
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")

@@ -16,8 +16,6 @@ from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
-from .conftest import bpe_tokenizer, tiny_model
-
 PROMPTS = [
     Prompt("t/0", "code", "def add(a, b):"),
     Prompt("t/1", "code", "for i in range(10):"),
@@ -201,17 +199,6 @@ def test_runner_refuses_a_draft_method_without_a_draft(tmp_path, target, tokeniz
 
 
 # ----------------------------------------------------------------------------- CLI
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    tok = bpe_tokenizer()
-    root = tmp_path_factory.mktemp("models")
-    for name, model in [
-        ("target", tiny_model(vocab=len(tok), seed=0)),
-        ("draft", tiny_model(vocab=len(tok), seed=1, layers=1)),
-    ]:
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
 
 
 @pytest.fixture

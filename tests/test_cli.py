@@ -6,21 +6,6 @@ import pytest
 
 from adaspec.cli import main
 
-from .conftest import bpe_tokenizer, tiny_model
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    tok = bpe_tokenizer()
-    root = tmp_path_factory.mktemp("models")
-    for name, model in [
-        ("target", tiny_model(vocab=len(tok), seed=0)),
-        ("draft", tiny_model(vocab=len(tok), seed=1, layers=1)),
-    ]:
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
-
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):

@@ -10,6 +10,20 @@ from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits, sample
 
 
+def roll_back_to_common_prefix(
+    backend: ModelBackend, cached: list[int], context: list[int]
+) -> None:
+    """Truncate a draft cache (and its token list, in place) to the longest common prefix
+    with `context`: what stays is still valid, only the rest is recomputed."""
+    n = 0
+    limit = min(len(cached), len(context))
+    while n < limit and cached[n] == context[n]:
+        n += 1
+    if n < len(cached):
+        backend.truncate(n)
+        del cached[n:]
+
+
 class ModelDrafter(Drafter):
     """Keeps the draft cache in step with the accepted context; only new tokens are fed."""
 
@@ -24,14 +38,7 @@ class ModelDrafter(Drafter):
         self._cached = []
 
     def _sync(self, context: list[int]) -> None:
-        """Roll the cache back to the longest common prefix with `context`."""
-        n = 0
-        limit = min(len(self._cached), len(context))
-        while n < limit and self._cached[n] == context[n]:
-            n += 1
-        if n < len(self._cached):
-            self.backend.truncate(n)
-            del self._cached[n:]
+        roll_back_to_common_prefix(self.backend, self._cached, context)
 
     def propose(
         self,

@@ -18,6 +18,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.model import roll_back_to_common_prefix
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits
 from adaspec.tree import TokenTree, TreeProposal
@@ -106,13 +107,7 @@ class ModelTreeDrafter(TreeDrafter):
             self.backend.truncate(len(self._cached))
             self._fed = 0
             self._tree = None
-        n = 0
-        limit = min(len(self._cached), len(context))
-        while n < limit and self._cached[n] == context[n]:
-            n += 1
-        if n < len(self._cached):
-            self.backend.truncate(n)
-            del self._cached[n:]
+        roll_back_to_common_prefix(self.backend, self._cached, context)
 
     def propose_tree(
         self,
