@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from adaspec.control.base import LengthController
+from adaspec.control.confidence import HF_DEFAULT_THRESHOLD, ConfidenceLength
 from adaspec.control.heuristic import HeuristicLength
+from adaspec.control.oracle import OracleLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
 from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
@@ -18,8 +20,12 @@ from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
 # name -> {parameter: (type, default, help)}
 _COMMON = {
     "k": (int, 4, "tokens to draft per step (initial k for ctrl=heuristic)"),
-    "ctrl": (str, "static", "length controller: static | heuristic"),
-    "k_max": (int, 16, "upper bound on k for ctrl=heuristic"),
+    "ctrl": (
+        str,
+        "static",
+        "length controller: static | heuristic (draft: also confidence | disco | oracle)",
+    ),
+    "k_max": (int, 16, "upper bound on k for ctrl=heuristic and ctrl=oracle"),
     "verify": (
         str,
         "auto",
@@ -27,12 +33,25 @@ _COMMON = {
         "greedy | speculative | mcss | mcss-wor | mcns (the last three verify trees)",
     ),
 }
+# Dynamic lengths that read the draft's distribution (ctrl=confidence, ctrl=disco).
+_DYNAMIC = {
+    "threshold": (
+        float,
+        -1.0,
+        "ctrl=confidence: stop below this top draft probability (default "
+        f"{HF_DEFAULT_THRESHOLD}, as Hugging Face; k bounds the draft); ctrl=disco: tau, "
+        "stop below this acceptance probability (default: the artifact's tuned tau)",
+    ),
+    "disco": (str, "", "ctrl=disco: the artifact file from `adaspec disco tune`"),
+    "sl_max": (int, 0, "ctrl=disco: most tokens per draft (0: the artifact's tuned SL_max)"),
+}
 METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
     "ar": {},
     "draft": {
         **_COMMON,
         "tree": (str, "", "token tree, candidates per level, e.g. 4x2x2x1 (unset: a chain of k)"),
         "max_nodes": (int, DEFAULT_MAX_NODES, "limit on the drafted nodes of a tree"),
+        **_DYNAMIC,
     },
     "ngram": {
         **_COMMON,
@@ -46,17 +65,25 @@ DESCRIPTIONS = {
     "draft": "the draft model proposes tokens autoregressively",
     "ngram": "prompt lookup: propose what followed the last match of the context's final n-gram",
 }
-# Reference methods: Hugging Face assisted generation on the same loaded models. They are not
-# adaspec engines, so only `adaspec bench` runs them (parse_method(..., reference=True)).
+# Reference methods: Hugging Face assisted generation on the same loaded models, and llama.cpp
+# plain decoding of the target's GGUF. They are not adaspec engines, so only `adaspec bench`
+# runs them (parse_method(..., reference=True)).
 REFERENCE_METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
     "hf-assisted": {},
     "hf-assisted-constant": {"k": (int, 5, "assistant tokens per step (constant schedule)")},
+    "llamacpp": {},
 }
 REFERENCE_DESCRIPTIONS = {
     "hf-assisted": "[bench only] HF generate(assistant_model=draft), its default schedule",
     "hf-assisted-constant": "[bench only] Hugging Face assisted generation, constant k tokens",
+    "llamacpp": "[bench only] greedy decoding of the target's GGUF by llama-cpp-python "
+    "(other weights: compared for quality, not exactness; extra adaspec[llamacpp])",
 }
-CONTROLLERS = ("static", "heuristic")
+# Reference methods that run other weights than the loaded torch target (llama.cpp reads the
+# quantized GGUF): their greedy output is compared with `ar` as a quality figure, not checked.
+OTHER_WEIGHTS = ("llamacpp",)
+CONTROLLERS = ("static", "heuristic", "confidence", "disco", "oracle")
+DRAFT_ONLY_CONTROLLERS = ("confidence", "disco", "oracle")  # read draft-model distributions
 VERIFIERS = ("auto", "greedy", "speculative", "mcss", "mcss-wor", "mcns")
 TREE_ONLY_VERIFIERS = ("mcss", "mcss-wor", "mcns")
 
@@ -72,7 +99,7 @@ class MethodSpec:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.name in ("draft", *REFERENCE_METHODS)
+        return self.name == "draft" or (self.is_reference and not self.other_weights)
 
     @property
     def tree(self) -> tuple[int, ...] | None:
@@ -84,8 +111,13 @@ class MethodSpec:
 
     @property
     def is_reference(self) -> bool:
-        """Hugging Face assisted generation: run by the bench, never built into an Engine."""
+        """A reference method: run by the bench, never built into an Engine."""
         return self.name in REFERENCE_METHODS
+
+    @property
+    def other_weights(self) -> bool:
+        """Runs other weights than the torch target (llama.cpp's GGUF), so not exact."""
+        return self.name in OTHER_WEIGHTS
 
 
 def split_method_list(text: str) -> list[str]:
@@ -114,7 +146,7 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
     name = name.strip()
     if name in REFERENCE_METHODS and not reference:
         raise InputError(
-            f"method {name!r} is a reference (Hugging Face assisted generation) that only "
+            f"method {name!r} is a reference method that only "
             f"`adaspec bench` runs; here use one of: {', '.join(METHODS)}"
         )
     if name not in METHODS and name not in REFERENCE_METHODS:
@@ -139,6 +171,8 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
                 ) from None
     if "ctrl" in params and params["ctrl"] not in CONTROLLERS:
         raise InputError(f"unknown length controller {params['ctrl']!r}; use one of {CONTROLLERS}")
+    if params.get("ctrl") in DRAFT_ONLY_CONTROLLERS and name != "draft":
+        raise InputError(f"method {text!r}: ctrl={params['ctrl']} needs the draft model (draft:)")
     if "verify" in params and params["verify"] not in VERIFIERS:
         raise InputError(f"unknown verifier {params['verify']!r}; use one of {VERIFIERS}")
     if "k" in params and int(params["k"]) < 1:  # type: ignore[call-overload]
@@ -180,7 +214,23 @@ def build_controller(spec: MethodSpec) -> LengthController:
     k = int(spec["k"])  # type: ignore[call-overload]
     if spec["ctrl"] == "heuristic":
         return HeuristicLength(k=k, k_max=max(k, int(spec["k_max"])))  # type: ignore[call-overload]
+    if spec["ctrl"] in DRAFT_ONLY_CONTROLLERS:
+        return _dynamic_controller(spec, k)
     return StaticLength(k)
+
+
+def _dynamic_controller(spec: MethodSpec, k: int) -> LengthController:
+    threshold = float(spec["threshold"])  # type: ignore[arg-type]
+    if spec["ctrl"] == "confidence":
+        return ConfidenceLength(threshold if threshold >= 0 else HF_DEFAULT_THRESHOLD, k)
+    if spec["ctrl"] == "oracle":
+        return OracleLength(k_max=int(spec["k_max"]))  # type: ignore[call-overload]
+    from adaspec.control.disco import DiscoLength  # loads torch.nn only when used
+
+    sl_max = int(spec["sl_max"])  # type: ignore[call-overload]
+    return DiscoLength.from_file(
+        str(spec["disco"]), tau=threshold if threshold >= 0 else None, sl_max=sl_max or None
+    )
 
 
 def describe_methods() -> str:

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from adaspec.bench.exactness import classify
+from adaspec.bench.exactness import classify, first_difference
 from adaspec.bench.hf_assisted import hf_generate, reference_settings
+from adaspec.bench.llamacpp import LlamaCppDecoder, LlamaCppUnavailable, open_decoder
 from adaspec.bench.report import row_key, summarize, to_markdown
 from adaspec.bench.suites import Prompt
 from adaspec.bench.theory import oracle_schedule, teacher_forced_hits
@@ -156,7 +157,9 @@ class BenchRunner:
         engines: dict[str, Engine] | None = None,
         progress: bool = True,
         log: Callable[[str], None] | None = None,
+        target_gguf: str | Path | None = None,
     ) -> None:
+        """target_gguf: the target's GGUF file, for the `llamacpp` reference method."""
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
@@ -167,6 +170,8 @@ class BenchRunner:
         self.methods = normalize_methods(config.methods)
         self.specs: dict[str, MethodSpec | None] = {}
         self.engines: dict[str, Engine] = {}
+        self.llamacpp: LlamaCppDecoder | None = None
+        self.skipped: dict[str, str] = {}
         for m in self.methods:
             if m in custom:
                 self.specs[m] = None
@@ -176,11 +181,18 @@ class BenchRunner:
             self.specs[m] = spec
             if spec.needs_draft_model and draft is None:
                 raise InputError(f"method {m!r} needs a draft model (--draft)")
-            if spec.is_reference:
+            if spec.other_weights:
+                try:
+                    self.llamacpp = open_decoder(target_gguf, config.temperature)
+                except LlamaCppUnavailable as exc:
+                    self.skipped[m] = str(exc)
+                    self.log(f"{m}: skipped: {exc}")
+            elif spec.is_reference:
                 if not hasattr(target, "model") or not hasattr(draft, "model"):
                     raise InputError(f"method {m!r} needs Hugging Face models (torch backend)")
             else:
                 self.engines[m] = build_engine(spec, target, tokenizer, draft, eos_token_ids)
+        self.methods = [m for m in self.methods if m not in self.skipped]
         self.eos_token_ids = sorted(self.engines["ar"].eos_token_ids)
         self.encoder = self.engines["ar"]
         if config.repeats < 1:
@@ -224,6 +236,11 @@ class BenchRunner:
         self, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> tuple[list[int], RequestStats, str]:
         spec = self.specs[method]
+        if spec is not None and spec.other_weights:
+            assert self.llamacpp is not None
+            ids, stats = self.llamacpp.generate(prompt_ids, max_new_tokens, self.eos_token_ids)
+            finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
+            return ids, stats, finish
         if spec is not None and spec.is_reference:
             assert self.draft is not None
             ids, stats = hf_generate(
@@ -285,7 +302,10 @@ class BenchRunner:
         if method == "ar" and self.greedy and self.draft is not None and self.draft_methods():
             row["oracle"] = self.oracle(prompt_turn_ids, answers)
         if method != "ar":
-            row["exactness_checked"] = self.greedy
+            other = self.specs[method] is not None and self.specs[method].other_weights
+            row["exactness_checked"] = self.greedy and not other
+            if other:
+                row["other_weights"] = True
         return row
 
     def oracle(self, prompt_turn_ids: list[list[int]], answers: list[list[int]]) -> dict:
@@ -305,6 +325,10 @@ class BenchRunner:
             return
         ref = self.by_key.get((prompt.id, "ar", row["repeat"]))
         if ref is None:
+            return
+        if row.get("other_weights"):  # a quality figure (other weights), not an exactness check
+            index = first_difference(ref["token_ids"], row["token_ids"])
+            row["weights_difference"] = None if index is None else {"index": index}
             return
         ref_turns = _split(ref["token_ids"], ref.get("turn_tokens"))
         out_turns = _split(row["token_ids"], row.get("turn_tokens"))

@@ -190,6 +190,20 @@ def run_bench(args: argparse.Namespace) -> int:
     return _run(config, prompts, needs_draft, progress=not args.no_progress)
 
 
+def _llamacpp_gguf(config):
+    """The target's verified GGUF when the `llamacpp` method will run (else None: the runner
+    then skips it with a one-line note)."""
+    import importlib.util
+
+    from adaspec.bench.llamacpp import target_gguf
+    from adaspec.methods import parse_method
+
+    wanted = any(parse_method(m, reference=True).other_weights for m in config.methods)
+    if not wanted or importlib.util.find_spec("llama_cpp") is None:
+        return None
+    return target_gguf(config.target)
+
+
 def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     import torch
 
@@ -233,6 +247,7 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
         draft,
         eos_token_ids=eos_ids_of(tgt.model, tgt.tokenizer),
         progress=progress,
+        target_gguf=_llamacpp_gguf(config),
     )
     t1 = time.perf_counter()
     summary = runner.run(
