@@ -64,11 +64,15 @@ def build_engine(
         verifier = get_tree_verifier(str(verify))
     else:
         verifier = get_verifier(str(verify))
+    controller = build_controller(spec)
+    check_models = getattr(controller, "check_models", None)  # a trained controller (DISCO)
+    if check_models is not None and draft is not None:
+        check_models(target.name, draft.name)
     return Engine(
         target,
         tokenizer,
         drafter=drafter,
-        controller=build_controller(spec),
+        controller=controller,
         verifier=verifier,
         eos_token_ids=eos_token_ids,
     )

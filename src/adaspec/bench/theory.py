@@ -42,24 +42,33 @@ def leviathan_speedup(alpha: float, gamma: float, c: float) -> float:
 
 
 @torch.inference_mode()
-def teacher_forced_hits(
+def teacher_forced_logits(
     draft: ModelBackend, prompt_ids: list[int], output: list[int], chunk: int = 256
-) -> list[bool]:
-    """hits[i]: the draft's greedy token after prompt + output[:i] equals output[i]."""
-    if not output:
-        return []
+) -> torch.Tensor:
+    """[len(output), V] the draft's raw logits for output[i] given prompt + output[:i], from
+    one teacher-forced pass (in chunks of `chunk` tokens); resets the draft's cache."""
     seq = prompt_ids + output[:-1]
     first = len(prompt_ids) - 1  # the row that predicts output[0]
-    preds: list[int] = []
+    rows: list[torch.Tensor] = []
     draft.reset()
     for start in range(0, len(seq), chunk):
         piece = seq[start : start + chunk]
         logits = draft.forward(torch.tensor(piece)).logits
         lo = max(first - start, 0)
         if lo < len(piece):
-            preds.extend(int(t) for t in logits[lo:].argmax(dim=-1))
+            rows.append(logits[lo:])
     draft.reset()
-    return [p == t for p, t in zip(preds, output, strict=True)]
+    return torch.cat(rows) if rows else torch.empty(0, draft.vocab_size)
+
+
+def teacher_forced_hits(
+    draft: ModelBackend, prompt_ids: list[int], output: list[int], chunk: int = 256
+) -> list[bool]:
+    """hits[i]: the draft's greedy token after prompt + output[:i] equals output[i]."""
+    if not output:
+        return []
+    preds = teacher_forced_logits(draft, prompt_ids, output, chunk).argmax(dim=-1)
+    return [int(p) == t for p, t in zip(preds, output, strict=True)]
 
 
 def oracle_schedule(hits: list[bool]) -> dict:

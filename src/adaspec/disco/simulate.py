@@ -1,0 +1,180 @@
+"""Latency of a speculation-length policy, simulated on collected greedy outputs.
+
+A policy drafts from position p, asks after each drafted token whether to go on (a score
+against a threshold), stops at SL_max, and the target verifies. Under greedy decoding the
+accepted count is the run of teacher-forced hits at the start of the draft, so the target
+calls, draft calls and tokens per step follow from the hits alone; the time follows from
+per-forward costs measured on this machine (`measure_costs`): drafted x draft forward +
+one target forward of drafted + 1 tokens (+ the controller's own cost per decision).
+
+What is simulated, not measured: after the draft's first wrong token the real draft conditions
+on that wrong token, but the simulation reads the teacher-forced features of the true
+prefix there (they only decide how many wasted tokens follow a miss); the per-step bookkeeping
+outside the two forwards is left out. Real runs (`adaspec disco tune --confirm`, the bench)
+check the chosen settings.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from adaspec.errors import InputError
+from adaspec.models.backend import ModelBackend
+
+NEVER_STOP = -1.0  # a threshold no score falls below: the static schedule
+
+
+@dataclass
+class Costs:
+    """Milliseconds per forward, measured: draft_ms for one token, target_ms[n - 1] for n
+    tokens (a verification of n - 1 drafted tokens), decision_ms per controller decision."""
+
+    draft_ms: float
+    target_ms: list[float]
+    decision_ms: float = 0.0
+    context_tokens: int = 0
+    repeats: int = 0
+
+    def target(self, n: int) -> float:
+        if n > len(self.target_ms):
+            raise InputError(f"no measured target cost for {n} tokens (max {len(self.target_ms)})")
+        return self.target_ms[n - 1]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_costs(
+    target: ModelBackend,
+    draft: ModelBackend,
+    context: list[int],
+    max_tokens: int,
+    repeats: int = 5,
+    decision=None,
+) -> Costs:
+    """Time the forwards a step costs, after `context` is cached: the draft on 1 token, the
+    target on 1..max_tokens+1 tokens (cache rolled back after each), and one `decision`
+    (a callable: the controller's per-token work) if given. Medians of `repeats`, after one
+    warm-up each."""
+    if repeats < 1 or max_tokens < 1 or not context:
+        raise InputError("measure_costs needs a context, max_tokens >= 1 and repeats >= 1")
+
+    def timed(backend: ModelBackend, n: int) -> float:
+        tokens = torch.tensor(context[-1:] * n)
+        base = backend.cache_len
+
+        def run() -> None:
+            backend.forward(tokens)
+            backend.truncate(base)
+
+        run()  # warm-up
+        return _median_ms(run, repeats)
+
+    target.prefill(torch.tensor(context))
+    target_ms = [timed(target, n) for n in range(1, max_tokens + 2)]
+    draft.prefill(torch.tensor(context))
+    draft_ms = timed(draft, 1)
+    target.reset()
+    draft.reset()
+    decision_ms = 0.0
+    if decision is not None:
+        decision()
+        decision_ms = _median_ms(decision, max(repeats, 20))
+    return Costs(draft_ms, target_ms, decision_ms, len(context), repeats)
+
+
+@dataclass
+class SimResult:
+    tokens: int = 0  # tokens decoded after the prefill's first one
+    time_ms: float = 0.0
+    target_calls: int = 0
+    draft_calls: int = 0
+    accepted: int = 0
+
+    def add(self, other: SimResult) -> None:
+        for k in ("tokens", "time_ms", "target_calls", "draft_calls", "accepted"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.time_ms / self.tokens if self.tokens else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ms_per_token": self.ms_per_token}
+
+
+def simulate(
+    hits: Sequence[bool],
+    scores: torch.Tensor | None,
+    tau: float,
+    sl_max: int,
+    costs: Costs,
+    oracle: bool = False,
+) -> SimResult:
+    """One greedy generation of len(hits) tokens under a policy.
+
+    scores[i, d]: the policy's score for token i drafted at position d of the current draft
+    (DISCO's acceptance probability; the top draft probability for the confidence rule);
+    None (or tau = NEVER_STOP) for a static length. oracle=True drafts exactly the run of hits
+    (up to sl_max), as `control.oracle.OracleLength` does."""
+    h = [bool(x) for x in hits]
+    sc = scores.tolist() if scores is not None else None  # Python floats: fast to index
+    n = len(h)
+    res = SimResult()
+    p = 1  # token 0 comes from the prefill
+    decide = scores is not None and tau > NEVER_STOP and not oracle
+    if decide and scores.shape[1] < sl_max:  # type: ignore[union-attr]
+        raise InputError(f"scores cover {scores.shape[1]} draft positions, sl_max is {sl_max}")  # type: ignore[union-attr]
+    while p < n:
+        limit = min(sl_max, n - p - 1)  # the engine never drafts past the token budget
+        if oracle:
+            drafted = 0
+            while drafted < limit and h[p + drafted]:
+                drafted += 1
+        else:
+            drafted = 0
+            while drafted < limit:
+                drafted += 1
+                if decide and sc[p + drafted - 1][drafted - 1] < tau:  # type: ignore[index]
+                    break
+        accepted = 0
+        while accepted < drafted and h[p + accepted]:
+            accepted += 1
+        res.time_ms += drafted * costs.draft_ms + costs.target(drafted + 1)
+        if decide:
+            res.time_ms += drafted * costs.decision_ms
+        res.target_calls += 1
+        res.draft_calls += drafted
+        res.accepted += accepted
+        res.tokens += accepted + 1
+        p += accepted + 1
+    return res
+
+
+def simulate_all(
+    hits_list: Sequence[Sequence[bool]],
+    scores_list: Sequence[torch.Tensor | None],
+    tau: float,
+    sl_max: int,
+    costs: Costs,
+    oracle: bool = False,
+) -> SimResult:
+    total = SimResult()
+    for hits, scores in zip(hits_list, scores_list, strict=True):
+        total.add(simulate(hits, scores, tau, sl_max, costs, oracle))
+    return total
