@@ -13,6 +13,7 @@ from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.methods import MethodSpec, build_controller, parse_method
 from adaspec.models.backend import ModelBackend
+from adaspec.models.restricted_head import with_stored_vocab
 from adaspec.verify import get_verifier
 from adaspec.verify.multi_candidate import get_tree_verifier
 
@@ -53,6 +54,7 @@ def build_engine(
     if spec.name == "draft":
         if draft is None:
             raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
+        draft = with_stored_vocab(draft, int(spec["vocab"]))  # type: ignore[call-overload]
         tree = spec.tree
         drafter = ModelDrafter(draft) if tree is None else ModelTreeDrafter(draft, tree)
     elif spec.name == "ngram":

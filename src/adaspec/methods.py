@@ -52,6 +52,12 @@ METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
         "tree": (str, "", "token tree, candidates per level, e.g. 4x2x2x1 (unset: a chain of k)"),
         "max_nodes": (int, DEFAULT_MAX_NODES, "limit on the drafted nodes of a tree"),
         **_DYNAMIC,
+        "vocab": (
+            int,
+            0,
+            "draft head keeps only the N most frequent target tokens (0: full head; the set "
+            "comes from `adaspec models restrict-vocab --top N`)",
+        ),
     },
     "ngram": {
         **_COMMON,
@@ -177,6 +183,8 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
         raise InputError(f"unknown verifier {params['verify']!r}; use one of {VERIFIERS}")
     if "k" in params and int(params["k"]) < 1:  # type: ignore[call-overload]
         raise InputError(f"method {text!r}: k must be >= 1")
+    if int(params.get("vocab", 0)) < 0:  # type: ignore[call-overload]
+        raise InputError(f"method {text!r}: vocab must be >= 0 (0 keeps the full head)")
     if name == "ngram" and not 1 <= int(params["n_min"]) <= int(params["n_max"]):  # type: ignore[call-overload]
         raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
     spec = MethodSpec(name=name, params=params, text=text)

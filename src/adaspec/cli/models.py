@@ -1,4 +1,5 @@
-"""`adaspec models list|prepare|verify`: see, build and check the local model cache.
+"""`adaspec models list|prepare|verify|restrict-vocab`: see, build and check the local model
+cache.
 
 Handlers return an exit code and let ModelStoreError propagate: the main CLI prints it as
 `adaspec: error: <message>` and exits 2.
@@ -52,6 +53,10 @@ def add_models_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="built-in names (default: every model that is assembled or cached)",
     )
     ver.set_defaults(func=cmd_verify)
+
+    from adaspec.cli.restrict_vocab import add_restrict_vocab_parser
+
+    add_restrict_vocab_parser(sub)
     return p
 
 
