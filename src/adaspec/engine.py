@@ -22,7 +22,7 @@ from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.draft.tree import TreeDrafter
 from adaspec.errors import InputError
 from adaspec.metrics import RequestStats
-from adaspec.models.backend import ModelBackend
+from adaspec.models.backend import ForwardOutput, ModelBackend
 from adaspec.sampling import SamplingParams, process_logits
 from adaspec.tree import TokenTree, TreeProposal
 from adaspec.verify.base import Verifier
@@ -190,23 +190,42 @@ class Engine:
             )
         return verifier
 
+    # A router engine (adaspec.route) asks the prefill for the prompt's hidden state at this
+    # layer and picks the drafter, controller and verifier in `_route`, so the routing
+    # decision costs no second prefill. Plain engines do neither.
+    prefill_hidden_layer: int | None = None
+
+    def _route(
+        self,
+        prompt_ids: list[int],
+        prefill: ForwardOutput,
+        sampling: SamplingParams,
+        stats: RequestStats,
+    ) -> None:
+        """Hook between the prefill and the first token: choose this request's method."""
+
+    def _request_verifier(self, sampling: SamplingParams) -> Verifier | TreeVerifier:
+        if isinstance(self.drafter, TreeDrafter):
+            return self._tree_verifier_for(sampling)
+        return self._verifier_for(sampling)
+
     def _decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
     ) -> Iterator[StreamChunk | GenerationResult]:
         stats = RequestStats(prompt_tokens=len(prompt_ids))
         generator = sampling.generator()
-        verifier = (
-            self._tree_verifier_for(sampling)
-            if isinstance(self.drafter, TreeDrafter)
-            else self._verifier_for(sampling)
-        )
+        self._request_verifier(sampling)  # bad settings fail before any compute
         text_out = _TextAssembler(self.tokenizer, stop)
         t_start = time.perf_counter()
 
-        logits = self.target.prefill(torch.tensor(prompt_ids)).logits[-1:]
-        first = _pick(logits, sampling, generator, verifier)
+        prefill = self.target.prefill(
+            torch.tensor(prompt_ids), hidden_layer=self.prefill_hidden_layer
+        )
+        self._route(prompt_ids, prefill, sampling, stats)
+        verifier = self._request_verifier(sampling)  # for the method the router chose
+        first = _pick(prefill.logits[-1:], sampling, generator, verifier)
         stats.target_calls += 1
-        stats.prefill_time = time.perf_counter() - t_start
+        stats.prefill_time = time.perf_counter() - t_start - stats.route_time
         if self.drafter is not None:
             self.drafter.start(prompt_ids)
         self.controller.start()
