@@ -50,6 +50,13 @@ def build_engine(
     eos_token_ids: list[int] | None = None,
 ) -> Engine:
     spec = parse_method(method) if isinstance(method, str) else method
+    if spec.name == "router":
+        from adaspec.route.engine import router_from_artifact
+
+        return router_from_artifact(
+            str(spec["artifact"]), target, tokenizer, draft, eos_token_ids,
+            mode=str(spec["mode"]), seed=int(spec["seed"]),  # type: ignore[call-overload]
+        )
     drafter = None
     if spec.name == "draft":
         if draft is None:

@@ -65,11 +65,17 @@ METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
         "n_max": (int, 3, "longest n-gram to match"),
         "n_min": (int, 1, "shortest n-gram to match"),
     },
+    "router": {
+        "artifact": (str, "", "trained router (adaspec router train); router:PATH is short"),
+        "mode": (str, "greedy", "greedy (the policy's argmax) | dynamic (sample the policy)"),
+        "seed": (int, 0, "seed of the dynamic policy (a request's own seed wins)"),
+    },
 }
 DESCRIPTIONS = {
     "ar": "plain target decoding through the same loop (the baseline)",
     "draft": "the draft model proposes tokens autoregressively",
     "ngram": "prompt lookup: propose what followed the last match of the context's final n-gram",
+    "router": "a trained policy picks one of its arms (methods) per request from the prompt",
 }
 # Reference methods: Hugging Face assisted generation on the same loaded models, and llama.cpp
 # plain decoding of the target's GGUF. They are not adaspec engines, so only `adaspec bench`
@@ -105,6 +111,11 @@ class MethodSpec:
 
     @property
     def needs_draft_model(self) -> bool:
+        if self.name == "router":  # when one of its arms does
+            from adaspec.route.artifact import load_artifact
+
+            arms = load_artifact(str(self.params["artifact"])).arms.values()
+            return any(parse_method(m).needs_draft_model for m in arms)
         return self.name == "draft" or (self.is_reference and not self.other_weights)
 
     @property
@@ -159,6 +170,9 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
         raise InputError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     schema = METHODS[name] if name in METHODS else REFERENCE_METHODS[name]
     params: dict[str, object] = {key: default for key, (_, default, _) in schema.items()}
+    if name == "router" and rest.strip() and "=" not in rest.split(",", 1)[0]:
+        path, _, rest = rest.partition(",")  # router:PATH[,mode=dynamic]
+        params["artifact"] = path.strip()
     if rest.strip():
         for item in rest.split(","):
             key, eq, value = item.partition("=")
@@ -187,10 +201,19 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
         raise InputError(f"method {text!r}: vocab must be >= 0 (0 keeps the full head)")
     if name == "ngram" and not 1 <= int(params["n_min"]) <= int(params["n_max"]):  # type: ignore[call-overload]
         raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
+    if name == "router":
+        _check_router_params(text, params)
     spec = MethodSpec(name=name, params=params, text=text)
     if "verify" in params:
         _check_tree_params(spec)
     return spec
+
+
+def _check_router_params(text: str, params: dict[str, object]) -> None:
+    if not params["artifact"]:
+        raise InputError(f"method {text!r}: give the router artifact, e.g. router:router.pt")
+    if params["mode"] not in ("greedy", "dynamic"):
+        raise InputError(f"method {text!r}: mode must be greedy or dynamic")
 
 
 def _check_tree_params(spec: MethodSpec) -> None:
@@ -214,7 +237,7 @@ def _check_tree_params(spec: MethodSpec) -> None:
 
 
 def build_controller(spec: MethodSpec) -> LengthController:
-    if spec.name == "ar":
+    if spec.name in ("ar", "router"):  # a router uses the controller of the arm it picks
         return StaticLength(1)
     tree = spec.tree if "tree" in spec.params else None
     if tree is not None:

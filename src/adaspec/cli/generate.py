@@ -42,6 +42,13 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true", help="print the full per-request stats as JSON")
+    p.add_argument(
+        "--router",
+        default=None,
+        metavar="ARTIFACT",
+        help="let a trained router (adaspec router train) pick the method; replaces --method",
+    )
+    p.add_argument("--router-mode", default="greedy", choices=["greedy", "dynamic"])
     p.set_defaults(func=run_generate)
 
 
@@ -53,6 +60,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     # Check everything the user typed before spending seconds on loading models.
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.router is not None:
+        args.method = f"router:{args.router},mode={args.router_mode}"
     parse_method(args.method)
     if not args.prompt.strip():
         raise InputError("prompt is empty: give some text to continue")
@@ -72,7 +81,10 @@ def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(result.text)
-    print(f"[{args.method}] {result.stats.summary_line()}", file=sys.stderr)
+    routed = ""
+    if result.stats.route is not None:
+        routed = f" | routed to {result.stats.route} in {1000 * result.stats.route_time:.1f} ms"
+    print(f"[{args.method}] {result.stats.summary_line()}{routed}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.stats.to_dict()), file=sys.stderr)
     return 0

@@ -1,0 +1,206 @@
+"""`adaspec router`: collect offline data, record prompt states, train the policy, report.
+
+adaspec router collect --suite sharegpt:8,humaneval:4,wmt:4 --out router-data
+adaspec router train router-data --out router.pt
+adaspec bench --suite spec-bench:2 --methods ar,ngram,draft:k=4,router:router.pt
+adaspec router features --suite spec-bench:2 --out router-test
+adaspec router report --train router-data --bench bench-results/x --features router-test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+
+COLLECT_SUITES = "sharegpt:8,humaneval:4,wmt:4"
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, HF dir or .gguf")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="built-in name, HF dir or .gguf")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    from adaspec.route.policy import TrainConfig
+    from adaspec.route.reward import COSTS, DEFAULT_COST
+
+    d = TrainConfig()
+    p.add_argument("--alpha", type=float, default=None, help="reward = alpha * Rouge-L + "
+                   "(1 - alpha) * cost (default: see `adaspec router train -h`)")
+    p.add_argument("--cost", choices=COSTS, default=DEFAULT_COST,
+                   help="measured: t_best / t_arm per prompt on this machine; params: the "
+                   f"paper's 1 - e^(p_i - p_max) (default {DEFAULT_COST})")
+    p.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW, default {d.lr}")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--hidden", type=int, default=d.hidden, help="MLP width")
+    p.add_argument("--seed", type=int, default=d.seed)
+
+
+def add_router_parser(sub: argparse._SubParsersAction) -> None:
+    from adaspec.route.arms import DEFAULT_ARMS
+
+    p = sub.add_parser(
+        "router",
+        help="the context-aware draft router: collect data, train the policy, report",
+        description="A policy trained offline picks the decoding method per request from the "
+        "target's prompt state (Huang et al.). Use a trained artifact with "
+        "`adaspec generate --router FILE` or the bench method router:FILE.",
+    )
+    rsub = p.add_subparsers(dest="router_command", required=True)
+
+    c = rsub.add_parser("collect", help="run every arm on training prompts; record the data")
+    c.add_argument("--suite", default=COLLECT_SUITES, help="training suites NAME:LIMIT (limit "
+                   "per category; humaneval, wmt and spec-bench take their second half, so the "
+                   f"bench's first prompts stay held out; default {COLLECT_SUITES})")
+    c.add_argument("--arms", default=None, help="comma-separated method strings or a JSON "
+                   f"config {{\"arms\": {{name: method}}}} (default {','.join(DEFAULT_ARMS)})")
+    c.add_argument("--out", default="router-data", help="collection folder (resumable)")
+    c.add_argument("--max-new-tokens", type=int, default=48)
+    c.add_argument("--sample-temperature", type=float, default=1.0,
+                   help="temperature of plain decoding's sampled output (its similarity)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--overwrite", action="store_true", help="start the collection over")
+    _model_args(c)
+    c.set_defaults(func=run_collect)
+
+    f = rsub.add_parser("features", help="record prompt states only (for test prompts)")
+    f.add_argument("--suite", required=True, help="suites NAME:LIMIT, as `adaspec bench` "
+                   "takes them (the same first prompts)")
+    f.add_argument("--out", required=True)
+    _model_args(f)
+    f.set_defaults(func=run_features, draft=None)
+
+    t = rsub.add_parser("train", help="train the policy with REINFORCE; write the artifact")
+    t.add_argument("data", help="folder from `adaspec router collect`")
+    t.add_argument("--out", default="router.pt", help="artifact file")
+    t.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
+    _train_args(t)
+    t.set_defaults(func=run_train)
+
+    r = rsub.add_parser("report", help="router vs arms vs oracle, learning curve, alpha sweep")
+    r.add_argument("--train", required=True, help="folder from `adaspec router collect`")
+    r.add_argument("--bench", required=True, help="bench results folder with the arms and "
+                   "router methods on the test prompts")
+    r.add_argument("--features", required=True, help="folder from `adaspec router features` "
+                   "on the same test prompts")
+    r.add_argument("--out", required=True, help="report folder (report.md, report.json, PNGs)")
+    r.add_argument("--alphas", default="0,0.1,0.25,0.5,0.75,1", help="alpha sweep")
+    r.add_argument("--draws", type=int, default=5, help="random training subsets per size")
+    _train_args(r)
+    r.set_defaults(func=run_report)
+
+
+def _load(args: argparse.Namespace, need_draft: bool):
+    from transformers.utils import logging as hf_logging
+
+    from adaspec.build import load_backends
+
+    hf_logging.set_verbosity_error()
+    return load_backends(args.target, args.draft if need_draft else None, args.dtype)
+
+
+def _suites(text: str):
+    from adaspec.cli.bench import parse_suites
+
+    return parse_suites(text, None, False)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    from adaspec.errors import InputError
+    from adaspec.methods import parse_method
+    from adaspec.route.arms import parse_arms
+    from adaspec.route.collect import CollectConfig, collect
+    from adaspec.route.data import training_prompts
+
+    arms = parse_arms(args.arms)
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    prompts = training_prompts(_suites(args.suite))
+    if not prompts:
+        raise InputError("no training prompts selected: check --suite")
+    need_draft = any(parse_method(m).needs_draft_model for m in arms.values())
+    target, tokenizer, draft, eos = _load(args, need_draft)
+    print(f"adaspec router collect: {len(prompts)} prompts x {len(arms)} arms -> {args.out}",
+          file=sys.stderr)
+    config = CollectConfig(
+        arms=arms, out=args.out, max_new_tokens=args.max_new_tokens,
+        sample_temperature=args.sample_temperature, seed=args.seed, overwrite=args.overwrite,
+        dtype=args.dtype,
+    )
+    collect(config, prompts, target, tokenizer, draft, eos, progress=not args.no_progress)
+    print(f"adaspec router collect: done; train with `adaspec router train {args.out}`",
+          file=sys.stderr)
+    return 0
+
+
+def run_features(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adaspec.build import build_engine
+    from adaspec.cli.bench import load_prompts
+    from adaspec.route.collect import record_states
+
+    prompts = load_prompts(_suites(args.suite), None)
+    target, tokenizer, _, eos = _load(args, False)
+    engine = build_engine("ar", target, tokenizer, None, eos)
+    rows = record_states(prompts, engine, Path(args.out), progress=not args.no_progress)
+    print(f"adaspec router features: {len(rows)} prompt states in {args.out}", file=sys.stderr)
+    return 0
+
+
+def train_config(args: argparse.Namespace):
+    from adaspec.route.policy import TrainConfig
+
+    cfg = TrainConfig(
+        lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size,
+        epochs=args.epochs, hidden=args.hidden, seed=args.seed,
+    )
+    cfg.check()
+    return cfg
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from adaspec.errors import InputError
+    from adaspec.route.data import load_collection
+    from adaspec.route.train import DEFAULT_ALPHA, train_artifact
+
+    data = load_collection(args.data)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise InputError(f"--limit must be >= 1, got {args.limit}")
+        data = data.subset(range(min(args.limit, len(data))))
+    alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
+    art = train_artifact(data, alpha, args.cost, train_config(args))
+    from adaspec.route.artifact import save_artifact
+
+    save_artifact(art, args.out)
+    info = art.info
+    print(f"trained on {len(data)} prompts, arms {art.arm_names}, alpha {alpha}, cost "
+          f"{args.cost}: expected reward {info['history'][-1]['reward']:.3f}; greedy picks "
+          f"{info['train_choices']} -> {args.out}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from adaspec.errors import InputError
+    from adaspec.route.report import write_report
+
+    try:
+        alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
+    except ValueError:
+        raise InputError(f"--alphas must be comma-separated numbers, got {args.alphas!r}") from None
+    if args.draws < 1:
+        raise InputError("--draws must be >= 1")
+    alpha = None if args.alpha is None else args.alpha
+    out = write_report(
+        args.train, args.bench, args.features, args.out, train_config(args), args.cost,
+        alpha, alphas, args.draws,
+    )
+    print(f"adaspec router report: {out}")
+    return 0
