@@ -264,6 +264,7 @@ class BenchRunner:
         total: dict = {k: 0 for k in _SUM_FIELDS}
         steps: list[list[int]] = []
         finish: list[str] = []
+        routes: list[str] = []  # the arm a router picked, per turn
         prompt_turn_ids: list[list[int]] = []
         for _ in prompt.all_turns:
             ids = self.turn_prompt_ids(prompt, answers)
@@ -271,6 +272,8 @@ class BenchRunner:
             out, stats, reason = self._generate(method, ids, self.config.max_new_tokens, sampling)
             answers.append(out)
             finish.append(reason)
+            if stats.route is not None:
+                routes.append(stats.route)
             for k in _SUM_FIELDS:
                 total[k] += getattr(stats, k)
             steps += [[int(d), int(a)] for d, a in stats.steps]
@@ -299,6 +302,8 @@ class BenchRunner:
             "ms_per_token": 1000 * wall / tokens if tokens else 0.0,
             "steps": steps,
         }
+        if routes:
+            row["route"] = routes
         if method == "ar" and self.greedy and self.draft is not None and self.draft_methods():
             row["oracle"] = self.oracle(prompt_turn_ids, answers)
         if method != "ar":
