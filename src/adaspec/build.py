@@ -87,6 +87,26 @@ def build_engine(
     )
 
 
+def load_backends(
+    target: str = DEFAULT_TARGET,
+    draft: str | None = DEFAULT_DRAFT,
+    dtype: str = "bfloat16",
+) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
+    """Load the target (and draft) from the verified cache as torch backends; the draft's
+    tokenizer must match the target's. Returns (target, tokenizer, draft or None, EOS ids)."""
+    from adaspec.models.store import check_tokenizer_pair, load_model
+    from adaspec.models.torch_backend import TorchBackend
+
+    tgt = load_model(target, dtype=dtype)
+    draft_backend = None
+    if draft is not None:
+        drf = load_model(draft, dtype=dtype)
+        check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
+        draft_backend = TorchBackend(drf.model, name=drf.name)
+    eos = eos_ids_of(tgt.model, tgt.tokenizer)
+    return TorchBackend(tgt.model, name=tgt.name), tgt.tokenizer, draft_backend, eos
+
+
 def load_engine(
     method: str = DEFAULT_METHOD,
     target: str = DEFAULT_TARGET,
@@ -94,22 +114,10 @@ def load_engine(
     dtype: str = "bfloat16",
 ) -> Engine:
     """Load the models a method needs (from the verified cache) and build its engine."""
-    from adaspec.models.store import check_tokenizer_pair, load_model
-    from adaspec.models.torch_backend import TorchBackend
-
     spec = parse_method(method)
-    tgt = load_model(target, dtype=dtype)
-    draft_backend = None
-    if spec.needs_draft_model:
-        if draft is None:
-            raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
-        drf = load_model(draft, dtype=dtype)
-        check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
-        draft_backend = TorchBackend(drf.model, name=drf.name)
-    return build_engine(
-        spec,
-        TorchBackend(tgt.model, name=tgt.name),
-        tgt.tokenizer,
-        draft_backend,
-        eos_token_ids=eos_ids_of(tgt.model, tgt.tokenizer),
+    if spec.needs_draft_model and draft is None:
+        raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
+    tgt, tokenizer, drf, eos = load_backends(
+        target, draft if spec.needs_draft_model else None, dtype
     )
+    return build_engine(spec, tgt, tokenizer, drf, eos_token_ids=eos)

@@ -27,6 +27,7 @@ from adaspec.bench.report import row_key, summarize, to_markdown
 from adaspec.bench.suites import Prompt
 from adaspec.bench.theory import oracle_schedule, teacher_forced_hits
 from adaspec.build import build_engine
+from adaspec.control.oracle import OracleLength
 from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.methods import MethodSpec, parse_method
@@ -201,6 +202,8 @@ class BenchRunner:
         self.out = Path(config.out)
         self.rows: list[dict] = []
         self.by_key: dict[tuple[str, str, int], dict] = {}
+        # plain decoding's output by (prompt ids, budget), for ctrl=oracle
+        self.references: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     # ---------------------------------------------------------------- helpers
     def log(self, message: str) -> None:
@@ -254,8 +257,30 @@ class BenchRunner:
             )
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
-        res = self.engines[method].generate(prompt_ids, max_new_tokens, sampling)
+        engine = self.engines[method]
+        if isinstance(engine.controller, OracleLength):
+            self.prime_oracle(engine.controller, prompt_ids, max_new_tokens, sampling)
+        res = engine.generate(prompt_ids, max_new_tokens, sampling)
+        if method == "ar":
+            self.references[(tuple(prompt_ids), max_new_tokens)] = res.token_ids
         return res.token_ids, res.stats, res.finish_reason
+
+    def prime_oracle(
+        self,
+        oracle: OracleLength,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+    ) -> None:
+        """ctrl=oracle drafts what will be accepted: hand it the teacher-forced hits of plain
+        decoding's output for these prompt ids (from the `ar` run just before; decoded here,
+        untimed, when that is missing, e.g. after a resume)."""
+        if not self.greedy or self.draft is None:
+            raise InputError("ctrl=oracle needs greedy decoding (temperature 0) and a draft")
+        ref = self.references.get((tuple(prompt_ids), max_new_tokens))
+        if ref is None:
+            ref = self.engines["ar"].generate(prompt_ids, max_new_tokens, sampling).token_ids
+        oracle.set_hits(teacher_forced_hits(self.draft, prompt_ids, ref))
 
     def run_prompt(self, method: str, prompt: Prompt, repeat: int) -> dict:
         """One (prompt, method, repeat): every turn, stats summed over turns."""

@@ -56,7 +56,9 @@ def distribution_features(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] raw logits -> [..., TOP_K + 1]: the top-10 probabilities, then the entropy
     (nats). Computed in float32 whatever the model's dtype."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    top = logp.topk(TOP_K, dim=-1).values.exp()
+    top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1).values.exp()
+    if top.shape[-1] < TOP_K:  # a vocabulary smaller than TOP_K: the rest have probability 0
+        top = torch.nn.functional.pad(top, (0, TOP_K - top.shape[-1]))
     entropy = -(logp.exp() * logp).nan_to_num().sum(dim=-1, keepdim=True)  # 0 * -inf = 0
     return torch.cat([top, entropy], dim=-1)
 
