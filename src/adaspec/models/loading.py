@@ -386,6 +386,7 @@ class LoadedModel:
     cache_dir: Path | None = None  # the safetensors cache actually read (None for an HF dir)
     load_seconds: float = 0.0  # reading the weights (excludes any first-time preparation)
     prepared: PrepareResult | None = None
+    quant: str = "none"  # weight quantization of the Linear layers (models/quant.py)
 
     @property
     def vocab_size(self) -> int:
@@ -425,12 +426,20 @@ def _load_dir(path: Path, torch_dtype: torch.dtype, fix: str) -> tuple[Any, Any]
 
 def load_model(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat16", *,
                registry: Mapping[str, ModelSpec] | None = None,
-               progress: bool | None = None) -> LoadedModel:
+               progress: bool | None = None, quant: str = "none") -> LoadedModel:
     """Load a built-in model name, an HF model directory or a .gguf file as a torch CausalLM.
 
     GGUF sources go through the safetensors cache (prepared on first use), so every load of
     the same source returns the same weights whether or not the cache existed before.
+    `quant` (none | int8 | int4 | int8-dyn) then swaps the Linear layers for quantized ones,
+    through a cache of its own (models/quant_store.py).
     """
+    if quant != "none":
+        from adaspec.models.quant_store import quantize_loaded
+
+        return quantize_loaded(
+            load_model(spec, dtype, registry=registry, progress=progress), quant
+        )
     dtype_name, torch_dtype = resolve_dtype(dtype)
     src = _resolve_source(spec, registry, progress)
     if src.kind == "hf":

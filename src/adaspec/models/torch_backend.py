@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from adaspec.models.backend import ForwardOutput, ModelBackend
+from adaspec.models.quant import quantized_bytes
 
 
 class TorchBackend(ModelBackend):
@@ -20,7 +21,7 @@ class TorchBackend(ModelBackend):
         self.name = name
         cfg = model.config
         self.config = cfg
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = int(model.config.vocab_size)
         self.max_context = int(getattr(cfg, "max_position_embeddings", 32768))
         self.num_layers = int(cfg.num_hidden_layers)
         self.hidden_size = int(cfg.hidden_size)
@@ -33,9 +34,10 @@ class TorchBackend(ModelBackend):
         """Bytes of weights one forward reads: every parameter except the input embedding
         table (only the fed rows of it are touched)."""
         emb = self.model.get_input_embeddings().weight
-        out = self.model.get_output_embeddings().weight
+        out = self.model.get_output_embeddings()
         total = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        if emb.data_ptr() != out.data_ptr():
+        total += quantized_bytes(self.model)  # quantized layers keep weights in buffers
+        if not hasattr(out, "weight") or emb.data_ptr() != out.weight.data_ptr():
             total -= emb.numel() * emb.element_size()
         return total
 

@@ -1,0 +1,232 @@
+"""Weight quantization of a torch CausalLM's Linear layers, on CPU kernels that ship with torch.
+
+Why these kernels: on this CPU (2 cores, AVX-512) torchao 0.18's supported configs either have
+no fast CPU kernel (`Int8WeightOnlyConfig`, `Int8DynamicActivationInt8WeightConfig` are as slow
+as bf16 or slower) or need torchao's separately built kernel library (the `opaque` intx
+packing), so we call the kernels torch itself ships, the ones gpt-fast uses on CPU:
+
+- ``int8``: weight-only int8, one scale per output row, `aten._weight_int8pack_mm`.
+- ``int4``: weight-only int4, asymmetric, one scale and zero per group of 128 inputs,
+  `aten._weight_int4pack_mm_for_cpu` (tinygemm layout, packed at load time).
+- ``int8-dyn``: int8 weights and activations quantized on the fly (fbgemm
+  `quantized.linear_dynamic`). Its activation scale is shared by all rows of a call, so a
+  token's logits depend on which other tokens are scored with it: verification is not
+  row-independent and greedy speculative output can drift from plain decoding.
+
+Activations, embeddings, norms and the KV cache stay bf16. `adaspec bench` reports each
+mode's forward times and how many greedy outputs change against bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from adaspec.errors import InputError
+
+QUANT_MODES = ("none", "int8", "int4", "int8-dyn")
+INT4_GROUP = 128
+
+
+def check_quant(mode: str) -> str:
+    """Validate a quantization mode name (what `--quant` accepts)."""
+    if mode not in QUANT_MODES:
+        raise InputError(f"unknown quantization {mode!r}; use one of {', '.join(QUANT_MODES)}")
+    return mode
+
+
+class QuantLinear(nn.Module):
+    """A Linear whose weight is stored quantized; `state()` is what the disk cache keeps."""
+
+    mode: str = ""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        y = y.reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, mode={self.mode}"
+
+
+class Int8WeightLinear(QuantLinear):
+    mode = "int8"
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> None:
+        super().__init__(qweight.shape[1], qweight.shape[0], bias)
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.to(dtype))
+
+    @staticmethod
+    def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-10)
+        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        return {"qweight": q, "scales": scales}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight, "scales": self.scales.float()}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
+        return self._finish(torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales),
+                            x.shape)
+
+
+class Int4WeightLinear(QuantLinear):
+    mode = "int4"
+
+    def __init__(self, packed_nibbles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        out_features, half = packed_nibbles.shape
+        super().__init__(half * 2, out_features, bias)
+        self.nibbles = packed_nibbles  # kept for state(); the kernel reads `packed`
+        q = torch.stack([packed_nibbles >> 4, packed_nibbles & 0xF], dim=-1).reshape(
+            out_features, half * 2
+        )
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 8)
+        )
+        # tinygemm reads w = (q - 8) * scale + zero, scales_and_zeros as [groups, out, 2]
+        sz = torch.stack([scales.float(), zeros.float()], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", sz.to(dtype))
+        self.dtype = dtype
+
+    @staticmethod
+    def quantize(weight: torch.Tensor, group: int = INT4_GROUP) -> dict[str, torch.Tensor]:
+        w = weight.detach().float()
+        out_features, in_features = w.shape
+        if in_features % group:
+            raise InputError(f"int4 needs in_features divisible by {group}, got {in_features}")
+        wg = w.reshape(out_features, in_features // group, group)
+        lo = wg.amin(dim=-1, keepdim=True)
+        hi = wg.amax(dim=-1, keepdim=True)
+        scales = ((hi - lo) / 15).clamp(min=1e-10)
+        q = torch.round((wg - lo) / scales).clamp(0, 15).to(torch.uint8).reshape(out_features, -1)
+        nibbles = (q[:, 0::2] << 4) | q[:, 1::2]
+        zeros = lo + 8 * scales
+        return {"nibbles": nibbles, "scales": scales.squeeze(-1), "zeros": zeros.squeeze(-1)}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        sz = self.scales_and_zeros.float().transpose(0, 1)
+        return {"nibbles": self.nibbles, "scales": sz[..., 0].contiguous(),
+                "zeros": sz[..., 1].contiguous()}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(self.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat, self.packed, INT4_GROUP, self.scales_and_zeros
+        )
+        return self._finish(y, x.shape)
+
+
+class Int8DynamicLinear(QuantLinear):
+    mode = "int8-dyn"
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> None:
+        super().__init__(qweight.shape[1], qweight.shape[0], bias)
+        self.qweight_int8 = qweight
+        self.scales_fp32 = scales.float()
+        wq = torch._make_per_channel_quantized_tensor(
+            qweight, self.scales_fp32.double(), torch.zeros(qweight.shape[0], dtype=torch.long), 0
+        )
+        b = None if bias is None else bias.detach().float()
+        self._packed = torch.ops.quantized.linear_prepack(wq, b)
+        self.bias = None  # the prepacked weight carries it
+        self.dtype = dtype
+
+    quantize = staticmethod(Int8WeightLinear.quantize)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"qweight": self.qweight_int8, "scales": self.scales_fp32}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        y = torch.ops.quantized.linear_dynamic(flat, self._packed, True)
+        return self._finish(y.to(self.dtype), x.shape)
+
+
+_MODULES: dict[str, type[QuantLinear]] = {
+    "int8": Int8WeightLinear,
+    "int4": Int4WeightLinear,
+    "int8-dyn": Int8DynamicLinear,
+}
+
+
+def _build(mode: str, state: dict[str, torch.Tensor], bias: torch.Tensor | None,
+           dtype: torch.dtype) -> QuantLinear:
+    if mode == "int4":
+        return Int4WeightLinear(state["nibbles"], state["scales"], state["zeros"], bias, dtype)
+    return _MODULES[mode](state["qweight"], state["scales"], bias, dtype)  # type: ignore[call-arg]
+
+
+def linear_paths(model: nn.Module) -> list[str]:
+    """Dotted names of every nn.Linear in the model (the layers quantization replaces)."""
+    return [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, child = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, child, module)
+
+
+def quantize_model(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
+    """Replace every Linear with its quantized version, in place; returns the flat state the
+    disk cache stores (`<layer>.<tensor>`), so a later load skips the rounding."""
+    check_quant(mode)
+    flat: dict[str, torch.Tensor] = {}
+    if mode == "none":
+        return flat
+    dtype = _activation_dtype(model)
+    for path in linear_paths(model):
+        lin = model.get_submodule(path)
+        state = _MODULES[mode].quantize(lin.weight)
+        module = _build(mode, state, lin.bias, dtype)
+        _set_module(model, path, module)
+        flat.update({f"{path}.{k}": v for k, v in module.state().items()})
+    return flat
+
+
+def load_quantized_state(model: nn.Module, mode: str, flat: dict[str, torch.Tensor]) -> None:
+    """Swap every Linear for the quantized layer stored in `flat` (from `quantize_model`)."""
+    check_quant(mode)
+    dtype = _activation_dtype(model)
+    for path in linear_paths(model):
+        prefix = f"{path}."
+        state = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+        if not state:
+            raise KeyError(path)
+        lin = model.get_submodule(path)
+        module = _build(mode, state, lin.bias, dtype)
+        if (module.in_features, module.out_features) != (lin.in_features, lin.out_features):
+            raise ValueError(f"{path}: stored shape does not match the model")
+        _set_module(model, path, module)
+
+
+def _activation_dtype(model: nn.Module) -> torch.dtype:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None:
+        return emb.weight.dtype
+    return next(model.parameters()).dtype
+
+
+def quantized_bytes(model: nn.Module) -> int:
+    """Bytes of weights and buffers a forward reads, quantized layers at their stored size."""
+    total = 0
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear):
+            total += sum(t.numel() * t.element_size() for t in mod.state().values())
+            if mod.bias is not None:
+                total += mod.bias.numel() * mod.bias.element_size()
+    return total

@@ -1,0 +1,113 @@
+"""Quantized Linear layers: close to the float layer, same shapes, exact speculative decoding
+against the quantized target itself."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from adaspec.build import build_engine
+from adaspec.errors import InputError
+from adaspec.models.quant import (
+    QUANT_MODES,
+    Int4WeightLinear,
+    Int8WeightLinear,
+    check_quant,
+    linear_paths,
+    load_quantized_state,
+    quantize_model,
+    quantized_bytes,
+)
+from adaspec.models.torch_backend import TorchBackend
+from adaspec.sampling import SamplingParams
+from tests.conftest import CharTokenizer, tiny_model
+
+MODES = [m for m in QUANT_MODES if m != "none"]
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_approximate_the_float_layer(dtype):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 96, bias=True).to(dtype)
+    x = torch.randn(5, 256, dtype=dtype)
+    with torch.no_grad():
+        ref = lin(x)
+    errs = {}
+    for mode, cls in (("int8", Int8WeightLinear), ("int4", Int4WeightLinear)):
+        model = torch.nn.Sequential(copy.deepcopy(lin))
+        quantize_model(model, mode)
+        assert isinstance(model[0], cls)
+        y = model(x)
+        assert y.shape == ref.shape and y.dtype == dtype
+        errs[mode] = _rel_err(y, ref)
+    # int8 keeps ~7 bits per weight, int4 ~3: the error ratio shows the modes really differ
+    assert errs["int8"] < 0.02
+    assert errs["int4"] < 0.12
+    assert errs["int4"] > 3 * errs["int8"]
+
+
+def test_unknown_mode_is_a_clear_error():
+    with pytest.raises(InputError, match="unknown quantization 'int3'"):
+        check_quant("int3")
+
+
+def test_every_linear_is_replaced_and_bytes_shrink():
+    model = tiny_model(vocab=64, hidden=128)
+    dense = sum(model.get_submodule(p).weight.numel() for p in linear_paths(model))
+    quantize_model(model, "int4")
+    assert linear_paths(model) == []
+    assert all(not isinstance(m, torch.nn.Linear) for m in model.modules())
+    stored = quantized_bytes(model)
+    assert 0 < stored < dense  # < 1 byte per weight (4 bits + group scales)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stored_state_round_trips(mode):
+    model = tiny_model(vocab=64, hidden=128)
+    fresh = copy.deepcopy(model)
+    flat = quantize_model(model, mode)
+    load_quantized_state(fresh, mode, flat)
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.inference_mode():
+        assert torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits)
+
+
+def test_loading_a_state_of_the_wrong_shape_fails():
+    flat = quantize_model(tiny_model(vocab=64, hidden=128), "int8")
+    with pytest.raises((ValueError, KeyError, RuntimeError)):
+        load_quantized_state(tiny_model(vocab=64, hidden=256), "int8", flat)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_greedy_speculation_equals_plain_decoding_of_the_quantized_target(mode):
+    """Exactness holds against the configured target: both runs use the same int target."""
+    target = tiny_model(vocab=64, hidden=128, layers=2, seed=1)
+    draft = copy.deepcopy(target)  # an int4 copy of the target: agrees often, not always
+    quantize_model(target, mode)
+    quantize_model(draft, "int4")
+    tok = CharTokenizer(64)
+    prompt = [5, 9, 11, 3, 7]
+    plain = build_engine("ar", TorchBackend(target), tok).generate(prompt, 40, SamplingParams())
+    spec = build_engine("draft:k=4", TorchBackend(target), tok, TorchBackend(draft)).generate(
+        prompt, 40, SamplingParams()
+    )
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.target_calls < plain.stats.target_calls
+
+
+def test_quantization_changes_the_model():
+    """The quantized target is a different function from the float one (so the test above is
+    about the quantized target, not the float one it came from)."""
+    model = tiny_model(vocab=64, hidden=128, seed=1)
+    ids = torch.randint(0, 64, (1, 16))
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+        quantize_model(model, "int4")
+        after = model(input_ids=ids).logits
+    assert not torch.equal(before, after)
