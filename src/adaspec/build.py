@@ -91,16 +91,19 @@ def load_backends(
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
     dtype: str = "bfloat16",
+    quant: str = "none",
+    draft_quant: str = "none",
 ) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
-    """Load the target (and draft) from the verified cache as torch backends; the draft's
-    tokenizer must match the target's. Returns (target, tokenizer, draft or None, EOS ids)."""
+    """Load the target (and draft) from the verified cache as torch backends, each with its
+    own weight quantization; the draft's tokenizer must match the target's.
+    Returns (target, tokenizer, draft or None, EOS ids)."""
     from adaspec.models.store import check_tokenizer_pair, load_model
     from adaspec.models.torch_backend import TorchBackend
 
-    tgt = load_model(target, dtype=dtype)
+    tgt = load_model(target, dtype=dtype, quant=quant)
     draft_backend = None
     if draft is not None:
-        drf = load_model(draft, dtype=dtype)
+        drf = load_model(draft, dtype=dtype, quant=draft_quant)
         check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
         draft_backend = TorchBackend(drf.model, name=drf.name)
     eos = eos_ids_of(tgt.model, tgt.tokenizer)
@@ -112,12 +115,16 @@ def load_engine(
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
     dtype: str = "bfloat16",
+    quant: str = "none",
+    draft_quant: str = "none",
 ) -> Engine:
-    """Load the models a method needs (from the verified cache) and build its engine."""
+    """Load the models a method needs (from the verified cache, quantized as asked) and build
+    its engine."""
     spec = parse_method(method)
     if spec.needs_draft_model and draft is None:
         raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
-    tgt, tokenizer, drf, eos = load_backends(
-        target, draft if spec.needs_draft_model else None, dtype
+    tgt, tokenizer, drf, eos = load_backends(  # a method's own `@int8/int4` wins
+        target, draft if spec.needs_draft_model else None, dtype, spec.quant or quant,
+        spec.draft_quant or draft_quant,
     )
     return build_engine(spec, tgt, tokenizer, drf, eos_token_ids=eos)

@@ -1,8 +1,9 @@
 """The one parser for method strings, shared by the CLI, the bench and the server.
 
-Grammar: ``NAME[:key=value[,key=value...]]``, e.g. ``ar``, ``ngram:k=8``,
+Grammar: ``NAME[:key=value[,key=value...]][@QUANT[/DRAFT_QUANT]]``, e.g. ``ar``, ``ngram:k=8``,
 ``draft:k=4``, ``draft:ctrl=heuristic,k=4``, ``draft:k=6,verify=speculative``,
-``draft:tree=4x2x2x1,verify=mcss-wor`` (a token tree, multi-candidate verification).
+``draft:tree=4x2x2x1,verify=mcss-wor`` (a token tree, multi-candidate verification),
+``draft:k=4@int8/int4`` (int8 target, int4 draft weights).
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ class MethodSpec:
     name: str
     params: dict[str, object] = field(default_factory=dict)
     text: str = ""
+    # `@int8/int4` after the method: weight quantization of target / draft for this method
+    # (None: whatever the run loaded), so the bench can put quantizations side by side.
+    quant: str | None = None
+    draft_quant: str | None = None
 
     def __getitem__(self, key: str) -> object:
         return self.params[key]
@@ -151,6 +156,22 @@ def split_method_list(text: str) -> list[str]:
     return methods
 
 
+def _parse_variant(text: str, variant: str) -> tuple[str | None, str | None]:
+    """`int8` or `int8/int4` (target / draft weight quantization) after a method's `@`."""
+    from adaspec.models.quant import QUANT_MODES
+
+    quant, _, draft_quant = (v.strip() for v in variant.partition("/"))
+    for value in (quant, draft_quant):
+        if value and value not in QUANT_MODES:
+            raise InputError(
+                f"method {text!r}: unknown quantization {value!r} after '@'; use "
+                f"{'|'.join(QUANT_MODES)}, e.g. draft:k=4@int8/int4 (target/draft)"
+            )
+    if not quant:
+        raise InputError(f"method {text!r}: give a quantization after '@', e.g. ar@int8")
+    return quant, draft_quant or None
+
+
 def parse_method(text: str, reference: bool = False) -> MethodSpec:
     """Parse and validate a method string; every mistake is an InputError naming the fix.
 
@@ -159,7 +180,9 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"empty method name; known methods: {', '.join(METHODS)}")
     text = text.strip()
-    name, _, rest = text.partition(":")
+    body, at, variant = text.partition("@")
+    quant, draft_quant = _parse_variant(text, variant) if at else (None, None)
+    name, _, rest = body.partition(":")
     name = name.strip()
     if name in REFERENCE_METHODS and not reference:
         raise InputError(
@@ -203,7 +226,7 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
         raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
     if name == "router":
         _check_router_params(text, params)
-    spec = MethodSpec(name=name, params=params, text=text)
+    spec = MethodSpec(name, params, text, quant, draft_quant)
     if "verify" in params:
         _check_tree_params(spec)
     return spec

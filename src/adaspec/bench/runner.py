@@ -47,7 +47,11 @@ RESUME_KEYS = (
     "target",
     "draft",
     "dtype",
+    "quant",
+    "draft_quant",
 )
+# What a run.json written before a setting existed meant by it.
+_OLD_DEFAULTS = {"quant": "none", "draft_quant": "none"}
 _SUM_FIELDS = (
     "prompt_tokens",
     "new_tokens",
@@ -80,12 +84,30 @@ class BenchConfig:
     target: str = ""
     draft: str = ""
     dtype: str = ""
+    quant: str = "none"
+    draft_quant: str = "none"
     profile: str | None = None
     limit: int | None = None
 
     def sampling(self, repeat: int) -> SamplingParams:
         seed = None if self.seed is None else self.seed + repeat
         return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
+
+
+def with_variant_baselines(methods: list[str]) -> list[str]:
+    """Add `ar@Q` right after `ar` for every target quantization Q a method asks for, so each
+    method is checked against plain decoding of its own target (exactness is per target)."""
+    quants: list[str] = []
+    for m in methods:
+        try:
+            q = parse_method(m, reference=True).quant
+        except InputError:
+            continue  # custom engines (tests) and bad names are reported where they are built
+        if q is not None and q not in quants:
+            quants.append(q)
+    baselines = [f"ar@{q}" for q in quants if f"ar@{q}" != methods[0]]
+    rest = [m for m in methods[1:] if m not in baselines]
+    return [methods[0], *baselines, *rest]
 
 
 def normalize_methods(methods: list[str]) -> list[str]:
@@ -159,8 +181,11 @@ class BenchRunner:
         progress: bool = True,
         log: Callable[[str], None] | None = None,
         target_gguf: str | Path | None = None,
+        load_variant: Callable[[str, str], ModelBackend] | None = None,
     ) -> None:
-        """target_gguf: the target's GGUF file, for the `llamacpp` reference method."""
+        """target_gguf: the target's GGUF file, for the `llamacpp` reference method.
+        load_variant(role, quant): loads the "target" or "draft" with that weight
+        quantization, for methods written `NAME@QUANT[/DRAFT_QUANT]`."""
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
@@ -168,7 +193,12 @@ class BenchRunner:
         self.progress = progress
         self._log = log
         custom = dict(engines or {})
-        self.methods = normalize_methods(config.methods)
+        self.methods = with_variant_baselines(normalize_methods(config.methods))
+        self._load_variant = load_variant
+        self._variants: dict[tuple[str, str | None], ModelBackend | None] = {
+            ("target", None): target, ("draft", None): draft,
+        }
+        self.backends: dict[str, tuple[ModelBackend, ModelBackend | None]] = {}
         self.specs: dict[str, MethodSpec | None] = {}
         self.engines: dict[str, Engine] = {}
         self.llamacpp: LlamaCppDecoder | None = None
@@ -180,6 +210,7 @@ class BenchRunner:
                 continue
             spec = parse_method(m, reference=True)
             self.specs[m] = spec
+            self.backends[m] = self._backends_for(spec)
             if spec.needs_draft_model and draft is None:
                 raise InputError(f"method {m!r} needs a draft model (--draft)")
             if spec.other_weights:
@@ -192,7 +223,8 @@ class BenchRunner:
                 if not hasattr(target, "model") or not hasattr(draft, "model"):
                     raise InputError(f"method {m!r} needs Hugging Face models (torch backend)")
             else:
-                self.engines[m] = build_engine(spec, target, tokenizer, draft, eos_token_ids)
+                tgt, drf = self.backends[m]
+                self.engines[m] = build_engine(spec, tgt, tokenizer, drf, eos_token_ids)
         self.methods = [m for m in self.methods if m not in self.skipped]
         self.eos_token_ids = sorted(self.engines["ar"].eos_token_ids)
         self.encoder = self.engines["ar"]
@@ -206,6 +238,28 @@ class BenchRunner:
         self.references: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     # ---------------------------------------------------------------- helpers
+    def _variant(self, role: str, quant: str | None) -> ModelBackend | None:
+        if (role, quant) not in self._variants:
+            if self._load_variant is None:
+                raise InputError(f"this run cannot load a {quant} {role} (no loader given)")
+            self.log(f"loading the {role} with {quant} weights")
+            self._variants[(role, quant)] = self._load_variant(role, quant)  # type: ignore[arg-type]
+        return self._variants[(role, quant)]
+
+    def _backends_for(self, spec: MethodSpec) -> tuple[ModelBackend, ModelBackend | None]:
+        """The target and draft a method runs on: the run's, or its `@quant` variant."""
+        target = self._variant("target", spec.quant)
+        assert target is not None
+        draft = self.draft
+        if spec.needs_draft_model:
+            draft = self._variant("draft", spec.draft_quant)
+        return target, draft
+
+    def baseline_of(self, method: str) -> str:
+        """The plain-decoding method whose output `method` must reproduce (same target)."""
+        spec = self.specs.get(method)
+        return "ar" if spec is None or spec.quant is None else f"ar@{spec.quant}"
+
     def log(self, message: str) -> None:
         if self._log is not None:
             self._log(message)
@@ -245,13 +299,14 @@ class BenchRunner:
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
         if spec is not None and spec.is_reference:
-            assert self.draft is not None
+            target, draft = self.backends[method]
+            assert draft is not None
             ids, stats = hf_generate(
-                self.target.model,  # type: ignore[attr-defined]
+                target.model,  # type: ignore[attr-defined]
                 prompt_ids,
                 max_new_tokens,
                 self.eos_token_ids,
-                self.draft.model,  # type: ignore[attr-defined]
+                draft.model,  # type: ignore[attr-defined]
                 sampling=sampling,
                 **reference_settings(spec.name, spec.params),
             )
@@ -332,7 +387,9 @@ class BenchRunner:
         if method == "ar" and self.greedy and self.draft is not None and self.draft_methods():
             row["oracle"] = self.oracle(prompt_turn_ids, answers)
         if method != "ar":
-            other = self.specs[method] is not None and self.specs[method].other_weights
+            spec = self.specs[method]
+            # llama.cpp's GGUF, or a quantized target's own plain decoding: other weights
+            other = spec is not None and (spec.other_weights or self.baseline_of(method) == method)
             row["exactness_checked"] = self.greedy and not other
             if other:
                 row["other_weights"] = True
@@ -353,10 +410,14 @@ class BenchRunner:
         """Compare a greedy row with plain decoding's; classify the first difference."""
         if row["method"] == "ar" or not self.greedy:
             return
-        ref = self.by_key.get((prompt.id, "ar", row["repeat"]))
+        base = self.baseline_of(row["method"])
+        other_weights = bool(row.get("other_weights"))
+        # Other weights (llama.cpp's GGUF, a quantized target's own plain decoding) give a
+        # quality figure against the run's target, not an exactness check.
+        ref = self.by_key.get((prompt.id, "ar" if other_weights else base, row["repeat"]))
         if ref is None:
             return
-        if row.get("other_weights"):  # a quality figure (other weights), not an exactness check
+        if other_weights:
             index = first_difference(ref["token_ids"], row["token_ids"])
             row["weights_difference"] = None if index is None else {"index": index}
             return
@@ -366,12 +427,12 @@ class BenchRunner:
             if a == b:
                 continue
             ids = self.turn_prompt_ids(prompt, ref_turns[:t])
-            div = classify(self.target, ids, a, b)
+            div = classify(self.backends[base][0], ids, a, b)
             if div is not None:
                 row["divergence"] = {**asdict(div), "turn": t}
                 tag = "BUG" if div.kind == "bug" else "numerical tie"
                 self.log(
-                    f"EXACTNESS: {row['method']} differs from ar on {prompt.id} (repeat "
+                    f"EXACTNESS: {row['method']} differs from {base} on {prompt.id} (repeat "
                     f"{row['repeat']}, turn {t}) at token {div.index}: top-2 gap "
                     f"{div.gap:.3f} -> {tag}"
                 )
@@ -389,7 +450,9 @@ class BenchRunner:
                 if run_file.exists():
                     before = json.loads(run_file.read_text()).get("settings", {})
                     diff = {
-                        k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v
+                        k: (before.get(k, _OLD_DEFAULTS.get(k)), v)
+                        for k, v in settings.items()
+                        if before.get(k, _OLD_DEFAULTS.get(k)) != v
                     }
                     if diff:
                         what = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in diff.items())

@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.cli.model_options import add_model_options
 
 DEFAULT_METHODS = "ar,ngram,draft:k=4,hf-assisted"
 DEFAULTS = {
@@ -86,9 +86,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="results folder (default bench-results/NAME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, HF dir or .gguf")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="built-in name, HF dir or .gguf")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    add_model_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)
 
@@ -174,6 +172,8 @@ def run_bench(args: argparse.Namespace) -> int:
         target=args.target,
         draft=args.draft,
         dtype=args.dtype,
+        quant=args.quant,
+        draft_quant=args.draft_quant,
         profile=args.profile,
         limit=opts["limit"],
     )
@@ -210,8 +210,8 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     from adaspec.bench.machine import describe_machine, measure_bandwidth
     from adaspec.bench.report import to_markdown
     from adaspec.bench.runner import BenchRunner
-    from adaspec.build import eos_ids_of
-    from adaspec.models.store import check_tokenizer_pair, load_model
+    from adaspec.build import load_backends
+    from adaspec.models.store import load_model
     from adaspec.models.torch_backend import TorchBackend
 
     def say(msg: str) -> None:
@@ -226,13 +226,15 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
         f"{config.repeats} repeat(s) -> {config.out}"
     )
     t0 = time.perf_counter()
-    tgt = load_model(config.target, dtype=config.dtype)
-    target = TorchBackend(tgt.model, name=tgt.name)
-    draft = None
-    if needs_draft:
-        drf = load_model(config.draft, dtype=config.dtype)
-        check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
-        draft = TorchBackend(drf.model, name=drf.name)
+    target, tokenizer, draft, eos = load_backends(
+        config.target, config.draft if needs_draft else None, config.dtype, config.quant,
+        config.draft_quant,
+    )
+
+    def load_variant(role: str, quant: str) -> TorchBackend:
+        name = config.target if role == "target" else config.draft
+        loaded = load_model(name, dtype=config.dtype, quant=quant)
+        return TorchBackend(loaded.model, name=loaded.name)
     load_s = time.perf_counter() - t0
     say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
     machine = describe_machine()
@@ -243,11 +245,12 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     runner = BenchRunner(
         config,
         target,
-        tgt.tokenizer,
+        tokenizer,
         draft,
-        eos_token_ids=eos_ids_of(tgt.model, tgt.tokenizer),
+        eos_token_ids=eos,
         progress=progress,
         target_gguf=_llamacpp_gguf(config),
+        load_variant=load_variant,
     )
     t1 = time.perf_counter()
     summary = runner.run(

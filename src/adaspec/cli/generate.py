@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_METHOD, DEFAULT_TARGET
+from adaspec.build import DEFAULT_METHOD
+from adaspec.cli.model_options import add_model_options
 from adaspec.sampling import SamplingParams
 
 
@@ -22,17 +23,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_METHOD,
         help=f"decoding method (default {DEFAULT_METHOD}; see `adaspec methods`)",
     )
-    p.add_argument(
-        "--target",
-        default=DEFAULT_TARGET,
-        help="built-in model name, HF model directory or .gguf path",
-    )
-    p.add_argument(
-        "--draft",
-        default=DEFAULT_DRAFT,
-        help="draft model: built-in name, HF directory or .gguf path",
-    )
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    add_model_options(p)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -65,7 +56,9 @@ def run_generate(args: argparse.Namespace) -> int:
     parse_method(args.method)
     if not args.prompt.strip():
         raise InputError("prompt is empty: give some text to continue")
-    engine = load_engine(args.method, args.target, args.draft, args.dtype)
+    engine = load_engine(
+        args.method, args.target, args.draft, args.dtype, args.quant, args.draft_quant
+    )
     result: GenerationResult | None = None
     for item in engine.stream(
         args.prompt, args.max_new_tokens, sampling, args.stop, chat=not args.raw

@@ -1,0 +1,78 @@
+"""Methods written NAME@QUANT[/DRAFT_QUANT] run on quantized copies of the models in the same
+bench run; each is checked for exactness against plain decoding of its own target."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from adaspec.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
+from adaspec.bench.suites import Prompt
+from adaspec.errors import InputError
+from adaspec.models.quant import QuantLinear, quantize_model
+from adaspec.models.torch_backend import TorchBackend
+
+PROMPTS = [Prompt("t/0", "code", "def add(a, b):"), Prompt("t/1", "code", "for i in range(9):")]
+
+
+def test_each_quantized_target_gets_its_own_baseline():
+    methods = ["ar", "ngram", "draft:k=3@int8/int4", "ar@int4", "ngram@int4"]
+    assert with_variant_baselines(methods) == [
+        "ar", "ar@int8", "ar@int4", "ngram", "draft:k=3@int8/int4", "ngram@int4",
+    ]
+
+
+def _runner(tmp_path, target, draft, tokenizer, methods, loader):
+    config = BenchConfig(methods=methods, suites=["test"], max_new_tokens=12,
+                         out=str(tmp_path / "out"))
+    return BenchRunner(config, target, tokenizer, draft, eos_token_ids=[0], progress=False,
+                       load_variant=loader)
+
+
+def test_variants_run_on_quantized_models_and_are_exact(
+    tmp_path, target, draft, tokenizer, target_model, draft_model
+):
+    loads = []
+
+    def loader(role: str, quant: str) -> TorchBackend:
+        loads.append((role, quant))
+        model = copy.deepcopy(target_model if role == "target" else draft_model)
+        quantize_model(model, quant)
+        return TorchBackend(model, name=f"tiny-{role}-{quant}")
+
+    runner = _runner(tmp_path, target, draft, tokenizer, ["draft:k=3@int8/int8", "ngram"], loader)
+    assert sorted(loads) == [("draft", "int8"), ("target", "int8")]  # each variant loaded once
+    tgt, drf = runner.backends["draft:k=3@int8/int8"]
+    assert any(isinstance(m, QuantLinear) for m in tgt.model.modules())
+    assert any(isinstance(m, QuantLinear) for m in drf.model.modules())
+    summary = runner.run(PROMPTS)
+    rows, _ = read_rows(tmp_path / "out" / "results.jsonl")
+    by = {(r["prompt_id"], r["method"]): r for r in rows}
+    for p in PROMPTS:
+        spec_row, base = by[(p.id, "draft:k=3@int8/int8")], by[(p.id, "ar@int8")]
+        assert spec_row["exactness_checked"] and spec_row["divergence"] is None
+        assert spec_row["token_ids"] == base["token_ids"]
+        assert base["other_weights"] and "weights_difference" in base  # quality vs bf16 `ar`
+    assert summary["exactness"]["bugs"] == 0
+    assert set(summary["methods"]) >= {"ar", "ar@int8", "draft:k=3@int8/int8", "ngram"}
+
+
+def test_a_wrong_variant_output_is_caught(tmp_path, target, draft, tokenizer, target_model):
+    """The exactness check compares a variant with its own baseline: a method on the float
+    target labelled as int8 differs from int8 plain decoding only where int8 changes the
+    output, and the check is against `ar@int8`, not `ar`."""
+
+    def loader(role: str, quant: str) -> TorchBackend:
+        model = copy.deepcopy(target_model)
+        quantize_model(model, quant)
+        return TorchBackend(model, name="q")
+
+    runner = _runner(tmp_path, target, draft, tokenizer, ["ngram@int8"], loader)
+    assert runner.baseline_of("ngram@int8") == "ar@int8"
+    assert runner.baseline_of("ngram") == "ar"
+
+
+def test_variant_without_loader_is_a_clear_error(tmp_path, target, draft, tokenizer):
+    with pytest.raises(InputError, match="cannot load a int8 target"):
+        _runner(tmp_path, target, draft, tokenizer, ["ngram@int8"], None)
