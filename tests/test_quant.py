@@ -111,3 +111,24 @@ def test_quantization_changes_the_model():
         quantize_model(model, "int4")
         after = model(input_ids=ids).logits
     assert not torch.equal(before, after)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_restricted_head_slices_a_quantized_head(mode):
+    """vocab=N on a quantized draft keeps the quantized rows: logits on the kept ids equal
+    the full quantized head's, everything else is -inf."""
+    from adaspec.models.restricted_head import RestrictedHeadLM
+
+    model = tiny_model(vocab=64, hidden=128, seed=4)
+    quantize_model(model, mode)
+    keep = [0, 3, 5, 17, 40, 63]
+    small = RestrictedHeadLM(model, keep)
+    assert isinstance(small.head, type(model.get_output_embeddings()))
+    assert small.head.out_features == len(keep)
+    ids = torch.randint(0, 64, (1, 7))
+    with torch.inference_mode():
+        full = model(input_ids=ids).logits
+        part = small(input_ids=ids).logits
+    torch.testing.assert_close(part[..., keep], full[..., keep])
+    outside = [i for i in range(64) if i not in keep]
+    assert torch.isinf(part[..., outside]).all()

@@ -49,6 +49,16 @@ class QuantLinear(nn.Module):
     def state(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def select_rows(self, rows: torch.Tensor) -> QuantLinear:
+        """The same layer keeping only output rows `rows` (a restricted draft head)."""
+        state = {k: v.index_select(0, rows) for k, v in self.state().items()}
+        bias = self.float_bias()
+        bias = None if bias is None else bias.index_select(0, rows)
+        return _build(self.mode, state, bias, self.dtype)
+
+    def float_bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.detach()
+
     def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         y = y.reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
@@ -65,6 +75,7 @@ class Int8WeightLinear(QuantLinear):
         super().__init__(qweight.shape[1], qweight.shape[0], bias)
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", scales.to(dtype))
+        self.dtype = dtype
 
     @staticmethod
     def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -90,8 +101,13 @@ class Int4WeightLinear(QuantLinear):
         out_features, half = packed_nibbles.shape
         super().__init__(half * 2, out_features, bias)
         self.nibbles = packed_nibbles  # kept for state(); the kernel reads `packed`
+        pad = -out_features % 16  # the CPU kernel packs rows in blocks of 16: pad, slice later
+        if pad:
+            packed_nibbles = torch.cat([packed_nibbles, packed_nibbles[-1:].expand(pad, -1)])
+            scales = torch.cat([scales, scales[-1:].expand(pad, -1)])
+            zeros = torch.cat([zeros, zeros[-1:].expand(pad, -1)])
         q = torch.stack([packed_nibbles >> 4, packed_nibbles & 0xF], dim=-1).reshape(
-            out_features, half * 2
+            out_features + pad, half * 2
         )
         self.register_buffer(
             "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 8)
@@ -117,7 +133,7 @@ class Int4WeightLinear(QuantLinear):
         return {"nibbles": nibbles, "scales": scales.squeeze(-1), "zeros": zeros.squeeze(-1)}
 
     def state(self) -> dict[str, torch.Tensor]:
-        sz = self.scales_and_zeros.float().transpose(0, 1)
+        sz = self.scales_and_zeros.float().transpose(0, 1)[: self.out_features]
         return {"nibbles": self.nibbles, "scales": sz[..., 0].contiguous(),
                 "zeros": sz[..., 1].contiguous()}
 
@@ -126,7 +142,7 @@ class Int4WeightLinear(QuantLinear):
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             flat, self.packed, INT4_GROUP, self.scales_and_zeros
         )
-        return self._finish(y, x.shape)
+        return self._finish(y[:, : self.out_features], x.shape)
 
 
 class Int8DynamicLinear(QuantLinear):
@@ -140,10 +156,14 @@ class Int8DynamicLinear(QuantLinear):
         wq = torch._make_per_channel_quantized_tensor(
             qweight, self.scales_fp32.double(), torch.zeros(qweight.shape[0], dtype=torch.long), 0
         )
+        self._bias = None if bias is None else bias.detach()
         b = None if bias is None else bias.detach().float()
         self._packed = torch.ops.quantized.linear_prepack(wq, b)
         self.bias = None  # the prepacked weight carries it
         self.dtype = dtype
+
+    def float_bias(self) -> torch.Tensor | None:
+        return self._bias
 
     quantize = staticmethod(Int8WeightLinear.quantize)
 

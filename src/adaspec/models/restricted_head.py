@@ -18,6 +18,7 @@ import torch
 
 from adaspec.errors import InputError
 from adaspec.models.backend import ModelBackend
+from adaspec.models.quant import QuantLinear
 from adaspec.models.token_set import load_token_set
 from adaspec.models.torch_backend import TorchBackend
 
@@ -33,11 +34,15 @@ class RestrictedHeadLM(torch.nn.Module):
         self.decoder = model.get_decoder()
         self.config = model.config
         self.generation_config = getattr(model, "generation_config", None)
-        self.full_vocab = int(head.weight.shape[0])
+        self.full_vocab = int(head.out_features)
         ids = torch.tensor(sorted({int(t) for t in token_ids}), dtype=torch.long)
         if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.full_vocab:
             raise InputError(f"token set must be non-empty ids in [0, {self.full_vocab})")
         self.register_buffer("token_ids", ids, persistent=False)
+        self.head: torch.nn.Module
+        if isinstance(head, QuantLinear):  # a quantized draft: slice the quantized rows
+            self.head = head.select_rows(ids)
+            return
         self.head = torch.nn.Linear(
             head.in_features, ids.numel(), bias=head.bias is not None,
             dtype=head.weight.dtype, device=head.weight.device,
