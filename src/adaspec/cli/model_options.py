@@ -10,8 +10,8 @@ from adaspec.models.loading import DTYPES
 from adaspec.models.quant import QUANT_MODES
 
 QUANT_HELP = (
-    "weight quantization: none (bf16), int8 / int4 weight-only, int8-dyn (int8 activations "
-    "too; batch-dependent, so not exact against plain decoding)"
+    "weight quantization: none (bf16), int8 / int4 weight-only, int8-dyn (int8 weights and "
+    "per-token int8 activations: verifying a draft costs about one forward)"
 )
 
 
