@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from adaspec.models.quant import QUANT_MODES
 from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 
 DEFAULT_PREPARE = (TARGET_DEFAULT, DRAFT_DEFAULT)
@@ -39,6 +40,10 @@ def add_models_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     prep.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float32, float16")
     prep.add_argument("--force", action="store_true", help="rebuild the cache even if current")
+    prep.add_argument(
+        "--quant", action="append", default=[], choices=[m for m in QUANT_MODES if m != "none"],
+        help="also build the quantized-weights cache in this mode (repeatable)",
+    )
     prep.add_argument(
         "--load", action="store_true",
         help="then load each model from the cache and report the time and vocabulary sizes",
@@ -94,6 +99,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Assemble + checksum + dequantize + cache each model; report where the time went."""
+    from adaspec.models.quant_store import quant_cache_dir
     from adaspec.models.store import load_model, prepare, resolve_dtype
 
     resolve_dtype(args.dtype)  # fail on a bad dtype before any slow work
@@ -106,6 +112,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             assembled = f"assembled in {r.assemble_seconds:.1f} s, " if r.assemble_seconds else ""
             print(f"{r.name}: {assembled}dequantized and cached in {r.convert_seconds:.1f} s: "
                   f"{r.cache_dir}")
+        for quant in args.quant:
+            loaded = load_model(name, args.dtype, quant=quant)
+            print(f"{r.name}: {quant} weights ready in {loaded.load_seconds:.1f} s: "
+                  f"{quant_cache_dir(loaded.name, quant)}")
+            del loaded
         if args.load:
             loaded = load_model(name, args.dtype)
             cfg = loaded.model.config
