@@ -52,6 +52,8 @@ from adaspec.models.loading import (
     resolve_dtype,
     verify_cache_dir,
 )
+from adaspec.models.quant import QUANT_MODES
+from adaspec.models.quant_store import quant_cache_dir, verify_quant_cache
 from adaspec.models.registry import (
     DRAFT_DEFAULT,
     REGISTRY,
@@ -151,6 +153,15 @@ def verify(name: str, *, registry: Mapping[str, ModelSpec] | None = None,
             checks.append((f"cache {dtype}", True, str(cache)))
         except ModelStoreError as exc:
             checks.append((f"cache {dtype}", False, str(exc)))
+    for quant in QUANT_MODES[1:]:
+        cache = quant_cache_dir(spec.name, quant)
+        if not cache.is_dir():
+            continue
+        try:
+            verify_quant_cache(cache)
+            checks.append((f"cache {quant}", True, str(cache)))
+        except ModelStoreError as exc:
+            checks.append((f"cache {quant}", False, str(exc)))
     seconds = time.perf_counter() - t0
     if not checks:
         return VerifyResult(
