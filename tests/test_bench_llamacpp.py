@@ -128,8 +128,6 @@ def _smollm_gguf():
 
 def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
     gguf = _smollm_gguf()
-    from llama_cpp import Llama
-
     decoder = open_decoder(gguf, 0.0)
     prompt = decoder.llm.tokenize(b"def fibonacci(n):", add_bos=False)
     eos = [decoder.llm.token_eos()]
@@ -139,9 +137,8 @@ def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
     assert stats.target_calls == stats.new_tokens == len(out)
     assert 0 < stats.prefill_time <= stats.wall_time
     # llama.cpp's own greedy sampler gives the same tokens
-    llm = Llama(model_path=str(gguf), n_ctx=256, n_threads=1, verbose=False)
     ref = []
-    for tok in llm.generate(prompt, top_k=1, temp=0.0):
+    for tok in decoder.llm.generate(prompt, top_k=1, temp=0.0, reset=True):
         ref.append(int(tok))
         if tok in eos or len(ref) == len(out):
             break
