@@ -13,39 +13,19 @@ loading excluded; the prefill counts as a target call, then one call per further
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from adaspec.errors import AdaspecError, InputError
+from adaspec.errors import InputError
 from adaspec.metrics import RequestStats
-
-INSTALL_HINT = (
-    "pip install 'adaspec[llamacpp]' (builds llama-cpp-python from source, about 8 minutes)"
+from adaspec.models.llamacpp import (
+    DEFAULT_CONTEXT,
+    LlamaCppUnavailable,
+    import_llama,
+    load_llama,
 )
-DEFAULT_CONTEXT = 8192  # tokens; grown (by reloading) when a prompt needs more
-# llama.cpp's "extra buffer types" repack weights for AMX / AVX-512 kernels. On this machine's
-# VM the AMX matmul (used for batches of more than one token) crashes the process with a
-# segfault in ggml_backend_amx_mul_mat, so they are off unless this variable is set to 1.
-EXTRA_BUFFERS_ENV = "ADASPEC_LLAMACPP_EXTRA_BUFFERS"
 
-
-class LlamaCppUnavailable(AdaspecError):
-    """llama.cpp cannot run here (extra not installed, or no GGUF file for the target)."""
-
-
-def import_llama() -> type:
-    """The `llama_cpp.Llama` class, or LlamaCppUnavailable naming the install command."""
-    try:
-        from llama_cpp import Llama
-    except ImportError as exc:
-        raise LlamaCppUnavailable(
-            f"llama-cpp-python is not installed ({exc}): {INSTALL_HINT}"
-        ) from None
-    return Llama
-
+__all__ = ["LlamaCppDecoder", "LlamaCppUnavailable", "open_decoder", "target_gguf"]
 
 def target_gguf(target: str) -> Path | None:
     """The verified GGUF file behind a target: a built-in model's assembled file (checked
@@ -63,55 +43,19 @@ def target_gguf(target: str) -> Path | None:
     return path.resolve()
 
 
-@contextmanager
-def _model_params(extra_buffers: bool) -> Iterator[None]:
-    """`Llama()` takes no `use_extra_bufts` argument: set it in the default model parameters
-    it starts from, for the duration of one load."""
-    from llama_cpp import llama_cpp as lib
-
-    default = lib.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = extra_buffers
-        return p
-
-    lib.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        lib.llama_model_default_params = default
-
-
 class LlamaCppDecoder:
     """Greedy decoding through llama-cpp-python with its own KV cache."""
 
     def __init__(self, gguf: str | Path, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> None:
-        self._llama = import_llama()
         self.gguf = Path(gguf)
         self.n_threads = n_threads
-        self.extra_buffers = os.environ.get(EXTRA_BUFFERS_ENV) == "1"
-        self.n_ctx = 0
-        self.max_context = 0  # the model's training context, known once loaded
-        self.llm = None
         self._load(n_ctx)
 
     def _load(self, n_ctx: int) -> None:
-        self.llm = None  # free the old context before allocating the new one
-        try:
-            with _model_params(self.extra_buffers):
-                self.llm = self._llama(
-                    model_path=str(self.gguf),
-                    n_ctx=min(n_ctx, self.max_context) if self.max_context else n_ctx,
-                    n_threads=self.n_threads,
-                    n_threads_batch=self.n_threads,
-                    logits_all=False,
-                    verbose=False,
-                )
-        except (ValueError, RuntimeError) as exc:
-            raise LlamaCppUnavailable(f"llama.cpp could not load {self.gguf}: {exc}") from None
         import llama_cpp
 
+        self.llm = None  # free the old context before allocating the new one
+        self.llm = load_llama(self.gguf, n_ctx, self.n_threads)
         self.n_ctx = int(self.llm.n_ctx())
         self.n_vocab = int(self.llm.n_vocab())
         self.max_context = int(llama_cpp.llama_model_n_ctx_train(self.llm.model))

