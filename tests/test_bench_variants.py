@@ -76,3 +76,9 @@ def test_a_wrong_variant_output_is_caught(tmp_path, target, draft, tokenizer, ta
 def test_variant_without_loader_is_a_clear_error(tmp_path, target, draft, tokenizer):
     with pytest.raises(InputError, match="cannot load a int8 target"):
         _runner(tmp_path, target, draft, tokenizer, ["ngram@int8"], None)
+
+
+def test_the_runs_own_quantization_needs_no_second_baseline():
+    assert with_variant_baselines(["ar", "draft:k=4@none/int4", "ngram@int8"]) == [
+        "ar", "ar@int8", "draft:k=4@none/int4", "ngram@int8",
+    ]

@@ -94,7 +94,7 @@ class BenchConfig:
         return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
 
 
-def with_variant_baselines(methods: list[str]) -> list[str]:
+def with_variant_baselines(methods: list[str], run_quant: str = "none") -> list[str]:
     """Add `ar@Q` right after `ar` for every target quantization Q a method asks for, so each
     method is checked against plain decoding of its own target (exactness is per target)."""
     quants: list[str] = []
@@ -103,7 +103,7 @@ def with_variant_baselines(methods: list[str]) -> list[str]:
             q = parse_method(m, reference=True).quant
         except InputError:
             continue  # custom engines (tests) and bad names are reported where they are built
-        if q is not None and q not in quants:
+        if q is not None and q != run_quant and q not in quants:
             quants.append(q)
     baselines = [f"ar@{q}" for q in quants if f"ar@{q}" != methods[0]]
     rest = [m for m in methods[1:] if m not in baselines]
@@ -193,7 +193,7 @@ class BenchRunner:
         self.progress = progress
         self._log = log
         custom = dict(engines or {})
-        self.methods = with_variant_baselines(normalize_methods(config.methods))
+        self.methods = with_variant_baselines(normalize_methods(config.methods), config.quant)
         self._load_variant = load_variant
         self._variants: dict[tuple[str, str | None], ModelBackend | None] = {
             ("target", None): target, ("draft", None): draft,
@@ -239,6 +239,8 @@ class BenchRunner:
 
     # ---------------------------------------------------------------- helpers
     def _variant(self, role: str, quant: str | None) -> ModelBackend | None:
+        if quant == (self.config.quant if role == "target" else self.config.draft_quant):
+            quant = None  # what the run loaded anyway
         if (role, quant) not in self._variants:
             if self._load_variant is None:
                 raise InputError(f"this run cannot load a {quant} {role} (no loader given)")
@@ -258,7 +260,9 @@ class BenchRunner:
     def baseline_of(self, method: str) -> str:
         """The plain-decoding method whose output `method` must reproduce (same target)."""
         spec = self.specs.get(method)
-        return "ar" if spec is None or spec.quant is None else f"ar@{spec.quant}"
+        if spec is None or spec.quant in (None, self.config.quant):
+            return "ar"
+        return f"ar@{spec.quant}"
 
     def log(self, message: str) -> None:
         if self._log is not None:
