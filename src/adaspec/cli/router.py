@@ -170,13 +170,14 @@ def run_train(args: argparse.Namespace) -> int:
     from adaspec.route.data import load_collection
     from adaspec.route.train import DEFAULT_ALPHA, train_artifact
 
+    config = train_config(args)  # bad settings fail before any data is read
     data = load_collection(args.data)
     if args.limit is not None:
         if args.limit < 1:
             raise InputError(f"--limit must be >= 1, got {args.limit}")
         data = data.subset(range(min(args.limit, len(data))))
     alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
-    art = train_artifact(data, alpha, args.cost, train_config(args))
+    art = train_artifact(data, alpha, args.cost, config)
     from adaspec.route.artifact import save_artifact
 
     save_artifact(art, args.out)

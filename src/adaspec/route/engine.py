@@ -9,11 +9,11 @@ and so (exactness contract) the target's.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+import zlib
 
 import torch
 
-from adaspec.engine import Engine, GenerationResult, StreamChunk
+from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.metrics import RequestStats
 from adaspec.models.backend import ForwardOutput, ModelBackend
@@ -27,8 +27,9 @@ class RouterEngine(Engine):
     """Routes each request to one of `arms` (name -> Engine sharing one target).
 
     mode: "greedy" takes the policy's argmax, "dynamic" samples from it (seeded by the
-    request's seed when it has one, else by the router's own generator). `force` names an arm
-    to use regardless of the policy (data collection, tests); with it no policy is needed.
+    request's seed mixed with its prompt when it has a seed, else by the router's own
+    generator). `force` names an arm to use regardless of the policy (tests, experiments);
+    with it no policy is needed.
     """
 
     def __init__(
@@ -69,21 +70,16 @@ class RouterEngine(Engine):
         arm = self.arms[name]
         self.drafter, self.controller, self.verifier = arm.drafter, arm.controller, arm.verifier
 
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int = 128,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        chat: bool = True,
-    ) -> Iterator[StreamChunk | GenerationResult]:
+    def _request_verifier(self, sampling: SamplingParams):
+        """Checked before the prefill: the router can route, and every arm (any may be
+        picked) accepts the sampling settings; then the current arm's verifier."""
         if self.force is not None and self.force not in self.arms:
             raise InputError(f"no arm named {self.force!r}; arms: {', '.join(self.names)}")
         if self.force is None and self.policy is None:
             raise InputError("this router has no policy: load an artifact or force an arm")
-        for arm in self.arms.values():  # any arm may be picked: all must accept the settings
-            arm._request_verifier(sampling or SamplingParams())
-        yield from super().stream(prompt, max_new_tokens, sampling, stop, chat)
+        for arm in self.arms.values():
+            arm._request_verifier(sampling)
+        return super()._request_verifier(sampling)
 
     def _route(
         self,
@@ -100,8 +96,9 @@ class RouterEngine(Engine):
         else:
             assert self.policy is not None
             generator = self._generator
-            if sampling.seed is not None:
-                generator = torch.Generator().manual_seed(sampling.seed)
+            if sampling.seed is not None:  # reproducible per (seed, prompt), varied across prompts
+                mixed = zlib.crc32(repr((sampling.seed, prompt_ids)).encode())
+                generator = torch.Generator().manual_seed(mixed)
             name = self.names[self.policy.choose(state, self.mode, generator)]
         self._use(name)
         stats.route = name

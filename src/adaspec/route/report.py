@@ -1,0 +1,279 @@
+"""`adaspec router report`: the router against every arm, the oracle router, the learning
+curve and the alpha sweep, as report.json, report.md and PNG plots.
+
+Inputs: the training collection, a bench run on the test prompts with every arm and the
+router methods (router:ARTIFACT[,mode=dynamic]), and the test prompts' states (`adaspec
+router features`) for replaying other policies on the measured test runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from adaspec.bench.report import OVERALL
+from adaspec.bench.runner import RESULTS, read_rows
+from adaspec.errors import InputError
+from adaspec.methods import parse_method
+from adaspec.route.artifact import load_artifact
+from adaspec.route.data import load_collection, load_data
+from adaspec.route.evaluate import (
+    ORACLE,
+    alpha_sweep,
+    ar_rows,
+    learning_curve,
+    oracle_choices,
+    policy_choices,
+    proxy_vs_truth,
+    routed_rows,
+    speedups,
+)
+from adaspec.route.policy import TrainConfig
+from adaspec.route.reward import COSTS
+
+MEAN = "mean over categories"
+REPLAYED = "router greedy (replayed)"
+
+
+def _sizes(n: int) -> list[int]:
+    sizes, s = [], 2
+    while s < n:
+        sizes.append(s)
+        s *= 2
+    return [*sizes, n]
+
+
+def _route_counts(rows: list[dict]) -> dict[str, int]:
+    return dict(Counter(r for row in rows for r in row.get("route", [])))
+
+
+def build_report(
+    train_dir: str,
+    bench_dir: str,
+    features_dir: str,
+    config: TrainConfig,
+    cost: str,
+    alpha: float | None,
+    alphas: list[float],
+    draws: int,
+) -> dict:
+    train = load_collection(train_dir)
+    rows, _ = read_rows(Path(bench_dir) / RESULTS)
+    routers = [m for m in dict.fromkeys(r["method"] for r in rows) if m.startswith("router:")]
+    if not routers:
+        raise InputError(f"{bench_dir} has no router:ARTIFACT rows; bench the router first")
+    art = load_artifact(str(parse_method(routers[0])["artifact"]))
+    art.check(target=train.target, where=f"router artifact of {routers[0]!r}")
+    methods = list(art.arms.values())
+    if methods != list(train.methods.values()):
+        raise InputError(
+            f"the artifact's arms {methods} are not the training data's {list(train.methods)}"
+        )
+    test = load_data(bench_dir, features_dir, {m: m for m in methods}, train.params, train.target)
+    alpha = art.alpha if alpha is None else alpha
+    keep = set(test.prompt_ids)
+    live = [r for r in rows if r["prompt_id"] in keep and r["method"] in routers]
+    table_rows = [
+        *ar_rows(test),
+        *[test.rows[(p, m)] for p in test.prompt_ids for m in methods if m != "ar"],
+        *live,
+        *routed_rows(test, oracle_choices(test), ORACLE),
+        *routed_rows(test, policy_choices(art.policy, test.states), REPLAYED),
+    ]
+    names = [*methods, *routers, ORACLE, REPLAYED]
+    table = speedups(table_rows, names)
+    best_arm = max(methods, key=lambda m: table[MEAN].get(m) or 0.0)
+    exact = {
+        m: {
+            "checked": sum(1 for r in live if r["method"] == m and r.get("exactness_checked")),
+            "ties": sum(
+                1 for r in live if r["method"] == m and (r.get("divergence") or {}).get("kind")
+                == "tie"
+            ),
+            "bugs": sum(
+                1 for r in live if r["method"] == m and (r.get("divergence") or {}).get("kind")
+                == "bug"
+            ),
+        }
+        for m in routers
+    }
+    return {
+        "arms": methods,
+        "routers": routers,
+        "artifact": {"alpha": art.alpha, "cost": art.cost, "info": art.info},
+        "train_prompts": len(train),
+        "train_categories": dict(Counter(train.categories)),
+        "test_prompts": len(test),
+        "test_categories": dict(Counter(test.categories)),
+        "speedup": table,
+        "best_single_arm": best_arm,
+        "routes": {m: _route_counts([r for r in live if r["method"] == m]) for m in routers},
+        "oracle_picks": dict(Counter(test.arms[i] for i in oracle_choices(test))),
+        "exactness": exact,
+        "learning_curve": learning_curve(
+            train, test, _sizes(len(train)), alpha, cost, config, draws
+        ),
+        "alpha_sweep": [
+            row for c in COSTS for row in alpha_sweep(train, test, alphas, c, config)
+        ],
+        "proxy_vs_truth": proxy_vs_truth(train, alpha),
+        "settings": {"train": config.to_dict(), "cost": cost, "alpha": alpha, "draws": draws},
+    }
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def to_markdown(rep: dict) -> str:
+    t = rep["speedup"]
+    cats = [c for c in t if c not in (OVERALL, MEAN)]
+    names = list(t[OVERALL])
+    lines = [
+        "# Router report",
+        "",
+        f"Arms: {', '.join(f'`{a}`' for a in rep['arms'])}. Trained on {rep['train_prompts']} "
+        f"prompts ({rep['train_categories']}); tested on {rep['test_prompts']} held-out prompts "
+        f"({rep['test_categories']}). Alpha {rep['settings']['alpha']}, cost "
+        f"{rep['artifact']['cost']}, training {rep['artifact']['info'].get('train')}.",
+        "",
+        "## Speedup over plain decoding by category",
+        "",
+        "Arms and `router:` rows are live runs of one bench run; the oracle router (fastest "
+        "measured arm per prompt, an upper bound that also profits from timing noise) and the "
+        "replayed greedy policy reuse those measured runs.",
+        "",
+        "| method | " + " | ".join(cats) + " | overall | mean over categories |",
+        "| --- |" + " ---: |" * (len(cats) + 2),
+    ]
+    for m in names:
+        cells = [_x(t[c].get(m)) for c in cats] + [_x(t[OVERALL].get(m)), _x(t[MEAN].get(m))]
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    best = rep["best_single_arm"]
+    lines += ["", f"Best single arm on the mean over categories: `{best}`.", ""]
+    for m in rep["routers"]:
+        worst = min(
+            ((t[c][m] or 0.0) / (max(t[c][a] or 0.0 for a in rep["arms"]) or 1.0), c)
+            for c in cats
+            if t[c].get(m) is not None
+        )
+        lines.append(
+            f"- `{m}`: mean over categories {_x(t[MEAN].get(m))} vs best arm "
+            f"{_x(t[MEAN].get(best))}; worst category {worst[1]} at {worst[0]:.0%} of that "
+            f"category's best arm; picks {rep['routes'].get(m)}; exactness "
+            f"{rep['exactness'][m]}."
+        )
+    lines += [
+        f"- oracle picks: {rep['oracle_picks']}",
+        "",
+        "## Learning curve (greedy policy, replayed on the test runs)",
+        "",
+        "| training prompts | speedup (mean) | min | max | draws |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for p in rep["learning_curve"]:
+        lines.append(
+            f"| {p['prompts']} | {_x(p['speedup'])} | {_x(p['min'])} | {_x(p['max'])} | "
+            f"{p['draws']} |"
+        )
+    lines += [
+        "",
+        "## Alpha sweep (greedy policy on all training prompts, replayed)",
+        "",
+        "| cost | alpha | speedup | picks |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for s in rep["alpha_sweep"]:
+        lines.append(f"| {s['cost']} | {s['alpha']} | {_x(s['speedup'])} | {s['picks']} |")
+    pv = rep["proxy_vs_truth"]
+    lines += [
+        "",
+        "## The paper's proxy against measured speed (training data)",
+        "",
+        f"Mean Rouge-L per arm: {pv['mean_similarity']}. Mean measured speedup per arm: "
+        f"{pv['mean_speedup']}. Fastest arm per prompt: {pv['fastest']}. Best arm by the "
+        f"parameter-count reward: {pv['params']['best']} (agrees with the fastest on "
+        f"{pv['params']['agrees_with_fastest']:.0%} of prompts); by the measured-cost reward: "
+        f"{pv['measured']['best']} ({pv['measured']['agrees_with_fastest']:.0%}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_plots(rep: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = rep["speedup"]
+    scopes = [c for c in t if c != OVERALL]
+    names = list(t[OVERALL])
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(scopes)), 4.5))
+    width = 0.8 / len(names)
+    for i, m in enumerate(names):
+        ys = [t[c].get(m) or 0.0 for c in scopes]
+        ax.bar([j + i * width for j in range(len(scopes))], ys, width, label=m[:40])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scopes))], scopes, rotation=20)
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title("Router vs single arms vs oracle, per category")
+    ax.legend(fontsize=7, ncol=2)
+    files = [_save(fig, out / "speedup_by_category.png")]
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lc = [p for p in rep["learning_curve"] if p["speedup"] is not None]
+    ax.plot([p["prompts"] for p in lc], [p["speedup"] for p in lc], "o-", label="greedy policy")
+    ax.fill_between(
+        [p["prompts"] for p in lc], [p["min"] for p in lc], [p["max"] for p in lc], alpha=0.2
+    )
+    best = rep["best_single_arm"]
+    ax.axhline(t[OVERALL][best], ls="--", color="gray", label=f"best arm ({best})")
+    ax.axhline(t[OVERALL][ORACLE], ls=":", color="green", label="oracle router")
+    ax.set_xlabel("training prompts")
+    ax.set_ylabel("overall speedup (test, replayed)")
+    ax.set_title("Learning curve")
+    ax.legend(fontsize=8)
+    files.append(_save(fig, out / "learning_curve.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for c in COSTS:
+        pts = [s for s in rep["alpha_sweep"] if s["cost"] == c and s["speedup"] is not None]
+        ax.plot([s["alpha"] for s in pts], [s["speedup"] for s in pts], "o-", label=f"cost={c}")
+    ax.axhline(t[OVERALL][best], ls="--", color="gray", label=f"best arm ({best})")
+    ax.set_xlabel("alpha (weight of Rouge-L similarity)")
+    ax.set_ylabel("overall speedup (test, replayed)")
+    ax.set_title("Alpha sweep")
+    ax.legend(fontsize=8)
+    files.append(_save(fig, out / "alpha_sweep.png"))
+    return files
+
+
+def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+def write_report(
+    train_dir: str,
+    bench_dir: str,
+    features_dir: str,
+    out: str,
+    config: TrainConfig,
+    cost: str,
+    alpha: float | None,
+    alphas: list[float],
+    draws: int,
+) -> Path:
+    rep = build_report(train_dir, bench_dir, features_dir, config, cost, alpha, alphas, draws)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rep["plots"] = write_plots(rep, folder)
+    (folder / "report.json").write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
+    (folder / "report.md").write_text(to_markdown(rep), encoding="utf-8")
+    return folder

@@ -1,0 +1,58 @@
+"""Router arms: method lists, JSON configs, the paper's parameter input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaspec.errors import InputError
+from adaspec.methods import parse_method
+from adaspec.route.arms import DEFAULT_ARMS, arm_parameters, parse_arms
+
+
+def test_default_and_listed_arms():
+    assert list(parse_arms(None)) == list(DEFAULT_ARMS)
+    arms = parse_arms("ar,draft:ctrl=heuristic,k=4,draft:k=2")
+    assert arms == {m: m for m in ["ar", "draft:ctrl=heuristic,k=4", "draft:k=2"]}
+
+
+def test_config_file_names_arms(tmp_path):
+    cfg = tmp_path / "arms.json"
+    cfg.write_text(json.dumps({"arms": {"plain": "ar", "short": "draft:k=2", "lookup": "ngram"}}))
+    assert parse_arms(str(cfg)) == {"plain": "ar", "short": "draft:k=2", "lookup": "ngram"}
+    cfg.write_text(json.dumps({"arms": ["ar", "ngram"]}))
+    assert parse_arms(str(cfg)) == {"ar": "ar", "ngram": "ngram"}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("ar", "at least two arms"),
+        ("ar,ar", "repeat"),
+        ("ar,nonsense", "unknown method"),
+        ("ar,router:x.pt", "cannot be an arm"),
+        ("missing.json", "not found"),
+    ],
+)
+def test_bad_arms_are_clear_errors(text, message):
+    with pytest.raises(InputError, match=message):
+        parse_arms(text)
+
+
+def test_bad_config_file(tmp_path):
+    cfg = tmp_path / "arms.json"
+    cfg.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        parse_arms(str(cfg))
+    cfg.write_text(json.dumps({"arms": 3}))
+    with pytest.raises(InputError, match="expected"):
+        parse_arms(str(cfg))
+
+
+def test_arm_parameters():
+    assert arm_parameters(parse_method("ar"), 1500, 500) == 1500
+    assert arm_parameters(parse_method("ngram"), 1500, 500) == 0
+    assert arm_parameters(parse_method("draft:k=2"), 1500, 500) == 500
+    with pytest.raises(InputError, match="draft model"):
+        arm_parameters(parse_method("draft:k=2"), 1500, None)

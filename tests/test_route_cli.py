@@ -1,0 +1,59 @@
+"""`adaspec router` and `adaspec generate --router`: results, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.route.artifact import RouterArtifact, load_artifact, save_artifact
+from adaspec.route.policy import RouterPolicy
+from tests.route_helpers import make_collection
+from tests.test_cli import generate_args, home, run  # noqa: F401 (home: autouse fixture)
+
+ARMS = {"ar": "ar", "ngram": "ngram", "draft:k=2": "draft:k=2"}
+
+
+
+def test_generate_with_a_router(capsys, model_dirs, tmp_path):
+    policy = RouterPolicy(32, len(ARMS), hidden=8)  # the tiny models' hidden size
+    with torch.no_grad():
+        policy.net[-1].weight.zero_()
+        policy.net[-1].bias.copy_(torch.tensor([0.0, 0.0, 9.0]))
+    # a model directory's name is its folder name: "target"
+    path = save_artifact(RouterArtifact(ARMS, "target", 0.1, "measured", policy), tmp_path / "r.pt")
+    code, out, err = run(capsys, *generate_args(model_dirs, "--router", str(path)))
+    assert code == 0 and out.strip()
+    assert "routed to draft:k=2 in" in err
+
+
+def test_generate_with_a_missing_router(capsys, model_dirs, tmp_path):
+    code, _, err = run(capsys, *generate_args(model_dirs, "--router", str(tmp_path / "no.pt")))
+    assert code == 2 and "router artifact not found" in err and "Traceback" not in err
+
+
+def test_router_train(capsys, tmp_path):
+    data = make_collection(tmp_path / "data", max_new_tokens=6)
+    out = tmp_path / "router.pt"
+    code, text, err = run(capsys, "router", "train", str(data), "--out", str(out), "--epochs",
+                          "2", "--hidden", "16", "--alpha", "0.3", "--limit", "4")
+    assert code == 0, err
+    assert "trained on 4 prompts" in text
+    art = load_artifact(out)
+    assert art.alpha == 0.3 and art.arm_names == ["ar", "ngram", "draft:k=2"]
+    assert art.info["train"]["epochs"] == 2 and art.info["prompts"] == 4
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["router", "train", "{tmp}"], "router collect"),
+        (["router", "train", "{tmp}", "--epochs", "0"], "epochs"),
+        (["router", "collect", "--arms", "ar"], "at least two arms"),
+        (["router", "collect", "--max-new-tokens", "0"], "max-new-tokens"),
+        (["router", "report", "--train", "{tmp}", "--bench", "{tmp}", "--features", "{tmp}",
+          "--out", "{tmp}/r", "--alphas", "a,b"], "--alphas"),
+    ],
+)
+def test_router_errors_are_one_line(capsys, tmp_path, argv, message):
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert code == 2 and message in err and "Traceback" not in err

@@ -1,0 +1,64 @@
+"""Router data collection on tiny models: arms side by side, prompt states, samples, resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adaspec.errors import InputError
+from adaspec.route.data import RUNS, STATES, load_collection, read_states, training_prompts
+from tests.route_helpers import ARMS, TRAIN, make_collection
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory):
+    return make_collection(tmp_path_factory.mktemp("collect") / "data")
+
+
+def test_collection_table(collection):
+    data = load_collection(collection)
+    assert data.arms == list(ARMS) and len(data) == len(TRAIN)
+    assert data.states.shape == (len(TRAIN), 32) and np.isfinite(data.states).all()
+    # speculative arms are exact (fp32): their Rouge-L against the target's output is 1
+    assert (data.similarity[:, 1:] == 1.0).all()
+    assert ((data.similarity[:, 0] >= 0) & (data.similarity[:, 0] <= 1)).all()
+    assert (data.ms_per_token > 0).all() and (data.speedup[:, 0] == 1.0).all()
+    target, draft = data.params[0], data.params[2]
+    assert data.params[1] == 0 and target > draft > 0
+    assert data.target == "tiny-target" and data.categories[:2] == ["code", "chat"]
+
+
+def test_states_rows_carry_the_sample(collection):
+    rows = read_states(collection)
+    row = rows["train/0"]
+    assert row["sample_temperature"] == 1.0 and len(row["sample_token_ids"]) == 10
+    assert len(row["state"]) == 32 and row["prompt_tokens"] == len(TRAIN[0].text)
+
+
+def test_resume_adds_only_new_prompts(tmp_path):
+    folder = tmp_path / "data"
+    make_collection(folder, TRAIN[:2])
+    make_collection(folder, TRAIN[:3])
+    lines = (folder / RUNS / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * len(ARMS)
+    assert len((folder / STATES).read_text().splitlines()) == 3
+    with (folder / STATES).open("a") as f:
+        f.write('{"prompt_id": "cut off')  # a run killed mid-line
+    assert len(read_states(folder)) == 3
+    with pytest.raises(InputError, match="other settings.*max_new_tokens"):
+        make_collection(folder, TRAIN[:3], max_new_tokens=5)
+    make_collection(folder, TRAIN[:1], max_new_tokens=5, overwrite=True)
+    assert json.loads((folder / "collect.json").read_text())["max_new_tokens"] == 5
+    assert len(read_states(folder)) == 1
+
+
+def test_missing_collection_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="router collect"):
+        load_collection(tmp_path)
+
+
+def test_training_split_holds_out_the_bench_prompts():
+    prompts = training_prompts([("humaneval", 2)])
+    assert [p.id for p in prompts] == ["HumanEval/82", "HumanEval/83"]

@@ -1,0 +1,167 @@
+"""The router engine on tiny fp32 models: exact whatever arm it picks, the pick and its time
+in the stats, one prefill, and the policy's pick really changes the drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.build import build_engine
+from adaspec.errors import InputError
+from adaspec.models.backend import ForwardOutput
+from adaspec.models.torch_backend import TorchBackend
+from adaspec.route.artifact import RouterArtifact, save_artifact
+from adaspec.route.engine import RouterEngine, build_arm_engines
+from adaspec.route.policy import RouterPolicy
+from adaspec.sampling import SamplingParams
+from tests.test_engine import PROMPTS, reference_greedy
+
+ARMS = {m: m for m in ["ar", "ngram", "draft:k=4", "draft:ctrl=heuristic,k=4"]}
+
+
+def fixed_policy(dim: int, n_arms: int, arm: int) -> RouterPolicy:
+    """A policy whose argmax is `arm` whatever the prompt."""
+    policy = RouterPolicy(dim, n_arms, hidden=8)
+    with torch.no_grad():
+        policy.net[-1].weight.zero_()
+        policy.net[-1].bias.zero_()
+        policy.net[-1].bias[arm] = 10.0
+    return policy
+
+
+class CountingBackend(TorchBackend):
+    """Counts prefills: the router must not add one."""
+
+    prefills = 0
+
+    def prefill(self, tokens, hidden_layer=None):
+        self.prefills += 1
+        return super().prefill(tokens, hidden_layer)
+
+
+@pytest.fixture
+def arms(target, draft):
+    return build_arm_engines(ARMS, target, None, draft, eos_token_ids=[])
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_greedy_output_is_plain_decoding_whatever_the_arm(arms, target_model, arm):
+    router = RouterEngine(arms, force=arm)
+    for prompt in PROMPTS[:3]:
+        res = router.generate(prompt, max_new_tokens=24)
+        assert res.token_ids == reference_greedy(target_model, prompt, 24), (arm, prompt)
+        assert res.stats.route == arm
+
+
+@pytest.mark.parametrize("index, arm", list(enumerate(ARMS)))
+def test_policy_pick_changes_the_drafter(arms, target, index, arm):
+    """Fails if routing is bypassed: each pick shows in how the request was decoded."""
+    router = RouterEngine(arms, fixed_policy(target.hidden_size, len(ARMS), index))
+    res = router.generate(PROMPTS[2], max_new_tokens=24)
+    alone = arms[arm].generate(PROMPTS[2], max_new_tokens=24)
+    s = res.stats
+    assert s.route == arm
+    assert (s.drafted, s.accepted, s.target_calls, s.draft_calls, s.steps) == (
+        alone.stats.drafted,
+        alone.stats.accepted,
+        alone.stats.target_calls,
+        alone.stats.draft_calls,
+        alone.stats.steps,
+    )
+    kinds = {"ar": s.drafted == 0, "ngram": s.drafted > 0 and s.draft_calls == 0}
+    assert kinds.get(arm, s.draft_calls > 0)
+
+
+def test_decision_and_its_time_are_in_the_stats(arms, target):
+    router = RouterEngine(arms, fixed_policy(target.hidden_size, len(ARMS), 1))
+    res = router.generate(PROMPTS[0], max_new_tokens=8)
+    s = res.stats
+    assert s.route == "ngram" and 0 < s.route_time < s.wall_time
+    assert s.to_dict()["route"] == "ngram"
+    parts = s.prefill_time + s.route_time + s.draft_time + s.verify_time + s.other_time
+    assert parts == pytest.approx(s.wall_time)  # selection time counts in the latency
+    assert router.last_state is not None and router.last_state.shape == (target.hidden_size,)
+
+
+def test_one_prefill_per_request(target_model, draft):
+    counting = CountingBackend(target_model, name="tiny-target")
+    engines = build_arm_engines(ARMS, counting, None, draft, eos_token_ids=[])
+    router = RouterEngine(engines, fixed_policy(counting.hidden_size, len(ARMS), 2))
+    router.generate(PROMPTS[1], max_new_tokens=8)
+    assert counting.prefills == 1
+
+
+def test_dynamic_mode_is_seeded(arms, target):
+    policy = RouterPolicy(target.hidden_size, len(ARMS), hidden=8)
+    with torch.no_grad():
+        policy.net[-1].weight.zero_()  # uniform over arms: picks vary between seeds
+    router = RouterEngine(arms, policy, mode="dynamic")
+    picks = [
+        router.generate(PROMPTS[0], 4, SamplingParams(seed=s)).stats.route for s in range(12)
+    ]
+    again = [
+        router.generate(PROMPTS[0], 4, SamplingParams(seed=s)).stats.route for s in range(12)
+    ]
+    assert picks == again and len(set(picks)) > 1
+
+
+def test_sampling_through_the_router_is_seeded(arms, target):
+    router = RouterEngine(arms, fixed_policy(target.hidden_size, len(ARMS), 2))
+    sp = SamplingParams(temperature=1.0, seed=7)
+    assert router.generate(PROMPTS[0], 12, sp).token_ids == router.generate(
+        PROMPTS[0], 12, sp
+    ).token_ids
+
+
+def test_router_method_from_an_artifact(tmp_path, target, draft, target_model):
+    policy = fixed_policy(target.hidden_size, len(ARMS), 2)
+    path = save_artifact(RouterArtifact(ARMS, "tiny-target", 0.1, "measured", policy), tmp_path
+                         / "r.pt")
+    engine = build_engine(f"router:{path}", target, None, draft, eos_token_ids=[])
+    res = engine.generate(PROMPTS[0], max_new_tokens=16)
+    assert res.stats.route == "draft:k=4"
+    assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 16)
+    dyn = build_engine(f"router:artifact={path},mode=dynamic,seed=3", target, None, draft, [])
+    assert isinstance(dyn, RouterEngine) and (dyn.mode, dyn.seed) == ("dynamic", 3)
+
+
+def test_artifact_for_another_target_is_refused(tmp_path, target, draft):
+    policy = fixed_policy(target.hidden_size, len(ARMS), 0)
+    path = save_artifact(RouterArtifact(ARMS, "other-target", 0.1, "measured", policy), tmp_path
+                         / "r.pt")
+    with pytest.raises(InputError, match="trained for target 'other-target'"):
+        build_engine(f"router:{path}", target, None, draft, [])
+
+
+def test_errors(arms, target):
+    with pytest.raises(InputError, match="no policy"):
+        RouterEngine(arms).generate(PROMPTS[0], 4)
+    with pytest.raises(InputError, match="no arm named"):
+        RouterEngine(arms, force="draft:k=9").generate(PROMPTS[0], 4)
+    with pytest.raises(InputError, match="scores 2 arms"):
+        RouterEngine(arms, RouterPolicy(target.hidden_size, 2, hidden=8))
+    with pytest.raises(InputError, match="routing mode"):
+        RouterEngine(arms, mode="best")
+
+
+class NoHiddenBackend(TorchBackend):
+    def forward(self, tokens, positions=None, tree_mask=None, hidden_layer=None):
+        out = super().forward(tokens, positions, tree_mask, None)
+        return ForwardOutput(logits=out.logits)
+
+
+def test_backend_without_hidden_states_is_a_clear_error(target_model):
+    backend = NoHiddenBackend(target_model, name="tiny-target")
+    engines = build_arm_engines({"ar": "ar", "ngram": "ngram"}, backend, None, None, [])
+    router = RouterEngine(engines, fixed_policy(backend.hidden_size, 2, 0))
+    with pytest.raises(InputError, match="no hidden state"):
+        router.generate(PROMPTS[0], 4)
+
+
+def test_all_arms_must_accept_the_sampling_settings(target, draft):
+    engines = build_arm_engines(
+        {"ar": "ar", "greedy-only": "draft:k=2,verify=greedy"}, target, None, draft, []
+    )
+    router = RouterEngine(engines, fixed_policy(target.hidden_size, 2, 0))
+    with pytest.raises(InputError, match="greedy verifier"):
+        router.generate(PROMPTS[0], 4, SamplingParams(temperature=1.0))

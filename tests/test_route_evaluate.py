@@ -1,0 +1,67 @@
+"""Replaying routing decisions on measured runs: oracle, replay, learning curve, sweeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaspec.route.data import RouterData
+from adaspec.route.evaluate import (
+    alpha_sweep,
+    learning_curve,
+    oracle_choices,
+    proxy_vs_truth,
+    replay_speedup,
+    routed_rows,
+    speedups,
+)
+from adaspec.route.policy import TrainConfig
+
+
+def synthetic(n: int = 12, seed: int = 0) -> RouterData:
+    """Two kinds of prompts: ngram is 2x on 'sum' prompts, draft 1.5x on 'code' prompts."""
+    rng = np.random.default_rng(seed)
+    arms = ["ar", "ngram", "draft:k=4"]
+    cats = ["sum" if i % 2 else "code" for i in range(n)]
+    states = np.array([[1.0 if c == "sum" else -1.0, *rng.normal(0, 0.1, 3)] for c in cats])
+    ms = np.array([[100.0, 50.0, 90.0] if c == "sum" else [100.0, 110.0, 66.7] for c in cats])
+    rows = {}
+    for i in range(n):
+        pid = f"p{i}"
+        for j, a in enumerate(arms):
+            rows[(pid, a)] = {"prompt_id": pid, "category": cats[i], "method": a, "repeat": 0,
+                              "new_tokens": 10, "wall_time": ms[i, j] / 100}
+    return RouterData(
+        arms=arms, methods={a: a for a in arms}, prompt_ids=[f"p{i}" for i in range(n)],
+        categories=cats, states=states.astype(np.float32), similarity=np.ones((n, 3)),
+        ms_per_token=ms, ar_ms_per_token=ms[:, 0], params=[1500, 0, 500], target="t", rows=rows,
+    )
+
+
+def test_oracle_and_replayed_speedups():
+    data = synthetic()
+    picks = oracle_choices(data)
+    assert [data.arms[i] for i in picks[:2]] == ["draft:k=4", "ngram"]
+    table = speedups([*(data.rows[(p, "ar")] for p in data.prompt_ids),
+                      *routed_rows(data, picks, "oracle")], ["oracle"])
+    assert table["sum"]["oracle"] == pytest.approx(2.0)
+    assert table["code"]["oracle"] == pytest.approx(1.5, rel=1e-3)
+    assert table["mean over categories"]["oracle"] == pytest.approx(1.75, rel=1e-3)
+    assert replay_speedup(data, np.zeros(len(data), dtype=int)) == pytest.approx(1.0)
+
+
+def test_learning_curve_and_alpha_sweep_learn_the_split():
+    train, test = synthetic(32, seed=1), synthetic(12, seed=2)
+    cfg = TrainConfig(epochs=40, hidden=32)
+    curve = learning_curve(train, test, [4, 32], alpha=0.0, cost="measured", config=cfg, draws=2)
+    assert [p["prompts"] for p in curve] == [4, 32] and curve[0]["draws"] == 2
+    assert curve[-1]["speedup"] > 1.6  # near the oracle's ~1.71 overall
+    sweep = alpha_sweep(train, test, [0.0, 1.0], "measured", cfg)
+    assert sweep[0]["speedup"] > 1.6 and set(sweep[0]["picks"]) == {"ngram", "draft:k=4"}
+
+
+def test_proxy_vs_truth_reports_agreement():
+    rep = proxy_vs_truth(synthetic(), alpha=0.5)
+    assert rep["measured"]["agrees_with_fastest"] == 1.0
+    assert rep["params"]["best"] == {"ngram": 12}  # cheapest arm everywhere: no context
+    assert rep["fastest"] == {"draft:k=4": 6, "ngram": 6}
