@@ -42,6 +42,7 @@ def tiny_model(
     sharpen: float = 30.0,
     tie: bool = False,
     random_norms: bool = False,
+    context: int = 256,
 ):
     """A random Qwen2 whose output head is scaled so next-token distributions are peaked
     (random init alone gives nearly uniform logits and near-ties)."""
@@ -53,7 +54,7 @@ def tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=context,
         tie_word_embeddings=tie,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
@@ -124,15 +125,18 @@ def tokenizer():
     return CharTokenizer()
 
 
-@pytest.fixture(scope="session")
-def model_dirs(tmp_path_factory):
+def save_tiny_pair(root, context: int = 256) -> tuple[str, str]:
     """A tiny target and draft saved as Hugging Face directories with a tokenizer."""
     tok = bpe_tokenizer()
-    root = tmp_path_factory.mktemp("models")
     for name, model in [
-        ("target", tiny_model(vocab=len(tok), seed=0)),
-        ("draft", tiny_model(vocab=len(tok), seed=1, layers=1)),
+        ("target", tiny_model(vocab=len(tok), seed=0, context=context)),
+        ("draft", tiny_model(vocab=len(tok), seed=1, layers=1, context=context)),
     ]:
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
     return str(root / "target"), str(root / "draft")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("models"))

@@ -31,6 +31,13 @@ class DiscoArtifact:
     metrics: dict = field(default_factory=dict)  # F1 of the classifier and of static k
     tuning: dict = field(default_factory=dict)  # latency tuning of tau, SL_max and baselines
 
+    @property
+    def quants(self) -> tuple[str, str]:
+        """Weight quantization of (target, draft) the training data was collected with: the
+        classifier reads that draft's distributions, so it is used with the same weights."""
+        data = self.provenance.get("data", {})
+        return str(data.get("quant", "none")), str(data.get("draft_quant", "none"))
+
     def check_pair(self, target: str, draft: str) -> None:
         if (target, draft) != (self.target, self.draft):
             raise InputError(

@@ -69,33 +69,40 @@ def measure_costs(
 ) -> Costs:
     """Time the forwards a step costs, after `context` is cached: the draft on 1 token, the
     target on 1..max_tokens+1 tokens (cache rolled back after each), and one `decision`
-    (a callable: the controller's per-token work) if given. Medians of `repeats`, after one
-    warm-up each."""
+    (a callable: the controller's per-token work) if given. The sizes are timed in rounds,
+    target and draft interleaved, so a burst of other work on the machine lands on one round
+    of every size rather than on all rounds of one; medians over `repeats` rounds, after a
+    warm-up round."""
     if repeats < 1 or max_tokens < 1 or not context:
         raise InputError("measure_costs needs a context, max_tokens >= 1 and repeats >= 1")
-
-    def timed(backend: ModelBackend, n: int) -> float:
-        tokens = torch.tensor(context[-1:] * n)
-        base = backend.cache_len
-
-        def run() -> None:
-            backend.forward(tokens)
-            backend.truncate(base)
-
-        run()  # warm-up
-        return _median_ms(run, repeats)
-
     target.prefill(torch.tensor(context))
-    target_ms = [timed(target, n) for n in range(1, max_tokens + 2)]
     draft.prefill(torch.tensor(context))
-    draft_ms = timed(draft, 1)
+    sizes = [("target", n) for n in range(1, max_tokens + 2)] + [("draft", 1)]
+    times: dict[tuple[str, int], list[float]] = {s: [] for s in sizes}
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for role, n in sizes:
+            backend = target if role == "target" else draft
+            base = backend.cache_len
+            tokens = torch.tensor(context[-1:] * n)
+            t0 = time.perf_counter()
+            backend.forward(tokens)
+            elapsed = 1000 * (time.perf_counter() - t0)
+            backend.truncate(base)
+            if round_:
+                times[(role, n)].append(elapsed)
     target.reset()
     draft.reset()
     decision_ms = 0.0
     if decision is not None:
         decision()
         decision_ms = _median_ms(decision, max(repeats, 20))
-    return Costs(draft_ms, target_ms, decision_ms, len(context), repeats)
+    return Costs(
+        draft_ms=statistics.median(times[("draft", 1)]),
+        target_ms=[statistics.median(times[("target", n)]) for n in range(1, max_tokens + 2)],
+        decision_ms=decision_ms,
+        context_tokens=len(context),
+        repeats=repeats,
+    )
 
 
 @dataclass

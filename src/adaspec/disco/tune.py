@@ -4,18 +4,21 @@ method is tuned on the same data with the same measured costs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from adaspec.control.disco_features import FeatureSpec, assemble
+from adaspec.disco.artifact import DiscoArtifact
 from adaspec.disco.classifier import DiscoClassifier
 from adaspec.disco.data import Sample
-from adaspec.disco.simulate import NEVER_STOP, Costs, SimResult, simulate_all
+from adaspec.disco.simulate import NEVER_STOP, Costs, SimResult, measure_costs, simulate_all
+from adaspec.errors import InputError
+from adaspec.models.backend import ModelBackend
 
 DEFAULT_TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 DEFAULT_SL_MAXES = tuple(range(1, 9))  # the issue's static k = 1..8
-ORACLE_CAP = 16  # the oracle controller's default k_max
+ORACLE_CAP = max(DEFAULT_SL_MAXES)  # the oracle drafts at most as much as any tuned setting
 
 
 @torch.inference_mode()
@@ -36,7 +39,7 @@ def confidence_scores(sample: Sample, positions: int) -> torch.Tensor:
 
 def _best(table: list[dict]) -> dict:
     """Lowest simulated ms/token; ties go to the shorter draft, then the higher threshold."""
-    return min(table, key=lambda r: (round(r["ms_per_token"], 6), r["sl_max"], -r["threshold"]))
+    return top(table, 1)[0]
 
 
 def _row(threshold: float, sl_max: int, res: SimResult) -> dict:
@@ -106,3 +109,132 @@ def evaluate(
     oracle = simulate_all(hits, [None] * len(samples), NEVER_STOP, oracle_cap, costs, oracle=True)
     out["oracle"] = {"sl_max": oracle_cap, **oracle.to_dict()}
     return out
+
+
+def confirm(
+    candidates: Sequence[dict],
+    run: Callable[[float, int], float],
+) -> list[dict]:
+    """Real runs of the best simulated settings: `run(threshold, sl_max)` returns measured
+    ms/token on the validation prompts; rows come back with `measured_ms_per_token`, best
+    measured first."""
+    out = [{**c, "measured_ms_per_token": run(c["threshold"], c["sl_max"])} for c in candidates]
+    return sorted(out, key=lambda r: r["measured_ms_per_token"])
+
+
+def top(table: Sequence[dict], n: int) -> list[dict]:
+    """The n settings with the lowest simulated ms/token (ties: shorter draft, then the
+    higher threshold)."""
+    key = lambda r: (round(r["ms_per_token"], 6), r["sl_max"], -r["threshold"])  # noqa: E731
+    return sorted(table, key=key)[:n]
+
+
+def measure_step_costs(
+    art: DiscoArtifact,
+    val: Sequence[Sample],
+    target: ModelBackend,
+    draft: ModelBackend,
+    sl_max: int = max(DEFAULT_SL_MAXES),
+    repeats: int = 5,
+    log: Callable[[str], None] = print,
+) -> Costs:
+    """Per-forward costs on this machine, on the context of a typical validation prompt,
+    and the cost of one DISCO decision (features + classifier) on a full-vocabulary row."""
+    from adaspec.control.disco import DiscoLength
+
+    lengths = sorted(val, key=lambda s: len(s.prompt_ids) + len(s.output))
+    typical = lengths[len(lengths) // 2]
+    probe = DiscoLength(art)
+    row = torch.randn(draft.vocab_size)
+    log(f"timing forwards on a {len(typical.prompt_ids) + len(typical.output)}-token context")
+    costs = measure_costs(
+        target,
+        draft,
+        typical.prompt_ids + typical.output,
+        max(sl_max, ORACLE_CAP),
+        repeats,
+        decision=lambda: probe.keep_drafting(0, row),
+    )
+    log(
+        f"measured: draft {costs.draft_ms:.1f} ms, target {costs.target_ms[0]:.1f} ms (1 token) "
+        f"/ {costs.target(sl_max + 1):.1f} ms ({sl_max + 1} tokens), DISCO decision "
+        f"{costs.decision_ms:.3f} ms"
+    )
+    return costs
+
+
+def tune_artifact(
+    art: DiscoArtifact,
+    val: Sequence[Sample],
+    costs: Costs,
+    sl_max: int = max(DEFAULT_SL_MAXES),
+    confirm_n: int = 0,
+    run: Callable[[float, int], float] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Simulate every (tau, SL_max) on `val` with `costs`, keep the fastest in `art` (after
+    real runs of the `confirm_n` best through `run(tau, sl_max) -> ms/token`, if asked),
+    with the whole tuning record; returns that record."""
+    from adaspec.disco.train import classification_metrics
+
+    result = tune(val, costs, art.classifier, art.spec, DEFAULT_TAUS, range(1, sl_max + 1))
+    chosen = result["best"]["disco"]
+    if confirm_n:
+        if run is None:
+            raise InputError("confirming settings needs real runs (models loaded)")
+        result["confirmed"] = confirm(top(result["disco"], confirm_n), run)
+        chosen = result["confirmed"][0]
+        log(
+            "confirmed: "
+            + ", ".join(
+                f"tau {r['threshold']} SL_max {r['sl_max']}: "
+                f"{r['measured_ms_per_token']:.0f} ms/token "
+                f"(simulated {r['ms_per_token']:.0f})"
+                for r in result["confirmed"]
+            )
+        )
+    art.tau, art.sl_max = float(chosen["threshold"]), int(chosen["sl_max"])
+    result["val_prompts"] = [s.prompt_id for s in val]
+    result["chosen"] = {"threshold": art.tau, "sl_max": art.sl_max}
+    art.tuning = result
+    art.metrics["val_at_tau"] = classification_metrics(val, art.classifier, art.spec, art.tau)
+    return result
+
+
+def measured_run(
+    art: DiscoArtifact,
+    samples: Sequence[Sample],
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend,
+    eos_token_ids: list[int],
+) -> Callable[[float, int], float]:
+    """`run(tau, sl_max)` for `confirm`: real DISCO runs over `samples`' prompts."""
+    return lambda t, k: _measure(art, t, k, samples, target, tokenizer, draft, eos_token_ids)
+
+
+def _measure(
+    art: DiscoArtifact,
+    tau: float,
+    sl_max: int,
+    samples: Sequence[Sample],
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend,
+    eos_token_ids: list[int],
+) -> float:
+    """Real ms/token of DISCO at (tau, sl_max) over `samples`' prompts and budgets."""
+    from adaspec.control.disco import DiscoLength
+    from adaspec.draft.model import ModelDrafter
+    from adaspec.engine import Engine
+
+    engine = Engine(
+        target, tokenizer, ModelDrafter(draft), DiscoLength(art, tau, sl_max), None, eos_token_ids
+    )
+    engine.generate(samples[0].prompt_ids, 4)  # warm-up
+    wall = tokens = 0.0
+    for s in samples:
+        res = engine.generate(s.prompt_ids, len(s.output))
+        wall += res.stats.wall_time
+        tokens += res.stats.new_tokens
+    return 1000 * wall / tokens if tokens else 0.0

@@ -1,0 +1,310 @@
+"""The DISCO report: measured latency per category for DISCO and its baselines, the share of
+the static-to-oracle gap DISCO closes, F1 of the classifier beside the best static length,
+transfer between suites, and what the latency simulation predicted on the same test split.
+
+Measured = the bench rows of one run. Simulated = `disco.simulate` on the test split's
+teacher-forced hits with the per-forward costs measured while tuning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from adaspec.bench.report import method_entry, row_key
+from adaspec.disco.artifact import DiscoArtifact
+from adaspec.disco.data import DiscoData, Sample
+from adaspec.disco.simulate import Costs
+from adaspec.disco.train import classification_metrics
+from adaspec.disco.tune import DEFAULT_SL_MAXES, evaluate
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def gap_closed(static_ms: float | None, disco_ms: float | None, oracle_ms: float | None):
+    """Share of the static-to-oracle latency gap that DISCO closes (1 = as fast as the
+    oracle, 0 = no better than static, negative = slower than static)."""
+    if static_ms is None or disco_ms is None or oracle_ms is None or static_ms <= oracle_ms:
+        return None
+    return (static_ms - disco_ms) / (static_ms - oracle_ms)
+
+
+def _entry(rows: list[dict], method: str) -> dict | None:
+    ar_by_key = {row_key(r): r for r in rows if r["method"] == "ar"}
+    mine = [r for r in rows if r["method"] == method]
+    if not mine:
+        return None
+    e = method_entry(mine, ar_by_key)
+    keys = ("ms_per_token", "speedup", "mean_accepted_tokens", "acceptance_rate")
+    return {k: e[k] for k in keys} | {
+        "mean_draft_length": e["mean_draft_length"],
+        "draft_calls": e["draft_calls"],
+        "target_calls": e["target_calls"],
+        "prompts": e["prompts"],
+    }
+
+
+def _scope_table(rows: list[dict], arms, home: str | None) -> dict:
+    """Measured entries of every arm over `rows`; the comparison uses the baselines tuned
+    on `home` (the suite the scope belongs to), DISCO in-domain and in transfer."""
+    out: dict = {"arms": {a.label: _entry(rows, a.method) for a in arms}}
+
+    def ms(label: str | None) -> float | None:
+        e = out["arms"].get(label) if label else None
+        return e["ms_per_token"] if e else None
+
+    def pick(family: str, artifact: str | None) -> str | None:
+        for a in arms:
+            if a.family == family and (artifact is None or a.artifact == artifact):
+                return a.label
+        return None
+
+    disco_arms = [a for a in arms if a.family == "disco"]
+    in_domain = next((a for a in disco_arms if a.artifact == home), None) or (
+        disco_arms[0] if disco_arms else None
+    )
+    base = in_domain.artifact if in_domain else None
+    static, conf = pick("static", base), pick("confidence", base)
+    heur, oracle = pick("heuristic", None), pick("oracle", None)
+    out["compare"] = {
+        "home_artifact": base,
+        "static": static,
+        "confidence": conf,
+        "disco": in_domain.label if in_domain else None,
+        "transfer": [a.label for a in disco_arms if a is not in_domain],
+    }
+    d = ms(in_domain.label) if in_domain else None
+    out["disco_vs_static"] = _ratio(d, ms(static))
+    out["disco_vs_heuristic"] = _ratio(d, ms(heur))
+    out["gap_closed"] = {
+        a.label: gap_closed(ms(static), ms(a.label), ms(oracle)) for a in disco_arms
+    }
+    return out
+
+
+def disco_report(
+    bench_summary: dict,
+    rows: list[dict],
+    arms,
+    artifacts: Sequence[tuple[str, DiscoArtifact]],
+    test: Sequence[Sample],
+    data: DiscoData,
+) -> dict:
+    suite_of = {s.category: s.suite for s in test}
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    suites = list(dict.fromkeys(suite_of.get(c, "?") for c in categories))
+    trained = {a.artifact for a in arms if a.artifact}  # artifact labels = training suites
+
+    def home_of(suite: str) -> str | None:
+        return suite if suite in trained else None
+
+    measured: dict = {}
+    for c in categories:
+        measured[c] = _scope_table(
+            [r for r in rows if r["category"] == c], arms, home_of(suite_of.get(c, ""))
+        )
+    for s in suites:
+        cats = {c for c in categories if suite_of.get(c) == s}
+        measured[f"{s} (all)"] = _scope_table(
+            [r for r in rows if r["category"] in cats], arms, home_of(s)
+        )
+    if len(suites) > 1:
+        measured["overall"] = _scope_table(rows, arms, None)
+
+    arts: dict = {}
+    for path, art in artifacts:
+        label = "+".join(art.provenance.get("train_suites") or ["?"])
+        val = art.metrics.get("val", {})
+        static_k = val.get("static_k")
+        costs = Costs(**art.tuning["costs"])
+        best = art.tuning["best"]
+        settings = {
+            "disco": {"threshold": art.tau, "sl_max": art.sl_max},
+            "static": best["static"],
+            "confidence": best["confidence"],
+        }
+        f1_test: dict = {}
+        sim_test: dict = {}
+        for s in suites:
+            mine = [x for x in test if x.suite == s]
+            if not mine:
+                continue
+            f1_test[s] = classification_metrics(
+                mine, art.classifier, art.spec, 0.5, static_k=static_k
+            )
+            sim = evaluate(mine, costs, art.classifier, art.spec, settings)
+            sweep = evaluate(
+                mine,
+                costs,
+                art.classifier,
+                art.spec,
+                {f"k={k}": {"threshold": -1.0, "sl_max": k} for k in DEFAULT_SL_MAXES},
+            )
+            sim_test[s] = {
+                **sim,
+                "sweep": {k: v for k, v in sweep.items() if k != "oracle"},
+                "ar_ms_per_token": costs.target(1),
+            }
+        arts[label] = {
+            "path": path,
+            "train_suites": art.provenance.get("train_suites"),
+            "train_rows": art.metrics.get("train_rows"),
+            "tau": art.tau,
+            "sl_max": art.sl_max,
+            "feature_spec": art.spec.to_dict(),
+            "best_static_k": best["static"]["sl_max"],
+            "confidence": best["confidence"],
+            "costs": art.tuning["costs"],
+            "val_f1": val,
+            "test_f1": f1_test,
+            "simulated_test": sim_test,
+            "confirmed": art.tuning.get("confirmed"),
+        }
+    cfg = bench_summary.get("config", {})
+    return {
+        "setup": {
+            "target": cfg.get("target"),
+            "draft": cfg.get("draft"),
+            "dtype": cfg.get("dtype"),
+            "quant": f"{cfg.get('quant', 'none')}/{cfg.get('draft_quant', 'none')}",
+            "max_new_tokens": cfg.get("max_new_tokens"),
+            "test_prompts": len({r["prompt_id"] for r in rows}),
+            "categories": {c: suite_of.get(c) for c in categories},
+            "data": {
+                k: data.provenance.get(k)
+                for k in ("suites", "prompts", "tokens", "max_new_tokens", "generated_with")
+            },
+            "splits": {n: len(data.split(n)) for n in ("train", "val", "test")},
+            "machine": bench_summary.get("machine"),
+        },
+        "measured": measured,
+        "artifacts": arts,
+        "exactness": {
+            k: bench_summary.get("exactness", {}).get(k)
+            for k in ("checked", "differs", "numerical_ties", "bugs", "tie_tolerance")
+        },
+    }
+
+
+# ------------------------------------------------------------------------ markdown
+def _f(v, fmt=".0f", suffix="") -> str:
+    return "n/a" if v is None else f"{v:{fmt}}{suffix}"
+
+
+def _pct_change(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
+
+
+def to_markdown(report: dict) -> str:
+    st = report["setup"]
+    lines = [
+        "# DISCO: dynamic speculation length (issue 4)",
+        "",
+        f"Target `{st['target']}`, draft `{st['draft']}`, {st['dtype']}, weight quantization "
+        f"target/draft {st.get('quant')}; greedy; "
+        f"{st['max_new_tokens']} new tokens; {st['test_prompts']} test prompts. Training data: "
+        f"{st['data'].get('suites')} ({st['data'].get('prompts')} prompts, "
+        f"{st['data'].get('tokens')} tokens of {st['data'].get('max_new_tokens')}-token greedy "
+        f"outputs, made with `{st['data'].get('generated_with')}`), split by prompt "
+        f"{st['splits']}.",
+        "",
+        "**Measured** below = one `adaspec bench` run on the test split (all methods in one "
+        "process, alternating prompt by prompt after a warm-up; speedup = paired ms/token of "
+        "plain decoding over the method's). **Simulated** = the latency model of "
+        "`adaspec.disco.simulate` (teacher-forced hits x per-forward costs timed on this "
+        "machine while tuning); tau, SL_max, the best static k and the confidence threshold were "
+        "all chosen on the validation split by simulated latency.",
+        "",
+        "## Measured latency (ms/token) and speedup by category",
+        "",
+    ]
+    measured = report["measured"]
+    labels = [lab for lab in next(iter(measured.values()))["arms"]]
+    lines.append("| scope | " + " | ".join(f"`{lab}`" for lab in labels) + " |")
+    lines.append("| --- |" + " ---: |" * len(labels))
+    for scope, t in measured.items():
+        cells = []
+        for lab in labels:
+            e = t["arms"].get(lab)
+            cells.append(
+                "n/a" if not e else f"{_f(e['ms_per_token'])} ({_f(e['speedup'], '.2f', 'x')})"
+            )
+        lines.append(f"| {scope} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## DISCO against its baselines (measured)",
+        "",
+        "Latency change of in-domain DISCO against the best static k and the heuristic tuned "
+        "for the same suite (negative = DISCO faster); gap closed = (static - DISCO) / "
+        "(static - oracle) for each DISCO artifact (transfer = trained on the other suite).",
+        "",
+        "| scope | baselines from | DISCO vs best static | DISCO vs heuristic | gap closed |",
+        "| --- | --- | ---: | ---: | --- |",
+    ]
+    for scope, t in measured.items():
+        gaps = ", ".join(f"{k}: {_f(v, '.0%')}" for k, v in t["gap_closed"].items())
+        lines.append(
+            f"| {scope} | {t['compare']['home_artifact']} | {_pct_change(t['disco_vs_static'])} | "
+            f"{_pct_change(t['disco_vs_heuristic'])} | {gaps} |"
+        )
+    lines += [
+        "",
+        "## Classifier F1 (macro over accept / reject) beside the best static length",
+        "",
+        "A static k seen as a classifier says *keep drafting* before draft position k - 1; "
+        "its k is the best-F1 one on validation. Test = the test split of each suite "
+        "(transfer when the artifact was trained on the other suite).",
+        "",
+        "| artifact | rows (train) | tau / SL_max | split | classifier F1 | static k | static F1 |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: |",
+    ]
+    for label, a in report["artifacts"].items():
+        v = a["val_f1"]
+        lines.append(
+            f"| {label} | {a['train_rows']} | {a['tau']} / {a['sl_max']} | val | "
+            f"{_f(v.get('classifier', {}).get('f1_macro'), '.3f')} | {v.get('static_k')} | "
+            f"{_f(v.get('static', {}).get('f1_macro'), '.3f')} |"
+        )
+        for suite, m in a["test_f1"].items():
+            kind = "" if suite in (a["train_suites"] or []) else " (transfer)"
+            lines.append(
+                f"| {label} |  |  | test {suite}{kind} | "
+                f"{_f(m.get('classifier', {}).get('f1_macro'), '.3f')} | {m.get('static_k')} | "
+                f"{_f(m.get('static', {}).get('f1_macro'), '.3f')} |"
+            )
+    lines += [
+        "",
+        "## Simulated on the same test split (ms/token)",
+        "",
+        "| artifact | test suite | plain | k=1..8 | best static (val) | confidence (val) | "
+        "DISCO | oracle |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, a in report["artifacts"].items():
+        for suite, sim in a["simulated_test"].items():
+            sweep = " / ".join(_f(v["ms_per_token"]) for v in sim["sweep"].values())
+            lines.append(
+                f"| {label} | {suite} | {_f(sim['ar_ms_per_token'])} | {sweep} | "
+                f"{_f(sim['static']['ms_per_token'])} (k={sim['static']['sl_max']}) | "
+                f"{_f(sim['confidence']['ms_per_token'])} | {_f(sim['disco']['ms_per_token'])} | "
+                f"{_f(sim['oracle']['ms_per_token'])} |"
+            )
+    lines += ["", "Costs measured while tuning (ms per forward):", ""]
+    for label, a in report["artifacts"].items():
+        c = a["costs"]
+        tgt = ", ".join(f"{n + 1}: {v:.0f}" for n, v in enumerate(c["target_ms"][:9]))
+        lines.append(
+            f"- {label}: draft {c['draft_ms']:.1f}; target by tokens fed {{{tgt}}}; DISCO "
+            f"decision {c['decision_ms']:.3f} ms"
+        )
+    ex = report["exactness"]
+    lines += [
+        "",
+        "## Exactness",
+        "",
+        f"{ex.get('checked')} greedy outputs compared with plain decoding: {ex.get('differs')} "
+        f"differ ({ex.get('numerical_ties')} numerical ties at top-2 gap <= "
+        f"{ex.get('tie_tolerance')}, {ex.get('bugs')} bugs). Per-method details: bench/summary.md.",
+    ]
+    return "\n".join(lines) + "\n"

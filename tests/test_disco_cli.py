@@ -1,0 +1,68 @@
+"""`adaspec disco collect / train / tune / bench` end to end on tiny fp32 models saved as
+Hugging Face directories, and the commands' one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaspec.cli import main
+from adaspec.disco.artifact import DiscoArtifact
+from adaspec.disco.data import DiscoData
+from tests.conftest import save_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Tiny target and draft with a context long enough for HumanEval prompts."""
+    target, draft = save_tiny_pair(tmp_path_factory.mktemp("disco-models"), context=4096)
+    return ["--target", target, "--draft", draft, "--dtype", "float32"]
+
+
+def test_collect_train_tune_bench(pair, tmp_path, capsys):
+    data, art = str(tmp_path / "data.pt"), str(tmp_path / "a.pt")
+    assert main(["disco", "collect", "--suite", "humaneval:6", "--max-new-tokens", "8",
+                 "--out", data, "--no-progress", *pair]) == 0  # fmt: skip
+    d = DiscoData.load(data)
+    assert [len(d.split(n)) for n in ("train", "val", "test")] == [4, 1, 1]
+    assert d.provenance["target"] == "target" and d.provenance["generated_with"] == "ngram"
+
+    assert main(["disco", "train", "--data", data, "--out", art, "--epochs", "20"]) == 0
+    assert "best static k=" in capsys.readouterr().out
+    assert main(["disco", "bench", "--data", data, "--artifacts", art, "--out",
+                 str(tmp_path / "b"), *pair]) == 2  # fmt: skip
+    assert "not tuned yet" in capsys.readouterr().err
+
+    assert main(["disco", "tune", "--artifact", art, "--data", data, "--repeats", "1",
+                 "--sl-max", "3", "--confirm", "1", *pair]) == 0  # fmt: skip
+    tuned = DiscoArtifact.load(art)
+    assert 1 <= tuned.sl_max <= 3 and tuned.tuning["confirmed"]
+    assert tuned.tuning["costs"]["draft_ms"] > 0
+    # a second artifact (position in the generation too) tuned with the same measured costs
+    art2 = str(tmp_path / "b.pt")
+    assert main(["disco", "train", "--data", data, "--out", art2, "--epochs", "20",
+                 "--generation-position"]) == 0  # fmt: skip
+    assert main(["disco", "tune", "--artifact", art2, "--data", data, "--costs-from", art,
+                 "--sl-max", "3"]) == 0  # fmt: skip
+    second = DiscoArtifact.load(art2)
+    assert second.spec.generation_position and second.tuning["costs"] == tuned.tuning["costs"]
+
+    out = tmp_path / "bench"
+    assert main(["disco", "bench", "--data", data, "--artifacts", art, "--out", str(out),
+                 "--max-new-tokens", "6", "--no-progress", *pair]) == 0  # fmt: skip
+    report = json.loads((out / "summary.json").read_text())
+    assert set(report["measured"]) == {"humaneval", "humaneval (all)"}
+    table = report["measured"]["humaneval"]
+    assert {"plain", "heuristic", "oracle", "DISCO [humaneval]"} <= set(table["arms"])
+    assert report["exactness"]["bugs"] == 0 and report["exactness"]["checked"] > 0
+    assert "test humaneval" in (out / "summary.md").read_text()
+    assert (out / "bench" / "results.jsonl").is_file()
+
+
+def test_errors_are_one_line(pair, tmp_path, capsys):
+    assert main(["disco", "train", "--data", str(tmp_path / "none.pt"), "--out", "x.pt"]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["disco", "collect", "--split", "0.5,0.5", "--out", "x.pt", *pair]) == 2
+    assert "split fractions" in capsys.readouterr().err
+    assert main(["disco", "collect", "--method", "draft:k=0", "--out", "x.pt", *pair]) == 2
