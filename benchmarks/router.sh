@@ -16,14 +16,15 @@ $LOCK $ADASPEC router collect --arms "$ARMS" --suite sharegpt:3,humaneval:2,wmt:
 $LOCK $ADASPEC router collect --arms "$ARMS" --suite sharegpt:5,humaneval:3,wmt:3 --out $OUT/train
 # 2. the policy: the paper's settings except epochs (1 gradient step per epoch on this data)
 $ADASPEC router train $OUT/train --epochs "${EPOCHS:-300}" --out $OUT/router.pt
-# 3. one bench run on the test prompts: every arm, the greedy and the dynamic router
+# 3. the test prompts' states (to replay other policies on the measured runs), then one bench
+#    run on the test prompts: every arm, the greedy and the dynamic router (two chunks)
 R=$OUT/router.pt
-$LOCK $ADASPEC bench --suite spec-bench:1 --methods "$ARMS,router:$R,router:$R,mode=dynamic" \
-  --max-new-tokens 48 --out $OUT/bench --resume
-$LOCK $ADASPEC bench --suite "$TEST_SUITES" --methods "$ARMS,router:$R,router:$R,mode=dynamic" \
-  --max-new-tokens 48 --out $OUT/bench --resume
-# 4. test prompts' states (replaying other policies on the measured runs), then the report
-$LOCK $ADASPEC router features --suite "$TEST_SUITES" --out $OUT/test-states
+M="$ARMS,router:$R,router:$R,mode=dynamic"
+$LOCK bash -c "$ADASPEC router features --suite $TEST_SUITES --out $OUT/test-states && \
+  $ADASPEC bench --suite spec-bench:1 --methods '$M' --max-new-tokens 48 --out $OUT/bench --resume"
+$LOCK $ADASPEC bench --suite "$TEST_SUITES" --methods "$M" --max-new-tokens 48 --out $OUT/bench \
+  --resume
+# 4. the report: with the artifact's epochs, and with the paper's 3 epochs
 $ADASPEC router report --train $OUT/train --bench $OUT/bench --features $OUT/test-states \
   --epochs "${EPOCHS:-300}" --out $OUT/report
 $ADASPEC router report --train $OUT/train --bench $OUT/bench --features $OUT/test-states \

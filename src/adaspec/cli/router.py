@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.models.quant import QUANT_MODES
 
 COLLECT_SUITES = "sharegpt:8,humaneval:4,wmt:4"
 
@@ -21,6 +22,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, HF dir or .gguf")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="built-in name, HF dir or .gguf")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--quant", default="none", choices=QUANT_MODES, help="target weights")
+    p.add_argument("--draft-quant", default="none", choices=QUANT_MODES, help="draft weights")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -102,7 +105,9 @@ def _load(args: argparse.Namespace, need_draft: bool):
     from adaspec.build import load_backends
 
     hf_logging.set_verbosity_error()
-    return load_backends(args.target, args.draft if need_draft else None, args.dtype)
+    return load_backends(
+        args.target, args.draft if need_draft else None, args.dtype, args.quant, args.draft_quant
+    )
 
 
 def _suites(text: str):
@@ -132,6 +137,7 @@ def run_collect(args: argparse.Namespace) -> int:
         arms=arms, out=args.out, max_new_tokens=args.max_new_tokens,
         sample_temperature=args.sample_temperature, seed=args.seed, overwrite=args.overwrite,
         dtype=args.dtype,
+        quant=(args.quant, args.draft_quant),
     )
     collect(config, prompts, target, tokenizer, draft, eos, progress=not args.no_progress)
     print(f"adaspec router collect: done; train with `adaspec router train {args.out}`",

@@ -28,7 +28,7 @@ from adaspec.route.engine import build_arm_engines, prompt_state
 from adaspec.sampling import SamplingParams
 
 # Settings that change what a collected row means: a resumed collection must match them.
-MATCH_KEYS = ("arms", "target", "draft", "dtype", "max_new_tokens", "sample_temperature")
+MATCH_KEYS = ("arms", "target", "draft", "dtype", "quant", "max_new_tokens", "sample_temperature")
 
 
 @dataclass
@@ -40,6 +40,7 @@ class CollectConfig:
     seed: int = 0
     overwrite: bool = False
     dtype: str = ""
+    quant: tuple[str, str] = ("none", "none")  # target, draft weight quantization
 
 
 def _check_meta(folder: Path, meta: dict, overwrite: bool) -> None:
@@ -123,6 +124,8 @@ def collect(
         "target": target.name,
         "draft": getattr(draft, "name", None),
         "dtype": config.dtype,
+        # recorded only when used, so collections from before quantization still resume
+        "quant": list(config.quant) if config.quant != ("none", "none") else None,
         "max_new_tokens": config.max_new_tokens,
         "sample_temperature": config.sample_temperature,
         "params": [arm_parameters(s, target_params, draft_params) for s in specs.values()],
@@ -149,6 +152,8 @@ def collect(
             target=target.name,
             draft=str(getattr(draft, "name", "")),
             dtype=config.dtype,
+            quant=config.quant[0],
+            draft_quant=config.quant[1],
         ),
         target,
         tokenizer,
