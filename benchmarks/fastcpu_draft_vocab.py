@@ -145,7 +145,8 @@ def micro(draft, prefix: list[int], sizes: list[int], llama=None) -> dict:
 
 
 def bench(
-    target, tokenizer, draft, eos, gguf, sizes: list[int], tokens: int, out: Path, llama=None
+    target, tokenizer, draft, eos, gguf, sizes: list[int], tokens: int, out: Path, llama=None,
+    prompt_ids: tuple[str, ...] = (),
 ) -> dict:
     from adaspec.bench.runner import BenchConfig, BenchRunner
     from adaspec.build import build_engine
@@ -168,7 +169,8 @@ def bench(
     runner = BenchRunner(
         config, target, tokenizer, draft, eos, engines=engines, progress=False, target_gguf=gguf
     )
-    return runner.run(eval_prompts())
+    prompts = [p for p in eval_prompts() if not prompt_ids or p.id in prompt_ids]
+    return runner.run(prompts)
 
 
 def report(micro_result: dict | None, summary: dict | None, sets: dict) -> str:
@@ -212,7 +214,7 @@ def report(micro_result: dict | None, summary: dict | None, sets: dict) -> str:
         lines += [
             "## End to end (greedy, "
             f"{summary['config']['max_new_tokens']} new tokens, {summary['config']['prompts']} "
-            "prompts: Spec-Bench 1 per category + HumanEval 0-1)",
+            f"prompts: {', '.join(summary['config']['categories'])})",
             "",
             "| method | ms/token | speedup vs ar | MAT | acceptance | draft call | c |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -247,6 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default=",".join(str(n) for n in SIZES))
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per bench prompt")
     ap.add_argument("--corpus-tokens", type=int, default=80)
+    ap.add_argument(
+        "--no-llamacpp", action="store_true", help="do not load llama.cpp in this process"
+    )
+    ap.add_argument("--micro-out", default="draft_vocab_micro.json", help="file under OUT")
+    ap.add_argument(
+        "--prompt-ids",
+        default="",
+        help="bench only these evaluation prompts (comma-separated ids; default all eight)",
+    )
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
 
@@ -264,20 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     eos = eos_ids_of(tgt.model, tgt.tokenizer)
     gguf = target_gguf(DEFAULT_TARGET)
     engine = build_engine("ar", target, tgt.tokenizer, None, eos)
-    llama = llamacpp_draft(DEFAULT_DRAFT)
+    llama = None if args.no_llamacpp else llamacpp_draft(DEFAULT_DRAFT)
 
     if args.part in ("corpus", "all"):
         corpus(engine, eos, gguf, args.corpus_tokens, OUT / "corpus")
     if args.part in ("sets", "all"):
         make_sets(draft.name, sizes)
     sets = {n: load_token_set(draft.name, n).provenance for n in sizes}
-    micro_path = OUT / "draft_vocab_micro.json"
+    micro_path = OUT / args.micro_out
     if args.part in ("micro", "all"):
         prefix = engine.encode_prompt(eval_prompts()[0].text * 4)[:CACHE_TOKENS]
         micro_path.write_text(json.dumps(micro(draft, prefix, sizes, llama), indent=2) + "\n")
     if args.part in ("bench", "all"):
         out = OUT / "draft_vocab"
-        bench(target, tgt.tokenizer, draft, eos, gguf, sizes, args.tokens, out, llama)
+        ids = tuple(i for i in args.prompt_ids.split(",") if i)
+        bench(target, tgt.tokenizer, draft, eos, gguf, sizes, args.tokens, out, llama, ids)
     micro_result = json.loads(micro_path.read_text()) if micro_path.exists() else None
     summary_path = OUT / "draft_vocab" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
