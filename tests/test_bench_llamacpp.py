@@ -128,7 +128,7 @@ def _smollm_gguf():
 
 def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
     gguf = _smollm_gguf()
-    decoder = open_decoder(gguf, 0.0)
+    decoder = open_decoder(gguf, 0.0, isolated=False)
     prompt = decoder.llm.tokenize(b"def fibonacci(n):", add_bos=False)
     eos = [decoder.llm.token_eos()]
     out, stats = decoder.generate(prompt, 12, eos)
@@ -143,3 +143,19 @@ def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
         if tok in eos or len(ref) == len(out):
             break
     assert out == ref
+    # the bench's decoder runs in a child process and answers the same
+    isolated = open_decoder(gguf, 0.0)
+    child_out, child_stats = isolated.generate(prompt, 12, eos)
+    assert child_out == out and child_stats.new_tokens == len(out)
+    isolated._proc.kill()  # a dead llama.cpp process is a one-line error, not a crash
+    isolated._proc.join()
+    with pytest.raises(LlamaCppUnavailable, match="process died"):
+        isolated.generate(prompt, 12, eos)
+
+
+def test_a_bad_file_in_the_child_is_a_one_line_error(tmp_path):
+    pytest.importorskip("llama_cpp")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(LlamaCppUnavailable, match="could not load|failed while loading"):
+        open_decoder(bad, 0.0)

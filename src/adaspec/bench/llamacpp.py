@@ -105,10 +105,13 @@ class LlamaCppDecoder:
         return out, stats
 
 
-def open_decoder(gguf: str | Path | None, temperature: float) -> LlamaCppDecoder:
+def open_decoder(gguf: str | Path | None, temperature: float, isolated: bool = True):
     """The decoder for the bench's `llamacpp` method, with as many threads as torch uses (the
-    same cores for every method); LlamaCppUnavailable says why it cannot run."""
+    same cores for every method), in a child process unless `isolated` is False (see
+    `llamacpp_process`); LlamaCppUnavailable says why it cannot run."""
     import torch
+
+    from adaspec.bench.llamacpp_process import ProcessDecoder
 
     import_llama()
     if temperature != 0:
@@ -118,4 +121,7 @@ def open_decoder(gguf: str | Path | None, temperature: float) -> LlamaCppDecoder
             "the target is not a GGUF file (llama.cpp runs GGUF only): use a built-in model "
             "name or a .gguf path as --target"
         )
-    return LlamaCppDecoder(gguf, n_threads=torch.get_num_threads())
+    threads = torch.get_num_threads()
+    if isolated:
+        return ProcessDecoder(gguf, threads)
+    return LlamaCppDecoder(gguf, n_threads=threads)
