@@ -23,6 +23,7 @@ from adaspec.route.policy import RouterPolicy, TrainConfig
 from adaspec.route.train import train_artifact
 
 ORACLE = "oracle router"
+MEAN = "mean over categories"
 
 
 def policy_choices(policy: RouterPolicy, states: np.ndarray) -> np.ndarray:
@@ -57,7 +58,7 @@ def speedups(rows: list[dict], methods: list[str]) -> dict[str, dict[str, float 
     }
     out[OVERALL] = {m: e["speedup"] for m, e in summary["methods"].items()}
     cats = [c for c in out if c != OVERALL]
-    out["mean over categories"] = {
+    out[MEAN] = {
         m: statistics.mean(out[c][m] for c in cats if out[c].get(m) is not None)  # type: ignore[misc]
         for m in out[OVERALL]
         if any(out[c].get(m) is not None for c in cats)

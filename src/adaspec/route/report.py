@@ -19,6 +19,7 @@ from adaspec.methods import parse_method
 from adaspec.route.artifact import load_artifact
 from adaspec.route.data import load_collection, load_data
 from adaspec.route.evaluate import (
+    MEAN,
     ORACLE,
     alpha_sweep,
     ar_rows,
@@ -32,7 +33,6 @@ from adaspec.route.evaluate import (
 from adaspec.route.policy import TrainConfig
 from adaspec.route.reward import COSTS
 
-MEAN = "mean over categories"
 REPLAYED = "router greedy (replayed)"
 
 
