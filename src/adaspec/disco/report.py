@@ -214,7 +214,9 @@ def to_markdown(report: dict) -> str:
         "plain decoding over the method's). **Simulated** = the latency model of "
         "`adaspec.disco.simulate` (teacher-forced hits x per-forward costs timed on this "
         "machine while tuning); tau, SL_max, the best static k and the confidence threshold were "
-        "all chosen on the validation split by simulated latency.",
+        "all chosen on the validation split by simulated latency. Simulated ms/token counts the "
+        "decode steps only (no prefill, no per-step bookkeeping), so it sits below the measured "
+        "figures: it ranks settings, it does not predict wall time.",
         "",
         "## Measured latency (ms/token) and speedup by category",
         "",
@@ -237,7 +239,8 @@ def to_markdown(report: dict) -> str:
         "",
         "Latency change of in-domain DISCO against the best static k and the heuristic tuned "
         "for the same suite (negative = DISCO faster); gap closed = (static - DISCO) / "
-        "(static - oracle) for each DISCO artifact (transfer = trained on the other suite).",
+        "(static - oracle) for each DISCO artifact (transfer = trained on the other suite). "
+        "Rows mixing suites (overall) compare with the first artifact's baselines.",
         "",
         "| scope | baselines from | DISCO vs best static | DISCO vs heuristic | gap closed |",
         "| --- | --- | ---: | ---: | --- |",
