@@ -26,6 +26,17 @@ def test_learns_a_separable_problem():
     assert 1 <= res.best_epoch <= 300
 
 
+def test_accept_probability_is_the_modules_softmax():
+    """`accept_probability` skips the module call for speed; it must give what the trained
+    module gives, for one row and for a batch."""
+    x, y = toy(200, 3)
+    model = train_classifier(x, y, x[:50], y[:50], epochs=20).model
+    with torch.no_grad():
+        want = model(x).softmax(dim=-1)[:, 1]
+    torch.testing.assert_close(model.accept_probability(x), want)
+    torch.testing.assert_close(model.accept_probability(x[7]), want[7])
+
+
 def test_training_needs_rows():
     with pytest.raises(InputError):
         train_classifier(torch.empty(0, 3), torch.empty(0), torch.rand(2, 3), torch.ones(2))

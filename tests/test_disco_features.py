@@ -12,6 +12,7 @@ from adaspec.control.disco_features import (
     assemble,
     distribution_features,
     draft_positions,
+    top_values,
 )
 from adaspec.errors import InputError
 
@@ -23,6 +24,60 @@ def test_distribution_features_are_sorted_top_probabilities_and_entropy():
     assert dist.shape == (3, TOP_K + 1)
     torch.testing.assert_close(dist[:, :TOP_K], p.sort(-1, descending=True).values[:, :TOP_K])
     torch.testing.assert_close(dist[:, TOP_K], -(p * p.log()).sum(-1))
+
+
+def log_softmax_features(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The original definition (full log-softmax, top-k over it, entropy from it), kept
+    here as the reference the fast route must reproduce."""
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1).values.exp()
+    if top.shape[-1] < TOP_K:
+        top = torch.nn.functional.pad(top, (0, TOP_K - top.shape[-1]))
+    entropy = -(logp.exp() * logp).nan_to_num().sum(dim=-1, keepdim=True)
+    return torch.cat([top, entropy], dim=-1).float()
+
+
+QWEN_VOCAB = 151_936
+
+
+@pytest.mark.parametrize("scale,shift", [(1.0, 0.0), (3.0, 0.0), (10.0, 0.0), (3.0, 30.0)])
+def test_features_equal_the_log_softmax_route(scale, shift):
+    """Real vocabulary width, logits from flat to peaked and offset like a real model's."""
+    g = torch.Generator().manual_seed(int(scale * 10 + shift))
+    logits = torch.randn(3, QWEN_VOCAB, generator=g) * scale + shift
+    logits[1, 17] += 4 * scale  # one confident row
+    fast = distribution_features(logits)
+    old = log_softmax_features(logits, torch.float32)
+    exact = log_softmax_features(logits, torch.float64)
+    torch.testing.assert_close(fast, old, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(distribution_features(logits[1]), fast[1], rtol=0, atol=1e-6)
+
+
+def test_features_with_masked_and_bf16_logits():
+    """-inf entries (probability 0) and bf16 logits give the reference's finite values."""
+    logits = torch.randn(2, 5000) * 3
+    logits[:, ::3] = float("-inf")
+    torch.testing.assert_close(
+        distribution_features(logits), log_softmax_features(logits, torch.float64)
+    )
+    half = (torch.randn(4, 3000) * 4).to(torch.bfloat16)
+    torch.testing.assert_close(
+        distribution_features(half), log_softmax_features(half, torch.float64)
+    )
+
+
+@pytest.mark.parametrize("width", [5, 1290, 128 * 40, 128 * 40 + 77])
+def test_top_values_equal_topk_even_with_ties(width):
+    g = torch.Generator().manual_seed(width)
+    spread = torch.randn(2, 3, width, generator=g) * 5
+    ties = torch.randint(0, 4, (2, 3, width), generator=g).float()  # many equal maxima
+    for x in (spread, ties):
+        k = min(TOP_K, width)
+        assert torch.equal(top_values(x, k), x.topk(k, dim=-1).values)
+    winner = torch.zeros(width)
+    winner[-1] = 1.0  # the maximum alone, in the tail that fills no block
+    assert top_values(winner, 2).tolist() == [1.0, 0.0]
 
 
 def test_bf16_logits_and_tiny_vocabularies():

@@ -6,7 +6,9 @@ position in the generation. Collection computes the distribution part for every 
 a teacher-forced pass at once; the controller computes it for one row of logits; both go
 through `distribution_features` and `assemble`, so the two can never drift apart.
 
-Cost: one float32 log-softmax and one `torch.topk` over the vocabulary, no Python loop.
+Cost (one 151,936-token row, one thread of this CPU): about 0.15 ms: two full passes
+that write (x - max, its exp), two that only read, and a top-k on block maxima
+(`top_values`) instead of over the whole vocabulary; no Python loop.
 """
 
 from __future__ import annotations
@@ -52,15 +54,49 @@ class FeatureSpec:
         return spec
 
 
+BLOCK = 128  # block width of the two-stage top-k: 151,936 = 1,187 blocks of 128
+
+
+def top_values(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest values along the last dimension, sorted descending; equal to
+    `x.topk(k).values`. `torch.topk` over a 151,936-wide row costs ~0.35 ms on this CPU, so
+    it runs on the maxima of blocks of BLOCK logits first: the k best blocks by maximum hold
+    k values at least as large as any value elsewhere, so the k largest values are among
+    them (ties included)."""
+    width = x.shape[-1]
+    n_blocks = width // BLOCK
+    if n_blocks <= k:  # a small vocabulary: one topk is cheap
+        return x.topk(k, dim=-1).values
+    lead = x.shape[:-1]
+    blocks = x[..., : n_blocks * BLOCK].reshape(*lead, n_blocks, BLOCK)
+    best = blocks.amax(dim=-1).topk(k, dim=-1).indices
+    candidates = blocks.gather(-2, best.unsqueeze(-1).expand(*lead, k, BLOCK)).flatten(-2)
+    if n_blocks * BLOCK < width:  # the tail that fills no block competes as it is
+        candidates = torch.cat([candidates, x[..., n_blocks * BLOCK :]], dim=-1)
+    return candidates.topk(k, dim=-1).values
+
+
 def distribution_features(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] raw logits -> [..., TOP_K + 1]: the top-10 probabilities, then the entropy
-    (nats). Computed in float32 whatever the model's dtype."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1).values.exp()
+    (nats). Computed in float32 whatever the model's dtype.
+
+    The top-k runs on the raw logits (softmax keeps the order), so no normalised copy of
+    the row is needed: with m the largest logit, e = exp(x - m) and Z = sum(e), the top
+    probabilities are exp(top - m) / Z and the entropy is log Z - sum(e * (x - m)) / Z.
+    Shifting by m keeps the terms small, so the float32 error stays below that of a
+    log-softmax over the row."""
+    x = logits.float()
+    top = top_values(x, min(TOP_K, x.shape[-1]))
+    shifted = x - top[..., :1]
+    e = shifted.exp()
+    z = e.sum(dim=-1, keepdim=True)
+    weighted = torch.linalg.vecdot(e, shifted).unsqueeze(-1)
+    if not bool(torch.isfinite(weighted).all()):  # -inf logits: e = 0 there, 0 * -inf = 0
+        weighted = torch.linalg.vecdot(e, torch.where(e > 0, shifted, 0.0)).unsqueeze(-1)
+    top = (top - top[..., :1]).exp() / z
     if top.shape[-1] < TOP_K:  # a vocabulary smaller than TOP_K: the rest have probability 0
         top = torch.nn.functional.pad(top, (0, TOP_K - top.shape[-1]))
-    entropy = -(logp.exp() * logp).nan_to_num().sum(dim=-1, keepdim=True)  # 0 * -inf = 0
-    return torch.cat([top, entropy], dim=-1)
+    return torch.cat([top, z.log() - weighted / z], dim=-1)
 
 
 def assemble(

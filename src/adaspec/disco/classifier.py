@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from adaspec.errors import InputError
 
@@ -26,10 +27,14 @@ class DiscoClassifier(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net((x - self.mean) / self.std)
 
-    @torch.inference_mode()
     def accept_probability(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., F] features -> [...] P(accepted)."""
-        return self.forward(x).softmax(dim=-1)[..., 1]
+        """[..., F] features -> [...] P(accepted). The same arithmetic as `forward`, written
+        as plain tensor ops on the current weights: the controller calls this after every
+        drafted token, and the module-call machinery would cost more than the maths."""
+        first, second = self.net[0], self.net[2]
+        with torch.inference_mode():
+            hidden = F.linear((x - self.mean) / self.std, first.weight, first.bias).relu_()
+            return F.linear(hidden, second.weight, second.bias).softmax(dim=-1)[..., 1]
 
 
 @dataclass
