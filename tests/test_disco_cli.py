@@ -66,3 +66,21 @@ def test_errors_are_one_line(pair, tmp_path, capsys):
     assert main(["disco", "collect", "--split", "0.5,0.5", "--out", "x.pt", *pair]) == 2
     assert "split fractions" in capsys.readouterr().err
     assert main(["disco", "collect", "--method", "draft:k=0", "--out", "x.pt", *pair]) == 2
+
+
+def test_model_options_come_from_the_shared_helper():
+    """collect takes the usual pair and quantization; tune and bench default to the
+    artifact's pair and take its quantization from the file, so --quant is refused there."""
+    from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+    from adaspec.cli import build_parser
+
+    parser = build_parser()
+    c = parser.parse_args(["disco", "collect", "--out", "d.pt", "--draft-quant", "int4"])
+    assert (c.target, c.draft, c.dtype) == (DEFAULT_TARGET, DEFAULT_DRAFT, "bfloat16")
+    assert (c.quant, c.draft_quant) == ("none", "int4")
+    for cmd in (["tune", "--artifact", "a.pt"], ["bench", "--artifacts", "a.pt", "--out", "o"]):
+        args = parser.parse_args(["disco", *cmd, "--data", "d.pt", "--dtype", "float32"])
+        assert (args.target, args.draft, args.dtype) == (None, None, "float32")
+        assert not hasattr(args, "quant")
+        with pytest.raises(SystemExit):
+            parser.parse_args(["disco", *cmd, "--data", "d.pt", "--quant", "int8"])

@@ -57,3 +57,21 @@ def test_router_train(capsys, tmp_path):
 def test_router_errors_are_one_line(capsys, tmp_path, argv, message):
     code, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_router_model_options_come_from_the_shared_helper():
+    """collect and features take the same model flags as generate and bench; features
+    loads no draft whatever --draft says."""
+    from adaspec.build import DEFAULT_TARGET
+    from adaspec.cli import build_parser
+
+    parser = build_parser()
+    c = parser.parse_args(["router", "collect", "--quant", "int8-dyn", "--draft-quant", "int4",
+                           "--dtype", "float32", "--no-progress"])  # fmt: skip
+    assert (c.target, c.dtype, c.quant, c.draft_quant) == (
+        DEFAULT_TARGET, "float32", "int8-dyn", "int4")  # fmt: skip
+    assert c.no_progress
+    f = parser.parse_args(["router", "features", "--suite", "wmt:1", "--out", "o"])
+    assert f.draft is None and f.quant == "none" and not f.no_progress
+    with pytest.raises(SystemExit):
+        parser.parse_args(["router", "collect", "--quant", "int3"])

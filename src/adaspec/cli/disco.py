@@ -13,7 +13,10 @@ import argparse
 import json
 import sys
 
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.cli.model_options import add_model_options
+
+# tune and bench load the pair an artifact was trained for, with its quantization, unless told
+ARTIFACT_PAIR = "the artifact"
 
 
 def say(msg: str) -> None:
@@ -40,10 +43,7 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
         help="exact engine that produces the target's greedy output (default ngram: the same "
         "tokens as plain decoding, cheaper)",
     )
-    c.add_argument("--target", default=DEFAULT_TARGET)
-    c.add_argument("--draft", default=DEFAULT_DRAFT)
-    c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    _add_quant_args(c)
+    add_model_options(c)
     c.add_argument("--out", required=True, help="data file to write (.pt)")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_collect)
@@ -67,7 +67,7 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--artifact", required=True, help="artifact from train (updated in place)")
     u.add_argument("--data", required=True)
     u.add_argument("--suite", default=None, help="val suites (default: the training suites)")
-    _add_pair_args(u)
+    add_model_options(u, quant=False, default_from=ARTIFACT_PAIR)
     u.add_argument("--repeats", type=int, default=5, help="timing repeats per forward size")
     u.add_argument(
         "--costs-from",
@@ -92,26 +92,12 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--max-new-tokens", type=int, default=48)
     b.add_argument("--limit", type=int, default=None, help="test prompts per category")
     b.add_argument("--static-sweep", action="store_true", help="also run draft:k=1..8")
-    _add_pair_args(b)
+    add_model_options(b, quant=False, default_from=ARTIFACT_PAIR)
     b.add_argument("--questions", default=None, metavar="PATH", help="Spec-Bench question file")
     b.add_argument("--resume", action="store_true")
     b.add_argument("--overwrite", action="store_true")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
-
-
-def _add_quant_args(p: argparse.ArgumentParser) -> None:
-    from adaspec.models.quant import QUANT_MODES
-
-    p.add_argument("--quant", default="none", choices=QUANT_MODES, help="target weights")
-    p.add_argument("--draft-quant", default="none", choices=QUANT_MODES, help="draft weights")
-
-
-def _add_pair_args(p: argparse.ArgumentParser) -> None:
-    help_ = "model name, HF dir or .gguf (default: the one the artifact names)"
-    p.add_argument("--target", default=None, help=f"target {help_}")
-    p.add_argument("--draft", default=None, help=f"draft {help_}")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
 
 
 def _suites_arg(text: str | None, default: list[str]) -> list[str]:

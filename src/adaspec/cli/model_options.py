@@ -15,15 +15,31 @@ QUANT_HELP = (
 )
 
 
-def add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="built-in model name, HF model directory or .gguf path")
+def add_model_options(
+    p: argparse.ArgumentParser,
+    draft: bool = True,
+    quant: bool = True,
+    default_from: str | None = None,
+) -> None:
+    """--target, --draft, --dtype, --quant and --draft-quant, defined once for every command.
+
+    draft=False leaves out the draft's two flags. Commands that read a trained artifact pass
+    default_from (what names the pair, e.g. "the artifact"): --target and --draft then
+    default to None, meaning that pair; quant=False leaves out --quant / --draft-quant for
+    commands that take the quantization from such a file too."""
+    where = "built-in model name, HF model directory or .gguf path"
+    if default_from is None:
+        defaults = (DEFAULT_TARGET, DEFAULT_DRAFT)
+    else:
+        defaults = (None, None)
+        where += f" (default: the one {default_from} names)"
+    p.add_argument("--target", default=defaults[0], help=f"target: {where}")
     if draft:
-        p.add_argument("--draft", default=DEFAULT_DRAFT,
-                       help="draft model: built-in name, HF directory or .gguf path")
+        p.add_argument("--draft", default=defaults[1], help=f"draft model: {where}")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
-    p.add_argument("--quant", default="none", choices=QUANT_MODES,
-                   help=f"target {QUANT_HELP}")
-    if draft:
-        p.add_argument("--draft-quant", default="none", choices=QUANT_MODES,
-                       help="draft weight quantization (same choices as --quant)")
+    if quant:
+        p.add_argument("--quant", default="none", choices=QUANT_MODES,
+                       help=f"target {QUANT_HELP}")
+        if draft:
+            p.add_argument("--draft-quant", default="none", choices=QUANT_MODES,
+                           help="draft weight quantization (same choices as --quant)")

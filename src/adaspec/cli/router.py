@@ -12,18 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
-from adaspec.models.quant import QUANT_MODES
+from adaspec.cli.model_options import add_model_options
 
 COLLECT_SUITES = "sharegpt:8,humaneval:4,wmt:4"
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, HF dir or .gguf")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="built-in name, HF dir or .gguf")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--quant", default="none", choices=QUANT_MODES, help="target weights")
-    p.add_argument("--draft-quant", default="none", choices=QUANT_MODES, help="draft weights")
+    """The shared model options, plus the progress switch both model-loading commands take."""
+    add_model_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
