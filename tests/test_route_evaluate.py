@@ -10,12 +10,16 @@ from adaspec.route.evaluate import (
     alpha_sweep,
     learning_curve,
     oracle_choices,
+    policy_choices,
     proxy_vs_truth,
+    replay_scopes,
     replay_speedup,
     routed_rows,
     speedups,
+    timing_noise,
 )
 from adaspec.route.policy import TrainConfig
+from adaspec.route.train import train_artifact
 
 
 def synthetic(n: int = 12, seed: int = 0) -> RouterData:
@@ -65,3 +69,44 @@ def test_proxy_vs_truth_reports_agreement():
     assert rep["measured"]["agrees_with_fastest"] == 1.0
     assert rep["params"]["best"] == {"ngram": 12}  # cheapest arm everywhere: no context
     assert rep["fastest"] == {"draft:k=4": 6, "ngram": 6}
+
+
+def test_learning_curve_full_size_is_the_policy_trained_on_all_prompts():
+    # The last point must be the policy `router train` / the alpha sweep trains on the same
+    # data and settings, not one trained on a shuffled copy (a different policy when training
+    # has not converged), so the report's tables agree with each other.
+    train, test = synthetic(12, seed=4), synthetic(12, seed=9)
+    train.similarity = np.random.default_rng(5).uniform(0.5, 1.0, train.similarity.shape)
+    for seed in range(4):  # a shuffled copy gives another policy for 2 of these 4 seeds
+        cfg = TrainConfig(epochs=10, hidden=8, seed=seed)
+        art = train_artifact(train, 0.5, "measured", cfg)
+        want = replay_scopes(test, policy_choices(art.policy, test.states))
+        point = learning_curve(train, test, [len(train)], 0.5, "measured", cfg, draws=3)[-1]
+        assert point["draws"] == 1
+        assert (point["speedup"], point["mean_speedup"]) == pytest.approx(want)
+        sweep = alpha_sweep(train, test, [0.5], "measured", cfg)[0]
+        assert (sweep["speedup"], sweep["mean_speedup"]) == pytest.approx(want)
+
+
+def test_timing_noise_pairs_router_runs_with_the_arms_own_runs():
+    data = synthetic(4)
+    for row in data.rows.values():
+        row["token_ids"] = [1, 2, 3]
+    live = [
+        # p0: the router ran draft:k=4, 10% slower once its routing time is taken out
+        {**data.rows[("p0", "draft:k=4")], "method": "router:r.pt", "route": ["draft:k=4"],
+         "wall_time": data.rows[("p0", "draft:k=4")]["wall_time"] * 1.1 + 0.5,
+         "route_time": 0.5},
+        # p1: ngram, 5% faster
+        {**data.rows[("p1", "ngram")], "method": "router:r.pt", "route": ["ngram"],
+         "wall_time": data.rows[("p1", "ngram")]["wall_time"] * 0.95},
+        # not comparable: two arms over two turns; other tokens
+        {**data.rows[("p2", "ar")], "method": "router:r.pt", "route": ["ar", "ngram"]},
+        {**data.rows[("p3", "ar")], "method": "router:r.pt", "route": ["ar"], "token_ids": [9]},
+    ]
+    noise = timing_noise(data, live)
+    assert noise["pairs"] == 2
+    assert [r["ratio"] for r in noise["ratios"]] == pytest.approx([1.1, 0.95])
+    assert noise["median_abs_deviation"] == pytest.approx(0.075)
+    assert noise["max_abs_deviation"] == pytest.approx(0.1)
+    assert timing_noise(data, [])["median_abs_deviation"] is None

@@ -14,7 +14,7 @@ from adaspec.route.artifact import save_artifact
 from adaspec.route.collect import record_states
 from adaspec.route.data import load_collection
 from adaspec.route.policy import TrainConfig
-from adaspec.route.report import to_markdown, write_report
+from adaspec.route.report import RETRAINED, label, to_markdown, write_report
 from adaspec.route.train import train_artifact
 from tests.route_helpers import ARMS, TEST, backends, make_collection
 
@@ -55,6 +55,35 @@ def test_report_end_to_end(tmp_path):
     assert "oracle router" in md and md == to_markdown(rep)
     for png in ("speedup_by_category.png", "learning_curve.png", "alpha_sweep.png"):
         assert (out / png).stat().st_size > 1000
+    # both scopes in the learning curve and the sweep; the last curve point is the policy the
+    # sweep trains at the same alpha (here: the artifact's settings, so the replayed row)
+    for p in [*rep["learning_curve"], *rep["alpha_sweep"]]:
+        assert p["mean_speedup"] is not None and p["speedup"] is not None
+    replayed = rep["speedup"]["overall"]["router greedy (replayed)"]
+    assert rep["learning_curve"][-1]["speedup"] == pytest.approx(replayed)
+    # the live greedy router picks what the replayed policy picks (same prompt states)
+    assert rep["replayed_picks"] == rep["routes"][routers[0]] and rep["retrained_picks"] is None
+    # timing noise: every live router run repeats its arm's own run (single-turn prompts)
+    assert rep["timing_noise"]["pairs"] == 2 * len(TEST)
+    assert "## Timing noise" in md
+
+    # other training settings than the artifact's (the paper's epochs): a retrained row
+    other = write_report(str(train_dir), str(bench), str(tmp_path / "features"),
+                         str(tmp_path / "report-other"), TrainConfig(epochs=1, hidden=16),
+                         "measured", None, [0.1], 1)
+    rep2 = json.loads((other / "report.json").read_text())
+    assert RETRAINED in rep2["speedup"]["overall"] and rep2["retrained_picks"] is not None
+    assert sum(rep2["retrained_picks"].values()) == len(TEST)
+    assert rep2["learning_curve"][-1]["speedup"] == pytest.approx(
+        rep2["speedup"]["overall"][RETRAINED]
+    )
+
+
+def test_plot_labels_tell_the_routers_apart():
+    long = "router:benchmarks/results/router/some-long-folder-name/router.pt"
+    assert label(long) == "router:router.pt"
+    assert label(long + ",mode=dynamic") == "router:router.pt,mode=dynamic"
+    assert label("draft:ctrl=heuristic,k=4") == "draft:ctrl=heuristic,k=4"
 
 
 def test_report_needs_router_rows(tmp_path):

@@ -66,10 +66,23 @@ def speedups(rows: list[dict], methods: list[str]) -> dict[str, dict[str, float 
     return out
 
 
+def replay_scopes(test: RouterData, choices) -> tuple[float | None, float | None]:
+    """(overall, mean over categories) replayed speedup of per-prompt picks."""
+    table = speedups([*ar_rows(test), *routed_rows(test, choices, "routed")], ["routed"])
+    return table[OVERALL].get("routed"), table[MEAN].get("routed")
+
+
 def replay_speedup(test: RouterData, choices) -> float | None:
-    return speedups([*ar_rows(test), *routed_rows(test, choices, "routed")], ["routed"])[
-        OVERALL
-    ]["routed"]
+    return replay_scopes(test, choices)[0]
+
+
+def _spread(values: list[float | None], prefix: str = "") -> dict:
+    clean = [v for v in values if v is not None]
+    return {
+        f"{prefix}speedup": statistics.mean(clean) if clean else None,
+        f"{prefix}min": min(clean) if clean else None,
+        f"{prefix}max": max(clean) if clean else None,
+    }
 
 
 def learning_curve(
@@ -81,26 +94,27 @@ def learning_curve(
     config: TrainConfig,
     draws: int = 5,
 ) -> list[dict]:
-    """Overall replayed speedup of the greedy policy trained on n random training prompts
-    (`draws` subsets per n, each with its own seed)."""
+    """Replayed speedup of the greedy policy trained on n random training prompts (`draws`
+    subsets per n, each with its own seed): overall (`speedup`, `min`, `max`) and mean over
+    categories (`mean_speedup`, `mean_min`, `mean_max`). At n = all prompts the one draw
+    trains on the data in its own order with `config.seed`, i.e. exactly the policy that
+    `train_artifact(train, alpha, cost, config)` (and the alpha sweep) trains."""
     rng = np.random.default_rng(config.seed)
     out = []
     for n in sizes:
-        values = []
+        overall, mean = [], []
         for d in range(draws if n < len(train) else 1):
-            idx = rng.choice(len(train), size=n, replace=False)
+            if n < len(train):
+                idx = rng.choice(len(train), size=n, replace=False)
+            else:
+                idx = np.arange(len(train))
             cfg = TrainConfig(**{**config.to_dict(), "seed": config.seed + d})
             art = train_artifact(train.subset(idx), alpha, cost, cfg)
-            values.append(replay_speedup(test, policy_choices(art.policy, test.states)))
-        clean = [v for v in values if v is not None]
+            o, m = replay_scopes(test, policy_choices(art.policy, test.states))
+            overall.append(o)
+            mean.append(m)
         out.append(
-            {
-                "prompts": n,
-                "speedup": statistics.mean(clean) if clean else None,
-                "min": min(clean) if clean else None,
-                "max": max(clean) if clean else None,
-                "draws": len(values),
-            }
+            {"prompts": n, **_spread(overall), **_spread(mean, "mean_"), "draws": len(overall)}
         )
     return out
 
@@ -113,11 +127,13 @@ def alpha_sweep(
     for a in alphas:
         art = train_artifact(train, a, cost, config)
         picks = policy_choices(art.policy, test.states)
+        overall, mean = replay_scopes(test, picks)
         out.append(
             {
                 "alpha": a,
                 "cost": cost,
-                "speedup": replay_speedup(test, picks),
+                "speedup": overall,
+                "mean_speedup": mean,
                 "picks": dict(Counter(test.arms[int(i)] for i in picks)),
             }
         )
@@ -139,3 +155,30 @@ def proxy_vs_truth(train: RouterData, alpha: float) -> dict:
     for key, table in (("mean_similarity", train.similarity), ("mean_speedup", train.speedup)):
         out[key] = dict(zip(train.arms, table.mean(0).round(4).tolist(), strict=True))
     return out
+
+
+def timing_noise(test: RouterData, live_rows: list[dict]) -> dict:
+    """Run-to-run timing noise from the bench itself: a live router row that ran one arm on
+    every turn and produced the same tokens as that arm's own row of the same prompt is a
+    second measurement of the same work. Ratio = the router row's ms/token, routing time
+    taken out, over the arm row's."""
+    ratios = []
+    for row in live_rows:
+        picks = set(row.get("route") or [])
+        if len(picks) != 1:
+            continue
+        arm = next(iter(picks))
+        ref = test.rows.get((row["prompt_id"], arm))
+        if ref is None or not row["new_tokens"] or ref["token_ids"] != row["token_ids"]:
+            continue
+        wall = row["wall_time"] - (row.get("route_time") or 0.0)
+        ratio = (wall / row["new_tokens"]) / (ref["wall_time"] / ref["new_tokens"])
+        ratios.append({"prompt_id": row["prompt_id"], "method": row["method"], "arm": arm,
+                       "ratio": ratio})
+    dev = [abs(r["ratio"] - 1.0) for r in ratios]
+    return {
+        "pairs": len(ratios),
+        "median_abs_deviation": statistics.median(dev) if dev else None,
+        "max_abs_deviation": max(dev) if dev else None,
+        "ratios": ratios,
+    }

@@ -29,11 +29,24 @@ from adaspec.route.evaluate import (
     proxy_vs_truth,
     routed_rows,
     speedups,
+    timing_noise,
 )
 from adaspec.route.policy import TrainConfig
 from adaspec.route.reward import COSTS
+from adaspec.route.train import train_artifact
 
 REPLAYED = "router greedy (replayed)"
+# The report's own training settings, when they differ from the artifact's (e.g. --epochs 3
+# beside a 300-epoch artifact): that policy, trained on all training prompts, replayed.
+RETRAINED = "router greedy (retrained, replayed)"
+
+
+def label(method: str) -> str:
+    """A short, unique name for plots: router:PATH[,opts] -> router:FILE[,opts]."""
+    if not method.startswith("router:"):
+        return method
+    path, _, opts = method[len("router:") :].partition(",")
+    return f"router:{Path(path).name}" + (f",{opts}" if opts else "")
 
 
 def _sizes(n: int) -> list[int]:
@@ -74,14 +87,20 @@ def build_report(
     alpha = art.alpha if alpha is None else alpha
     keep = set(test.prompt_ids)
     live = [r for r in rows if r["prompt_id"] in keep and r["method"] in routers]
+    replayed = policy_choices(art.policy, test.states)
     table_rows = [
         *ar_rows(test),
         *[test.rows[(p, m)] for p in test.prompt_ids for m in methods if m != "ar"],
         *live,
         *routed_rows(test, oracle_choices(test), ORACLE),
-        *routed_rows(test, policy_choices(art.policy, test.states), REPLAYED),
+        *routed_rows(test, replayed, REPLAYED),
     ]
     names = [*methods, *routers, ORACLE, REPLAYED]
+    retrained = None
+    if (config.to_dict(), alpha, cost) != (art.info.get("train"), art.alpha, art.cost):
+        retrained = policy_choices(train_artifact(train, alpha, cost, config).policy, test.states)
+        table_rows += routed_rows(test, retrained, RETRAINED)
+        names.append(RETRAINED)
     table = speedups(table_rows, names)
     best_arm = max(methods, key=lambda m: table[MEAN].get(m) or 0.0)
     exact = {
@@ -110,6 +129,11 @@ def build_report(
         "best_single_arm": best_arm,
         "routes": {m: _route_counts([r for r in live if r["method"] == m]) for m in routers},
         "oracle_picks": dict(Counter(test.arms[i] for i in oracle_choices(test))),
+        "replayed_picks": dict(Counter(test.arms[int(i)] for i in replayed)),
+        "retrained_picks": None
+        if retrained is None
+        else dict(Counter(test.arms[int(i)] for i in retrained)),
+        "timing_noise": timing_noise(test, live),
         "exactness": exact,
         "learning_curve": learning_curve(
             train, test, _sizes(len(train)), alpha, cost, config, draws
@@ -126,23 +150,30 @@ def _x(v) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
 def to_markdown(rep: dict) -> str:
     t = rep["speedup"]
     cats = [c for c in t if c not in (OVERALL, MEAN)]
     names = list(t[OVERALL])
+    st, art = rep["settings"], rep["artifact"]
     lines = [
         "# Router report",
         "",
         f"Arms: {', '.join(f'`{a}`' for a in rep['arms'])}. Trained on {rep['train_prompts']} "
         f"prompts ({rep['train_categories']}); tested on {rep['test_prompts']} held-out prompts "
-        f"({rep['test_categories']}). Alpha {rep['settings']['alpha']}, cost "
-        f"{rep['artifact']['cost']}, training {rep['artifact']['info'].get('train')}.",
+        f"({rep['test_categories']}). The live router's artifact: alpha {art['alpha']}, cost "
+        f"{art['cost']}, training {art['info'].get('train')}. The learning curve and the alpha "
+        f"sweep train with alpha {st['alpha']} (the sweep varies it), cost {st['cost']}, "
+        f"training {st['train']}.",
         "",
         "## Speedup over plain decoding by category",
         "",
         "Arms and `router:` rows are live runs of one bench run; the oracle router (fastest "
         "measured arm per prompt, an upper bound that also profits from timing noise) and the "
-        "replayed greedy policy reuse those measured runs.",
+        "replayed policies reuse the arms' measured runs (picks from the first turn's state).",
         "",
         "| method | " + " | ".join(cats) + " | overall | mean over categories |",
         "| --- |" + " ---: |" * (len(cats) + 2),
@@ -152,40 +183,75 @@ def to_markdown(rep: dict) -> str:
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     best = rep["best_single_arm"]
     lines += ["", f"Best single arm on the mean over categories: `{best}`.", ""]
-    for m in rep["routers"]:
+    for m in [n for n in names if n not in rep["arms"] and n != ORACLE]:
         worst = min(
             ((t[c][m] or 0.0) / (max(t[c][a] or 0.0 for a in rep["arms"]) or 1.0), c)
             for c in cats
             if t[c].get(m) is not None
         )
-        lines.append(
+        slowest = min((t[c][m], c) for c in cats if t[c].get(m) is not None)
+        ratio = (t[MEAN].get(m) or 0.0) / (t[MEAN].get(best) or 1.0)
+        text = (
             f"- `{m}`: mean over categories {_x(t[MEAN].get(m))} vs best arm "
-            f"{_x(t[MEAN].get(best))}; worst category {worst[1]} at {worst[0]:.0%} of that "
-            f"category's best arm; picks {rep['routes'].get(m)}; exactness "
-            f"{rep['exactness'][m]}."
+            f"{_x(t[MEAN].get(best))} ({ratio:.0%} of it); worst category against that "
+            f"category's best arm: {worst[1]} at {worst[0]:.0%}; slowest category against plain "
+            f"decoding: {slowest[1]} at {_x(slowest[0])}"
+        )
+        if m in rep["routers"]:
+            text += (
+                f"; picks (one per turn) {rep['routes'].get(m)}; exactness "
+                f"{rep['exactness'][m]}"
+            )
+        elif m == REPLAYED:
+            text += f"; picks {rep['replayed_picks']}"
+        else:
+            text += f"; picks {rep['retrained_picks']}"
+        lines.append(text + ".")
+    lines.append(f"- `{ORACLE}`: picks {rep['oracle_picks']}.")
+    noise = rep["timing_noise"]
+    lines += [
+        "",
+        "## Timing noise",
+        "",
+        f"{noise['pairs']} live router runs ran one arm and produced that arm's tokens, i.e. "
+        "repeat the arm's own run of the same prompt in the same bench run. Their ms/token "
+        "(routing time taken out) over the arm's: median |ratio - 1| "
+        f"{_pct(noise['median_abs_deviation'])}, max {_pct(noise['max_abs_deviation'])}.",
+        "",
+        "| prompt | method | arm | ratio |",
+        "| --- | --- | --- | ---: |",
+    ]
+    for r in noise["ratios"]:
+        lines.append(
+            f"| {r['prompt_id']} | `{label(r['method'])}` | `{r['arm']}` | {r['ratio']:.3f} |"
         )
     lines += [
-        f"- oracle picks: {rep['oracle_picks']}",
         "",
         "## Learning curve (greedy policy, replayed on the test runs)",
         "",
-        "| training prompts | speedup (mean) | min | max | draws |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "Mean over draws of random training subsets (min - max across draws).",
+        "",
+        "| training prompts | mean over categories | (min - max) | overall | (min - max) | draws |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for p in rep["learning_curve"]:
         lines.append(
-            f"| {p['prompts']} | {_x(p['speedup'])} | {_x(p['min'])} | {_x(p['max'])} | "
+            f"| {p['prompts']} | {_x(p.get('mean_speedup'))} | {_x(p.get('mean_min'))} - "
+            f"{_x(p.get('mean_max'))} | {_x(p['speedup'])} | {_x(p['min'])} - {_x(p['max'])} | "
             f"{p['draws']} |"
         )
     lines += [
         "",
         "## Alpha sweep (greedy policy on all training prompts, replayed)",
         "",
-        "| cost | alpha | speedup | picks |",
-        "| --- | ---: | ---: | --- |",
+        "| cost | alpha | mean over categories | overall | picks |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
     for s in rep["alpha_sweep"]:
-        lines.append(f"| {s['cost']} | {s['alpha']} | {_x(s['speedup'])} | {s['picks']} |")
+        lines.append(
+            f"| {s['cost']} | {s['alpha']} | {_x(s.get('mean_speedup'))} | {_x(s['speedup'])} "
+            f"| {s['picks']} |"
+        )
     pv = rep["proxy_vs_truth"]
     lines += [
         "",
@@ -201,6 +267,15 @@ def to_markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
+SCOPES = ((MEAN, "mean_"), (OVERALL, ""))  # (speedup table scope, replay key prefix)
+
+
+def _references(ax, t: dict, scope: str, best: str) -> None:
+    ax.axhline(t[scope][best], ls="--", color="gray", label=f"best arm ({best})")
+    ax.axhline(t[scope][ORACLE], ls=":", color="green", label="oracle router")
+    ax.axhline(1.0, color="black", lw=0.6)
+
+
 def write_plots(rep: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -214,7 +289,7 @@ def write_plots(rep: dict, out: Path) -> list[str]:
     width = 0.8 / len(names)
     for i, m in enumerate(names):
         ys = [t[c].get(m) or 0.0 for c in scopes]
-        ax.bar([j + i * width for j in range(len(scopes))], ys, width, label=m[:40])
+        ax.bar([j + i * width for j in range(len(scopes))], ys, width, label=label(m))
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scopes))], scopes, rotation=20)
     ax.set_ylabel("speedup over plain decoding")
@@ -222,30 +297,41 @@ def write_plots(rep: dict, out: Path) -> list[str]:
     ax.legend(fontsize=7, ncol=2)
     files = [_save(fig, out / "speedup_by_category.png")]
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    lc = [p for p in rep["learning_curve"] if p["speedup"] is not None]
-    ax.plot([p["prompts"] for p in lc], [p["speedup"] for p in lc], "o-", label="greedy policy")
-    ax.fill_between(
-        [p["prompts"] for p in lc], [p["min"] for p in lc], [p["max"] for p in lc], alpha=0.2
-    )
     best = rep["best_single_arm"]
-    ax.axhline(t[OVERALL][best], ls="--", color="gray", label=f"best arm ({best})")
-    ax.axhline(t[OVERALL][ORACLE], ls=":", color="green", label="oracle router")
-    ax.set_xlabel("training prompts")
-    ax.set_ylabel("overall speedup (test, replayed)")
-    ax.set_title("Learning curve")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (scope, key) in zip(axes, SCOPES, strict=True):
+        lc = [p for p in rep["learning_curve"] if p.get(f"{key}speedup") is not None]
+        xs = [p["prompts"] for p in lc]
+        ax.plot(xs, [p[f"{key}speedup"] for p in lc], "o-", label="greedy policy (mean of draws)")
+        ax.fill_between(
+            xs, [p[f"{key}min"] for p in lc], [p[f"{key}max"] for p in lc], alpha=0.2,
+            label="min - max over draws",
+        )
+        _references(ax, t, scope, best)
+        ax.set_xlabel("training prompts")
+        ax.set_title(f"{scope} (test, replayed)")
+    axes[0].set_ylabel("speedup over plain decoding")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Learning curve")
     files.append(_save(fig, out / "learning_curve.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for c in COSTS:
-        pts = [s for s in rep["alpha_sweep"] if s["cost"] == c and s["speedup"] is not None]
-        ax.plot([s["alpha"] for s in pts], [s["speedup"] for s in pts], "o-", label=f"cost={c}")
-    ax.axhline(t[OVERALL][best], ls="--", color="gray", label=f"best arm ({best})")
-    ax.set_xlabel("alpha (weight of Rouge-L similarity)")
-    ax.set_ylabel("overall speedup (test, replayed)")
-    ax.set_title("Alpha sweep")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (scope, key) in zip(axes, SCOPES, strict=True):
+        for c in COSTS:
+            pts = [
+                s for s in rep["alpha_sweep"]
+                if s["cost"] == c and s.get(f"{key}speedup") is not None
+            ]
+            ax.plot(
+                [s["alpha"] for s in pts], [s[f"{key}speedup"] for s in pts], "o-",
+                label=f"cost={c}",
+            )
+        _references(ax, t, scope, best)
+        ax.set_xlabel("alpha (weight of Rouge-L similarity)")
+        ax.set_title(f"{scope} (test, replayed)")
+    axes[0].set_ylabel("speedup over plain decoding")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Alpha sweep")
     files.append(_save(fig, out / "alpha_sweep.png"))
     return files
 
