@@ -11,10 +11,12 @@ import torch
 from adaspec.build import build_engine
 from adaspec.errors import InputError
 from adaspec.models.quant import (
+    DENSE_PREFILL_MODES,
     QUANT_MODES,
     Int4WeightLinear,
     Int8WeightLinear,
     check_quant,
+    dense_prefill,
     linear_paths,
     load_quantized_state,
     quantize_model,
@@ -146,3 +148,49 @@ def test_int8_dyn_rows_do_not_depend_on_each_other():
         batched = model(x)
         alone = torch.cat([model(x[i : i + 1]) for i in range(9)])
     assert torch.equal(batched, alone)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_weight_only_layers_use_the_float_weight_only_inside_dense_prefill(mode):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 48)
+    model = torch.nn.Sequential(copy.deepcopy(lin))
+    quantize_model(model, mode)
+    x = torch.randn(20, 256)
+    with torch.no_grad():
+        quantized = model(x)
+        with dense_prefill(model):
+            dense = model(x)
+        after = model(x)
+        ref = lin(x)
+    torch.testing.assert_close(dense, ref)
+    assert torch.equal(after, quantized)
+    assert not torch.allclose(quantized, ref, atol=1e-4)  # the kernel really is another function
+
+
+def test_dense_prefill_restores_the_quantized_path_after_an_error():
+    model = torch.nn.Sequential(torch.nn.Linear(128, 16))
+    quantize_model(model, "int4")
+    with pytest.raises(RuntimeError), dense_prefill(model):
+        assert model[0].use_dense
+        raise RuntimeError("boom")
+    assert not model[0].use_dense
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backend_prefill_scores_the_prompt_with_float_weights_for_weight_only_modes(mode):
+    """int8 / int4 prefill = the float model's prefill (slow kernels avoided for many rows);
+    int8-dyn keeps its own kernel there, and decode steps always run quantized."""
+    ref = tiny_model(vocab=64, hidden=128, layers=2, seed=3)
+    model = copy.deepcopy(ref)
+    quantize_model(model, mode)
+    ids = torch.randint(0, 64, (12,))
+    backend = TorchBackend(model)
+    got = backend.prefill(ids).logits
+    with torch.inference_mode():
+        want = ref(input_ids=ids.view(1, -1)).logits[0]
+    if mode in DENSE_PREFILL_MODES:
+        torch.testing.assert_close(got, want)
+    else:
+        assert not torch.allclose(got, want, atol=1e-4)
+    assert not any(getattr(m, "use_dense", False) for m in model.modules())

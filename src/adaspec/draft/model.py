@@ -24,6 +24,14 @@ def roll_back_to_common_prefix(
         del cached[n:]
 
 
+def feed(backend: ModelBackend, tokens: list[int]) -> torch.Tensor:
+    """Score tokens after the draft cache; into an empty cache that is a prompt prefill
+    (which a backend may run on a faster path for many rows)."""
+    if backend.cache_len == 0:
+        return backend.prefill(torch.tensor(tokens)).logits
+    return backend.forward(torch.tensor(tokens)).logits
+
+
 class ModelDrafter(Drafter):
     """Keeps the draft cache in step with the accepted context; only new tokens are fed."""
 
@@ -58,7 +66,7 @@ class ModelDrafter(Drafter):
         rows: list[torch.Tensor] = []
         calls = 0
         for i in range(max_tokens):
-            logits = self.backend.forward(torch.tensor(pending)).logits[-1]
+            logits = feed(self.backend, pending)[-1]
             calls += 1
             self._cached.extend(pending)
             if params.greedy:

@@ -18,7 +18,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter, DraftProposal
-from adaspec.draft.model import roll_back_to_common_prefix
+from adaspec.draft.model import feed, roll_back_to_common_prefix
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits
 from adaspec.tree import TokenTree, TreeProposal
@@ -122,7 +122,7 @@ class ModelTreeDrafter(TreeDrafter):
             self.backend.truncate(len(context) - 1)
             del self._cached[-1:]
         pending = context[len(self._cached) :]
-        logits = self.backend.forward(torch.tensor(pending)).logits[-1:]
+        logits = feed(self.backend, pending)[-1:]
         self._cached.extend(pending)
         calls = 1
         base = len(context)  # cache index of the first tree node; the root sits at base - 1

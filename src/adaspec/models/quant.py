@@ -16,17 +16,31 @@ packing), so we call the kernels torch itself ships, the ones gpt-fast uses on C
 
 Activations, embeddings, norms and the KV cache stay bf16. `adaspec bench` reports each
 mode's forward times and how many greedy outputs change against bf16.
+
+Prompt prefill: the weight-only kernels are made for a few rows (int4 costs ~30 ms per row of
+a 1.5B prefill here, bf16 ~8), so `int8` and `int4` layers keep the float weight they were
+made from and use it inside `dense_prefill()`, which the backend enters only for a prompt's
+prefill. Every later forward (decode steps, drafts, verification) runs the quantized kernel,
+so speculative decoding still scores exactly what plain decoding of the quantized target
+scores, and a prompt costs what it costs in bf16.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from adaspec.errors import InputError
 
 QUANT_MODES = ("none", "int8", "int4", "int8-dyn")
 INT4_GROUP = 128
+# Modes whose kernel is slow for many rows: they keep the float weight for prompt prefill.
+# (int8-dyn's integer GEMM already prefills at bf16 speed.)
+DENSE_PREFILL_MODES = ("int8", "int4")
 
 
 def check_quant(mode: str) -> str:
@@ -46,8 +60,20 @@ class QuantLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # The float weight for prompt prefill (a plain attribute: not in state_dict, not
+        # counted as bytes a decode step reads); used only while `use_dense` is set.
+        self.dense: torch.Tensor | None = None
+        self.use_dense = False
 
     def state(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_dense and self.dense is not None:
+            return F.linear(x, self.dense, self.bias)
+        return self.quantized_forward(x)
+
+    def quantized_forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def select_rows(self, rows: torch.Tensor) -> QuantLinear:
@@ -55,7 +81,8 @@ class QuantLinear(nn.Module):
         state = {k: v.index_select(0, rows) for k, v in self.state().items()}
         bias = self.float_bias()
         bias = None if bias is None else bias.index_select(0, rows)
-        return _build(self.mode, state, bias, self.dtype)
+        dense = None if self.dense is None else self.dense.index_select(0, rows)
+        return _build(self.mode, state, bias, self.dtype, dense)
 
     def float_bias(self) -> torch.Tensor | None:
         return None if self.bias is None else self.bias.detach()
@@ -88,7 +115,7 @@ class Int8WeightLinear(QuantLinear):
     def state(self) -> dict[str, torch.Tensor]:
         return {"qweight": self.qweight, "scales": self.scales.float()}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantized_forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
         return self._finish(torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales),
                             x.shape)
@@ -138,7 +165,7 @@ class Int4WeightLinear(QuantLinear):
         return {"nibbles": self.nibbles, "scales": sz[..., 0].contiguous(),
                 "zeros": sz[..., 1].contiguous()}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantized_forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             flat, self.packed, INT4_GROUP, self.scales_and_zeros
@@ -168,7 +195,7 @@ class Int8DynamicLinear(QuantLinear):
     def state(self) -> dict[str, torch.Tensor]:
         return {"qweight": self.qweight, "scales": self.scales}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantized_forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
         row_scale = (flat.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-10)
         xq = torch.round(flat / row_scale).to(torch.int8)
@@ -185,10 +212,30 @@ _MODULES: dict[str, type[QuantLinear]] = {
 
 
 def _build(mode: str, state: dict[str, torch.Tensor], bias: torch.Tensor | None,
-           dtype: torch.dtype) -> QuantLinear:
+           dtype: torch.dtype, dense: torch.Tensor | None = None) -> QuantLinear:
     if mode == "int4":
-        return Int4WeightLinear(state["nibbles"], state["scales"], state["zeros"], bias, dtype)
-    return _MODULES[mode](state["qweight"], state["scales"], bias, dtype)  # type: ignore[call-arg]
+        module: QuantLinear = Int4WeightLinear(
+            state["nibbles"], state["scales"], state["zeros"], bias, dtype
+        )
+    else:
+        module = _MODULES[mode](state["qweight"], state["scales"], bias, dtype)  # type: ignore[call-arg]
+    if mode in DENSE_PREFILL_MODES and dense is not None:
+        module.dense = dense.detach().to(dtype)
+    return module
+
+
+@contextmanager
+def dense_prefill(model: nn.Module) -> Iterator[None]:
+    """Within this block, weight-only quantized layers multiply by their float weight: for a
+    prompt's prefill only (see the module docstring for why exactness is unaffected)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.dense is not None]
+    for layer in layers:
+        layer.use_dense = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.use_dense = False
 
 
 def linear_paths(model: nn.Module) -> list[str]:
@@ -213,7 +260,7 @@ def quantize_model(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
     for path in linear_paths(model):
         lin = model.get_submodule(path)
         state = _MODULES[mode].quantize(lin.weight)
-        module = _build(mode, state, lin.bias, dtype)
+        module = _build(mode, state, lin.bias, dtype, lin.weight)
         _set_module(model, path, module)
         flat.update({f"{path}.{k}": v for k, v in module.state().items()})
     return flat
@@ -229,7 +276,7 @@ def load_quantized_state(model: nn.Module, mode: str, flat: dict[str, torch.Tens
         if not state:
             raise KeyError(path)
         lin = model.get_submodule(path)
-        module = _build(mode, state, lin.bias, dtype)
+        module = _build(mode, state, lin.bias, dtype, lin.weight)
         if (module.in_features, module.out_features) != (lin.in_features, lin.out_features):
             raise ValueError(f"{path}: stored shape does not match the model")
         _set_module(model, path, module)

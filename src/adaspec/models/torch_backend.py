@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from adaspec.models.backend import ForwardOutput, ModelBackend
-from adaspec.models.quant import quantized_bytes
+from adaspec.models.quant import dense_prefill, quantized_bytes
 
 
 class TorchBackend(ModelBackend):
@@ -85,6 +85,13 @@ class TorchBackend(ModelBackend):
                 raise ValueError(f"hidden_layer must be in [0, {self.num_layers}]")
             hidden = out.hidden_states[hidden_layer][0]
         return ForwardOutput(logits=out.logits[0], hidden=hidden)
+
+    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+        """Reset and score a whole prompt; weight-only quantized layers use their float
+        weight here (many rows), and their quantized kernel for every later forward."""
+        self.reset()
+        with dense_prefill(self.model):
+            return self.forward(tokens, hidden_layer=hidden_layer)
 
     def _layers(self) -> list:
         assert self._cache is not None
