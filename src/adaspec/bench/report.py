@@ -365,9 +365,10 @@ def to_markdown(summary: dict) -> str:
                 f"{d['index']} | {d['gap']:.3f} | {d['kind'].upper()} |"
             )
     for m, o in ex.get("other_weights", {}).items():
+        weights = "llama.cpp on the quantized GGUF" if m == "llamacpp" else "a quantized target"
         lines += [
             "",
-            f"`{m}` runs other weights (the quantized GGUF), so it is not part of the exactness "
+            f"`{m}` runs other weights ({weights}), so it is not part of the exactness "
             f"check: {o['differ']} of {o['compared']} greedy outputs differ from `ar` (a quality "
             "difference, not a bug)"
             + (f"; first differing token at {o['first_difference']}." if o["differ"] else "."),
