@@ -298,8 +298,7 @@ def write_plots(rep: dict, out: Path) -> list[str]:
     files = [_save(fig, out / "speedup_by_category.png")]
 
     best = rep["best_single_arm"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, (scope, key) in zip(axes, SCOPES, strict=True):
+    def learning_curve(ax, key: str) -> None:
         lc = [p for p in rep["learning_curve"] if p.get(f"{key}speedup") is not None]
         xs = [p["prompts"] for p in lc]
         ax.plot(xs, [p[f"{key}speedup"] for p in lc], "o-", label="greedy policy (mean of draws)")
@@ -307,16 +306,8 @@ def write_plots(rep: dict, out: Path) -> list[str]:
             xs, [p[f"{key}min"] for p in lc], [p[f"{key}max"] for p in lc], alpha=0.2,
             label="min - max over draws",
         )
-        _references(ax, t, scope, best)
-        ax.set_xlabel("training prompts")
-        ax.set_title(f"{scope} (test, replayed)")
-    axes[0].set_ylabel("speedup over plain decoding")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Learning curve")
-    files.append(_save(fig, out / "learning_curve.png"))
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, (scope, key) in zip(axes, SCOPES, strict=True):
+    def alpha_sweep(ax, key: str) -> None:
         for c in COSTS:
             pts = [
                 s for s in rep["alpha_sweep"]
@@ -326,13 +317,21 @@ def write_plots(rep: dict, out: Path) -> list[str]:
                 [s["alpha"] for s in pts], [s[f"{key}speedup"] for s in pts], "o-",
                 label=f"cost={c}",
             )
-        _references(ax, t, scope, best)
-        ax.set_xlabel("alpha (weight of Rouge-L similarity)")
-        ax.set_title(f"{scope} (test, replayed)")
-    axes[0].set_ylabel("speedup over plain decoding")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Alpha sweep")
-    files.append(_save(fig, out / "alpha_sweep.png"))
+
+    for draw, xlabel, title, name in (
+        (learning_curve, "training prompts", "Learning curve", "learning_curve.png"),
+        (alpha_sweep, "alpha (weight of Rouge-L similarity)", "Alpha sweep", "alpha_sweep.png"),
+    ):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, (scope, key) in zip(axes, SCOPES, strict=True):
+            draw(ax, key)
+            _references(ax, t, scope, best)
+            ax.set_xlabel(xlabel)
+            ax.set_title(f"{scope} (test, replayed)")
+        axes[0].set_ylabel("speedup over plain decoding")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(title)
+        files.append(_save(fig, out / name))
     return files
 
 
