@@ -107,7 +107,17 @@ def load_backends(
         check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
         draft_backend = TorchBackend(drf.model, name=drf.name)
     eos = eos_ids_of(tgt.model, tgt.tokenizer)
-    return TorchBackend(tgt.model, name=tgt.name), tgt.tokenizer, draft_backend, eos
+    return target_backend(tgt), tgt.tokenizer, draft_backend, eos
+
+
+def target_backend(loaded) -> ModelBackend:
+    """The torch backend of a loaded target. A quantized target (row-independent Linear
+    layers) gets row-invariant attention, so verifying a block scores bit-for-bit what plain
+    decoding scores; a float target's batched GEMMs are not row-invariant anyway, so it keeps
+    the faster batched attention and the exactness check's tie rule."""
+    from adaspec.models.torch_backend import TorchBackend
+
+    return TorchBackend(loaded.model, name=loaded.name, row_invariant=loaded.quant != "none")
 
 
 def load_engine(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from adaspec.models.attention import batched_attention, use_row_invariant_attention
 from adaspec.models.backend import ForwardOutput, ModelBackend
 from adaspec.models.quant import dense_prefill, quantized_bytes
 
@@ -14,11 +15,18 @@ class TorchBackend(ModelBackend):
 
     The model is fed a custom 4-D boolean mask whenever a tree mask is given, so a flattened
     token tree is scored in one pass; otherwise transformers builds the causal mask itself.
+    `row_invariant` switches attention to one decode-shaped call per query row
+    (models/attention.py): with row-independent Linear layers (the quantized ones) a block's
+    logits are then bit-identical to scoring its tokens one at a time.
     """
 
-    def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
+    def __init__(self, model: torch.nn.Module, name: str = "model",
+                 row_invariant: bool = False) -> None:
         self.model = model.eval()
         self.name = name
+        self.row_invariant = row_invariant
+        if row_invariant:
+            use_row_invariant_attention(self.model)
         cfg = model.config
         self.config = cfg
         self.vocab_size = int(model.config.vocab_size)
@@ -88,9 +96,10 @@ class TorchBackend(ModelBackend):
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
         """Reset and score a whole prompt; weight-only quantized layers use their float
-        weight here (many rows), and their quantized kernel for every later forward."""
+        weight here (many rows), and their quantized kernel for every later forward; attention
+        is batched here (plain and speculative decoding share the prefill)."""
         self.reset()
-        with dense_prefill(self.model):
+        with dense_prefill(self.model), batched_attention():
             return self.forward(tokens, hidden_layer=hidden_layer)
 
     def _layers(self) -> list:
