@@ -50,43 +50,58 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16",
+                    help="activation / unquantized weight dtype (bfloat16, float32)")
+    ap.add_argument("--no-row-invariant", action="store_true",
+                    help="skip timing the quantized target with row-invariant attention")
     ap.add_argument("--out", default="benchmarks/results/fastcpu")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    for name in args.models.split(","):
+    models = args.models.split(",")
+    for name in models:
         for quant in args.quants.split(","):
             t0 = time.perf_counter()
-            loaded = load_model(name, quant=quant)
+            loaded = load_model(name, dtype=args.dtype, quant=quant)
             load_s = time.perf_counter() - t0
-            backend = TorchBackend(loaded.model, name=name)
-            ms = time_forwards(backend, args.context, args.repeats)
-            rows.append({"model": name, "quant": quant, "load_s": round(load_s, 1),
-                         "weight_bytes": backend.bytes_per_forward,
-                         "ms": {str(n): round(v, 1) for n, v in ms.items()}})
-            print(f"{name} {quant}: load {load_s:.1f}s " +
-                  " ".join(f"n={n}:{v:.0f}ms" for n, v in ms.items()), flush=True)
+            # A quantized target verifies with row-invariant attention (build.target_backend):
+            # time it beside the batched kernel a draft uses.
+            modes = ["batched"]
+            if name == models[0] and quant != "none" and not args.no_row_invariant:
+                modes.append("row-invariant")
+            for attention in modes:
+                backend = TorchBackend(loaded.model, name=name,
+                                       row_invariant=attention == "row-invariant")
+                ms = time_forwards(backend, args.context, args.repeats)
+                rows.append({"model": name, "quant": quant, "attention": attention,
+                             "load_s": round(load_s, 1),
+                             "weight_bytes": backend.bytes_per_forward,
+                             "ms": {str(n): round(v, 1) for n, v in ms.items()}})
+                print(f"{name} {quant} {attention}: load {load_s:.1f}s " +
+                      " ".join(f"n={n}:{v:.0f}ms" for n, v in ms.items()), flush=True)
             del loaded, backend
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": describe_machine(), "threads": args.threads, "context": args.context,
+    suffix = "" if args.dtype == "bfloat16" else f"-{args.dtype}"
+    meta = {"machine": describe_machine(), "dtype": args.dtype, "threads": args.threads, "context": args.context,
             "repeats": args.repeats, "torch": torch.__version__}
-    (out / "forward_times.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    (out / f"forward_times{suffix}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
     lines = [
-        f"# Forward time per call (median of {args.repeats}, context {args.context}, "
-        f"{args.threads} threads)", "",
-        "| model | quant | weights MB | n=" + " | n=".join(map(str, SIZES)) +
+        f"# Forward time per call ({args.dtype}, median of {args.repeats}, context "
+        f"{args.context}, {args.threads} threads)", "",
+        f"Machine: {meta['machine']}", "",
+        "| model | quant | attention | weights MB | n=" + " | n=".join(map(str, SIZES)) +
         " | GB/s at n=1 | load s |",
-        "| --- | --- | ---: | " + " | ".join("---:" for _ in SIZES) + " | ---: | ---: |",
+        "| --- | --- | --- | ---: | " + " | ".join("---:" for _ in SIZES) + " | ---: | ---: |",
     ]
     for r in rows:
         gbs = r["weight_bytes"] / (r["ms"]["1"] / 1000) / 1e9
         lines.append(
-            f"| {r['model']} | {r['quant']} | {r['weight_bytes'] / 1e6:.0f} | " +
+            f"| {r['model']} | {r['quant']} | {r['attention']} | {r['weight_bytes'] / 1e6:.0f} | " +
             " | ".join(f"{r['ms'][str(n)]:.0f} ms" for n in SIZES) +
             f" | {gbs:.1f} | {r['load_s']} |"
         )
-    (out / "forward_times.md").write_text("\n".join(lines) + "\n")
+    (out / f"forward_times{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -69,6 +69,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# Instruction-set extensions that decide which kernels are fast (bf16 GEMM, int8 GEMM, AMX).
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
+    """The kernel-relevant ISA extensions this CPU reports: results from a machine without
+    avx512_bf16 (bf16 emulated) or VNNI (no fast int8 GEMM) are not comparable with one that
+    has them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in _ISA_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
+
+
 def memory_gb() -> float | None:
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
@@ -85,6 +104,7 @@ def describe_machine() -> dict:
 
     return {
         "cpu": cpu_name(),
+        "isa": " ".join(cpu_flags()),
         "cores": os.cpu_count(),
         "memory_gb": memory_gb(),
         "platform": platform.platform(),

@@ -294,7 +294,8 @@ def to_markdown(summary: dict) -> str:
         lines.append("")
     if mach:
         lines.append(
-            f"Machine: {mach.get('cpu')}, {mach.get('cores')} cores, {mach.get('threads')} "
+            f"Machine: {mach.get('cpu')} ({mach.get('isa') or 'ISA not recorded'}), "
+            f"{mach.get('cores')} cores, {mach.get('threads')} "
             f"torch threads, {mach.get('memory_gb')} GB RAM; torch {mach.get('torch')}, "
             f"transformers {mach.get('transformers')}."
         )
