@@ -83,9 +83,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.dtype == "bfloat16" else f"-{args.dtype}"
-    meta = {"machine": describe_machine(), "dtype": args.dtype, "threads": args.threads, "context": args.context,
-            "repeats": args.repeats, "torch": torch.__version__}
-    (out / f"forward_times{suffix}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    meta = {"machine": describe_machine(), "dtype": args.dtype, "threads": args.threads,
+            "context": args.context, "repeats": args.repeats, "torch": torch.__version__}
+    (out / f"forward_times{suffix}.json").write_text(
+        json.dumps({**meta, "rows": rows}, indent=2) + "\n")
     lines = [
         f"# Forward time per call ({args.dtype}, median of {args.repeats}, context "
         f"{args.context}, {args.threads} threads)", "",
