@@ -82,3 +82,13 @@ def test_the_runs_own_quantization_needs_no_second_baseline():
     assert with_variant_baselines(["ar", "draft:k=4@none/int4", "ngram@int8"]) == [
         "ar", "ar@int8", "draft:k=4@none/int4", "ngram@int8",
     ]
+
+
+def test_gguf_is_a_weights_variant_with_its_own_baseline_and_bad_variants_are_named():
+    from adaspec.methods import parse_method
+
+    spec = parse_method("draft:k=3@gguf/gguf")
+    assert (spec.quant, spec.draft_quant) == ("gguf", "gguf")
+    assert with_variant_baselines(["ar", "ngram@gguf"]) == ["ar", "ar@gguf", "ngram@gguf"]
+    with pytest.raises(InputError, match="unknown weights 'int3' after '@'.*gguf"):
+        parse_method("ngram@int3")

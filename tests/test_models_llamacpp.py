@@ -65,3 +65,27 @@ def test_llamacpp_draft_keeps_the_torch_target_output(smollm):
     spec = build_engine("draft:k=4", target, None, draft, [2]).generate(prompt, 24)
     assert spec.token_ids == ar.token_ids
     assert spec.stats.drafted > 0 and spec.stats.accepted / spec.stats.drafted > 0.5
+
+
+def test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding(smollm):
+    """The `gguf` variant: llama.cpp as the target of the decode loop. Greedy speculation
+    over it emits what plain decoding over the same backend emits, in fewer target calls."""
+    _, target = smollm
+    prompt = [1604, 3987, 46477, 24, 94, 727] * 3  # repeats: the n-gram drafter finds matches
+    ar = build_engine("ar@gguf", target, None, None, [2]).generate(prompt, 32)
+    spec = build_engine("ngram:k=4@gguf", target, None, None, [2]).generate(prompt, 32)
+    assert spec.token_ids == ar.token_ids
+    assert spec.stats.accepted > 0 and spec.stats.target_calls < ar.stats.target_calls
+
+
+def test_token_trees_on_a_llamacpp_backend_are_refused_when_the_engine_is_built(smollm):
+    _, backend = smollm
+    with pytest.raises(InputError, match="needs token trees.*LlamaCppBackend"):
+        build_engine("draft:tree=2x2@gguf/gguf", backend, None, backend, [2])
+
+
+def test_gguf_variant_of_a_model_without_a_gguf_file_is_a_one_line_error(tmp_path):
+    from adaspec.models.llamacpp import load_gguf_backend
+
+    with pytest.raises(LlamaCppUnavailable, match="has no GGUF file"):
+        load_gguf_backend(str(tmp_path), n_threads=1)

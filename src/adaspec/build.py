@@ -58,6 +58,14 @@ def build_engine(
             mode=str(spec["mode"]), seed=int(spec["seed"]),  # type: ignore[call-overload]
         )
     drafter = None
+    if spec.tree is not None or spec.params.get("ctrl") == "disco":
+        for role, backend in (("target", target), ("draft", draft)):
+            if backend is not None and not backend.supports_trees:
+                need = "token trees" if spec.tree is not None else "hidden states"
+                raise InputError(
+                    f"method {spec.text!r} needs {need}, which the {role}'s backend "
+                    f"({type(backend).__name__}) does not have; run it on torch weights"
+                )
     if spec.name == "draft":
         if draft is None:
             raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
@@ -97,27 +105,41 @@ def load_backends(
     """Load the target (and draft) from the verified cache as torch backends, each with its
     own weight quantization; the draft's tokenizer must match the target's.
     Returns (target, tokenizer, draft or None, EOS ids)."""
-    from adaspec.models.store import check_tokenizer_pair, load_model
-    from adaspec.models.torch_backend import TorchBackend
+    from adaspec.models.store import check_tokenizer_pair
 
-    tgt = load_model(target, dtype=dtype, quant=quant)
+    tgt, tokenizer, eos = load_backend(target, dtype, quant, role="target")
     draft_backend = None
     if draft is not None:
-        drf = load_model(draft, dtype=dtype, quant=draft_quant)
-        check_tokenizer_pair(tgt.tokenizer, drf.tokenizer, tgt.name, drf.name)
-        draft_backend = TorchBackend(drf.model, name=drf.name)
-    eos = eos_ids_of(tgt.model, tgt.tokenizer)
-    return target_backend(tgt), tgt.tokenizer, draft_backend, eos
+        draft_backend, draft_tokenizer, _ = load_backend(draft, dtype, draft_quant, role="draft")
+        check_tokenizer_pair(tokenizer, draft_tokenizer, target, draft)
+    return tgt, tokenizer, draft_backend, eos
 
 
-def target_backend(loaded) -> ModelBackend:
-    """The torch backend of a loaded target. A quantized target (row-independent Linear
-    layers) gets row-invariant attention, so verifying a block scores bit-for-bit what plain
-    decoding scores; a float target's batched GEMMs are not row-invariant anyway, so it keeps
-    the faster batched attention and the exactness check's tie rule."""
+def load_backend(
+    name: str, dtype: str = "bfloat16", quant: str = "none", role: str = "target"
+) -> tuple[ModelBackend, object, list[int]]:
+    """One model as a backend, with its tokenizer and EOS ids.
+
+    quant `gguf` runs the model's GGUF with llama.cpp (the `llamacpp` extra; the tokenizer
+    still comes from the verified cache). Otherwise it is a torch model with that weight
+    quantization; a quantized target (row-independent Linear layers) gets row-invariant
+    attention, so verifying a block scores bit-for-bit what plain decoding scores. A float
+    target's batched GEMMs are not row-invariant anyway: it keeps the faster batched
+    attention and the exactness check's tie rule, as does every draft."""
+    from adaspec.models.llamacpp import GGUF, load_gguf_backend
+    from adaspec.models.store import load_model, load_tokenizer
     from adaspec.models.torch_backend import TorchBackend
 
-    return TorchBackend(loaded.model, name=loaded.name, row_invariant=loaded.quant != "none")
+    if quant == GGUF:
+        import torch
+
+        tokenizer = load_tokenizer(name)
+        backend = load_gguf_backend(name, n_threads=torch.get_num_threads())
+        return backend, tokenizer, eos_ids_of(None, tokenizer)
+    loaded = load_model(name, dtype=dtype, quant=quant)
+    invariant = role == "target" and loaded.quant != "none"
+    backend = TorchBackend(loaded.model, name=loaded.name, row_invariant=invariant)
+    return backend, loaded.tokenizer, eos_ids_of(loaded.model, loaded.tokenizer)
 
 
 def load_engine(

@@ -16,6 +16,8 @@ from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.oracle import OracleLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
+from adaspec.models.llamacpp import GGUF
+from adaspec.models.quant import QUANT_MODES
 from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
 
 # name -> {parameter: (type, default, help)}
@@ -95,6 +97,8 @@ REFERENCE_DESCRIPTIONS = {
 # Reference methods that run other weights than the loaded torch target (llama.cpp reads the
 # quantized GGUF): their greedy output is compared with `ar` as a quality figure, not checked.
 OTHER_WEIGHTS = ("llamacpp",)
+# What may follow a method's `@`: torch weight quantizations, or the GGUF run by llama.cpp.
+WEIGHT_VARIANTS = (*QUANT_MODES, GGUF)
 CONTROLLERS = ("static", "heuristic", "confidence", "disco", "oracle")
 DRAFT_ONLY_CONTROLLERS = ("confidence", "disco", "oracle")  # read draft-model distributions
 VERIFIERS = ("auto", "greedy", "speculative", "mcss", "mcss-wor", "mcns")
@@ -157,15 +161,14 @@ def split_method_list(text: str) -> list[str]:
 
 
 def _parse_variant(text: str, variant: str) -> tuple[str | None, str | None]:
-    """`int8` or `int8/int4` (target / draft weight quantization) after a method's `@`."""
-    from adaspec.models.quant import QUANT_MODES
-
+    """`int8` or `int8/int4` (target / draft weights) after a method's `@`: a torch
+    quantization, or `gguf` (the model's GGUF run by llama.cpp)."""
     quant, _, draft_quant = (v.strip() for v in variant.partition("/"))
     for value in (quant, draft_quant):
-        if value and value not in QUANT_MODES:
+        if value and value not in WEIGHT_VARIANTS:
             raise InputError(
-                f"method {text!r}: unknown quantization {value!r} after '@'; use "
-                f"{'|'.join(QUANT_MODES)}, e.g. draft:k=4@int8/int4 (target/draft)"
+                f"method {text!r}: unknown weights {value!r} after '@'; use "
+                f"{'|'.join(WEIGHT_VARIANTS)}, e.g. draft:k=4@int8/int4 (target/draft)"
             )
     if not quant:
         raise InputError(f"method {text!r}: give a quantization after '@', e.g. ar@int8")

@@ -24,24 +24,9 @@ from adaspec.models.llamacpp import (
     import_llama,
     load_llama,
 )
+from adaspec.models.llamacpp import gguf_file as target_gguf
 
 __all__ = ["LlamaCppDecoder", "LlamaCppUnavailable", "open_decoder", "target_gguf"]
-
-def target_gguf(target: str) -> Path | None:
-    """The verified GGUF file behind a target: a built-in model's assembled file (checked
-    against the registry's size and sha256, assembled first if needed) or a .gguf path;
-    None for a Hugging Face directory (no GGUF)."""
-    from adaspec.models.assembly import assemble, check_gguf_magic
-    from adaspec.models.registry import get_registry
-
-    if target in get_registry():
-        return assemble(target)
-    path = Path(target).expanduser()
-    if not path.is_file():
-        return None
-    check_gguf_magic(path)
-    return path.resolve()
-
 
 class LlamaCppDecoder:
     """Greedy decoding through llama-cpp-python with its own KV cache."""

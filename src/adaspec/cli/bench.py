@@ -210,9 +210,8 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     from adaspec.bench.machine import describe_machine, measure_bandwidth
     from adaspec.bench.report import to_markdown
     from adaspec.bench.runner import BenchRunner
-    from adaspec.build import load_backends, target_backend
-    from adaspec.models.store import load_model
-    from adaspec.models.torch_backend import TorchBackend
+    from adaspec.build import load_backend, load_backends
+    from adaspec.models.backend import ModelBackend
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -231,12 +230,9 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
         config.draft_quant,
     )
 
-    def load_variant(role: str, quant: str) -> TorchBackend:
+    def load_variant(role: str, quant: str) -> ModelBackend:
         name = config.target if role == "target" else config.draft
-        loaded = load_model(name, dtype=config.dtype, quant=quant)
-        if role == "target":
-            return target_backend(loaded)
-        return TorchBackend(loaded.model, name=loaded.name)
+        return load_backend(name, config.dtype, quant, role=role)[0]
     load_s = time.perf_counter() - t0
     say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
     machine = describe_machine()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 
 from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.methods import WEIGHT_VARIANTS
 from adaspec.models.loading import DTYPES
-from adaspec.models.quant import QUANT_MODES
 
 QUANT_HELP = (
-    "weight quantization: none (bf16), int8 / int4 weight-only, int8-dyn (int8 weights and "
-    "per-token int8 activations: verifying a draft costs about one forward)"
+    "weights: none (bf16), int8 / int4 weight-only, int8-dyn (int8 weights and per-token "
+    "int8 activations), or gguf (the model's GGUF run by llama.cpp, chains only; needs the "
+    "llamacpp extra)"
 )
 
 
@@ -38,8 +39,8 @@ def add_model_options(
         p.add_argument("--draft", default=defaults[1], help=f"draft model: {where}")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     if quant:
-        p.add_argument("--quant", default="none", choices=QUANT_MODES,
+        p.add_argument("--quant", default="none", choices=WEIGHT_VARIANTS,
                        help=f"target {QUANT_HELP}")
         if draft:
-            p.add_argument("--draft-quant", default="none", choices=QUANT_MODES,
+            p.add_argument("--draft-quant", default="none", choices=WEIGHT_VARIANTS,
                            help="draft weight quantization (same choices as --quant)")

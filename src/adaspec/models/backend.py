@@ -28,6 +28,7 @@ class ModelBackend(ABC):
     num_layers: int
     hidden_size: int
     bytes_per_forward: int  # weight bytes read by one forward pass (for bandwidth figures)
+    supports_trees: bool = True  # tree masks, `keep` of any path, hidden states
 
     @property
     @abstractmethod

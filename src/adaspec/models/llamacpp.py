@@ -33,8 +33,39 @@ DEFAULT_CONTEXT = 8192  # tokens
 EXTRA_BUFFERS_ENV = "ADASPEC_LLAMACPP_EXTRA_BUFFERS"
 
 
+# The weights variant (`--quant gguf`, `NAME@gguf`) that runs a model's GGUF through llama.cpp.
+GGUF = "gguf"
+
+
 class LlamaCppUnavailable(AdaspecError):
     """llama.cpp cannot run here (extra not installed, or no GGUF file for the model)."""
+
+
+def gguf_file(model: str) -> Path | None:
+    """The verified GGUF file behind a model: a built-in model's assembled file (checked
+    against the registry's size and sha256, assembled first if needed) or a .gguf path;
+    None for a Hugging Face directory (no GGUF)."""
+    from adaspec.models.assembly import assemble, check_gguf_magic
+    from adaspec.models.registry import get_registry
+
+    if model in get_registry():
+        return assemble(model)
+    path = Path(model).expanduser()
+    if not path.is_file():
+        return None
+    check_gguf_magic(path)
+    return path.resolve()
+
+
+def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
+    """A built-in model or .gguf path run by llama.cpp as a backend (the `gguf` variant)."""
+    path = gguf_file(model)
+    if path is None:
+        raise LlamaCppUnavailable(
+            f"{model} has no GGUF file for llama.cpp (a Hugging Face directory); use a "
+            "built-in model name or a .gguf path"
+        )
+    return LlamaCppBackend(path, n_threads=n_threads, name=model, n_ctx=n_ctx)
 
 
 def import_llama() -> type:
@@ -95,6 +126,8 @@ def load_llama(gguf: str | Path, n_ctx: int, n_threads: int):
 
 class LlamaCppBackend(ModelBackend):
     """A GGUF model run by llama.cpp: chains only, logits for every fed token."""
+
+    supports_trees = False
 
     def __init__(
         self, gguf: str | Path, n_threads: int, name: str = "llamacpp", n_ctx: int = DEFAULT_CONTEXT

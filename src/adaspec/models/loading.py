@@ -461,6 +461,26 @@ def load_model(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat1
     return LoadedModel(model, tokenizer, src.name, source, dtype_name, cache, seconds, prepared)
 
 
+def load_tokenizer(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat16", *,
+                   registry: Mapping[str, ModelSpec] | None = None) -> Any:
+    """Only the tokenizer of a model (for a backend that runs the weights itself, such as
+    llama.cpp on the GGUF): from the verified cache, prepared first if needed."""
+    from transformers import AutoTokenizer
+
+    src = _resolve_source(spec, registry, None)
+    if src.kind == "hf":
+        assert src.path is not None
+        path = src.path
+    else:
+        path = prepare(spec, dtype, registry=registry).cache_dir
+    fix = f"check {path} holds the tokenizer files, or rerun `adaspec models prepare`"
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ModelStoreError(f"could not load the tokenizer in {path}: {_one_line(exc)}: "
+                              f"{fix}") from exc
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 

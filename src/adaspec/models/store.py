@@ -48,6 +48,7 @@ from adaspec.models.loading import (
     check_model_pair,
     check_tokenizer_pair,
     load_model,
+    load_tokenizer,
     prepare,
     resolve_dtype,
     verify_cache_dir,
@@ -69,8 +70,9 @@ __all__ = [
     "ModelStatus", "ModelStoreError", "PartRef", "PrepareResult", "VerifyResult",
     "adaspec_home", "assemble", "cache_dir_for", "cached_dtypes", "cached_sha256",
     "check_model_pair", "check_tokenizer_pair", "get_registry", "get_spec", "gguf_dir",
-    "gguf_path", "human_size", "list_models", "load_model", "locate_parts", "model_status",
-    "models_dir", "part_status", "prepare", "resolve_dtype", "sha256_file", "verify",
+    "gguf_path", "human_size", "list_models", "load_model", "load_tokenizer", "locate_parts",
+    "model_status", "models_dir", "part_status", "prepare", "resolve_dtype", "sha256_file",
+    "verify",
 ]
 
 

@@ -1,0 +1,107 @@
+"""llama.cpp as a verifier: forward time for n = 1, 2, 4, 8, 16 fed tokens, and whether a
+block's logits equal feeding its tokens one at a time.
+
+Runs the built-in GGUF files through `adaspec.models.llamacpp.LlamaCppBackend` (the backend
+the decode loop drives): a `--context`-token random context, then n tokens scored and the
+cache rolled back, median of `--repeats`; then a real prompt's greedy continuation scored as
+one block and token by token (max |logit difference|, argmax flips). Writes
+llamacpp_forward.json and llamacpp_forward.md to --out. Needs the `llamacpp` extra.
+
+    .venv/bin/python benchmarks/llamacpp_forward.py --out benchmarks/results/fastcpu-epyc
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from adaspec.bench.llamacpp import target_gguf
+from adaspec.bench.machine import describe_machine
+from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.models.llamacpp import LlamaCppBackend
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+def time_forwards(backend: LlamaCppBackend, context: int, repeats: int) -> dict[int, float]:
+    gen = torch.Generator().manual_seed(0)
+    backend.reset()
+    backend.forward(torch.randint(0, 1000, (context,), generator=gen))
+    out = {}
+    for n in SIZES:
+        times = []
+        for _ in range(repeats + 1):
+            tokens = torch.randint(0, 1000, (n,), generator=gen)
+            t0 = time.perf_counter()
+            backend.forward(tokens)
+            times.append(time.perf_counter() - t0)
+            backend.truncate(context)
+        out[n] = 1000 * statistics.median(times[1:])
+    return out
+
+
+def block_vs_single(backend: LlamaCppBackend, prompt: list[int], block: int) -> dict:
+    backend.reset()
+    logits = backend.forward(torch.tensor(prompt)).logits[-1]
+    tokens = []
+    for _ in range(block):
+        tokens.append(int(logits.argmax()))
+        logits = backend.forward(torch.tensor(tokens[-1:])).logits[-1]
+    backend.truncate(len(prompt))
+    together = backend.forward(torch.tensor(tokens)).logits
+    backend.truncate(len(prompt))
+    alone = torch.cat([backend.forward(torch.tensor([t])).logits for t in tokens])
+    diff = (together - alone).abs()
+    return {"max_abs_diff": float(diff.max()),
+            "argmax_flips": int((together.argmax(-1) != alone.argmax(-1)).sum())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--out", default="benchmarks/results/fastcpu")
+    args = ap.parse_args()
+    rows = []
+    prompt = list(range(1000, 1000 + 40))  # fixed ids: the comparison needs no chat template
+    for name in args.models.split(","):
+        gguf = target_gguf(name)
+        backend = LlamaCppBackend(gguf, n_threads=args.threads, name=name, n_ctx=2048)
+        ms = time_forwards(backend, args.context, args.repeats)
+        same = block_vs_single(backend, prompt, args.block)
+        rows.append({"model": name, "gguf": str(gguf), "ms": {str(n): round(v, 1)
+                     for n, v in ms.items()}, f"block{args.block}": same})
+        print(f"{name}: " + " ".join(f"n={n}:{v:.0f}ms" for n, v in ms.items()) +
+              f" block vs single: {same}", flush=True)
+        del backend
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": describe_machine(), "threads": args.threads, "context": args.context,
+            "repeats": args.repeats}
+    (out / "llamacpp_forward.json").write_text(json.dumps({**meta, "rows": rows}, indent=2)
+                                               + "\n")
+    lines = [
+        f"# llama.cpp forward time per call (median of {args.repeats}, context {args.context}, "
+        f"{args.threads} threads)", "", f"Machine: {meta['machine']}", "",
+        "| model | " + " | ".join(f"n={n}" for n in SIZES) +
+        f" | block of {args.block} vs one at a time: max abs diff | argmax flips |",
+        "| --- | " + " | ".join("---:" for _ in SIZES) + " | ---: | ---: |",
+    ]
+    for r in rows:
+        same = r[f"block{args.block}"]
+        lines.append(f"| {r['model']} | " + " | ".join(f"{r['ms'][str(n)]:.0f} ms" for n in SIZES)
+                     + f" | {same['max_abs_diff']:.4g} | {same['argmax_flips']} |")
+    (out / "llamacpp_forward.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
