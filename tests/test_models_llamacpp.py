@@ -31,8 +31,12 @@ def smollm():
 def test_forward_truncate_and_chains_only(smollm):
     _, backend = smollm
     ids = torch.tensor([1604, 3987, 46477, 24, 94, 727])
-    whole = backend.prefill(ids).logits
+    backend.reset()
+    whole = backend.forward(ids).logits
     assert whole.shape == (6, backend.vocab_size) and backend.cache_len == 6
+    last = backend.prefill(ids).logits  # the prompt's last row only: no head over the rest
+    assert last.shape == (1, backend.vocab_size) and backend.cache_len == 6
+    torch.testing.assert_close(last[0], whole[-1], atol=1e-3, rtol=1e-3)
     backend.truncate(3)
     assert backend.cache_len == 3
     tail = backend.forward(ids[3:]).logits

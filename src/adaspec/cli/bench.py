@@ -236,9 +236,8 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     load_s = time.perf_counter() - t0
     say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
     machine = describe_machine()
-    bandwidth = measure_bandwidth(
-        dtype=target.dtype if target.dtype.is_floating_point else torch.float32
-    )
+    dtype = getattr(target, "dtype", torch.float32)  # a llama.cpp target (gguf) has none
+    bandwidth = measure_bandwidth(dtype=dtype if dtype.is_floating_point else torch.float32)
     say(f"memory bandwidth: {bandwidth['copy_gbs']} GB/s copy, {bandwidth['gemv_gbs']} GB/s GEMV")
     runner = BenchRunner(
         config,

@@ -59,7 +59,9 @@ class ModelBackend(ABC):
         """
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
-        """Reset and score a whole prompt."""
+        """Reset and score a whole prompt. Callers read the last row of the logits only (the
+        next token's distribution); a backend may skip the output head for the other rows,
+        which for a long prompt is a large share of the work (llama.cpp does)."""
         self.reset()
         return self.forward(tokens, hidden_layer=hidden_layer)
 

@@ -184,6 +184,30 @@ class LlamaCppBackend(ModelBackend):
             self._len += len(chunk)
         return ForwardOutput(logits=torch.cat(rows) if rows else torch.empty(0, self.vocab_size))
 
+    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+        """Score a prompt with logits for its last token only: the output head over every
+        prompt row (151,936 columns for Qwen) would cost more than the prompt itself."""
+        import numpy as np
+
+        if hidden_layer is not None:
+            raise InputError("the llama.cpp backend has no hidden states")
+        self.reset()
+        ids = [int(t) for t in tokens.reshape(-1)]
+        if not ids:
+            raise InputError("empty prompt")
+        if len(ids) > self.max_context:
+            raise InputError(
+                f"context too long for llama.cpp: {len(ids)} > {self.max_context} tokens"
+            )
+        ctx, batch, step = self.llm._ctx, self.llm._batch, self.llm.n_batch
+        for start in range(0, len(ids), step):
+            chunk = ids[start : start + step]
+            batch.set_batch(batch=chunk, n_past=self._len, logits_all=False)  # last row only
+            ctx.decode(batch)
+            self._len += len(chunk)
+        last = np.ctypeslib.as_array(ctx.get_logits_ith(-1), shape=(1, self.vocab_size))
+        return ForwardOutput(logits=torch.from_numpy(last.copy()))
+
     def truncate(self, length: int) -> None:
         if length < self._len:
             self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
