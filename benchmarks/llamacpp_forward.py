@@ -14,35 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from fastcpu_forward import SIZES, time_forwards  # the same timing as the torch table
 
-from adaspec.bench.llamacpp import target_gguf
 from adaspec.bench.machine import describe_machine
 from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
-from adaspec.models.llamacpp import LlamaCppBackend
-
-SIZES = (1, 2, 4, 8, 16)
-
-
-def time_forwards(backend: LlamaCppBackend, context: int, repeats: int) -> dict[int, float]:
-    gen = torch.Generator().manual_seed(0)
-    backend.reset()
-    backend.forward(torch.randint(0, 1000, (context,), generator=gen))
-    out = {}
-    for n in SIZES:
-        times = []
-        for _ in range(repeats + 1):
-            tokens = torch.randint(0, 1000, (n,), generator=gen)
-            t0 = time.perf_counter()
-            backend.forward(tokens)
-            times.append(time.perf_counter() - t0)
-            backend.truncate(context)
-        out[n] = 1000 * statistics.median(times[1:])
-    return out
+from adaspec.models.llamacpp import LlamaCppBackend, gguf_file
 
 
 def block_vs_single(backend: LlamaCppBackend, prompt: list[int], block: int) -> dict:
@@ -73,7 +52,7 @@ def main() -> None:
     rows = []
     prompt = list(range(1000, 1000 + 40))  # fixed ids: the comparison needs no chat template
     for name in args.models.split(","):
-        gguf = target_gguf(name)
+        gguf = gguf_file(name)
         backend = LlamaCppBackend(gguf, n_threads=args.threads, name=name, n_ctx=2048)
         ms = time_forwards(backend, args.context, args.repeats)
         same = block_vs_single(backend, prompt, args.block)
