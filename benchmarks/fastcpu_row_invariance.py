@@ -67,6 +67,9 @@ def main() -> None:
     ap.add_argument("--prompts", default="humaneval:2,spec-bench:1",
                     help="bench suites to take prompts from (first turn of each)")
     ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--max-prompt-tokens", type=int, default=0,
+                    help="keep only the first N prompt tokens (0: all); a shorter prefill for "
+                    "kernels that are slow on many rows (int8-dyn without VNNI)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/fastcpu")
     args = ap.parse_args()
@@ -79,6 +82,8 @@ def main() -> None:
     for quant in args.quants.split(","):
         loaded = load_model(args.target, quant=quant)
         ids = [chat_ids(loaded.tokenizer, p.text) for p in prompts]
+        if args.max_prompt_tokens:
+            ids = [i[: args.max_prompt_tokens] for i in ids]
         for invariant in (False, True):
             backend = TorchBackend(loaded.model, name=loaded.name, row_invariant=invariant)
             for prompt, prompt_ids in zip(prompts, ids, strict=True):
@@ -91,10 +96,12 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"machine": describe_machine(), "target": args.target, "block": args.block,
+            "max_prompt_tokens": args.max_prompt_tokens,
             "prompts": args.prompts, "threads": args.threads, "torch": torch.__version__}
     (out / "row_invariance.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
     lines = [
-        f"# Block of {args.block} vs one token at a time ({args.target}, prompts {args.prompts})",
+        f"# Block of {args.block} vs one token at a time ({args.target}, prompts {args.prompts}"
+        + (f", first {args.max_prompt_tokens} tokens" if args.max_prompt_tokens else "") + ")",
         "",
         "Greedy continuation of each prompt scored as one block and token by token; "
         "max |logit difference| over all rows and prompts, rows whose argmax flips, and the "

@@ -104,3 +104,16 @@ def test_greedy_speculation_on_a_quantized_target_repeats_plain_decoding_bit_for
     got = spec.generate(prompt, max_new_tokens=40, sampling=greedy)
     assert got.token_ids == want.token_ids
     assert got.stats.target_calls < want.stats.target_calls
+
+
+def test_sliding_window_models_keep_batched_attention():
+    """The row path reads no sliding-window mask: such a model is refused, and the loader
+    leaves it on batched attention (with the tie rule) instead of scoring it wrongly."""
+    from adaspec.models.attention import row_invariance_supported, use_row_invariant_attention
+
+    model = tiny_model(vocab=64, hidden=32, layers=2)
+    assert row_invariance_supported(model)
+    model.config.use_sliding_window, model.config.sliding_window = True, 4
+    assert not row_invariance_supported(model)
+    with pytest.raises(ValueError, match="sliding-window"):
+        use_row_invariant_attention(model)

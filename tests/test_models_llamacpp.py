@@ -93,3 +93,18 @@ def test_gguf_variant_of_a_model_without_a_gguf_file_is_a_one_line_error(tmp_pat
 
     with pytest.raises(LlamaCppUnavailable, match="has no GGUF file"):
         load_gguf_backend(str(tmp_path), n_threads=1)
+
+
+def test_a_router_on_a_llamacpp_target_is_refused_when_the_engine_is_built(smollm):
+    _, backend = smollm
+    with pytest.raises(InputError, match="hidden state.*LlamaCppBackend"):
+        build_engine("router:never-read.pt", backend, None, None, [2])
+
+
+def test_gguf_backend_of_a_path_is_named_like_the_torch_load_of_that_file(smollm):
+    from adaspec.models.llamacpp import load_gguf_backend
+    from adaspec.models.loading import source_name
+
+    gguf, _ = smollm
+    backend = load_gguf_backend(str(gguf), n_threads=1, n_ctx=256)
+    assert backend.name == source_name(str(gguf)) != str(gguf)

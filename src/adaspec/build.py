@@ -50,6 +50,11 @@ def build_engine(
     eos_token_ids: list[int] | None = None,
 ) -> Engine:
     spec = parse_method(method) if isinstance(method, str) else method
+    if spec.name == "router" and not target.supports_trees:
+        raise InputError(
+            f"method {spec.text!r} reads the target's hidden state, which its backend "
+            f"({type(target).__name__}) does not give; run the router on torch weights"
+        )
     if spec.name == "router":
         from adaspec.route.engine import router_from_artifact
 
@@ -58,13 +63,12 @@ def build_engine(
             mode=str(spec["mode"]), seed=int(spec["seed"]),  # type: ignore[call-overload]
         )
     drafter = None
-    if spec.tree is not None or spec.params.get("ctrl") == "disco":
+    if spec.tree is not None:
         for role, backend in (("target", target), ("draft", draft)):
             if backend is not None and not backend.supports_trees:
-                need = "token trees" if spec.tree is not None else "hidden states"
                 raise InputError(
-                    f"method {spec.text!r} needs {need}, which the {role}'s backend "
-                    f"({type(backend).__name__}) does not have; run it on torch weights"
+                    f"method {spec.text!r} needs token trees, which the {role}'s backend "
+                    f"({type(backend).__name__}) does not score; run it on torch weights"
                 )
     if spec.name == "draft":
         if draft is None:
@@ -125,7 +129,9 @@ def load_backend(
     quantization; a quantized target (row-independent Linear layers) gets row-invariant
     attention, so verifying a block scores bit-for-bit what plain decoding scores. A float
     target's batched GEMMs are not row-invariant anyway: it keeps the faster batched
-    attention and the exactness check's tie rule, as does every draft."""
+    attention and the exactness check's tie rule, as does every draft and a model with
+    sliding-window layers (not handled by the row-invariant path)."""
+    from adaspec.models.attention import row_invariance_supported
     from adaspec.models.llamacpp import GGUF, load_gguf_backend
     from adaspec.models.store import load_model, load_tokenizer
     from adaspec.models.torch_backend import TorchBackend
@@ -133,11 +139,12 @@ def load_backend(
     if quant == GGUF:
         import torch
 
-        tokenizer = load_tokenizer(name)
-        backend = load_gguf_backend(name, n_threads=torch.get_num_threads())
+        backend = load_gguf_backend(name, n_threads=torch.get_num_threads())  # fails fast
+        tokenizer = load_tokenizer(name, dtype)
         return backend, tokenizer, eos_ids_of(None, tokenizer)
     loaded = load_model(name, dtype=dtype, quant=quant)
-    invariant = role == "target" and loaded.quant != "none"
+    invariant = (role == "target" and loaded.quant != "none"
+                 and row_invariance_supported(loaded.model))
     backend = TorchBackend(loaded.model, name=loaded.name, row_invariant=invariant)
     return backend, loaded.tokenizer, eos_ids_of(loaded.model, loaded.tokenizer)
 

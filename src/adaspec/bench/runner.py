@@ -32,6 +32,7 @@ from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.methods import MethodSpec, parse_method
 from adaspec.metrics import RequestStats
+from adaspec.models.attention import batched_attention
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams
 
@@ -220,7 +221,8 @@ class BenchRunner:
                     self.skipped[m] = str(exc)
                     self.log(f"{m}: skipped: {exc}")
             elif spec.is_reference:
-                if not hasattr(target, "model") or not hasattr(draft, "model"):
+                tgt, drf = self.backends[m]  # the method's own weights variant
+                if not hasattr(tgt, "model") or not hasattr(drf, "model"):
                     raise InputError(f"method {m!r} needs Hugging Face models (torch backend)")
             else:
                 tgt, drf = self.backends[m]
@@ -305,15 +307,16 @@ class BenchRunner:
         if spec is not None and spec.is_reference:
             target, draft = self.backends[method]
             assert draft is not None
-            ids, stats = hf_generate(
-                target.model,  # type: ignore[attr-defined]
-                prompt_ids,
-                max_new_tokens,
-                self.eos_token_ids,
-                draft.model,  # type: ignore[attr-defined]
-                sampling=sampling,
-                **reference_settings(spec.name, spec.params),
-            )
+            with batched_attention():  # HF's own loop as it ships, even on a quantized target
+                ids, stats = hf_generate(
+                    target.model,  # type: ignore[attr-defined]
+                    prompt_ids,
+                    max_new_tokens,
+                    self.eos_token_ids,
+                    draft.model,  # type: ignore[attr-defined]
+                    sampling=sampling,
+                    **reference_settings(spec.name, spec.params),
+                )
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
         engine = self.engines[method]

@@ -118,8 +118,22 @@ def row_invariant_attention(
 AttentionInterface.register(ROW_INVARIANT, row_invariant_attention)
 
 
+def row_invariance_supported(model: torch.nn.Module) -> bool:
+    """Full causal attention in every layer: the row path reads no sliding window or padding
+    mask (transformers builds none for a custom attention function)."""
+    cfg = model.config
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return False
+    return all(t == "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
+
+
 def use_row_invariant_attention(model: torch.nn.Module) -> None:
     """Switch a transformers model (in place) to row-invariant attention."""
+    if not row_invariance_supported(model):
+        raise ValueError(
+            "row-invariant attention handles full causal attention only; this model has "
+            "sliding-window layers"
+        )
     model.config._attn_implementation = ROW_INVARIANT
     for sub in model.modules():
         cfg = getattr(sub, "config", None)

@@ -58,14 +58,18 @@ def gguf_file(model: str) -> Path | None:
 
 
 def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
-    """A built-in model or .gguf path run by llama.cpp as a backend (the `gguf` variant)."""
+    """A built-in model or .gguf path run by llama.cpp as a backend (the `gguf` variant),
+    named as the torch loader names the same source (artifacts compare these names)."""
+    import_llama()  # a missing extra is reported before any file work
     path = gguf_file(model)
     if path is None:
         raise LlamaCppUnavailable(
             f"{model} has no GGUF file for llama.cpp (a Hugging Face directory); use a "
             "built-in model name or a .gguf path"
         )
-    return LlamaCppBackend(path, n_threads=n_threads, name=model, n_ctx=n_ctx)
+    from adaspec.models.loading import source_name
+
+    return LlamaCppBackend(path, n_threads=n_threads, name=source_name(model), n_ctx=n_ctx)
 
 
 def import_llama() -> type:

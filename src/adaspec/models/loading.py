@@ -120,6 +120,13 @@ def _resolve_source(spec: str | os.PathLike[str], registry: Mapping[str, ModelSp
     return _Source("gguf", f"{path.stem}-{sha[:12]}", path, sha)
 
 
+def source_name(spec: str | os.PathLike[str]) -> str:
+    """The name a model source loads under: a built-in name, `<stem>-<sha12>` for a .gguf
+    file, the directory name for an HF directory (so one source has one name whatever the
+    spelling of its path or the backend that runs it)."""
+    return _resolve_source(spec, None, None).name
+
+
 def cache_dir_for(name: str, dtype: str | torch.dtype = "bfloat16") -> Path:
     """The safetensors cache directory of model `name` in `dtype`."""
     return models_dir() / f"{name}-{resolve_dtype(dtype)[0]}"
