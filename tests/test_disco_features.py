@@ -51,7 +51,9 @@ def test_features_equal_the_log_softmax_route(scale, shift):
     exact = log_softmax_features(logits, torch.float64)
     torch.testing.assert_close(fast, old, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(distribution_features(logits[1]), fast[1], rtol=0, atol=1e-6)
+    # One row alone (inference) vs in a batch (collection): the same up to the order of the
+    # 151,936-term sums, which differs with the row count on some CPUs (AVX2: ~1e-6 relative).
+    torch.testing.assert_close(distribution_features(logits[1]), fast[1], rtol=1e-5, atol=1e-6)
 
 
 def test_features_with_masked_and_bf16_logits():
