@@ -31,8 +31,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 ROW_INVARIANT = "adaspec_row_invariant"
 
 _batched: ContextVar[bool] = ContextVar("adaspec_batched_attention", default=False)
-# The visible-key plan of the last mask seen: every layer of one forward gets the same mask.
-_plan_memo: list = [None, None, None]  # [mask, (n, kv_len), plan]
+# The visible-key plan of the last mask seen (every layer of one forward gets the same mask
+# object), kept as one tuple that is replaced whole, never mutated: (mask, (n, kv_len), plan).
+_plan_memo: tuple = (None, None, None)
 
 Visible = slice | torch.Tensor
 
@@ -70,10 +71,12 @@ def visible_keys(mask: torch.Tensor | None, n: int, kv_len: int) -> list[Visible
 
 
 def _plan(mask: torch.Tensor | None, n: int, kv_len: int) -> list[Visible]:
-    if mask is not None and _plan_memo[0] is mask and _plan_memo[1] == (n, kv_len):
-        return _plan_memo[2]
+    global _plan_memo
+    memo_mask, memo_shape, memo_plan = _plan_memo
+    if mask is not None and memo_mask is mask and memo_shape == (n, kv_len):
+        return memo_plan
     plan = visible_keys(mask, n, kv_len)
-    _plan_memo[:] = [mask, (n, kv_len), plan]
+    _plan_memo = (mask, (n, kv_len), plan)
     return plan
 
 
@@ -93,7 +96,8 @@ def row_invariant_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [b, heads, n, d], key/value [b, kv_heads,
-    kv_len, d] (the cache included); returns [b, n, heads, d]."""
+    kv_len, d] (the cache included); returns [b, n, heads, d]. One sequence (b = 1): the
+    backends feed one request at a time."""
     batch, heads, n, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     if _batched.get():
@@ -101,6 +105,8 @@ def row_invariant_attention(
             attention_mask = _causal_mask(n, kv_len)
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
+    if batch != 1:
+        raise ValueError(f"row-invariant attention takes one sequence, got a batch of {batch}")
     group = heads // kv_heads
     out = query.new_empty(batch, n, heads, value.shape[-1])
     for i, keys in enumerate(_plan(attention_mask, n, kv_len)):
