@@ -85,11 +85,10 @@ def median_ms(fn) -> float:
 
 def llamacpp_draft(name: str):
     """The draft's GGUF as a llama.cpp backend, or None (with a note) without the extra."""
-    from adaspec.bench.llamacpp import target_gguf
-    from adaspec.models.llamacpp import LlamaCppBackend, LlamaCppUnavailable
+    from adaspec.models.llamacpp import LlamaCppBackend, LlamaCppUnavailable, gguf_file
 
     try:
-        gguf = target_gguf(name)
+        gguf = gguf_file(name)
         return LlamaCppBackend(gguf, torch.get_num_threads(), name=f"{name}@llamacpp")
     except LlamaCppUnavailable as exc:
         print(f"llama.cpp draft skipped: {exc}", file=sys.stderr)
@@ -261,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
 
-    from adaspec.bench.llamacpp import target_gguf
     from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET, build_engine, eos_ids_of
+    from adaspec.models.llamacpp import gguf_file
     from adaspec.models.store import load_model
     from adaspec.models.token_set import load_token_set
     from adaspec.models.torch_backend import TorchBackend
@@ -273,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     target = TorchBackend(tgt.model, name=tgt.name)
     draft = TorchBackend(drf.model, name=drf.name)
     eos = eos_ids_of(tgt.model, tgt.tokenizer)
-    gguf = target_gguf(DEFAULT_TARGET)
+    gguf = gguf_file(DEFAULT_TARGET)
     engine = build_engine("ar", target, tgt.tokenizer, None, eos)
     llama = None if args.no_llamacpp else llamacpp_draft(DEFAULT_DRAFT)
 

@@ -22,6 +22,7 @@ import torch
 from adaspec.bench.machine import describe_machine
 from adaspec.bench.suites import load_suite
 from adaspec.build import DEFAULT_TARGET
+from adaspec.models.backend import ModelBackend
 from adaspec.models.store import load_model
 from adaspec.models.torch_backend import TorchBackend
 
@@ -32,7 +33,7 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def greedy_continuation(backend: TorchBackend, prompt: list[int], n: int) -> list[int]:
+def greedy_continuation(backend: ModelBackend, prompt: list[int], n: int) -> list[int]:
     logits = backend.prefill(torch.tensor(prompt)).logits[-1]
     out = []
     for _ in range(n):
@@ -41,7 +42,7 @@ def greedy_continuation(backend: TorchBackend, prompt: list[int], n: int) -> lis
     return out
 
 
-def compare(backend: TorchBackend, prompt: list[int], block: list[int]) -> dict:
+def compare(backend: ModelBackend, prompt: list[int], block: list[int]) -> dict:
     backend.prefill(torch.tensor(prompt))
     t0 = time.perf_counter()
     together = backend.forward(torch.tensor(block)).logits.float()

@@ -16,28 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 from fastcpu_forward import SIZES, time_forwards  # the same timing as the torch table
+from fastcpu_row_invariance import compare, greedy_continuation  # the same check as torch's
 
 from adaspec.bench.machine import describe_machine
 from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
-from adaspec.models.llamacpp import LlamaCppBackend, gguf_file
-
-
-def block_vs_single(backend: LlamaCppBackend, prompt: list[int], block: int) -> dict:
-    backend.reset()
-    logits = backend.forward(torch.tensor(prompt)).logits[-1]
-    tokens = []
-    for _ in range(block):
-        tokens.append(int(logits.argmax()))
-        logits = backend.forward(torch.tensor(tokens[-1:])).logits[-1]
-    backend.truncate(len(prompt))
-    together = backend.forward(torch.tensor(tokens)).logits
-    backend.truncate(len(prompt))
-    alone = torch.cat([backend.forward(torch.tensor([t])).logits for t in tokens])
-    diff = (together - alone).abs()
-    return {"max_abs_diff": float(diff.max()),
-            "argmax_flips": int((together.argmax(-1) != alone.argmax(-1)).sum())}
+from adaspec.models.llamacpp import load_gguf_backend
 
 
 def main() -> None:
@@ -52,11 +36,10 @@ def main() -> None:
     rows = []
     prompt = list(range(1000, 1000 + 40))  # fixed ids: the comparison needs no chat template
     for name in args.models.split(","):
-        gguf = gguf_file(name)
-        backend = LlamaCppBackend(gguf, n_threads=args.threads, name=name, n_ctx=2048)
+        backend = load_gguf_backend(name, n_threads=args.threads, n_ctx=2048)
         ms = time_forwards(backend, args.context, args.repeats)
-        same = block_vs_single(backend, prompt, args.block)
-        rows.append({"model": name, "gguf": str(gguf), "ms": {str(n): round(v, 1)
+        same = compare(backend, prompt, greedy_continuation(backend, prompt, args.block))
+        rows.append({"model": name, "ms": {str(n): round(v, 1)
                      for n, v in ms.items()}, f"block{args.block}": same})
         print(f"{name}: " + " ".join(f"n={n}:{v:.0f}ms" for n, v in ms.items()) +
               f" block vs single: {same}", flush=True)

@@ -10,12 +10,13 @@ import sys
 import pytest
 
 from adaspec.bench import runner as runner_module
-from adaspec.bench.llamacpp import LlamaCppUnavailable, open_decoder, target_gguf
+from adaspec.bench.llamacpp import LlamaCppUnavailable, open_decoder
 from adaspec.bench.report import to_markdown
 from adaspec.bench.runner import read_rows
 from adaspec.errors import InputError, ModelStoreError
 from adaspec.methods import describe_methods, parse_method
 from adaspec.metrics import RequestStats
+from adaspec.models.llamacpp import gguf_file
 
 from .test_bench_runner import PROMPTS, make_runner
 
@@ -61,12 +62,12 @@ def test_no_gguf_and_sampling_are_skip_reasons(tmp_path):
 
 
 def test_target_gguf_of_a_directory_is_none_and_a_bad_file_is_an_error(tmp_path):
-    assert target_gguf(str(tmp_path)) is None
-    assert target_gguf(str(tmp_path / "missing")) is None
+    assert gguf_file(str(tmp_path)) is None
+    assert gguf_file(str(tmp_path / "missing")) is None
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"nope")
     with pytest.raises(ModelStoreError, match="not a GGUF file"):
-        target_gguf(str(bad))
+        gguf_file(str(bad))
 
 
 class FakeDecoder:

@@ -50,13 +50,14 @@ def build_engine(
     eos_token_ids: list[int] | None = None,
 ) -> Engine:
     spec = parse_method(method) if isinstance(method, str) else method
-    if spec.name == "router" and not target.supports_trees:
-        raise InputError(
-            f"method {spec.text!r} reads the target's hidden state, which its backend "
-            f"({type(target).__name__}) does not give; run the router on torch weights"
-        )
     if spec.name == "router":
         from adaspec.route.engine import router_from_artifact
+
+        if not target.has_hidden_states:
+            raise InputError(
+                f"method {spec.text!r} reads the target's hidden state, which its backend "
+                f"({type(target).__name__}) does not give; run the router on torch weights"
+            )
 
         return router_from_artifact(
             str(spec["artifact"]), target, tokenizer, draft, eos_token_ids,

@@ -24,9 +24,8 @@ from adaspec.models.llamacpp import (
     import_llama,
     load_llama,
 )
-from adaspec.models.llamacpp import gguf_file as target_gguf
 
-__all__ = ["LlamaCppDecoder", "LlamaCppUnavailable", "open_decoder", "target_gguf"]
+__all__ = ["LlamaCppDecoder", "LlamaCppUnavailable", "open_decoder"]
 
 class LlamaCppDecoder:
     """Greedy decoding through llama-cpp-python with its own KV cache."""

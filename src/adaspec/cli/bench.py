@@ -195,13 +195,13 @@ def _llamacpp_gguf(config):
     then skips it with a one-line note)."""
     import importlib.util
 
-    from adaspec.bench.llamacpp import target_gguf
     from adaspec.methods import parse_method
+    from adaspec.models.llamacpp import gguf_file
 
     wanted = any(parse_method(m, reference=True).other_weights for m in config.methods)
     if not wanted or importlib.util.find_spec("llama_cpp") is None:
         return None
-    return target_gguf(config.target)
+    return gguf_file(config.target)
 
 
 def _run(config, prompts, needs_draft: bool, progress: bool) -> int:

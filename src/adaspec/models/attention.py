@@ -73,7 +73,7 @@ def visible_keys(mask: torch.Tensor | None, n: int, kv_len: int) -> list[Visible
 def _plan(mask: torch.Tensor | None, n: int, kv_len: int) -> list[Visible]:
     global _plan_memo
     memo_mask, memo_shape, memo_plan = _plan_memo
-    if mask is not None and memo_mask is mask and memo_shape == (n, kv_len):
+    if memo_mask is mask and memo_shape == (n, kv_len):  # the same forward's next layer
         return memo_plan
     plan = visible_keys(mask, n, kv_len)
     _plan_memo = (mask, (n, kv_len), plan)

@@ -132,6 +132,7 @@ class LlamaCppBackend(ModelBackend):
     """A GGUF model run by llama.cpp: chains only, logits for every fed token."""
 
     supports_trees = False
+    has_hidden_states = False
 
     def __init__(
         self, gguf: str | Path, n_threads: int, name: str = "llamacpp", n_ctx: int = DEFAULT_CONTEXT
@@ -161,56 +162,52 @@ class LlamaCppBackend(ModelBackend):
         tree_mask: torch.Tensor | None = None,
         hidden_layer: int | None = None,
     ) -> ForwardOutput:
-        import numpy as np
-
         if tree_mask is not None or hidden_layer is not None:
             raise InputError(
                 "the llama.cpp backend scores chains only (no token trees, no hidden states)"
             )
         ids = [int(t) for t in tokens.reshape(-1)]
-        n = len(ids)
         if positions is not None and positions.reshape(-1).tolist() != list(
-            range(self._len, self._len + n)
+            range(self._len, self._len + len(ids))
         ):
             raise InputError("the llama.cpp backend feeds tokens right after its cache")
-        if self._len + n > self.max_context:
-            raise InputError(
-                f"context too long for llama.cpp: {self._len + n} > {self.max_context} tokens"
-            )
-        ctx, batch, step = self.llm._ctx, self.llm._batch, self.llm.n_batch
-        rows = []
-        for start in range(0, n, step):
-            chunk = ids[start : start + step]
-            batch.set_batch(batch=chunk, n_past=self._len, logits_all=True)
-            ctx.decode(batch)
-            logits = np.ctypeslib.as_array(ctx.get_logits(), shape=(len(chunk), self.vocab_size))
-            rows.append(torch.from_numpy(logits.copy()))
-            self._len += len(chunk)
-        return ForwardOutput(logits=torch.cat(rows) if rows else torch.empty(0, self.vocab_size))
+        return ForwardOutput(logits=self._feed(ids, every_row=True))
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
         """Score a prompt with logits for its last token only: the output head over every
         prompt row (151,936 columns for Qwen) would cost more than the prompt itself."""
-        import numpy as np
-
         if hidden_layer is not None:
             raise InputError("the llama.cpp backend has no hidden states")
-        self.reset()
         ids = [int(t) for t in tokens.reshape(-1)]
         if not ids:
             raise InputError("empty prompt")
-        if len(ids) > self.max_context:
+        self.reset()
+        return ForwardOutput(logits=self._feed(ids, every_row=False))
+
+    def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
+        """Decode `ids` after the cache in batches of n_batch; the logits of every fed token
+        [n, vocab], or of the last one only [1, vocab]."""
+        import numpy as np
+
+        if self._len + len(ids) > self.max_context:
             raise InputError(
-                f"context too long for llama.cpp: {len(ids)} > {self.max_context} tokens"
+                f"context too long for llama.cpp: {self._len + len(ids)} > "
+                f"{self.max_context} tokens"
             )
         ctx, batch, step = self.llm._ctx, self.llm._batch, self.llm.n_batch
+        rows = []  # copied out at once: the next decode overwrites llama.cpp's buffer
         for start in range(0, len(ids), step):
             chunk = ids[start : start + step]
-            batch.set_batch(batch=chunk, n_past=self._len, logits_all=False)  # last row only
+            batch.set_batch(batch=chunk, n_past=self._len, logits_all=every_row)
             ctx.decode(batch)
             self._len += len(chunk)
-        last = np.ctypeslib.as_array(ctx.get_logits_ith(-1), shape=(1, self.vocab_size))
-        return ForwardOutput(logits=torch.from_numpy(last.copy()))
+            if every_row:
+                shape = (len(chunk), self.vocab_size)
+                rows.append(torch.from_numpy(np.ctypeslib.as_array(ctx.get_logits(), shape).copy()))
+        if not every_row and ids:
+            last = np.ctypeslib.as_array(ctx.get_logits_ith(-1), shape=(1, self.vocab_size))
+            rows.append(torch.from_numpy(last.copy()))
+        return torch.cat(rows) if rows else torch.empty(0, self.vocab_size)
 
     def truncate(self, length: int) -> None:
         if length < self._len:
