@@ -36,6 +36,10 @@ class NegatedBackend(TorchBackend):
         out = super().forward(tokens, positions, tree_mask, hidden_layer)
         return ForwardOutput(logits=-out.logits, hidden=out.hidden)
 
+    def prefill(self, tokens, hidden_layer=None) -> ForwardOutput:
+        out = super().prefill(tokens, hidden_layer)
+        return ForwardOutput(logits=-out.logits, hidden=out.hidden)
+
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("method", ["draft", "ngram", "draft-ctrl-heuristic"])

@@ -3,6 +3,7 @@ against the quantized target itself."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -12,6 +13,7 @@ from adaspec.build import build_engine
 from adaspec.errors import InputError
 from adaspec.models.quant import (
     DENSE_PREFILL_MODES,
+    FP32_PREFILL_ROWS,
     QUANT_MODES,
     Int4WeightLinear,
     Int8WeightLinear,
@@ -168,6 +170,61 @@ def test_weight_only_layers_use_the_float_weight_only_inside_dense_prefill(mode)
     assert not torch.allclose(quantized, ref, atol=1e-4)  # the kernel really is another function
 
 
+@pytest.fixture
+def no_native_bf16(monkeypatch):
+    """Pretend this CPU has no bf16 arithmetic (an AVX2 machine)."""
+    monkeypatch.setattr("adaspec.models.quant.native_bf16", lambda: False)
+
+
+@pytest.mark.parametrize("rows", [FP32_PREFILL_ROWS - 1, FP32_PREFILL_ROWS, 90])
+def test_bf16_prefill_multiplies_in_fp32_on_a_cpu_without_bf16(no_native_bf16, rows):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 64).to(torch.bfloat16))
+    x = torch.randn(rows, 512).to(torch.bfloat16)
+    lin = model[0]
+    with torch.no_grad():
+        bf16 = lin(x)
+        fp32 = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
+        with dense_prefill(model), _weight_dtypes() as seen:
+            got = model(x)
+        after = model(x)
+    fp32_route = rows >= FP32_PREFILL_ROWS
+    assert seen == [torch.float32 if fp32_route else torch.bfloat16]
+    assert torch.equal(got, fp32.to(torch.bfloat16) if fp32_route else bf16)
+    assert torch.equal(after, bf16) and "forward" not in vars(lin)  # restored
+
+
+@contextlib.contextmanager
+def _weight_dtypes():
+    """Records the weight dtype of every F.linear call the quant module makes."""
+    import adaspec.models.quant as quant
+
+    seen: list[torch.dtype] = []
+    real = quant.F.linear
+
+    def spy(x, weight, bias=None):
+        seen.append(weight.dtype)
+        return real(x, weight, bias)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quant.F, "linear", spy)
+        yield seen
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_float_weight_prefill_runs_in_fp32_without_bf16(no_native_bf16, mode):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 48).to(torch.bfloat16))
+    dense = model[0].weight.detach().clone()
+    quantize_model(model, mode)
+    x = torch.randn(FP32_PREFILL_ROWS, 256).to(torch.bfloat16)
+    with torch.no_grad(), dense_prefill(model), _weight_dtypes() as seen:
+        got = model(x)
+    want = torch.nn.functional.linear(x.float(), dense.float(), model[0].bias.float())
+    assert seen == [torch.float32]
+    assert torch.equal(got, want.to(torch.bfloat16))
+
+
 def test_dense_prefill_restores_the_quantized_path_after_an_error():
     model = torch.nn.Sequential(torch.nn.Linear(128, 16))
     quantize_model(model, "int4")
@@ -188,7 +245,7 @@ def test_backend_prefill_scores_the_prompt_with_float_weights_for_weight_only_mo
     backend = TorchBackend(model)
     got = backend.prefill(ids).logits
     with torch.inference_mode():
-        want = ref(input_ids=ids.view(1, -1)).logits[0]
+        want = ref(input_ids=ids.view(1, -1)).logits[0, -1:]  # prefill scores the last row
     if mode in DENSE_PREFILL_MODES:
         torch.testing.assert_close(got, want)
     else:

@@ -149,6 +149,9 @@ class NoHiddenBackend(TorchBackend):
         out = super().forward(tokens, positions, tree_mask, None)
         return ForwardOutput(logits=out.logits)
 
+    def prefill(self, tokens, hidden_layer=None):
+        return ForwardOutput(logits=super().prefill(tokens).logits)
+
 
 def test_backend_without_hidden_states_is_a_clear_error(target_model):
     backend = NoHiddenBackend(target_model, name="tiny-target")

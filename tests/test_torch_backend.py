@@ -12,6 +12,14 @@ def full_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
+def test_prefill_scores_only_the_last_row(target, target_model):
+    ids = list(range(3, 23))
+    out = target.prefill(torch.tensor(ids))
+    assert out.logits.shape == (1, target.vocab_size)
+    torch.testing.assert_close(out.logits, full_logits(target_model, ids)[-1:])
+    assert target.cache_len == len(ids)  # every row still went into the cache
+
+
 def test_truncate_and_refeed_equals_fresh_prefill(target, target_model):
     ids = list(range(3, 23))
     target.prefill(torch.tensor(ids[:15]))
@@ -20,7 +28,7 @@ def test_truncate_and_refeed_equals_fresh_prefill(target, target_model):
     target.truncate(15)
     assert target.cache_len == 15
     refed = target.forward(torch.tensor(ids[15:])).logits
-    fresh = TorchBackend(target_model).prefill(torch.tensor(ids)).logits[15:]
+    fresh = TorchBackend(target_model).forward(torch.tensor(ids)).logits[15:]
     torch.testing.assert_close(refed, fresh, rtol=1e-5, atol=1e-5)
 
 

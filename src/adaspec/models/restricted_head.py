@@ -58,11 +58,17 @@ class RestrictedHeadLM(torch.nn.Module):
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.head
 
-    def forward(self, input_ids: torch.Tensor, output_hidden_states: bool = False, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        output_hidden_states: bool = False,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ):
         out = self.decoder(
             input_ids=input_ids, output_hidden_states=output_hidden_states, **kwargs
         )
-        small = self.head(out.last_hidden_state)  # [batch, n, N]
+        small = self.head(out.last_hidden_state[:, -logits_to_keep:])  # [batch, n, N]
         logits = small.new_full((*small.shape[:-1], self.full_vocab), float("-inf"))
         logits.index_copy_(-1, self.token_ids, small)
         return SimpleNamespace(logits=logits, hidden_states=out.hidden_states)

@@ -65,6 +65,16 @@ class TorchBackend(ModelBackend):
         tree_mask: torch.Tensor | None = None,
         hidden_layer: int | None = None,
     ) -> ForwardOutput:
+        return self._run(tokens, positions, tree_mask, hidden_layer)
+
+    def _run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        tree_mask: torch.Tensor | None,
+        hidden_layer: int | None,
+        last_row_only: bool = False,
+    ) -> ForwardOutput:
         if self._cache is None:
             self.reset()
         n = int(tokens.shape[-1])
@@ -85,6 +95,7 @@ class TorchBackend(ModelBackend):
             past_key_values=self._cache,
             use_cache=True,
             output_hidden_states=hidden_layer is not None,
+            logits_to_keep=1 if last_row_only else 0,
         )
         self._len += n
         hidden = None
@@ -95,12 +106,12 @@ class TorchBackend(ModelBackend):
         return ForwardOutput(logits=out.logits[0], hidden=hidden)
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
-        """Reset and score a whole prompt; weight-only quantized layers use their float
-        weight here (many rows), and their quantized kernel for every later forward; attention
-        is batched here (plain and speculative decoding share the prefill)."""
+        """Reset and score a whole prompt, the output head on the last row only (what callers
+        read); Linear layers run the prefill arithmetic of `dense_prefill` (many rows), and
+        attention is batched here (plain and speculative decoding share the prefill)."""
         self.reset()
         with dense_prefill(self.model), batched_attention():
-            return self.forward(tokens, hidden_layer=hidden_layer)
+            return self._run(tokens, None, None, hidden_layer, last_row_only=True)
 
     def _layers(self) -> list:
         assert self._cache is not None
