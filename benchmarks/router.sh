@@ -1,31 +1,39 @@
 #!/usr/bin/env bash
-# The router measurement (issue 6) on the built-in pair, bf16, 48 new tokens, greedy.
-# Every step resumes where it stopped; each runs under the CPU lock, in chunks of <15 min.
+# The router measurement (issue 6): greedy, 48 new tokens, every step resumable, each under
+# the CPU lock. Defaults reproduce the Xeon run (bf16 built-in pair, benchmarks/results/router);
+# on another machine set OUT, QUANT / DRAFT_QUANT and ARMS, e.g. the AVX2 run:
+#   OUT=benchmarks/results/router-epyc QUANT=int8 DRAFT_QUANT=int4 \
+#     ARMS=ar,ngram,draft:k=1,draft:k=3 TRAIN_SUITES=sharegpt:8,humaneval:4,wmt:4 benchmarks/router.sh
 #   train: ShareGPT first turns + the second half of HumanEval and WMT (the router's data)
 #   test:  Spec-Bench (6 categories) + the first HumanEval / WMT prompts (held out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=benchmarks/results/router
+OUT=${OUT:-benchmarks/results/router}
 LOCK="flock /tmp/adaspec-cpu.lock"
 ADASPEC=.venv/bin/adaspec
-ARMS="ar,ngram,draft:k=4,draft:ctrl=heuristic,k=4"
+ARMS=${ARMS:-ar,ngram,draft:k=4,draft:ctrl=heuristic,k=4}
+MODEL="--quant ${QUANT:-none} --draft-quant ${DRAFT_QUANT:-none}"
 TEST_SUITES=${TEST_SUITES:-spec-bench:1,humaneval:2,wmt:2}
+EPOCHS=${EPOCHS:-300}
 
-# 1. offline data, in two chunks
-$LOCK $ADASPEC router collect --arms "$ARMS" --suite sharegpt:3,humaneval:2,wmt:2 --out $OUT/train
-$LOCK $ADASPEC router collect --arms "$ARMS" --suite sharegpt:5,humaneval:3,wmt:3 --out $OUT/train
+# 1. offline data (two chunks when TRAIN_SUITES is unset, as the Xeon run was made)
+if [ -n "${TRAIN_SUITES:-}" ]; then
+  $LOCK $ADASPEC router collect $MODEL --arms "$ARMS" --suite "$TRAIN_SUITES" --out $OUT/train
+else
+  $LOCK $ADASPEC router collect $MODEL --arms "$ARMS" --suite sharegpt:3,humaneval:2,wmt:2 --out $OUT/train
+  $LOCK $ADASPEC router collect $MODEL --arms "$ARMS" --suite sharegpt:5,humaneval:3,wmt:3 --out $OUT/train
+fi
 # 2. the policy: the paper's settings except epochs (1 gradient step per epoch on this data)
-$ADASPEC router train $OUT/train --epochs "${EPOCHS:-300}" --out $OUT/router.pt
+$ADASPEC router train $OUT/train --epochs "$EPOCHS" --out $OUT/router.pt
 # 3. the test prompts' states (to replay other policies on the measured runs), then one bench
-#    run on the test prompts: every arm, the greedy and the dynamic router (two chunks)
+#    run on the test prompts: every arm, the greedy and the dynamic router
 R=$OUT/router.pt
 M="$ARMS,router:$R,router:$R,mode=dynamic"
-$LOCK bash -c "$ADASPEC router features --suite $TEST_SUITES --out $OUT/test-states && \
-  $ADASPEC bench --suite spec-bench:1 --methods '$M' --max-new-tokens 48 --out $OUT/bench --resume"
-$LOCK $ADASPEC bench --suite "$TEST_SUITES" --methods "$M" --max-new-tokens 48 --out $OUT/bench \
+$LOCK $ADASPEC router features $MODEL --suite "$TEST_SUITES" --out $OUT/test-states
+$LOCK $ADASPEC bench $MODEL --suite "$TEST_SUITES" --methods "$M" --max-new-tokens 48 --out $OUT/bench \
   --resume
 # 4. the report: with the artifact's epochs, and with the paper's 3 epochs
 $ADASPEC router report --train $OUT/train --bench $OUT/bench --features $OUT/test-states \
-  --epochs "${EPOCHS:-300}" --out $OUT/report
+  --epochs "$EPOCHS" --out $OUT/report
 $ADASPEC router report --train $OUT/train --bench $OUT/bench --features $OUT/test-states \
   --epochs 3 --out $OUT/report-paper-epochs
