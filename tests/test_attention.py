@@ -89,6 +89,21 @@ def test_prefill_keeps_the_batched_kernel():
     assert torch.equal(got, fast.prefill(torch.tensor(PROMPT)).logits)
 
 
+def test_a_second_backend_over_the_same_model_keeps_batched_attention():
+    """Row invariance is the backend's switch: a plain backend over a model that a
+    row-invariant backend also drives scores a block as the untouched model does."""
+    invariant = quantized_backend("int8-dyn", row_invariant=True)
+    shared = TorchBackend(invariant.model)
+    untouched = quantized_backend("int8-dyn", row_invariant=False)
+    block = [11, 40, 12, 3, 50, 21, 7, 9]
+    got = {}
+    for name, backend in (("invariant", invariant), ("shared", shared), ("batched", untouched)):
+        backend.prefill(torch.tensor(PROMPT))
+        got[name] = backend.forward(torch.tensor(block)).logits
+    assert torch.equal(got["shared"], got["batched"])
+    assert not torch.equal(got["invariant"], got["batched"])  # the two paths really differ
+
+
 @pytest.mark.parametrize("method", ["draft:k=5", "draft:tree=3x2x1", "ngram:k=6"])
 def test_greedy_speculation_on_a_quantized_target_repeats_plain_decoding_bit_for_bit(method):
     """End to end through the engine: chains, trees and n-gram drafts over a row-invariant

@@ -17,7 +17,8 @@ class TorchBackend(ModelBackend):
     token tree is scored in one pass; otherwise transformers builds the causal mask itself.
     `row_invariant` switches attention to one decode-shaped call per query row
     (models/attention.py): with row-independent Linear layers (the quantized ones) a block's
-    logits are then bit-identical to scoring its tokens one at a time.
+    logits are then bit-identical to scoring its tokens one at a time. The switch belongs to
+    the backend, not the model: another backend over the same model keeps batched attention.
     """
 
     def __init__(self, model: torch.nn.Module, name: str = "model",
@@ -74,6 +75,19 @@ class TorchBackend(ModelBackend):
         tree_mask: torch.Tensor | None,
         hidden_layer: int | None,
         last_row_only: bool = False,
+    ) -> ForwardOutput:
+        if not self.row_invariant:  # the model may be shared with a row-invariant backend
+            with batched_attention():
+                return self._score(tokens, positions, tree_mask, hidden_layer, last_row_only)
+        return self._score(tokens, positions, tree_mask, hidden_layer, last_row_only)
+
+    def _score(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        tree_mask: torch.Tensor | None,
+        hidden_layer: int | None,
+        last_row_only: bool,
     ) -> ForwardOutput:
         if self._cache is None:
             self.reset()
