@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from transformers import DynamicCache
 
@@ -76,19 +78,6 @@ class TorchBackend(ModelBackend):
         hidden_layer: int | None,
         last_row_only: bool = False,
     ) -> ForwardOutput:
-        if not self.row_invariant:  # the model may be shared with a row-invariant backend
-            with batched_attention():
-                return self._score(tokens, positions, tree_mask, hidden_layer, last_row_only)
-        return self._score(tokens, positions, tree_mask, hidden_layer, last_row_only)
-
-    def _score(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor | None,
-        tree_mask: torch.Tensor | None,
-        hidden_layer: int | None,
-        last_row_only: bool,
-    ) -> ForwardOutput:
         if self._cache is None:
             self.reset()
         n = int(tokens.shape[-1])
@@ -102,15 +91,17 @@ class TorchBackend(ModelBackend):
                 full = torch.ones(n, self._len + n, dtype=torch.bool)
                 full[:, self._len :] = tree_mask
             mask = full[None, None]
-        out = self.model(
-            input_ids=tokens.view(1, n),
-            position_ids=positions.view(1, n),
-            attention_mask=mask,
-            past_key_values=self._cache,
-            use_cache=True,
-            output_hidden_states=hidden_layer is not None,
-            logits_to_keep=1 if last_row_only else 0,
-        )
+        # the model may be shared with a row-invariant backend: this one's switch decides
+        with nullcontext() if self.row_invariant else batched_attention():
+            out = self.model(
+                input_ids=tokens.view(1, n),
+                position_ids=positions.view(1, n),
+                attention_mask=mask,
+                past_key_values=self._cache,
+                use_cache=True,
+                output_hidden_states=hidden_layer is not None,
+                logits_to_keep=1 if last_row_only else 0,
+            )
         self._len += n
         hidden = None
         if hidden_layer is not None:
