@@ -18,9 +18,9 @@ from adaspec.models.quant import (
     Int4WeightLinear,
     Int8WeightLinear,
     check_quant,
-    dense_prefill,
     linear_paths,
     load_quantized_state,
+    prefill_arithmetic,
     quantize_model,
     quantized_bytes,
 )
@@ -153,7 +153,7 @@ def test_int8_dyn_rows_do_not_depend_on_each_other():
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_weight_only_layers_use_the_float_weight_only_inside_dense_prefill(mode):
+def test_weight_only_layers_use_the_float_weight_only_inside_prefill_arithmetic(mode):
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 48)
     model = torch.nn.Sequential(copy.deepcopy(lin))
@@ -161,7 +161,7 @@ def test_weight_only_layers_use_the_float_weight_only_inside_dense_prefill(mode)
     x = torch.randn(20, 256)
     with torch.no_grad():
         quantized = model(x)
-        with dense_prefill(model):
+        with prefill_arithmetic(model):
             dense = model(x)
         after = model(x)
         ref = lin(x)
@@ -185,7 +185,7 @@ def test_bf16_prefill_multiplies_in_fp32_on_a_cpu_without_bf16(no_native_bf16, r
     with torch.no_grad():
         bf16 = lin(x)
         fp32 = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
-        with dense_prefill(model), _weight_dtypes() as seen:
+        with prefill_arithmetic(model), _weight_dtypes() as seen:
             got = model(x)
         after = model(x)
     fp32_route = rows >= FP32_PREFILL_ROWS
@@ -218,17 +218,17 @@ def test_quantized_float_weight_prefill_runs_in_fp32_without_bf16(no_native_bf16
     dense = model[0].weight.detach().clone()
     quantize_model(model, mode)
     x = torch.randn(FP32_PREFILL_ROWS, 256).to(torch.bfloat16)
-    with torch.no_grad(), dense_prefill(model), _weight_dtypes() as seen:
+    with torch.no_grad(), prefill_arithmetic(model), _weight_dtypes() as seen:
         got = model(x)
     want = torch.nn.functional.linear(x.float(), dense.float(), model[0].bias.float())
     assert seen == [torch.float32]
     assert torch.equal(got, want.to(torch.bfloat16))
 
 
-def test_dense_prefill_restores_the_quantized_path_after_an_error():
+def test_prefill_arithmetic_restores_the_quantized_path_after_an_error():
     model = torch.nn.Sequential(torch.nn.Linear(128, 16))
     quantize_model(model, "int4")
-    with pytest.raises(RuntimeError), dense_prefill(model):
+    with pytest.raises(RuntimeError), prefill_arithmetic(model):
         assert model[0].use_dense
         raise RuntimeError("boom")
     assert not model[0].use_dense

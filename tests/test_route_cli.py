@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -43,6 +45,18 @@ def test_router_train(capsys, tmp_path):
     assert art.info["train"]["epochs"] == 2 and art.info["prompts"] == 4
 
 
+def test_router_cv(capsys, tmp_path):
+    data = make_collection(tmp_path / "data", max_new_tokens=6)
+    out = tmp_path / "cv.json"
+    code, text, err = run(capsys, "router", "cv", str(data), "--folds", "3", "--alphas", "0,1",
+                          "--epochs", "2", "--hidden", "16", "--out", str(out))
+    assert code == 0, err
+    assert "3-fold cross-validation on 6 training prompts" in text
+    rows = json.loads(out.read_text())
+    assert [r["alpha"] for r in rows] == [0.0, 1.0]
+    assert all(sum(r["picks"].values()) == 6 and r["speedup"] > 0 for r in rows)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -52,6 +66,7 @@ def test_router_train(capsys, tmp_path):
         (["router", "collect", "--max-new-tokens", "0"], "max-new-tokens"),
         (["router", "report", "--train", "{tmp}", "--bench", "{tmp}", "--features", "{tmp}",
           "--out", "{tmp}/r", "--alphas", "a,b"], "--alphas"),
+        (["router", "cv", "{tmp}"], "router collect"),
     ],
 )
 def test_router_errors_are_one_line(capsys, tmp_path, argv, message):

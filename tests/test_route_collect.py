@@ -25,6 +25,11 @@ def test_collection_table(collection):
     assert (data.similarity[:, 1:] == 1.0).all()
     assert ((data.similarity[:, 0] >= 0) & (data.similarity[:, 0] <= 1)).all()
     assert (data.ms_per_token > 0).all() and (data.speedup[:, 0] == 1.0).all()
+    # decode time: the prompt's prefill taken out of each run
+    row = data.rows[("train/0", "ngram")]
+    decode = 1000 * (row["wall_time"] - row["prefill_time"]) / row["new_tokens"]
+    assert row["prefill_time"] > 0 and data.decode_ms_per_token[0, 1] == pytest.approx(decode)
+    assert (data.decode_ms_per_token < data.ms_per_token).all()
     target, draft = data.params[0], data.params[2]
     assert data.params[1] == 0 and target > draft > 0
     assert data.target == "tiny-target" and data.categories[:2] == ["code", "chat"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaspec.errors import InputError
 from adaspec.route.data import RouterData
 from adaspec.route.evaluate import (
     alpha_sweep,
+    cross_validate,
     learning_curve,
     oracle_choices,
     policy_choices,
@@ -19,7 +21,7 @@ from adaspec.route.evaluate import (
     timing_noise,
 )
 from adaspec.route.policy import TrainConfig
-from adaspec.route.train import train_artifact
+from adaspec.route.train import data_rewards, train_artifact
 
 
 def synthetic(n: int = 12, seed: int = 0) -> RouterData:
@@ -38,7 +40,8 @@ def synthetic(n: int = 12, seed: int = 0) -> RouterData:
     return RouterData(
         arms=arms, methods={a: a for a in arms}, prompt_ids=[f"p{i}" for i in range(n)],
         categories=cats, states=states.astype(np.float32), similarity=np.ones((n, 3)),
-        ms_per_token=ms, ar_ms_per_token=ms[:, 0], params=[1500, 0, 500], target="t", rows=rows,
+        ms_per_token=ms, decode_ms_per_token=ms, ar_ms_per_token=ms[:, 0],
+        params=[1500, 0, 500], target="t", rows=rows,
     )
 
 
@@ -62,6 +65,20 @@ def test_learning_curve_and_alpha_sweep_learn_the_split():
     assert curve[-1]["speedup"] > 1.6  # near the oracle's ~1.71 overall
     sweep = alpha_sweep(train, test, [0.0, 1.0], "measured", cfg)
     assert sweep[0]["speedup"] > 1.6 and set(sweep[0]["picks"]) == {"ngram", "draft:k=4"}
+
+
+def test_cross_validation_routes_each_fold_by_a_policy_trained_on_the_others():
+    train = synthetic(16, seed=3)
+    cfg = TrainConfig(epochs=40, hidden=32)
+    fast, slow = cross_validate(train, [0.0, 1.0], "measured", cfg, folds=4)
+    oracle = replay_scopes(train, oracle_choices(train))
+    # alpha 0: the measured reward separates the two kinds of prompts, on held-out folds too
+    assert fast["fastest_share"] >= 14 / 16 and fast["speedup"] > 0.95 * oracle[0]
+    assert set(fast["picks"]) == {"ngram", "draft:k=4"} and fast["folds"] == 4
+    # alpha 1: similarity is 1 for every arm, nothing to learn
+    assert slow["fastest_share"] < 1.0 and slow["speedup"] < fast["speedup"]
+    with pytest.raises(InputError, match="folds"):
+        cross_validate(train, [0.0], "measured", cfg, folds=17)
 
 
 def test_proxy_vs_truth_reports_agreement():
@@ -110,3 +127,13 @@ def test_timing_noise_pairs_router_runs_with_the_arms_own_runs():
     assert noise["median_abs_deviation"] == pytest.approx(0.075)
     assert noise["max_abs_deviation"] == pytest.approx(0.1)
     assert timing_noise(data, [])["median_abs_deviation"] is None
+
+
+def test_measured_reward_reads_decode_time_not_prefill():
+    """A slow prefill (the same work for every arm, here timing noise) must not hide the arm
+    that decodes faster: the reward compares decode times."""
+    data = synthetic(n=2)
+    data.ms_per_token = np.array([[100.0, 130.0, 120.0]] * 2)  # end to end: ar looks fastest
+    data.decode_ms_per_token = np.array([[80.0, 40.0, 70.0]] * 2)  # ngram decodes 2x faster
+    r = data_rewards(data, alpha=0.0)
+    assert r.argmax(1).tolist() == [1, 1] and r[0].tolist() == pytest.approx([0.5, 1.0, 40 / 70])

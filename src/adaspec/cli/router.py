@@ -1,6 +1,7 @@
 """`adaspec router`: collect offline data, record prompt states, train the policy, report.
 
 adaspec router collect --suite sharegpt:8,humaneval:4,wmt:4 --out router-data
+adaspec router cv router-data --alphas 0,0.1,0.5
 adaspec router train router-data --out router.pt
 adaspec bench --suite spec-bench:2 --methods ar,ngram,draft:k=4,router:router.pt
 adaspec router features --suite spec-bench:2 --out router-test
@@ -10,11 +11,14 @@ adaspec router report --train router-data --bench bench-results/x --features rou
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from adaspec.cli.model_options import add_model_options
 
 COLLECT_SUITES = "sharegpt:8,humaneval:4,wmt:4"
+ALPHAS = "0,0.1,0.25,0.5,0.75,1"
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -82,6 +86,14 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:
     _train_args(t)
     t.set_defaults(func=run_train)
 
+    v = rsub.add_parser("cv", help="cross-validate alpha on the training prompts (no test set)")
+    v.add_argument("data", help="folder from `adaspec router collect`")
+    v.add_argument("--folds", type=int, default=4, help="k-fold over prompts (default 4)")
+    v.add_argument("--alphas", default=ALPHAS, help=f"alphas to compare (default {ALPHAS})")
+    v.add_argument("--out", default=None, help="also write the table as JSON")
+    _train_args(v)
+    v.set_defaults(func=run_cv)
+
     r = rsub.add_parser("report", help="router vs arms vs oracle, learning curve, alpha sweep")
     r.add_argument("--train", required=True, help="folder from `adaspec router collect`")
     r.add_argument("--bench", required=True, help="bench results folder with the arms and "
@@ -89,7 +101,7 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--features", required=True, help="folder from `adaspec router features` "
                    "on the same test prompts")
     r.add_argument("--out", required=True, help="report folder (report.md, report.json, PNGs)")
-    r.add_argument("--alphas", default="0,0.1,0.25,0.5,0.75,1", help="alpha sweep")
+    r.add_argument("--alphas", default=ALPHAS, help="alpha sweep")
     r.add_argument("--draws", type=int, default=5, help="random training subsets per size")
     _train_args(r)
     r.set_defaults(func=run_report)
@@ -190,14 +202,41 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _alphas(text: str) -> list[float]:
+    from adaspec.errors import InputError
+
+    try:
+        alphas = [float(a) for a in text.split(",") if a.strip()]
+    except ValueError:
+        raise InputError(f"--alphas must be comma-separated numbers, got {text!r}") from None
+    if not alphas:
+        raise InputError("--alphas is empty")
+    return alphas
+
+
+def run_cv(args: argparse.Namespace) -> int:
+    from adaspec.route.data import load_collection
+    from adaspec.route.evaluate import cross_validate
+
+    config, alphas = train_config(args), _alphas(args.alphas)
+    data = load_collection(args.data)
+    rows = cross_validate(data, alphas, args.cost, config, args.folds)
+    print(f"{args.folds}-fold cross-validation on {len(data)} training prompts, cost "
+          f"{args.cost}, epochs {config.epochs} (speedup over plain decoding, replayed)")
+    print(f"{'alpha':>6} {'mean over categories':>21} {'overall':>8} {'fastest':>8}  picks")
+    for r in rows:
+        print(f"{r['alpha']:>6} {r['mean_speedup']:>20.2f}x {r['speedup']:>7.2f}x "
+              f"{r['fastest_share']:>8.0%}  {r['picks']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
 def run_report(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.route.report import write_report
 
-    try:
-        alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
-    except ValueError:
-        raise InputError(f"--alphas must be comma-separated numbers, got {args.alphas!r}") from None
+    alphas = _alphas(args.alphas)
     if args.draws < 1:
         raise InputError("--draws must be >= 1")
     alpha = None if args.alpha is None else args.alpha

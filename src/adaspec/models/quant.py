@@ -19,7 +19,7 @@ mode's forward times and how many greedy outputs change against bf16.
 
 Prompt prefill: the weight-only kernels are made for a few rows (int4 costs ~30 ms per row of
 a 1.5B prefill on the Xeon, bf16 ~8), so `int8` and `int4` layers keep the float weight they
-were made from and use it inside `dense_prefill()`, which the backend enters only for a
+were made from and use it inside `prefill_arithmetic()`, which the backend enters only for a
 prompt's prefill. On a CPU without native bf16 arithmetic (AVX2: no AVX-512 bf16, no AMX)
 torch's bf16 GEMM is several times slower than fp32, so there every bf16 Linear multiplies in
 fp32 during prefill. Every later forward (decode steps, drafts, verification) runs the normal
@@ -256,7 +256,7 @@ def _plain_prefill_forward(layer: nn.Linear):
 
 
 @contextmanager
-def dense_prefill(model: nn.Module) -> Iterator[None]:
+def prefill_arithmetic(model: nn.Module) -> Iterator[None]:
     """Within this block every Linear runs `prefill_linear`, weight-only quantized layers
     with their float weight: for a prompt's prefill only (see the module docstring for why
     exactness is unaffected)."""

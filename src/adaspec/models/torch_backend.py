@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from adaspec.models.attention import batched_attention, use_row_invariant_attention
 from adaspec.models.backend import ForwardOutput, ModelBackend
-from adaspec.models.quant import dense_prefill, quantized_bytes
+from adaspec.models.quant import prefill_arithmetic, quantized_bytes
 
 
 class TorchBackend(ModelBackend):
@@ -112,10 +112,10 @@ class TorchBackend(ModelBackend):
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
         """Reset and score a whole prompt, the output head on the last row only (what callers
-        read); Linear layers run the prefill arithmetic of `dense_prefill` (many rows), and
-        attention is batched here (plain and speculative decoding share the prefill)."""
+        read); Linear layers run `prefill_arithmetic` (many rows) and attention is batched
+        here (plain and speculative decoding share the prefill)."""
         self.reset()
-        with dense_prefill(self.model), batched_attention():
+        with prefill_arithmetic(self.model), batched_attention():
             return self._run(tokens, None, None, hidden_layer, last_row_only=True)
 
     def _layers(self) -> list:

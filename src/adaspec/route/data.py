@@ -71,7 +71,9 @@ def read_meta(folder: str | Path) -> dict:
 
 @dataclass
 class RouterData:
-    """Prompts x arms, in the arms' order; times are ms per new token of each measured run."""
+    """Prompts x arms, in the arms' order; times are ms per new token of each measured run:
+    end to end (what the bench reports) and decode only (prefill taken out: the part an arm
+    controls, which the measured reward reads)."""
 
     arms: list[str]
     methods: dict[str, str]  # arm name -> method string
@@ -80,6 +82,7 @@ class RouterData:
     states: np.ndarray  # [N, hidden]
     similarity: np.ndarray  # [N, A] Rouge-L against the target's greedy output
     ms_per_token: np.ndarray  # [N, A]
+    decode_ms_per_token: np.ndarray  # [N, A]
     ar_ms_per_token: np.ndarray  # [N] plain decoding, the denominator of every speedup
     params: list[int]  # per arm, the paper's cost input
     target: str
@@ -103,6 +106,7 @@ class RouterData:
             states=self.states[idx],
             similarity=self.similarity[idx],
             ms_per_token=self.ms_per_token[idx],
+            decode_ms_per_token=self.decode_ms_per_token[idx],
             ar_ms_per_token=self.ar_ms_per_token[idx],
             params=self.params,
             target=self.target,
@@ -110,8 +114,13 @@ class RouterData:
         )
 
 
-def _ms(row: dict) -> float:
-    return 1000.0 * row["wall_time"] / row["new_tokens"] if row["new_tokens"] else float("nan")
+def _ms(row: dict, decode_only: bool = False) -> float:
+    """ms per new token of a bench row; decode_only takes the prompt's prefill out (the same
+    work for every arm, whose timing noise would otherwise blur the arms' differences)."""
+    if not row["new_tokens"]:
+        return float("nan")
+    wall = row["wall_time"] - (row.get("prefill_time", 0.0) if decode_only else 0.0)
+    return 1000.0 * wall / row["new_tokens"]
 
 
 def load_data(
@@ -145,12 +154,14 @@ def load_data(
         )
     sim = np.ones((len(keep), len(arms)))
     ms = np.zeros((len(keep), len(arms)))
+    decode_ms = np.zeros((len(keep), len(arms)))
     for i, p in enumerate(keep):
         ref = by_key[(p, "ar")]["token_ids"]
         sample = state_rows[p].get("sample_token_ids")
         for j, a in enumerate(arms):
             row = by_key[(p, a)]
             ms[i, j] = _ms(row)
+            decode_ms[i, j] = _ms(row, decode_only=True)
             if a in plain and sample is not None:
                 sim[i, j] = rouge_l(ref, sample)
             elif a not in plain:
@@ -163,6 +174,7 @@ def load_data(
         states=np.asarray([state_rows[p]["state"] for p in keep], dtype=np.float32),
         similarity=sim,
         ms_per_token=ms,
+        decode_ms_per_token=decode_ms,
         ar_ms_per_token=np.asarray([_ms(by_key[(p, "ar")]) for p in keep]),
         params=list(params) if params is not None else [0] * len(arms),
         target=target,

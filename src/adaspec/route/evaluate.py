@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from adaspec.bench.report import OVERALL, summarize
+from adaspec.errors import InputError
 from adaspec.route.data import RouterData
 from adaspec.route.policy import RouterPolicy, TrainConfig
 from adaspec.route.train import train_artifact
@@ -182,3 +183,39 @@ def timing_noise(test: RouterData, live_rows: list[dict]) -> dict:
         "max_abs_deviation": max(dev) if dev else None,
         "ratios": ratios,
     }
+
+
+def cross_validate(
+    train: RouterData,
+    alphas: list[float],
+    cost: str,
+    config: TrainConfig,
+    folds: int = 4,
+) -> list[dict]:
+    """Choose alpha (and see what the policy generalises to) without the test set: k-fold over
+    the training prompts (random folds from `config.seed`), each fold's prompts routed by a
+    policy trained on the other folds, replayed on their own measured runs."""
+    if not 2 <= folds <= len(train):
+        raise InputError(f"cross-validation needs 2 <= folds <= {len(train)} prompts, got {folds}")
+    order = np.random.default_rng(config.seed).permutation(len(train))
+    parts = np.array_split(order, folds)
+    out = []
+    for a in alphas:
+        picks = np.zeros(len(train), dtype=int)
+        for k, held in enumerate(parts):
+            rest = np.concatenate([p for j, p in enumerate(parts) if j != k])
+            art = train_artifact(train.subset(rest), a, cost, config)
+            picks[held] = policy_choices(art.policy, train.states[held])
+        overall, mean = replay_scopes(train, picks)
+        out.append(
+            {
+                "alpha": a,
+                "cost": cost,
+                "folds": folds,
+                "speedup": overall,
+                "mean_speedup": mean,
+                "fastest_share": float(np.mean(picks == oracle_choices(train))),
+                "picks": dict(Counter(train.arms[int(i)] for i in picks)),
+            }
+        )
+    return out

@@ -11,7 +11,8 @@ cost (higher = cheaper = better, in [0, 1]):
 - `params`: the paper's c_i = 1 - e^{p_i} / e^{p_max}, p in billions of parameters run per
   drafted token; one number per arm, the same for every prompt;
 - `measured` (default): the arm's measured speed on this prompt relative to the fastest arm,
-  t_best / t_i with t = ms per token on this machine; 1 for the fastest arm.
+  t_best / t_i with t = decode ms per token on this machine (the prompt's prefill is the
+  same work for every arm, so it is left out); 1 for the fastest arm.
 """
 
 from __future__ import annotations

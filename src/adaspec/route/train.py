@@ -17,7 +17,7 @@ DEFAULT_ALPHA = 0.1
 
 
 def data_rewards(data: RouterData, alpha: float, cost: str = DEFAULT_COST):
-    return rewards(data.similarity, data.ms_per_token, data.params, alpha, cost)
+    return rewards(data.similarity, data.decode_ms_per_token, data.params, alpha, cost)
 
 
 def train_artifact(
