@@ -23,8 +23,10 @@ else
   $LOCK $ADASPEC router collect $MODEL --arms "$ARMS" --suite sharegpt:3,humaneval:2,wmt:2 --out $OUT/train
   $LOCK $ADASPEC router collect $MODEL --arms "$ARMS" --suite sharegpt:5,humaneval:3,wmt:3 --out $OUT/train
 fi
-# 2. the policy: the paper's settings except epochs (1 gradient step per epoch on this data)
-$ADASPEC router train $OUT/train --epochs "$EPOCHS" --out $OUT/router.pt
+# 2. the policy: the paper's settings except epochs (1 gradient step per epoch on this data),
+#    alpha chosen by 5-fold cross-validation on the training prompts (no test data)
+$ADASPEC router train $OUT/train --epochs "$EPOCHS" --alpha-cv --folds 5 --alphas 0,0.1,0.25,0.5,1 \
+  --out $OUT/router.pt | tee $OUT/train.txt
 # 3. the test prompts' states (to replay other policies on the measured runs), then one bench
 #    run on the test prompts: every arm, the greedy and the dynamic router
 R=$OUT/router.pt

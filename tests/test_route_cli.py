@@ -55,6 +55,16 @@ def test_router_cv(capsys, tmp_path):
     rows = json.loads(out.read_text())
     assert [r["alpha"] for r in rows] == [0.0, 1.0]
     assert all(sum(r["picks"].values()) == 6 and r["speedup"] > 0 for r in rows)
+    # train --alpha-cv: the alpha with the best cross-validated mean, the table in the artifact
+    art_path = tmp_path / "router.pt"
+    code, text, err = run(capsys, "router", "train", str(data), "--alpha-cv", "--folds", "3",
+                          "--alphas", "0,1", "--epochs", "2", "--hidden", "16", "--out",
+                          str(art_path))
+    assert code == 0, err
+    art = load_artifact(art_path)
+    best = max(rows, key=lambda r: r["mean_speedup"])["alpha"]
+    assert art.alpha == best and [r["alpha"] for r in art.info["cv"]] == [0.0, 1.0]
+    assert "3-fold cross-validation" in text
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,11 @@ def test_report_end_to_end(tmp_path):
     # timing noise: every live router run repeats its arm's own run (single-turn prompts)
     assert rep["timing_noise"]["pairs"] == 2 * len(TEST)
     assert "## Timing noise" in md
+    # an artifact trained with --alpha-cv carries its cross-validation table into the report
+    assert "cross-validation" not in md
+    rep["artifact"]["info"]["cv"] = [{"alpha": 0.0, "folds": 3, "mean_speedup": 1.2,
+                                      "speedup": 1.1, "fastest_share": 0.5, "picks": {"ar": 6}}]
+    assert "3-fold cross-validation on the training prompts" in to_markdown(rep)
 
     # other training settings than the artifact's (the paper's epochs): a retrained row
     other = write_report(str(train_dir), str(bench), str(tmp_path / "features"),

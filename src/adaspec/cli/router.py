@@ -45,6 +45,11 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
 
 
+def _cv_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--folds", type=int, default=4, help="k-fold over prompts (default 4)")
+    p.add_argument("--alphas", default=ALPHAS, help=f"alphas to compare (default {ALPHAS})")
+
+
 def add_router_parser(sub: argparse._SubParsersAction) -> None:
     from adaspec.route.arms import DEFAULT_ARMS
 
@@ -83,14 +88,16 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("data", help="folder from `adaspec router collect`")
     t.add_argument("--out", default="router.pt", help="artifact file")
     t.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
+    t.add_argument("--alpha-cv", action="store_true", help="choose alpha among --alphas by "
+                   "k-fold cross-validation on the training prompts (overrides --alpha)")
+    _cv_args(t)
     _train_args(t)
     t.set_defaults(func=run_train)
 
     v = rsub.add_parser("cv", help="cross-validate alpha on the training prompts (no test set)")
     v.add_argument("data", help="folder from `adaspec router collect`")
-    v.add_argument("--folds", type=int, default=4, help="k-fold over prompts (default 4)")
-    v.add_argument("--alphas", default=ALPHAS, help=f"alphas to compare (default {ALPHAS})")
     v.add_argument("--out", default=None, help="also write the table as JSON")
+    _cv_args(v)
     _train_args(v)
     v.set_defaults(func=run_cv)
 
@@ -182,6 +189,7 @@ def train_config(args: argparse.Namespace):
 def run_train(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.route.data import load_collection
+    from adaspec.route.evaluate import choose_alpha
     from adaspec.route.train import DEFAULT_ALPHA, train_artifact
 
     config = train_config(args)  # bad settings fail before any data is read
@@ -191,7 +199,13 @@ def run_train(args: argparse.Namespace) -> int:
             raise InputError(f"--limit must be >= 1, got {args.limit}")
         data = data.subset(range(min(args.limit, len(data))))
     alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
+    cv = None
+    if args.alpha_cv:
+        alpha, cv = choose_alpha(data, _alphas(args.alphas), args.cost, config, args.folds)
+        _print_cv(cv, len(data), args.cost, config.epochs)
     art = train_artifact(data, alpha, args.cost, config)
+    if cv is not None:
+        art.info["cv"] = cv
     from adaspec.route.artifact import save_artifact
 
     save_artifact(art, args.out)
@@ -214,6 +228,15 @@ def _alphas(text: str) -> list[float]:
     return alphas
 
 
+def _print_cv(rows: list[dict], prompts: int, cost: str, epochs: int) -> None:
+    print(f"{rows[0]['folds']}-fold cross-validation on {prompts} training prompts, cost "
+          f"{cost}, epochs {epochs} (speedup over plain decoding, replayed)")
+    print(f"{'alpha':>6} {'mean over categories':>21} {'overall':>8} {'fastest':>8}  picks")
+    for r in rows:
+        print(f"{r['alpha']:>6} {r['mean_speedup']:>20.2f}x {r['speedup']:>7.2f}x "
+              f"{r['fastest_share']:>8.0%}  {r['picks']}")
+
+
 def run_cv(args: argparse.Namespace) -> int:
     from adaspec.route.data import load_collection
     from adaspec.route.evaluate import cross_validate
@@ -221,12 +244,7 @@ def run_cv(args: argparse.Namespace) -> int:
     config, alphas = train_config(args), _alphas(args.alphas)
     data = load_collection(args.data)
     rows = cross_validate(data, alphas, args.cost, config, args.folds)
-    print(f"{args.folds}-fold cross-validation on {len(data)} training prompts, cost "
-          f"{args.cost}, epochs {config.epochs} (speedup over plain decoding, replayed)")
-    print(f"{'alpha':>6} {'mean over categories':>21} {'overall':>8} {'fastest':>8}  picks")
-    for r in rows:
-        print(f"{r['alpha']:>6} {r['mean_speedup']:>20.2f}x {r['speedup']:>7.2f}x "
-              f"{r['fastest_share']:>8.0%}  {r['picks']}")
+    _print_cv(rows, len(data), args.cost, config.epochs)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -219,3 +219,13 @@ def cross_validate(
             }
         )
     return out
+
+
+def choose_alpha(
+    train: RouterData, alphas: list[float], cost: str, config: TrainConfig, folds: int = 4
+) -> tuple[float, list[dict]]:
+    """The alpha with the best cross-validated mean speedup over categories (the first of
+    equals), and the whole cross-validation table."""
+    rows = cross_validate(train, alphas, cost, config, folds)
+    best = max(rows, key=lambda r: r["mean_speedup"] or 0.0)
+    return best["alpha"], rows

@@ -252,6 +252,21 @@ def to_markdown(rep: dict) -> str:
             f"| {s['cost']} | {s['alpha']} | {_x(s.get('mean_speedup'))} | {_x(s['speedup'])} "
             f"| {s['picks']} |"
         )
+    cv = art["info"].get("cv")
+    if cv:
+        lines += [
+            "",
+            f"## Alpha of the live router: {cv[0]['folds']}-fold cross-validation on the training "
+            "prompts",
+            "",
+            "| alpha | mean over categories | overall | fastest arm picked | picks |",
+            "| ---: | ---: | ---: | ---: | --- |",
+        ]
+        for r in cv:
+            lines.append(
+                f"| {r['alpha']} | {_x(r['mean_speedup'])} | {_x(r['speedup'])} | "
+                f"{_pct(r['fastest_share'])} | {r['picks']} |"
+            )
     pv = rep["proxy_vs_truth"]
     lines += [
         "",
