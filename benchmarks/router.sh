@@ -3,7 +3,8 @@
 # the CPU lock. Defaults reproduce the Xeon run (bf16 built-in pair, benchmarks/results/router);
 # on another machine set OUT, QUANT / DRAFT_QUANT and ARMS, e.g. the AVX2 run:
 #   OUT=benchmarks/results/router-epyc QUANT=int8 DRAFT_QUANT=int4 \
-#     ARMS=ar,ngram,draft:k=1,draft:k=3 TRAIN_SUITES=sharegpt:8,humaneval:4,wmt:4 benchmarks/router.sh
+#     ARMS=ar,ngram,draft:k=1,draft:k=3 TRAIN_SUITES=sharegpt:18,humaneval:10,wmt:10 \
+#     TEST_SUITES=spec-bench:1,humaneval:2,wmt:2 benchmarks/router.sh
 #   train: ShareGPT first turns + the second half of HumanEval and WMT (the router's data)
 #   test:  Spec-Bench (6 categories) + the first HumanEval / WMT prompts (held out)
 set -euo pipefail
