@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The router measurement (issue 6): greedy, 48 new tokens, every step resumable, each under
-# the CPU lock. Defaults reproduce the Xeon run (bf16 built-in pair, benchmarks/results/router);
+# the CPU lock. Defaults (with ALPHA=0.1) reproduce the Xeon run (bf16 built-in pair,
+# benchmarks/results/router);
 # on another machine set OUT, QUANT / DRAFT_QUANT and ARMS, e.g. the AVX2 run:
 #   OUT=benchmarks/results/router-epyc QUANT=int8 DRAFT_QUANT=int4 \
 #     ARMS=ar,ngram,draft:k=1,draft:k=3 TRAIN_SUITES=sharegpt:18,humaneval:10,wmt:10 \
@@ -25,9 +26,10 @@ else
   $LOCK $ADASPEC router collect $MODEL --arms "$ARMS" --suite sharegpt:5,humaneval:3,wmt:3 --out $OUT/train
 fi
 # 2. the policy: the paper's settings except epochs (1 gradient step per epoch on this data),
-#    alpha chosen by 5-fold cross-validation on the training prompts (no test data)
-$ADASPEC router train $OUT/train --epochs "$EPOCHS" --alpha-cv --folds 5 --alphas 0,0.1,0.25,0.5,1 \
-  --out $OUT/router.pt | tee $OUT/train.txt
+#    alpha chosen by 5-fold cross-validation on the training prompts (no test data), or
+#    ALPHA=... (the Xeon run: ALPHA=0.1, before --alpha-cv existed)
+if [ -n "${ALPHA:-}" ]; then PICK="--alpha $ALPHA"; else PICK="--alpha-cv --folds 5 --alphas 0,0.1,0.25,0.5,1"; fi
+$ADASPEC router train $OUT/train --epochs "$EPOCHS" $PICK --out $OUT/router.pt | tee $OUT/train.txt
 # 3. the test prompts' states (to replay other policies on the measured runs), then one bench
 #    run on the test prompts: every arm, the greedy and the dynamic router
 R=$OUT/router.pt
