@@ -119,7 +119,9 @@ def test_resume_after_interruption_gives_one_row_per_prompt_method_repeat(
         runner.run(PROMPTS)
     results = tmp_path / "out" / "results.jsonl"
     first, _ = read_rows(results)
-    assert len(first) == 7
+    # 7 runs finished, but the 7th (t/1's draft:k=2, first in that prompt's rotated order)
+    # waits for its plain-decoding reference: it is not written, and resuming runs it again
+    assert len(first) == 6
     with results.open("a") as f:
         f.write('{"prompt_id": "t/1", "method": "dra')  # a row cut off mid-write
     monkeypatch.setattr(BenchRunner, "run_prompt", real)
@@ -140,7 +142,7 @@ def test_resume_after_interruption_gives_one_row_per_prompt_method_repeat(
     assert broken == 0
     keys = [(r["prompt_id"], r["method"], r["repeat"]) for r in rows]
     assert len(keys) == len(set(keys)) == len(PROMPTS) * 3 * 2
-    assert rows[:7] == first  # finished rows were kept, not re-run
+    assert rows[:6] == first  # written rows were kept, not re-run
     assert summary["methods"]["ar"]["prompts"] == len(PROMPTS) * 2
     assert summary["exactness"]["bugs"] == 0
 
@@ -148,6 +150,23 @@ def test_resume_after_interruption_gives_one_row_per_prompt_method_repeat(
     again = make_runner(tmp_path, target, draft, tokenizer, ["ar"], overwrite=True)
     again.run(PROMPTS[:1])
     assert len(read_rows(results)[0]) == 1
+
+
+@pytest.mark.parametrize("order", ["rotate", "fixed"])
+def test_method_order_rotates_per_prompt(tmp_path, target, draft, tokenizer, order):
+    methods = ["ngram:k=4", "draft:k=2"]
+    runner = make_runner(tmp_path, target, draft, tokenizer, methods, method_order=order)
+    summary = runner.run(PROMPTS)
+    rows, _ = read_rows(tmp_path / "out" / "results.jsonl")
+    ran = [[r["method"] for r in rows if r["prompt_id"] == p.id] for p in PROMPTS]
+    full = ["ar", *methods]
+    if order == "fixed":
+        assert ran == [full] * 3
+    else:  # each prompt starts one further along; rows run before `ar` were still checked
+        assert ran == [full, [*full[1:], "ar"], [full[2], "ar", full[1]]]
+    assert all(r["exactness_checked"] and r["divergence"] is None for r in rows
+               if r["method"] != "ar")
+    assert summary["methods"]["ngram:k=4"]["differs_from_ar"] == 0
 
 
 def test_exactness_counter_catches_a_broken_method(tmp_path, target, draft, tokenizer):
@@ -175,6 +194,7 @@ def test_exactness_counter_catches_a_broken_method(tmp_path, target, draft, toke
     )
     summary = runner.run(PROMPTS[:2])
     ex = summary["exactness"]
+    # on t/1 `broken` runs before `ar` (rotated order): it is checked once `ar` has run
     assert ex["bugs"] == 2 and ex["numerical_ties"] == 0
     assert {d["prompt_id"] for d in ex["divergences"]} == {"t/0", "t/1"}
     assert all(d["method"] == "broken" for d in ex["divergences"])

@@ -85,6 +85,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="runs per prompt and method")
     p.add_argument("--out", default=None, help="results folder (default bench-results/NAME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--method-order", choices=("rotate", "fixed"), default="rotate",
+                   help="rotate (default): each prompt starts the method list one further "
+                   "along, so no method always runs first; fixed: as listed")
     p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
     add_model_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -176,6 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
         draft_quant=args.draft_quant,
         profile=args.profile,
         limit=opts["limit"],
+        method_order=args.method_order,
     )
     if config.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}")
