@@ -18,6 +18,11 @@ def test_prefill_scores_only_the_last_row(target, target_model):
     assert out.logits.shape == (1, target.vocab_size)
     torch.testing.assert_close(out.logits, full_logits(target_model, ids)[-1:])
     assert target.cache_len == len(ids)  # every row still went into the cache
+    # no autograd graph: the prompt's activations are not kept alive while decoding
+    assert any(p.requires_grad for p in target_model.parameters())
+    assert not out.logits.requires_grad and not out.logits.grad_fn
+    hidden = target.prefill(torch.tensor(ids), hidden_layer=1).hidden
+    assert hidden is not None and not hidden.requires_grad
 
 
 def test_truncate_and_refeed_equals_fresh_prefill(target, target_model):

@@ -110,6 +110,7 @@ class TorchBackend(ModelBackend):
             hidden = out.hidden_states[hidden_layer][0]
         return ForwardOutput(logits=out.logits[0], hidden=hidden)
 
+    @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
         """Reset and score a whole prompt, the output head on the last row only (what callers
         read); Linear layers run `prefill_arithmetic` (many rows) and attention is batched
