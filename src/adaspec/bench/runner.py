@@ -89,8 +89,8 @@ class BenchConfig:
     draft_quant: str = "none"
     profile: str | None = None
     limit: int | None = None
-    # "rotate": each (prompt, repeat) starts the method list one further along, so no method
-    # always runs first on a prompt (a first run on new shapes is slower); "fixed": as listed
+    # "rotate": each (prompt, repeat) starts the method list one further along, so an effect
+    # of the position within a prompt does not always fall on the same method; "fixed": as listed
     method_order: str = "rotate"
 
     def sampling(self, repeat: int) -> SamplingParams:
