@@ -37,6 +37,7 @@ from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams
 
 RESULTS = "results.jsonl"
+METHOD_ORDERS = ("rotate", "fixed")  # BenchConfig.method_order
 RUN_FILE = "run.json"
 # Settings that change what a row means: a resumed run must match them.
 RESUME_KEYS = (

@@ -38,6 +38,7 @@ PROFILES = {
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from adaspec.bench.runner import METHOD_ORDERS
     from adaspec.bench.suites import SUITES
 
     p = sub.add_parser(
@@ -85,7 +86,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="runs per prompt and method")
     p.add_argument("--out", default=None, help="results folder (default bench-results/NAME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument("--method-order", choices=("rotate", "fixed"), default="rotate",
+    p.add_argument("--method-order", choices=METHOD_ORDERS, default=METHOD_ORDERS[0],
                    help="rotate (default): each prompt starts the method list one further "
                    "along, so no method always runs first; fixed: as listed")
     p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
