@@ -118,6 +118,19 @@ def test_speedup_is_a_ratio_of_paired_runs_per_category_and_overall():
     assert overall["ms_per_token"] == pytest.approx(1000 * 8.5 / 50)
 
 
+def test_decode_figures_leave_the_target_prefill_out():
+    s = summarize(synthetic_rows(), ["ar", "m"], theory_methods=["m"])
+    a = s["categories"]["A"]["m"]
+    # ar decodes in (2 - 0.1) + (1 - 0.05) s, m in (1 - 0.1) + (1 - 0.05) s; 20 tokens each
+    assert a["decode_speedup"] == pytest.approx(2.85 / 1.85)
+    assert a["decode_ms_per_token"] == pytest.approx(1000 * 1.85 / 20)
+    overall = s["methods"]["m"]
+    assert overall["decode_ms_per_token"] == pytest.approx(1000 * (8.5 - 0.35) / 50)
+    assert overall["decode_speedup"] == pytest.approx((5.65 / 40) / (3.15 / 40))
+    assert "decode ms/token (speedup)" in to_markdown(s)
+    assert "## Decode speedup by category" in to_markdown(s)
+
+
 def test_mat_acceptance_alpha_and_time_split():
     s = summarize(synthetic_rows(), ["ar", "m"])
     a = s["categories"]["A"]["m"]

@@ -5,6 +5,8 @@ Definitions (Spec-Bench and the papers):
 - speedup: plain decoding's ms/token over the method's ms/token, pooled over the *paired*
   runs (the same prompts and repeats, in the same process), i.e. a ratio of total times per
   token; the median of per-prompt ratios is reported beside it;
+- decode ms/token, decode speedup: the same without the target's prompt prefill, which is the
+  same work for every method (a draft's own prefill stays in: it is that method's cost);
 - MAT (mean accepted tokens): new tokens per target forward pass, prefill included (1.0 for
   plain decoding);
 - acceptance rate: accepted draft tokens / drafted tokens; alpha: accepted / tested tokens
@@ -33,6 +35,17 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def decode_seconds(row: dict) -> float:
+    """A run's wall time without the target's prompt prefill."""
+    return row["wall_time"] - row.get("prefill_time", 0.0)
+
+
+def _per_token(rows: list[dict], decode_only: bool = True) -> float:
+    """Seconds per new token pooled over rows: decode time (no prefill), or wall time."""
+    seconds = sum(decode_seconds(r) if decode_only else r["wall_time"] for r in rows)
+    return seconds / sum(r["new_tokens"] for r in rows)
+
+
 def method_entry(
     rows: list[dict], ar_by_key: dict[tuple[str, int], dict], target_bytes: int | None = None
 ) -> dict:
@@ -51,18 +64,19 @@ def method_entry(
         for r in rows
         if row_key(r) in ar_by_key and r["new_tokens"] and ar_by_key[row_key(r)]["new_tokens"]
     ]
+    entry["decode_ms_per_token"] = _ratio(1000 * sum(decode_seconds(r) for r in rows), tokens)
     entry["paired_prompts"] = len(pairs)
     if pairs:
-        base = sum(a["wall_time"] for a, _ in pairs) / sum(a["new_tokens"] for a, _ in pairs)
-        mine = sum(r["wall_time"] for _, r in pairs) / sum(r["new_tokens"] for _, r in pairs)
-        entry["speedup"] = _ratio(base, mine)
+        ar_rows, my_rows = [a for a, _ in pairs], [r for _, r in pairs]
+        entry["speedup"] = _ratio(_per_token(ar_rows, False), _per_token(my_rows, False))
+        entry["decode_speedup"] = _ratio(_per_token(ar_rows), _per_token(my_rows))
         entry["median_prompt_speedup"] = statistics.median(
             (a["wall_time"] / a["new_tokens"]) / (r["wall_time"] / r["new_tokens"])
             for a, r in pairs
             if r["wall_time"] > 0
         )
     else:
-        entry["speedup"] = entry["median_prompt_speedup"] = None
+        entry["speedup"] = entry["decode_speedup"] = entry["median_prompt_speedup"] = None
     calls = sum(r.get("target_calls", 0) for r in rows)
     drafted = sum(r.get("drafted", 0) for r in rows)
     steps = [tuple(s) for r in rows for s in r.get("steps") or []]
@@ -237,9 +251,10 @@ def _pct(v: float | None) -> str:
 
 def method_table(entries: dict, bandwidth: float | None = None) -> list[str]:
     lines = [
-        "| method | tokens/s | ms/token | speedup vs ar | MAT | acceptance | target calls "
-        "| draft calls | draft / verify / other | target GB/s | differs (ties / bugs) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+        "| method | tokens/s | ms/token | speedup vs ar | decode ms/token (speedup) | MAT "
+        "| acceptance | target calls | draft calls | draft / verify / other | target GB/s "
+        "| differs (ties / bugs) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for m, e in entries.items():
         s = e["time_split"]
@@ -255,7 +270,8 @@ def method_table(entries: dict, bandwidth: float | None = None) -> list[str]:
             differs = f"{e['differs_from_ar']} (other weights)"
         lines.append(
             f"| `{m}` | {_x(e['tokens_per_s'])} | {_x(e['ms_per_token'], '.0f')} | "
-            f"{_x(e['speedup'], '.2f', 'x')} | {_x(e['mean_accepted_tokens'])} | "
+            f"{_x(e['speedup'], '.2f', 'x')} | {_x(e.get('decode_ms_per_token'), '.0f')} "
+            f"({_x(e.get('decode_speedup'), '.2f', 'x')}) | {_x(e['mean_accepted_tokens'])} | "
             f"{_pct(e['acceptance_rate']) if e['drafted'] else 'n/a'} | {e['target_calls']} | "
             f"{e['draft_calls']} | {split} | {gbs} | {differs} |"
         )
@@ -307,10 +323,17 @@ def to_markdown(summary: dict) -> str:
         )
     lines += ["", "## Overall", ""]
     lines += method_table(summary["methods"], bw.get("gemv_gbs"))
-    lines += ["", "Time split: verify includes the prefill.", ""]
+    lines += [
+        "",
+        "Time split: verify includes the prefill. Decode = without the target's prompt prefill "
+        "(the same work for every method; a draft's own prefill stays in).",
+        "",
+    ]
     if len(summary["categories"]) > 1:
         lines += ["## Speedup by category", ""]
         lines += _matrix(summary, "speedup", lambda v: _x(v, ".2f", "x"))
+        lines += ["", "## Decode speedup by category", ""]
+        lines += _matrix(summary, "decode_speedup", lambda v: _x(v, ".2f", "x"))
         lines += ["", "## MAT by category", ""]
         lines += _matrix(summary, "mean_accepted_tokens", _x)
         lines += ["", "## Acceptance rate by category", ""]

@@ -36,7 +36,8 @@ def _entry(rows: list[dict], method: str) -> dict | None:
     if not mine:
         return None
     e = method_entry(mine, ar_by_key)
-    keys = ("ms_per_token", "speedup", "mean_accepted_tokens", "acceptance_rate")
+    keys = ("ms_per_token", "speedup", "decode_ms_per_token", "decode_speedup",
+            "mean_accepted_tokens", "acceptance_rate")
     return {k: e[k] for k in keys} | {
         "mean_draft_length": e["mean_draft_length"],
         "draft_calls": e["draft_calls"],
@@ -50,9 +51,9 @@ def _scope_table(rows: list[dict], arms, home: str | None) -> dict:
     on `home` (the suite the scope belongs to), DISCO in-domain and in transfer."""
     out: dict = {"arms": {a.label: _entry(rows, a.method) for a in arms}}
 
-    def ms(label: str | None) -> float | None:
+    def ms(label: str | None, field: str = "ms_per_token") -> float | None:
         e = out["arms"].get(label) if label else None
-        return e["ms_per_token"] if e else None
+        return e.get(field) if e else None
 
     def pick(family: str, artifact: str | None) -> str | None:
         for a in arms:
@@ -74,12 +75,15 @@ def _scope_table(rows: list[dict], arms, home: str | None) -> dict:
         "disco": in_domain.label if in_domain else None,
         "transfer": [a.label for a in disco_arms if a is not in_domain],
     }
-    d = ms(in_domain.label) if in_domain else None
-    out["disco_vs_static"] = _ratio(d, ms(static))
-    out["disco_vs_heuristic"] = _ratio(d, ms(heur))
-    out["gap_closed"] = {
-        a.label: gap_closed(ms(static), ms(a.label), ms(oracle)) for a in disco_arms
-    }
+    # with and without the target's prompt prefill (the same work in every arm)
+    for prefix, field in (("", "ms_per_token"), ("decode_", "decode_ms_per_token")):
+        d = ms(in_domain.label, field) if in_domain else None
+        out[f"{prefix}disco_vs_static"] = _ratio(d, ms(static, field))
+        out[f"{prefix}disco_vs_heuristic"] = _ratio(d, ms(heur, field))
+        out[f"{prefix}gap_closed"] = {
+            a.label: gap_closed(ms(static, field), ms(a.label, field), ms(oracle, field))
+            for a in disco_arms
+        }
     return out
 
 
@@ -196,6 +200,21 @@ def _pct_change(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
 
 
+def _measured_table(measured: dict, prefix: str) -> list[str]:
+    """One row per scope, one cell per arm: ms/token (speedup), decode or end to end."""
+    labels = list(next(iter(measured.values()))["arms"])
+    lines = ["| scope | " + " | ".join(f"`{lab}`" for lab in labels) + " |",
+             "| --- |" + " ---: |" * len(labels)]
+    for scope, t in measured.items():
+        cells = []
+        for lab in labels:
+            e = t["arms"].get(lab)
+            cells.append("n/a" if not e else f"{_f(e.get(prefix + 'ms_per_token'))} "
+                         f"({_f(e.get(prefix + 'speedup'), '.2f', 'x')})")
+        lines.append(f"| {scope} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def to_markdown(report: dict) -> str:
     st = report["setup"]
     lines = [
@@ -218,38 +237,38 @@ def to_markdown(report: dict) -> str:
         "decode steps only (no prefill, no per-step bookkeeping), so it sits below the measured "
         "figures: it ranks settings, it does not predict wall time.",
         "",
-        "## Measured latency (ms/token) and speedup by category",
-        "",
     ]
     measured = report["measured"]
-    labels = [lab for lab in next(iter(measured.values()))["arms"]]
-    lines.append("| scope | " + " | ".join(f"`{lab}`" for lab in labels) + " |")
-    lines.append("| --- |" + " ---: |" * len(labels))
-    for scope, t in measured.items():
-        cells = []
-        for lab in labels:
-            e = t["arms"].get(lab)
-            cells.append(
-                "n/a" if not e else f"{_f(e['ms_per_token'])} ({_f(e['speedup'], '.2f', 'x')})"
-            )
-        lines.append(f"| {scope} | " + " | ".join(cells) + " |")
+    for title, prefix in (
+        ("Measured decode latency (ms/token, the target's prompt prefill left out) and "
+         "speedup by category", "decode_"),
+        ("Measured end-to-end latency (ms/token, prefill included) and speedup by category", ""),
+    ):
+        lines += [f"## {title}", ""]
+        lines += _measured_table(measured, prefix)
+        lines.append("")
     lines += [
-        "",
         "## DISCO against its baselines (measured)",
         "",
         "Latency change of in-domain DISCO against the best static k and the heuristic tuned "
-        "for the same suite (negative = DISCO faster); gap closed = (static - DISCO) / "
-        "(static - oracle) for each DISCO artifact (transfer = trained on the other suite). "
-        "Rows mixing suites (overall) compare with the first artifact's baselines.",
+        "for the same suite (negative = DISCO faster), on decode latency and (in brackets) "
+        "end to end; gap closed = (static - DISCO) / (static - oracle) on decode latency for "
+        "each DISCO artifact (transfer = trained on the other suite). Rows mixing suites "
+        "(overall) compare with the first artifact's baselines.",
         "",
         "| scope | baselines from | DISCO vs best static | DISCO vs heuristic | gap closed |",
         "| --- | --- | ---: | ---: | --- |",
     ]
     for scope, t in measured.items():
-        gaps = ", ".join(f"{k}: {_f(v, '.0%')}" for k, v in t["gap_closed"].items())
+        gaps = ", ".join(
+            f"{k}: {_f(v, '.0%')}" for k, v in t.get("decode_gap_closed", {}).items()
+        )
         lines.append(
-            f"| {scope} | {t['compare']['home_artifact']} | {_pct_change(t['disco_vs_static'])} | "
-            f"{_pct_change(t['disco_vs_heuristic'])} | {gaps} |"
+            f"| {scope} | {t['compare']['home_artifact']} | "
+            f"{_pct_change(t.get('decode_disco_vs_static'))} "
+            f"({_pct_change(t['disco_vs_static'])}) | "
+            f"{_pct_change(t.get('decode_disco_vs_heuristic'))} "
+            f"({_pct_change(t['disco_vs_heuristic'])}) | {gaps} |"
         )
     lines += [
         "",

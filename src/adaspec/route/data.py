@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from adaspec.bench.report import decode_seconds
 from adaspec.bench.runner import RESULTS, read_rows
 from adaspec.bench.suites import Prompt, load_suite
 from adaspec.errors import InputError
@@ -119,8 +120,8 @@ def _ms(row: dict, decode_only: bool = False) -> float:
     work for every arm, whose timing noise would otherwise blur the arms' differences)."""
     if not row["new_tokens"]:
         return float("nan")
-    wall = row["wall_time"] - (row.get("prefill_time", 0.0) if decode_only else 0.0)
-    return 1000.0 * wall / row["new_tokens"]
+    seconds = decode_seconds(row) if decode_only else row["wall_time"]
+    return 1000.0 * seconds / row["new_tokens"]
 
 
 def load_data(
