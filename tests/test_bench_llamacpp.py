@@ -148,8 +148,8 @@ def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
     isolated = open_decoder(gguf, 0.0)
     child_out, child_stats = isolated.generate(prompt, 12, eos)
     assert child_out == out and child_stats.new_tokens == len(out)
-    isolated._proc.kill()  # a dead llama.cpp process is a one-line error, not a crash
-    isolated._proc.join()
+    isolated._child._proc.kill()  # a dead llama.cpp process is a one-line error, not a crash
+    isolated._child._proc.wait()
     with pytest.raises(LlamaCppUnavailable, match="process died"):
         isolated.generate(prompt, 12, eos)
 

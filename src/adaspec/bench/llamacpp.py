@@ -91,11 +91,9 @@ class LlamaCppDecoder:
 
 def open_decoder(gguf: str | Path | None, temperature: float, isolated: bool = True):
     """The decoder for the bench's `llamacpp` method, with as many threads as torch uses (the
-    same cores for every method), in a child process unless `isolated` is False (see
-    `llamacpp_process`); LlamaCppUnavailable says why it cannot run."""
+    same cores for every method), in a child process unless `isolated` is False;
+    LlamaCppUnavailable says why it cannot run."""
     import torch
-
-    from adaspec.bench.llamacpp_process import ProcessDecoder
 
     import_llama()
     if temperature != 0:
@@ -107,5 +105,27 @@ def open_decoder(gguf: str | Path | None, temperature: float, isolated: bool = T
         )
     threads = torch.get_num_threads()
     if isolated:
-        return ProcessDecoder(gguf, threads)
+        return ChildDecoder(gguf, threads)
     return LlamaCppDecoder(gguf, n_threads=threads)
+
+
+class ChildDecoder:
+    """`LlamaCppDecoder.generate` served by a child process: the torch methods of the bench
+    run alone in theirs, and a crash in llama.cpp is a LlamaCppUnavailable, not a lost run.
+    Timing is taken inside the child, as in-process (the round trip is outside the clock)."""
+
+    def __init__(self, gguf: str | Path, n_threads: int) -> None:
+        from adaspec.models.child_process import ChildProcess
+
+        self._child = ChildProcess(LlamaCppDecoder, str(gguf), n_threads,
+                                   error=LlamaCppUnavailable)
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int]
+    ) -> tuple[list[int], RequestStats]:
+        return self._child.call(
+            "generate", [int(t) for t in prompt_ids], max_new_tokens, list(eos_token_ids)
+        )
+
+    def close(self) -> None:
+        self._child.close()

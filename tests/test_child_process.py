@@ -1,0 +1,44 @@
+"""An object served by a child process: its methods answer across the socket, and a failed
+build, a failed call or a dead child is a one-line error of the caller's chosen class, never
+a traceback or a hang."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaspec.errors import AdaspecError
+from adaspec.models.child_process import ChildProcess, ChildProcessFailed
+
+
+class Refused(AdaspecError):
+    pass
+
+
+def test_calls_run_on_the_object_in_the_child():
+    child = ChildProcess(list, [3, 1, 2])
+    try:
+        assert child.call("index", 2) == 2
+        child.call("sort")
+        assert child.call("copy") == [1, 2, 3]
+        assert child._proc.pid != __import__("os").getpid()
+    finally:
+        child.close()
+    assert child._proc.poll() is not None  # the child is gone
+
+
+def test_a_failed_build_or_call_is_one_line():
+    with pytest.raises(ChildProcessFailed, match="failed while loading: ValueError: invalid"):
+        ChildProcess(int, "not a number")
+    child = ChildProcess(list, [1])
+    with pytest.raises(ChildProcessFailed, match="failed while index: ValueError"):
+        child.call("index", 99)
+    assert child.call("copy") == [1]  # the child lives on after a failed call
+    child.close()
+
+
+def test_a_dead_child_raises_the_callers_error_class():
+    child = ChildProcess(list, [1], error=Refused)
+    child._proc.kill()
+    with pytest.raises(Refused, match="died while copy"):
+        child.call("copy")
+    child.close()
