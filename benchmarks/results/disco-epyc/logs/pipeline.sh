@@ -15,3 +15,5 @@ $A disco tune --artifact $D/spec-bench.pt --data $D/data.pt --costs-from $D/huma
 echo "tune done $(date)"
 $A disco bench --data $D/data.pt --artifacts $D/humaneval.pt,$D/spec-bench.pt --out $D --max-new-tokens 48 --no-progress > $L/bench.log 2>&1
 echo "bench done $(date) rc=$?"
+# The bench above was stopped during its warm-up and re-run with the measured static sweep:
+# $A disco bench --data $D/data.pt --artifacts $D/humaneval.pt,$D/spec-bench.pt --out $D --max-new-tokens 48 --static-sweep --no-progress > $L/bench.log 2>&1
