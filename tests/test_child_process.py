@@ -42,3 +42,12 @@ def test_a_dead_child_raises_the_callers_error_class():
     with pytest.raises(Refused, match="died while copy"):
         child.call("copy")
     child.close()
+
+
+def test_ctrl_c_is_left_to_the_parent():
+    import signal
+
+    child = ChildProcess(list, [1])
+    child._proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the process group
+    assert child.call("copy") == [1]
+    child.close()

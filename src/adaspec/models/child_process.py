@@ -15,6 +15,7 @@ method calls, one message each way, until the parent closes the socket.
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
@@ -117,4 +118,7 @@ class ChildProcess:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the parent handles it and closes the child,
+    # which must not print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _serve(Connection(int(sys.argv[1])))
