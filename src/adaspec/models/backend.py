@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from adaspec.errors import InputError
+
 
 @dataclass
 class ForwardOutput:
@@ -73,3 +75,23 @@ class ModelBackend(ABC):
     @abstractmethod
     def keep(self, indices: torch.Tensor) -> None:
         """Keep only the cached tokens at `indices` (ascending), e.g. an accepted tree path."""
+
+
+def chain_ids(
+    what: str,
+    cache_len: int,
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+    tree_mask: torch.Tensor | None,
+    hidden_layer: int | None,
+) -> list[int]:
+    """The token ids of a `forward` call on a chains-only backend (`what`, e.g. "the
+    llama.cpp backend"): no tree mask, no hidden state, positions right after the cache."""
+    if tree_mask is not None or hidden_layer is not None:
+        raise InputError(f"{what} scores chains only (no token trees, no hidden states)")
+    ids = [int(t) for t in tokens.reshape(-1)]
+    if positions is not None and positions.reshape(-1).tolist() != list(
+        range(cache_len, cache_len + len(ids))
+    ):
+        raise InputError(f"{what} feeds tokens right after its cache")
+    return ids

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from adaspec.errors import AdaspecError, InputError
-from adaspec.models.backend import ForwardOutput, ModelBackend
+from adaspec.models.backend import ForwardOutput, ModelBackend, chain_ids
 
 INSTALL_HINT = (
     "pip install 'adaspec[llamacpp]' (builds llama-cpp-python from source, about 8 minutes)"
@@ -169,15 +169,8 @@ class LlamaCppBackend(ModelBackend):
         tree_mask: torch.Tensor | None = None,
         hidden_layer: int | None = None,
     ) -> ForwardOutput:
-        if tree_mask is not None or hidden_layer is not None:
-            raise InputError(
-                "the llama.cpp backend scores chains only (no token trees, no hidden states)"
-            )
-        ids = [int(t) for t in tokens.reshape(-1)]
-        if positions is not None and positions.reshape(-1).tolist() != list(
-            range(self._len, self._len + len(ids))
-        ):
-            raise InputError("the llama.cpp backend feeds tokens right after its cache")
+        ids = chain_ids("the llama.cpp backend", self._len, tokens, positions, tree_mask,
+                        hidden_layer)
         return ForwardOutput(logits=self._feed(ids, every_row=True))
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from adaspec.errors import InputError
-from adaspec.models.backend import ForwardOutput, ModelBackend
+from adaspec.models.backend import ForwardOutput, ModelBackend, chain_ids
 from adaspec.models.child_process import ChildProcess
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
@@ -125,16 +125,8 @@ class ProcessBackend(ModelBackend):
         tree_mask: torch.Tensor | None = None,
         hidden_layer: int | None = None,
     ) -> ForwardOutput:
-        if tree_mask is not None or hidden_layer is not None:
-            raise InputError(
-                "a model in a child process scores chains only (no token trees, no hidden "
-                "states)"
-            )
-        ids = [int(t) for t in tokens.reshape(-1)]
-        if positions is not None and positions.reshape(-1).tolist() != list(
-            range(self._len, self._len + len(ids))
-        ):
-            raise InputError("a model in a child process feeds tokens right after its cache")
+        ids = chain_ids("a model in a child process", self._len, tokens, positions, tree_mask,
+                        hidden_layer)
         return self._logits("forward", ids)
 
     def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
