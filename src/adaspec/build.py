@@ -134,18 +134,17 @@ def load_backend(
     batched attention and the exactness check's tie rule, as does every draft and a model
     with sliding-window layers (not handled by the row-invariant path)."""
     from adaspec.models.attention import row_invariance_supported
-    from adaspec.models.llamacpp import GGUF, LlamaCppBackend, checked_gguf
+    from adaspec.models.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
     from adaspec.models.store import load_model, load_tokenizer
     from adaspec.models.torch_backend import TorchBackend
 
     if quant == GGUF:
         import torch
 
-        from adaspec.models.loading import source_name
         from adaspec.models.process_backend import ProcessBackend
 
-        path = checked_gguf(name)  # fails fast, before a child starts
-        backend = ProcessBackend(LlamaCppBackend, path, torch.get_num_threads(), source_name(name))
+        args = gguf_backend_args(name, torch.get_num_threads())  # fails fast, before a child
+        backend = ProcessBackend(LlamaCppBackend, *args)
         tokenizer = load_tokenizer(name, dtype)
         return backend, tokenizer, eos_ids_of(None, tokenizer)
     loaded = load_model(name, dtype=dtype, quant=quant)

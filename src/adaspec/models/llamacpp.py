@@ -70,13 +70,20 @@ def checked_gguf(model: str) -> Path:
     return path
 
 
-def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
-    """A built-in model or .gguf path run by llama.cpp as a backend (the `gguf` variant),
-    named as the torch loader names the same source (artifacts compare these names)."""
+def gguf_backend_args(
+    model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT
+) -> tuple[Path, int, str, int]:
+    """`LlamaCppBackend`'s arguments for a built-in model or .gguf path (the `gguf` variant):
+    the checked file, named as the torch loader names the same source (artifacts compare
+    these names). In this process or a child's, the backend is built from these."""
     from adaspec.models.loading import source_name
 
-    path = checked_gguf(model)
-    return LlamaCppBackend(path, n_threads=n_threads, name=source_name(model), n_ctx=n_ctx)
+    return checked_gguf(model), n_threads, source_name(model), n_ctx
+
+
+def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
+    """A built-in model or .gguf path run by llama.cpp as a backend in this process."""
+    return LlamaCppBackend(*gguf_backend_args(model, n_threads, n_ctx))
 
 
 def import_llama() -> type:
