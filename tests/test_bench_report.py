@@ -131,6 +131,19 @@ def test_decode_figures_leave_the_target_prefill_out():
     assert "## Decode speedup by category" in to_markdown(s)
 
 
+def test_steady_figures_leave_the_draft_prefill_out_too():
+    rows = [
+        row("p", "A", "ar", 3.0, 10, prefill_time=1.0),
+        row("p", "A", "m", 4.0, 10, prefill_time=1.0, draft_time=2.0, draft_prefill_time=1.5),
+    ]
+    m = summarize(rows, ["ar", "m"])["methods"]["m"]
+    assert m["decode_ms_per_token"] == pytest.approx(300.0)  # the draft prefill stays in
+    assert m["steady_ms_per_token"] == pytest.approx(150.0)
+    assert m["steady_speedup"] == pytest.approx(2.0 / 1.5)
+    assert m["decode_speedup"] == pytest.approx(2.0 / 3.0)
+    assert "| 150 (1.33x) |" in to_markdown(summarize(rows, ["ar", "m"]))
+
+
 def test_mat_acceptance_alpha_and_time_split():
     s = summarize(synthetic_rows(), ["ar", "m"])
     a = s["categories"]["A"]["m"]

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from adaspec.disco.bench import HEURISTIC, ORACLE, Arm
-from adaspec.disco.report import _measured_table, _scope_table, gap_closed
+from adaspec.disco.report import (
+    _in_domain_table,
+    _mean_of_suites,
+    _measured_table,
+    _scope_table,
+    gap_closed,
+)
 
 from .test_bench_report import row
 
@@ -51,3 +57,72 @@ def test_measured_tables_show_either_latency():
 def test_gap_closed_is_undefined_when_static_is_already_the_oracle():
     assert gap_closed(100.0, 90.0, 100.0) is None
     assert gap_closed(100.0, 110.0, 80.0) == pytest.approx(-0.5)
+
+
+def test_steady_comparison_leaves_the_draft_prefill_out():
+    rows = _rows()
+    for r in rows:
+        if r["method"] != "ar":
+            r["draft_prefill_time"] = 1.0  # the same start-up cost in every drafting arm
+    t = _scope_table(rows, ARMS, "he")
+    assert t["decode_disco_vs_static"] == pytest.approx(3.0 / 4.0)
+    assert t["steady_disco_vs_static"] == pytest.approx(2.0 / 3.0)
+    assert t["arms"]["DISCO [he]"]["steady_speedup"] == pytest.approx(6.0 / 2.0)
+
+
+def _two_suites() -> tuple[list, list[dict]]:
+    """A HumanEval prompt and a Spec-Bench prompt; each suite's static k and DISCO run its
+    own prompt in 4 and 3 s (decode), the other suite's artifact in 10 s."""
+    arms = [
+        Arm("plain", "ar", "ar"),
+        Arm("static [he]", "draft:k=3", "static", "humaneval"),
+        Arm("confidence [he]", "draft:ctrl=confidence,threshold=0.5,k=3", "confidence",
+            "humaneval"),
+        Arm("DISCO [he]", "draft:ctrl=disco,disco=he.pt", "disco", "humaneval"),
+        Arm("static [sb]", "draft:k=2", "static", "spec-bench"),
+        Arm("confidence [sb]", "draft:ctrl=confidence,threshold=0.6,k=2", "confidence",
+            "spec-bench"),
+        Arm("DISCO [sb]", "draft:ctrl=disco,disco=sb.pt", "disco", "spec-bench"),
+        Arm("heuristic", HEURISTIC, "heuristic"),
+        Arm("oracle", ORACLE, "oracle"),
+    ]
+    own = {"humaneval": ("he", "p1"), "spec-bench": ("sb", "p2")}
+    rows = []
+    for suite, (tag, pid) in own.items():
+        cat = "humaneval" if suite == "humaneval" else "qa"
+        for a in arms:
+            if a.family in ("ar", "heuristic", "oracle"):
+                decode = {"ar": 6.0, "heuristic": 5.0, "oracle": 2.0}[a.family]
+            elif a.artifact == suite:
+                decode = {"static": 4.0, "confidence": 3.5, "disco": 3.0}[a.family]
+            else:
+                decode = 10.0
+            if any(r["method"] == a.method and r["prompt_id"] == pid for r in rows):
+                continue
+            rows.append(row(pid, cat, a.method, 1.0 + decode, 10, prefill_time=1.0))
+    return arms, rows
+
+
+def test_overall_pairs_each_suite_with_its_own_artifact():
+    arms, rows = _two_suites()
+    suite_of = {"humaneval": "humaneval", "qa": "spec-bench"}
+    t = _in_domain_table(rows, arms, suite_of, ["humaneval", "spec-bench"])
+    assert t["compare"]["disco"] == "disco [in domain]"
+    assert t["arms"]["disco [in domain]"]["prompts"] == 2
+    assert t["decode_disco_vs_static"] == pytest.approx(6.0 / 8.0)  # not (3 + 10) / (4 + 10)
+    assert t["decode_disco_vs_heuristic"] == pytest.approx(6.0 / 10.0)
+    # a suite with no artifact of its own: no in-domain pairing
+    assert _in_domain_table(rows, arms[:4] + arms[7:], suite_of, ["humaneval", "spec-bench"]) \
+        is None
+
+
+def test_mean_of_suites_weighs_each_suite_the_same():
+    measured = {
+        "humaneval (all)": {"compare": {"home_artifact": "humaneval"},
+                            "decode_disco_vs_static": 1.1},
+        "spec-bench (all)": {"compare": {"home_artifact": "spec-bench"},
+                             "decode_disco_vs_static": 0.8},
+    }
+    mean = _mean_of_suites(measured, ["humaneval", "spec-bench"])
+    assert mean["decode_disco_vs_static"] == pytest.approx(0.95)
+    assert mean["disco_vs_heuristic"] is None

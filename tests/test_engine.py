@@ -177,3 +177,30 @@ def test_greedy_verifier_refused_when_sampling(target, draft):
 def test_engine_without_drafter_accepts_plain_engine_construction(target):
     res = Engine(target, None, eos_token_ids=[]).generate([3, 4], max_new_tokens=5)
     assert len(res.token_ids) == 5
+
+
+class SlowPrefillBackend(TorchBackend):
+    """A draft whose prompt prefill takes 50 ms more, recording what it was given."""
+
+    prefilled: list[list[int]]
+
+    def prefill(self, tokens, hidden_layer=None) -> ForwardOutput:
+        import time
+
+        self.prefilled.append(tokens.tolist())
+        time.sleep(0.05)
+        return super().prefill(tokens, hidden_layer)
+
+
+@pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])
+def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, method):
+    draft = SlowPrefillBackend(draft_model, name="draft")
+    draft.prefilled = []
+    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    prompt = PROMPTS[2]
+    out = engine.generate(prompt, max_new_tokens=12)
+    assert out.token_ids == reference_greedy(target_model, prompt, 12)
+    assert draft.prefilled == [prompt[:-1]]  # once, at the start, all but the last token
+    s = out.stats
+    assert 0.05 <= s.draft_prefill_time <= s.draft_time
+    assert s.draft_calls >= 1

@@ -227,7 +227,10 @@ class Engine:
         stats.target_calls += 1
         stats.prefill_time = time.perf_counter() - t_start - stats.route_time
         if self.drafter is not None:
+            t0 = time.perf_counter()
             self.drafter.start(prompt_ids)
+            stats.draft_prefill_time = time.perf_counter() - t0
+            stats.draft_time += stats.draft_prefill_time
         self.controller.start()
 
         context = prompt_ids + [first]

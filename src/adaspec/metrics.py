@@ -15,7 +15,8 @@ class RequestStats:
     accepted: int = 0  # draft tokens the target accepted
     wall_time: float = 0.0
     prefill_time: float = 0.0
-    draft_time: float = 0.0
+    draft_time: float = 0.0  # every draft-model second, its prompt prefill included
+    draft_prefill_time: float = 0.0  # the part of draft_time spent prefilling the prompt
     verify_time: float = 0.0  # target forward + verification (prefill excluded)
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
     route: str | None = None  # the drafter a router picked, if any

@@ -7,6 +7,8 @@ Definitions (Spec-Bench and the papers):
   token; the median of per-prompt ratios is reported beside it;
 - decode ms/token, decode speedup: the same without the target's prompt prefill, which is the
   same work for every method (a draft's own prefill stays in: it is that method's cost);
+- steady ms/token, steady speedup: the decode steps alone, the draft's prompt prefill left
+  out too: what a drafting method's decisions change, apart from its fixed start-up cost;
 - MAT (mean accepted tokens): new tokens per target forward pass, prefill included (1.0 for
   plain decoding);
 - acceptance rate: accepted draft tokens / drafted tokens; alpha: accepted / tested tokens
@@ -40,10 +42,18 @@ def decode_seconds(row: dict) -> float:
     return row["wall_time"] - row.get("prefill_time", 0.0)
 
 
-def _per_token(rows: list[dict], decode_only: bool = True) -> float:
-    """Seconds per new token pooled over rows: decode time (no prefill), or wall time."""
-    seconds = sum(decode_seconds(r) if decode_only else r["wall_time"] for r in rows)
-    return seconds / sum(r["new_tokens"] for r in rows)
+def steady_seconds(row: dict) -> float:
+    """A run's decode steps alone: wall time without either model's prompt prefill."""
+    return decode_seconds(row) - row.get("draft_prefill_time", 0.0)
+
+
+# The three latency scopes of a run: end to end, decode, decode steps alone.
+SCOPES = {"": lambda r: r["wall_time"], "decode_": decode_seconds, "steady_": steady_seconds}
+
+
+def _per_token(rows: list[dict], scope: str) -> float:
+    """Seconds per new token pooled over rows, in one of SCOPES."""
+    return sum(SCOPES[scope](r) for r in rows) / sum(r["new_tokens"] for r in rows)
 
 
 def method_entry(
@@ -64,19 +74,24 @@ def method_entry(
         for r in rows
         if row_key(r) in ar_by_key and r["new_tokens"] and ar_by_key[row_key(r)]["new_tokens"]
     ]
-    entry["decode_ms_per_token"] = _ratio(1000 * sum(decode_seconds(r) for r in rows), tokens)
+    for scope in ("decode_", "steady_"):
+        entry[f"{scope}ms_per_token"] = _ratio(1000 * sum(map(SCOPES[scope], rows)), tokens)
     entry["paired_prompts"] = len(pairs)
     if pairs:
         ar_rows, my_rows = [a for a, _ in pairs], [r for _, r in pairs]
-        entry["speedup"] = _ratio(_per_token(ar_rows, False), _per_token(my_rows, False))
-        entry["decode_speedup"] = _ratio(_per_token(ar_rows), _per_token(my_rows))
+        for scope in SCOPES:
+            entry[f"{scope}speedup"] = _ratio(
+                _per_token(ar_rows, scope), _per_token(my_rows, scope)
+            )
         entry["median_prompt_speedup"] = statistics.median(
             (a["wall_time"] / a["new_tokens"]) / (r["wall_time"] / r["new_tokens"])
             for a, r in pairs
             if r["wall_time"] > 0
         )
     else:
-        entry["speedup"] = entry["decode_speedup"] = entry["median_prompt_speedup"] = None
+        for scope in SCOPES:
+            entry[f"{scope}speedup"] = None
+        entry["median_prompt_speedup"] = None
     calls = sum(r.get("target_calls", 0) for r in rows)
     drafted = sum(r.get("drafted", 0) for r in rows)
     steps = [tuple(s) for r in rows for s in r.get("steps") or []]
@@ -121,7 +136,10 @@ def theory_entry(rows: list[dict], ar_by_key: dict[tuple[str, int], dict]) -> di
     if not steps or not draft_calls or not ar_decode_calls:
         return None
     t_target = sum(a.get("verify_time", 0.0) for a in ar_rows) / ar_decode_calls
-    t_draft = sum(r.get("draft_time", 0.0) for r in rows) / draft_calls
+    t_draft = (  # one draft step: the draft's prompt prefill is no step
+        sum(r.get("draft_time", 0.0) - r.get("draft_prefill_time", 0.0) for r in rows)
+        / draft_calls
+    )
     my_decode_calls = sum(max(r.get("target_calls", 0) - 1, 0) for r in rows)
     t_verify = (
         sum(r.get("verify_time", 0.0) for r in rows) / my_decode_calls if my_decode_calls else None
@@ -251,10 +269,12 @@ def _pct(v: float | None) -> str:
 
 def method_table(entries: dict, bandwidth: float | None = None) -> list[str]:
     lines = [
-        "| method | tokens/s | ms/token | speedup vs ar | decode ms/token (speedup) | MAT "
+        "| method | tokens/s | ms/token | speedup vs ar | decode ms/token (speedup) "
+        "| steady ms/token (speedup) | MAT "
         "| acceptance | target calls | draft calls | draft / verify / other | target GB/s "
         "| differs (ties / bugs) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+        "| --- |",
     ]
     for m, e in entries.items():
         s = e["time_split"]
@@ -271,7 +291,9 @@ def method_table(entries: dict, bandwidth: float | None = None) -> list[str]:
         lines.append(
             f"| `{m}` | {_x(e['tokens_per_s'])} | {_x(e['ms_per_token'], '.0f')} | "
             f"{_x(e['speedup'], '.2f', 'x')} | {_x(e.get('decode_ms_per_token'), '.0f')} "
-            f"({_x(e.get('decode_speedup'), '.2f', 'x')}) | {_x(e['mean_accepted_tokens'])} | "
+            f"({_x(e.get('decode_speedup'), '.2f', 'x')}) | "
+            f"{_x(e.get('steady_ms_per_token'), '.0f')} "
+            f"({_x(e.get('steady_speedup'), '.2f', 'x')}) | {_x(e['mean_accepted_tokens'])} | "
             f"{_pct(e['acceptance_rate']) if e['drafted'] else 'n/a'} | {e['target_calls']} | "
             f"{e['draft_calls']} | {split} | {gbs} | {differs} |"
         )

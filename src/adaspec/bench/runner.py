@@ -64,6 +64,7 @@ _SUM_FIELDS = (
     "wall_time",
     "prefill_time",
     "draft_time",
+    "draft_prefill_time",
     "verify_time",
     "route_time",
 )

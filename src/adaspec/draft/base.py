@@ -22,7 +22,8 @@ class Drafter(ABC):
     name: str = "drafter"
 
     def start(self, prompt_ids: list[int]) -> None:
-        """A new request begins with this prompt."""
+        """A new request begins with this prompt (a model drafter prefills it here; the
+        engine times this as the request's draft prefill)."""
 
     @abstractmethod
     def propose(

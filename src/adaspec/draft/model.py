@@ -24,6 +24,17 @@ def roll_back_to_common_prefix(
         del cached[n:]
 
 
+def prefill_prompt(backend: ModelBackend, prompt_ids: list[int]) -> list[int]:
+    """Start a request: score the prompt but its last token into an empty draft cache, so
+    the draft's prompt prefill is timed on its own and the first draft step feeds two tokens
+    (the last prompt token and the target's first). The tokens now cached."""
+    backend.reset()
+    head = list(prompt_ids[:-1])
+    if head:
+        backend.prefill(torch.tensor(head))
+    return head
+
+
 def feed(backend: ModelBackend, tokens: list[int]) -> torch.Tensor:
     """Score tokens after the draft cache; into an empty cache that is a prompt prefill
     (which a backend may run on a faster path for many rows)."""
@@ -42,8 +53,7 @@ class ModelDrafter(Drafter):
         self._cached: list[int] = []  # tokens whose keys/values are in the draft cache
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.backend.reset()
-        self._cached = []
+        self._cached = prefill_prompt(self.backend, prompt_ids)
 
     def _sync(self, context: list[int]) -> None:
         roll_back_to_common_prefix(self.backend, self._cached, context)

@@ -18,7 +18,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter, DraftProposal
-from adaspec.draft.model import feed, roll_back_to_common_prefix
+from adaspec.draft.model import feed, prefill_prompt, roll_back_to_common_prefix
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits
 from adaspec.tree import TokenTree, TreeProposal
@@ -96,8 +96,7 @@ class ModelTreeDrafter(TreeDrafter):
         return list(self._cached)
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.backend.reset()
-        self._cached = []
+        self._cached = prefill_prompt(self.backend, prompt_ids)
         self._tree = None
         self._fed = 0
 
