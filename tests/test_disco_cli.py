@@ -59,6 +59,31 @@ def test_collect_train_tune_bench(pair, tmp_path, capsys):
     assert "test humaneval" in (out / "summary.md").read_text()
     assert (out / "bench" / "results.jsonl").is_file()
 
+    # held-out test prompts: the suite's next prompts, without those of the training data
+    held = str(tmp_path / "held.pt")
+    assert main(["disco", "collect", "--suite", "humaneval:8", "--max-new-tokens", "8",
+                 "--exclude", data, "--split", "0,0,1", "--out", held, "--no-progress",
+                 *pair]) == 0  # fmt: skip
+    h = DiscoData.load(held)
+    assert len(h.split("test")) == 2 and not {s.prompt_id for s in h.samples} & {
+        s.prompt_id for s in d.samples
+    }
+    out2 = tmp_path / "bench-held"
+    assert main(["disco", "bench", "--data", held, "--artifacts", art, "--out", str(out2),
+                 "--max-new-tokens", "6", "--no-progress", *pair]) == 0  # fmt: skip
+    held_report = json.loads((out2 / "summary.json").read_text())
+    assert held_report["setup"]["test_prompts"] == 2
+    assert held_report["setup"]["splits"] == {"train": 4, "val": 1, "test": 2}
+    assert "held-out collection" in (out2 / "summary.md").read_text()
+    # prompts the artifact was trained on are no test prompts
+    leak = str(tmp_path / "leak.pt")
+    assert main(["disco", "collect", "--suite", "humaneval:6", "--max-new-tokens", "4",
+                 "--split", "0,0,1", "--out", leak, "--no-progress", *pair]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["disco", "bench", "--data", leak, "--artifacts", art, "--out",
+                 str(tmp_path / "b3"), "--no-progress", *pair]) == 2  # fmt: skip
+    assert "was trained or tuned on 5 of the test prompts" in capsys.readouterr().err
+
 
 def test_errors_are_one_line(pair, tmp_path, capsys):
     assert main(["disco", "train", "--data", str(tmp_path / "none.pt"), "--out", "x.pt"]) == 2

@@ -86,9 +86,9 @@ def _two_suites() -> tuple[list, list[dict]]:
         Arm("heuristic", HEURISTIC, "heuristic"),
         Arm("oracle", ORACLE, "oracle"),
     ]
-    own = {"humaneval": ("he", "p1"), "spec-bench": ("sb", "p2")}
+    own = {"humaneval": "p1", "spec-bench": "p2"}
     rows = []
-    for suite, (tag, pid) in own.items():
+    for suite, pid in own.items():
         cat = "humaneval" if suite == "humaneval" else "qa"
         for a in arms:
             if a.family in ("ar", "heuristic", "oracle"):

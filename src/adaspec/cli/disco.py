@@ -43,6 +43,13 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
         help="exact engine that produces the target's greedy output (default ngram: the same "
         "tokens as plain decoding, cheaper)",
     )
+    c.add_argument(
+        "--exclude",
+        default=None,
+        metavar="DATA[,DATA]",
+        help="leave out the prompts of these data files: with --split 0,0,1 this collects "
+        "held-out test prompts for artifacts trained on them",
+    )
     add_model_options(c)
     c.add_argument("--out", required=True, help="data file to write (.pt)")
     c.add_argument("--no-progress", action="store_true")
@@ -105,6 +112,17 @@ def _suites_arg(text: str | None, default: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------- collect
+def _excluded_prompts(paths: str | None) -> set[tuple[str, str]]:
+    """(suite, prompt id) of every sample in the comma-separated data files."""
+    from adaspec.disco.data import DiscoData
+
+    out: set[tuple[str, str]] = set()
+    for path in (p.strip() for p in (paths or "").split(",")):
+        if path:
+            out |= {(s.suite, s.prompt_id) for s in DiscoData.load(path).samples}
+    return out
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from adaspec.bench.suites import load_suite
     from adaspec.build import build_engine, load_backends
@@ -126,6 +144,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     for name, limit in suites:
         path = args.questions if name == "spec-bench" else None
         prompts += [(name, p) for p in load_suite(name, limit, path)]
+    excluded = _excluded_prompts(args.exclude)
+    prompts = [(name, p) for name, p in prompts if (name, p.id) not in excluded]
+    if not prompts:
+        raise InputError(f"no prompts left in {args.suite} once --exclude is applied")
     splits = assign_splits(prompts, fractions, args.seed)
     target, tokenizer, draft, eos = load_backends(
         args.target, args.draft, args.dtype, args.quant, args.draft_quant
@@ -155,6 +177,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             "generated_with": spec.text,
             "split_fractions": fractions,
             "split_seed": args.seed,
+            "excluded": args.exclude,
         },
         progress=not args.no_progress,
     )

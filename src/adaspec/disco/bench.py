@@ -86,6 +86,22 @@ def bench_prompts(
     return out
 
 
+def check_held_out(
+    samples: Sequence[Sample], artifacts: Sequence[tuple[str, DiscoArtifact]]
+) -> None:
+    """A test prompt an artifact was trained or tuned on would flatter it: refuse."""
+    for path, art in artifacts:
+        seen = set(art.provenance.get("train_prompts", [])) | set(
+            art.provenance.get("val_prompts", [])
+        )
+        leaked = sorted({s.prompt_id for s in samples if s.prompt_id in seen})
+        if leaked:
+            raise InputError(
+                f"{path} was trained or tuned on {len(leaked)} of the test prompts "
+                f"({', '.join(leaked[:5])}): bench it on prompts it has not seen"
+            )
+
+
 def load_artifacts(paths: Sequence[str]) -> list[tuple[str, DiscoArtifact]]:
     arts = [(p, DiscoArtifact.load(p)) for p in paths]
     if not arts:
@@ -111,6 +127,13 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
     arts = load_artifacts([p.strip() for p in args.artifacts.split(",") if p.strip()])
     arms = arms_for(arts, args.static_sweep)
     samples = data.split("test")
+    check_held_out(samples, arts)
+    made_for = (data.provenance.get("target"), data.provenance.get("draft"))
+    if made_for != (arts[0][1].target, arts[0][1].draft):
+        raise InputError(
+            f"{args.data} was collected with target/draft {made_for}, the artifacts were "
+            f"trained for {(arts[0][1].target, arts[0][1].draft)}"
+        )
     prompts = bench_prompts(samples, args.questions, args.limit)
     if not prompts:
         raise InputError(f"no test prompts in {args.data}")

@@ -89,6 +89,7 @@ def _scope_table(rows: list[dict], arms, home: str | None) -> dict:
 
 
 IN_DOMAIN = "in domain"
+_DATA_KEYS = ("suites", "prompts", "tokens", "max_new_tokens", "generated_with")
 
 
 def _in_domain_table(
@@ -213,6 +214,8 @@ def disco_report(
             "confirmed": art.tuning.get("confirmed"),
         }
     cfg = bench_summary.get("config", {})
+    first = artifacts[0][1]
+    train_data = first.provenance.get("data") or data.provenance
     return {
         "setup": {
             "target": cfg.get("target"),
@@ -222,11 +225,15 @@ def disco_report(
             "max_new_tokens": cfg.get("max_new_tokens"),
             "test_prompts": len({r["prompt_id"] for r in rows}),
             "categories": {c: suite_of.get(c) for c in categories},
-            "data": {
-                k: data.provenance.get(k)
-                for k in ("suites", "prompts", "tokens", "max_new_tokens", "generated_with")
+            "data": {k: train_data.get(k) for k in _DATA_KEYS},
+            "splits": {
+                "train": len(first.provenance.get("train_prompts", [])),
+                "val": len(first.provenance.get("val_prompts", [])),
+                "test": len(data.split("test")),
             },
-            "splits": {n: len(data.split(n)) for n in ("train", "val", "test")},
+            "held_out_data": None if data.provenance == train_data else {
+                k: data.provenance.get(k) for k in (*_DATA_KEYS, "excluded")
+            },
             "machine": bench_summary.get("machine"),
         },
         "measured": measured,
@@ -276,6 +283,14 @@ def to_markdown(report: dict) -> str:
         f"{st['data'].get('tokens')} tokens of {st['data'].get('max_new_tokens')}-token greedy "
         f"outputs, made with `{st['data'].get('generated_with')}`), split by prompt "
         f"{st['splits']}.",
+    ]
+    held = st.get("held_out_data")
+    if held:
+        lines[-1] += (
+            f" Test prompts: a held-out collection, {held.get('suites')} without the prompts of "
+            f"{held.get('excluded')} ({held.get('prompts')} prompts)."
+        )
+    lines += [
         "",
         "**Measured** below = one `adaspec bench` run on the test split (all methods in one "
         "process, alternating prompt by prompt after a warm-up; speedup = paired ms/token of "
