@@ -73,6 +73,12 @@ def test_collect_train_tune_bench(pair, tmp_path, capsys):
                  "--max-new-tokens", "6", "--no-progress", *pair]) == 0  # fmt: skip
     held_report = json.loads((out2 / "summary.json").read_text())
     assert held_report["setup"]["test_prompts"] == 2
+    capsys.readouterr()
+    assert main(["disco", "bench", "--data", held, "--artifacts", art, "--out",
+                 str(tmp_path / "b4"), "--limit", "humaneval:1", "--max-new-tokens", "4",
+                 "--no-progress", *pair]) == 0  # fmt: skip
+    assert json.loads((tmp_path / "b4" / "summary.json").read_text())["setup"][
+        "test_prompts"] == 1
     assert held_report["setup"]["splits"] == {"train": 4, "val": 1, "test": 2}
     assert "held-out collection" in (out2 / "summary.md").read_text()
     # prompts the artifact was trained on are no test prompts

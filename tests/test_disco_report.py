@@ -126,3 +126,15 @@ def test_mean_of_suites_weighs_each_suite_the_same():
     mean = _mean_of_suites(measured, ["humaneval", "spec-bench"])
     assert mean["decode_disco_vs_static"] == pytest.approx(0.95)
     assert mean["disco_vs_heuristic"] is None
+
+
+def test_limits_per_category():
+    from adaspec.disco.bench import parse_limits
+    from adaspec.errors import InputError
+
+    assert parse_limits("2,rag:1,summarization:1") == (2, {"rag": 1, "summarization": 1})
+    assert parse_limits("rag:1") == (None, {"rag": 1})
+    assert parse_limits(None) == (None, {})
+    for bad in ("0", "rag:x", "two"):
+        with pytest.raises(InputError, match="--limit"):
+            parse_limits(bad)

@@ -97,7 +97,12 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--artifacts", required=True, help="comma-separated tuned artifacts")
     b.add_argument("--out", required=True, help="results folder")
     b.add_argument("--max-new-tokens", type=int, default=48)
-    b.add_argument("--limit", type=int, default=None, help="test prompts per category")
+    b.add_argument(
+        "--limit",
+        default=None,
+        metavar="N|CATEGORY:N,...",
+        help='test prompts per category: one count, per-category counts, or both ("2,rag:1")',
+    )
     b.add_argument("--static-sweep", action="store_true", help="also run draft:k=1..8")
     add_model_options(b, quant=False, default_from=ARTIFACT_PAIR)
     b.add_argument("--questions", default=None, metavar="PATH", help="Spec-Bench question file")

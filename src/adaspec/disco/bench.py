@@ -65,10 +65,34 @@ def arms_for(
     return arms
 
 
+def parse_limits(text: str | None) -> tuple[int | None, dict[str, int]]:
+    """`--limit`: test prompts per category, "N", "CATEGORY:N,..." or both ("2,rag:1"):
+    the default count and the per-category ones."""
+    default: int | None = None
+    per_cat: dict[str, int] = {}
+    for part in (p.strip() for p in (text or "").split(",")):
+        if not part:
+            continue
+        cat, _, count = part.rpartition(":")
+        try:
+            n = int(count)
+        except ValueError:
+            n = -1
+        if n < 1:
+            raise InputError(f"--limit wants N or CATEGORY:N with N >= 1, got {part!r}")
+        if cat:
+            per_cat[cat] = n
+        else:
+            default = n
+    return default, per_cat
+
+
 def bench_prompts(
-    samples: Sequence[Sample], questions: str | None = None, limit: int | None = None
+    samples: Sequence[Sample], questions: str | None = None, limit: str | None = None
 ) -> list[Prompt]:
-    """The bench prompts of the test samples (with every turn), `limit` per category."""
+    """The bench prompts of the test samples (with every turn), as many per category as
+    `limit` allows (see parse_limits)."""
+    default, per_cat_limit = parse_limits(limit)
     by_suite: dict[str, dict[str, Prompt]] = {}
     out: list[Prompt] = []
     per_cat: dict[str, int] = {}
@@ -79,7 +103,8 @@ def bench_prompts(
         prompt = by_suite[s.suite].get(s.prompt_id)
         if prompt is None:
             raise InputError(f"prompt {s.prompt_id} of the data is not in suite {s.suite}")
-        if limit is not None and per_cat.get(s.category, 0) >= limit:
+        cap = per_cat_limit.get(s.category, default)
+        if cap is not None and per_cat.get(s.category, 0) >= cap:
             continue
         per_cat[s.category] = per_cat.get(s.category, 0) + 1
         out.append(prompt)
