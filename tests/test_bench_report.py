@@ -142,6 +142,11 @@ def test_steady_figures_leave_the_draft_prefill_out_too():
     assert m["steady_speedup"] == pytest.approx(2.0 / 1.5)
     assert m["decode_speedup"] == pytest.approx(2.0 / 3.0)
     assert "| 150 (1.33x) |" in to_markdown(summarize(rows, ["ar", "m"]))
+    # a drafting row recorded before the draft prefill was timed apart has no steady figure
+    old = [rows[0], row("p", "A", "m", 4.0, 10, prefill_time=1.0, draft_calls=3)]
+    m = summarize(old, ["ar", "m"])["methods"]["m"]
+    assert m["steady_ms_per_token"] is None and m["steady_speedup"] is None
+    assert m["decode_ms_per_token"] == pytest.approx(300.0)
 
 
 def test_mat_acceptance_alpha_and_time_split():

@@ -33,8 +33,8 @@ def row_key(row: dict) -> tuple[str, int]:
     return (str(row["prompt_id"]), int(row.get("repeat", 0)))
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def decode_seconds(row: dict) -> float:
@@ -42,8 +42,11 @@ def decode_seconds(row: dict) -> float:
     return row["wall_time"] - row.get("prefill_time", 0.0)
 
 
-def steady_seconds(row: dict) -> float:
-    """A run's decode steps alone: wall time without either model's prompt prefill."""
+def steady_seconds(row: dict) -> float | None:
+    """A run's decode steps alone: wall time without either model's prompt prefill (None
+    for a drafting run recorded before the draft's prefill was timed apart)."""
+    if "draft_prefill_time" not in row and row.get("draft_calls"):
+        return None
     return decode_seconds(row) - row.get("draft_prefill_time", 0.0)
 
 
@@ -51,9 +54,16 @@ def steady_seconds(row: dict) -> float:
 SCOPES = {"": lambda r: r["wall_time"], "decode_": decode_seconds, "steady_": steady_seconds}
 
 
-def _per_token(rows: list[dict], scope: str) -> float:
+def _seconds(rows: list[dict], scope: str) -> float | None:
+    """Seconds pooled over rows in one of SCOPES; None when a row lacks that figure."""
+    parts = [SCOPES[scope](r) for r in rows]
+    return None if None in parts else sum(parts)  # type: ignore[arg-type]
+
+
+def _per_token(rows: list[dict], scope: str) -> float | None:
     """Seconds per new token pooled over rows, in one of SCOPES."""
-    return sum(SCOPES[scope](r) for r in rows) / sum(r["new_tokens"] for r in rows)
+    seconds = _seconds(rows, scope)
+    return None if seconds is None else seconds / sum(r["new_tokens"] for r in rows)
 
 
 def method_entry(
@@ -75,7 +85,8 @@ def method_entry(
         if row_key(r) in ar_by_key and r["new_tokens"] and ar_by_key[row_key(r)]["new_tokens"]
     ]
     for scope in ("decode_", "steady_"):
-        entry[f"{scope}ms_per_token"] = _ratio(1000 * sum(map(SCOPES[scope], rows)), tokens)
+        seconds = _seconds(rows, scope)
+        entry[f"{scope}ms_per_token"] = None if seconds is None else _ratio(1000 * seconds, tokens)
     entry["paired_prompts"] = len(pairs)
     if pairs:
         ar_rows, my_rows = [a for a, _ in pairs], [r for _, r in pairs]
