@@ -51,3 +51,13 @@ def test_ctrl_c_is_left_to_the_parent():
     child._proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the process group
     assert child.call("copy") == [1]
     child.close()
+
+
+def test_a_child_whose_parent_is_gone_exits_quietly(capfd):
+    import importlib
+
+    child = ChildProcess(importlib.import_module, "time")
+    child._conn.send(("sleep", (0.5,)))  # a call in flight ...
+    child._conn.close()  # ... when the parent goes away
+    assert child._proc.wait(timeout=10) == 0
+    assert "Traceback" not in capfd.readouterr().err

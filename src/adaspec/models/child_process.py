@@ -121,4 +121,6 @@ if __name__ == "__main__":
     # Ctrl-C reaches the whole process group: the parent handles it and closes the child,
     # which must not print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _serve(Connection(int(sys.argv[1])))
+    # A parent gone mid-call (killed) leaves nobody to answer: exit without a traceback.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        _serve(Connection(int(sys.argv[1])))
