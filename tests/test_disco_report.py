@@ -138,3 +138,21 @@ def test_limits_per_category():
     for bad in ("0", "rag:x", "two"):
         with pytest.raises(InputError, match="--limit"):
             parse_limits(bad)
+
+
+def test_priced_comparison_sees_the_calls_not_the_clock():
+    from adaspec.disco.simulate import Costs
+
+    costs = Costs(draft_ms=10.0, target_ms=[100.0, 120.0, 150.0], decision_ms=0.5)
+    rows = _rows()
+    for r in rows:
+        r["turn_tokens"] = [10]
+        if r["method"] in ("draft:k=2", ARMS[2].method):  # the same calls, different clocks
+            r.update(steps=[[2, 2]] * 3 + [[0, 0]], target_calls=5, draft_calls=6)
+    t = _scope_table(rows, ARMS, "he", costs)
+    assert t["decode_disco_vs_static"] == pytest.approx(3.0 / 4.0)
+    static_ms = (3 * 150 + 100 + 6 * 10) / 10
+    assert t["arms"]["static k=2 [he]"]["priced_ms_per_token"] == pytest.approx(static_ms)
+    assert t["priced_disco_vs_static"] == pytest.approx((static_ms + 6 * 0.5 / 10) / static_ms)
+    assert t["arms"]["plain"]["priced_ms_per_token"] == pytest.approx(9 * 100 / 10)
+    assert t["arms"]["static k=2 [he]"]["priced_speedup"] == pytest.approx(90 / static_ms)

@@ -85,3 +85,15 @@ def test_tune_picks_the_latency_optimal_setting(draft_ms):
     if draft_ms < 100:  # the oracle never wastes a draft: the floor when drafts are cheap
         assert result["oracle"]["ms_per_token"] <= best["disco"]["ms_per_token"]
         assert best["disco"]["ms_per_token"] < best["static"]["ms_per_token"]
+
+
+def test_a_measured_run_is_priced_by_its_own_calls():
+    from adaspec.disco.simulate import price_run
+
+    costs = Costs(draft_ms=10.0, target_ms=[100.0, 120.0, 150.0], decision_ms=1.0)
+    # two turns: steps of 2 and 1 drafted tokens, one plain target call, 3 draft calls
+    run = {"steps": [[2, 2], [1, 0]], "turn_tokens": [3, 2], "target_calls": 5, "draft_calls": 3}
+    assert price_run(run, costs) == pytest.approx(150 + 120 + 100 + 3 * 10)
+    assert price_run(run, costs, decides=True) == pytest.approx(400 + 3 * 1.0)
+    plain = {"steps": [], "turn_tokens": [4], "target_calls": 4, "draft_calls": 0}
+    assert price_run(plain, costs) == pytest.approx(3 * 100)  # the prefill is not priced

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from adaspec.bench.report import SCOPES, method_entry, row_key
 from adaspec.disco.artifact import DiscoArtifact
 from adaspec.disco.data import DiscoData, Sample
-from adaspec.disco.simulate import Costs
+from adaspec.disco.simulate import Costs, price_run
 from adaspec.disco.train import classification_metrics
 from adaspec.disco.tune import DEFAULT_SL_MAXES, evaluate
 
@@ -30,15 +30,27 @@ def gap_closed(static_ms: float | None, disco_ms: float | None, oracle_ms: float
     return (static_ms - disco_ms) / (static_ms - oracle_ms)
 
 
-def _entry(rows: list[dict], method: str) -> dict | None:
+def _entry(rows: list[dict], arm, costs: Costs | None = None) -> dict | None:
     ar_by_key = {row_key(r): r for r in rows if r["method"] == "ar"}
-    mine = [r for r in rows if r["method"] == method]
+    mine = [r for r in rows if r["method"] == arm.method]
     if not mine:
         return None
     e = method_entry(mine, ar_by_key)
     keys = tuple(f"{scope}{k}" for scope in SCOPES for k in ("ms_per_token", "speedup")) + (
         "mean_accepted_tokens", "acceptance_rate")
+    priced = priced_speedup = None
+    if costs is not None:
+        decides = arm.family == "disco"
+        priced = sum(price_run(r, costs, decides) for r in mine) / e["new_tokens"]
+        pairs = [(ar_by_key[row_key(r)], r) for r in mine if row_key(r) in ar_by_key]
+        if pairs:
+            ar_ms = sum(price_run(a, costs) for a, _ in pairs)
+            my_ms = sum(price_run(r, costs, decides) for _, r in pairs)
+            tokens = sum(r["new_tokens"] for _, r in pairs) / sum(a["new_tokens"] for a, _ in pairs)
+            priced_speedup = ar_ms * tokens / my_ms if my_ms else None
     return {k: e[k] for k in keys} | {
+        "priced_ms_per_token": priced,
+        "priced_speedup": priced_speedup,
         "mean_draft_length": e["mean_draft_length"],
         "draft_calls": e["draft_calls"],
         "target_calls": e["target_calls"],
@@ -46,10 +58,14 @@ def _entry(rows: list[dict], method: str) -> dict | None:
     }
 
 
-def _scope_table(rows: list[dict], arms, home: str | None) -> dict:
+# Latency figures the comparisons read: the three measured scopes and the priced decode.
+COMPARED = (*SCOPES, "priced_")
+
+
+def _scope_table(rows: list[dict], arms, home: str | None, costs: Costs | None = None) -> dict:
     """Measured entries of every arm over `rows`; the comparison uses the baselines tuned
     on `home` (the suite the scope belongs to), DISCO in-domain and in transfer."""
-    out: dict = {"arms": {a.label: _entry(rows, a.method) for a in arms}}
+    out: dict = {"arms": {a.label: _entry(rows, a, costs) for a in arms}}
 
     def ms(label: str | None, field: str = "ms_per_token") -> float | None:
         e = out["arms"].get(label) if label else None
@@ -75,8 +91,8 @@ def _scope_table(rows: list[dict], arms, home: str | None) -> dict:
         "disco": in_domain.label if in_domain else None,
         "transfer": [a.label for a in disco_arms if a is not in_domain],
     }
-    # end to end, without the target's prompt prefill, and the decode steps alone
-    for prefix in SCOPES:
+    # end to end, without the target's prompt prefill, the decode steps alone, priced
+    for prefix in COMPARED:
         field = f"{prefix}ms_per_token"
         d = ms(in_domain.label, field) if in_domain else None
         out[f"{prefix}disco_vs_static"] = _ratio(d, ms(static, field))
@@ -93,7 +109,7 @@ _DATA_KEYS = ("suites", "prompts", "tokens", "max_new_tokens", "generated_with")
 
 
 def _in_domain_table(
-    rows: list[dict], arms, suite_of: dict[str, str], suites: list[str]
+    rows: list[dict], arms, suite_of: dict[str, str], suites: list[str], costs: Costs | None = None
 ) -> dict | None:
     """All suites at once, each suite's prompts run with the static k, confidence rule and
     DISCO tuned on that suite (the comparison the issue asks for "on average"); None when a
@@ -115,14 +131,14 @@ def _in_domain_table(
             if r["method"] == own[suite_of.get(r["category"], "")].method  # type: ignore[union-attr]
         ]
     shared = [a for a in arms if a.family in ("ar", "heuristic", "oracle")]
-    return _scope_table(rows + relabelled, shared + virtual, IN_DOMAIN)
+    return _scope_table(rows + relabelled, shared + virtual, IN_DOMAIN, costs)
 
 
 def _mean_of_suites(measured: dict, suites: list[str]) -> dict:
     """The mean over suites of each in-domain comparison ratio (each suite weighs the same,
     however many tokens its prompts produced)."""
     out: dict = {}
-    for prefix in SCOPES:
+    for prefix in COMPARED:
         for vs in ("static", "heuristic"):
             key = f"{prefix}disco_vs_{vs}"
             vals = [
@@ -149,20 +165,22 @@ def disco_report(
     def home_of(suite: str) -> str | None:
         return suite if suite in trained else None
 
+    # one yardstick for pricing every arm's calls: the first artifact's timed costs
+    costs = Costs(**artifacts[0][1].tuning["costs"]) if artifacts else None
     measured: dict = {}
     for c in categories:
         measured[c] = _scope_table(
-            [r for r in rows if r["category"] == c], arms, home_of(suite_of.get(c, ""))
+            [r for r in rows if r["category"] == c], arms, home_of(suite_of.get(c, "")), costs
         )
     for s in suites:
         cats = {c for c in categories if suite_of.get(c) == s}
         measured[f"{s} (all)"] = _scope_table(
-            [r for r in rows if r["category"] in cats], arms, home_of(s)
+            [r for r in rows if r["category"] in cats], arms, home_of(s), costs
         )
     in_domain = None
     if len(suites) > 1:
-        measured["overall"] = _scope_table(rows, arms, None)
-        in_domain = _in_domain_table(rows, arms, suite_of, suites)
+        measured["overall"] = _scope_table(rows, arms, None, costs)
+        in_domain = _in_domain_table(rows, arms, suite_of, suites, costs)
 
     arts: dict = {}
     for path, art in artifacts:
@@ -271,6 +289,14 @@ def _measured_table(measured: dict, prefix: str) -> list[str]:
     return lines
 
 
+def _has_priced(measured: dict) -> bool:
+    return any(
+        e and e.get("priced_ms_per_token") is not None
+        for t in measured.values()
+        for e in t["arms"].values()
+    )
+
+
 def _has_steady(measured: dict) -> bool:
     return any(
         e and e.get("steady_ms_per_token") is not None and label != "plain"
@@ -317,9 +343,13 @@ def to_markdown(report: dict) -> str:
         ("Measured latency of the decode steps alone (ms/token, the draft's prompt prefill "
          "left out too) and speedup by category", "steady_"),
         ("Measured end-to-end latency (ms/token, prefill included) and speedup by category", ""),
+        ("Priced decode latency (ms/token): each run's own target and draft calls at the "
+         "per-forward costs timed while tuning, free of the run's timing noise", "priced_"),
     ):
         if prefix == "steady_" and not _has_steady(measured):
             continue  # rows recorded before the draft's prefill was timed apart
+        if prefix == "priced_" and not _has_priced(measured):
+            continue
         lines += [f"## {title}", ""]
         lines += _measured_table(measured, prefix)
         lines.append("")
@@ -329,15 +359,17 @@ def to_markdown(report: dict) -> str:
         "Latency change of in-domain DISCO against the best static k and the heuristic tuned "
         "for the same suite (negative = DISCO faster) on decode latency, on the decode steps "
         "alone (steady: every drafting arm pays the same draft prefill, which no length "
-        "decision changes) and end to end; gap closed = (static - DISCO) / (static - oracle) "
+        "decision changes), end to end, and priced (each run's own calls at the costs timed "
+        "while tuning: what the decisions cost, without the run's timing noise); gap closed "
+        "= (static - DISCO) / (static - oracle) "
         "on decode latency for each DISCO artifact (transfer = trained on the other suite). "
         f"The row `overall ({IN_DOMAIN})` runs each suite's prompts with that suite's own "
         "artifact and baselines; `mean of suites` averages the per-suite changes. The plain "
         "`overall` row compares with the first artifact's baselines.",
         "",
-        "| scope | baselines from | vs best static: decode | steady | end to end "
-        "| vs heuristic: decode | steady | end to end | gap closed |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| scope | baselines from | vs best static: decode | steady | end to end | priced "
+        "| vs heuristic: decode | steady | end to end | priced | gap closed |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     scopes = dict(measured)
     if report.get("overall_in_domain"):
@@ -349,7 +381,7 @@ def to_markdown(report: dict) -> str:
         cells = [
             _pct_change(t.get(f"{prefix}disco_vs_{vs}"))
             for vs in ("static", "heuristic")
-            for prefix in ("decode_", "steady_", "")
+            for prefix in ("decode_", "steady_", "", "priced_")
         ]
         lines.append(
             f"| {scope} | {t['compare']['home_artifact']} | " + " | ".join(cells) + f" | {gaps} |"
@@ -359,7 +391,7 @@ def to_markdown(report: dict) -> str:
         cells = [
             _pct_change(mean.get(f"{prefix}disco_vs_{vs}"))
             for vs in ("static", "heuristic")
-            for prefix in ("decode_", "steady_", "")
+            for prefix in ("decode_", "steady_", "", "priced_")
         ]
         lines.append("| mean of suites | each suite's own | " + " | ".join(cells) + " |  |")
     lines += [

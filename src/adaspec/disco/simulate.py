@@ -185,3 +185,18 @@ def simulate_all(
     for hits, scores in zip(hits_list, scores_list, strict=True):
         total.add(simulate(hits, scores, tau, sl_max, costs, oracle))
     return total
+
+
+def price_run(row: dict, costs: Costs, decides: bool = False) -> float:
+    """A measured bench run's decode, priced: its own verification sizes and draft calls at
+    the per-forward costs timed while tuning (+ one decision per drafted token when the
+    controller `decides`), in ms. Free of the run's timing noise, so arms that made the same
+    calls cost the same; blind to everything outside the two forwards (prefills included)."""
+    steps = row.get("steps") or []
+    turns = len(row.get("turn_tokens") or [1])
+    single = row["target_calls"] - turns - len(steps)  # one-token target calls, no draft
+    ms = sum(costs.target(int(d) + 1) for d, _ in steps) + single * costs.target(1)
+    ms += row.get("draft_calls", 0) * costs.draft_ms
+    if decides:
+        ms += sum(int(d) for d, _ in steps) * costs.decision_ms
+    return ms
