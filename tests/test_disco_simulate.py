@@ -97,3 +97,5 @@ def test_a_measured_run_is_priced_by_its_own_calls():
     assert price_run(run, costs, decides=True) == pytest.approx(400 + 3 * 1.0)
     plain = {"steps": [], "turn_tokens": [4], "target_calls": 4, "draft_calls": 0}
     assert price_run(plain, costs) == pytest.approx(3 * 100)  # the prefill is not priced
+    longer = {"steps": [[3, 3]], "turn_tokens": [4], "target_calls": 2, "draft_calls": 3}
+    assert price_run(longer, costs) is None  # 4 tokens verified, 3 timed

@@ -41,13 +41,16 @@ def _entry(rows: list[dict], arm, costs: Costs | None = None) -> dict | None:
     priced = priced_speedup = None
     if costs is not None:
         decides = arm.family == "disco"
-        priced = sum(price_run(r, costs, decides) for r in mine) / e["new_tokens"]
+        prices = [price_run(r, costs, decides) for r in mine]
         pairs = [(ar_by_key[row_key(r)], r) for r in mine if row_key(r) in ar_by_key]
-        if pairs:
-            ar_ms = sum(price_run(a, costs) for a, _ in pairs)
-            my_ms = sum(price_run(r, costs, decides) for _, r in pairs)
+        if None not in prices:
+            priced = sum(prices) / e["new_tokens"]  # type: ignore[arg-type]
+        if pairs and priced is not None:
+            ar_ms = [price_run(a, costs) for a, _ in pairs]
+            my_ms = sum(price_run(r, costs, decides) or 0.0 for _, r in pairs)
             tokens = sum(r["new_tokens"] for _, r in pairs) / sum(a["new_tokens"] for a, _ in pairs)
-            priced_speedup = ar_ms * tokens / my_ms if my_ms else None
+            if None not in ar_ms and my_ms:
+                priced_speedup = sum(ar_ms) * tokens / my_ms  # type: ignore[arg-type]
     return {k: e[k] for k in keys} | {
         "priced_ms_per_token": priced,
         "priced_speedup": priced_speedup,

@@ -187,12 +187,16 @@ def simulate_all(
     return total
 
 
-def price_run(row: dict, costs: Costs, decides: bool = False) -> float:
+def price_run(row: dict, costs: Costs, decides: bool = False) -> float | None:
     """A measured bench run's decode, priced: its own verification sizes and draft calls at
     the per-forward costs timed while tuning (+ one decision per drafted token when the
     controller `decides`), in ms. Free of the run's timing noise, so arms that made the same
-    calls cost the same; blind to everything outside the two forwards (prefills included)."""
+    calls cost the same; blind to everything outside the two forwards (prefills included).
+    None when the run verified more tokens at once than were timed (the heuristic schedule
+    grows past SL_max)."""
     steps = row.get("steps") or []
+    if any(int(d) + 1 > len(costs.target_ms) for d, _ in steps):
+        return None
     turns = len(row.get("turn_tokens") or [1])
     single = row["target_calls"] - turns - len(steps)  # one-token target calls, no draft
     ms = sum(costs.target(int(d) + 1) for d, _ in steps) + single * costs.target(1)
