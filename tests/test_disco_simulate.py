@@ -99,3 +99,33 @@ def test_a_measured_run_is_priced_by_its_own_calls():
     assert price_run(plain, costs) == pytest.approx(3 * 100)  # the prefill is not priced
     longer = {"steps": [[3, 3]], "turn_tokens": [4], "target_calls": 2, "draft_calls": 3}
     assert price_run(longer, costs) is None  # 4 tokens verified, 3 timed
+
+
+def test_best_schedule_is_the_floor_of_every_length_policy():
+    import random
+
+    from adaspec.disco.simulate import best_schedule
+
+    costs = Costs(draft_ms=30.0, target_ms=[100.0, 110.0, 125.0, 200.0, 400.0])
+    rng = random.Random(0)
+    for _ in range(20):
+        hits = [rng.random() < 0.7 for _ in range(12)]
+
+        def brute(p: int, hits: list[bool] = hits) -> float:  # every schedule, enumerated
+            if p >= len(hits):
+                return 0.0
+            out = []
+            for d in range(min(4, len(hits) - p - 1) + 1):
+                a = 0
+                while a < d and hits[p + a]:
+                    a += 1
+                out.append(d * costs.draft_ms + costs.target(d + 1) + brute(p + a + 1, hits))
+            return min(out)
+
+        best = best_schedule(hits, costs, 4)
+        assert best.time_ms == pytest.approx(brute(1))
+        assert best.tokens == len(hits) - 1
+        for k in range(0, 5):
+            assert best.time_ms <= simulate(hits, None, NEVER_STOP, k, costs).time_ms + 1e-9
+        oracle = simulate(hits, None, NEVER_STOP, 4, costs, oracle=True)
+        assert best.time_ms <= oracle.time_ms + 1e-9

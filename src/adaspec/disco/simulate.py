@@ -204,3 +204,36 @@ def price_run(row: dict, costs: Costs, decides: bool = False) -> float | None:
     if decides:
         ms += sum(int(d) for d, _ in steps) * costs.decision_ms
     return ms
+
+
+def best_schedule(hits: Sequence[bool], costs: Costs, sl_max: int) -> SimResult:
+    """The fastest any length policy can be on one generation (lengths 0..sl_max, chosen
+    knowing the hits and the costs): the floor under DISCO, static k and the oracle. The
+    oracle drafts until the first miss, which over-drafts when a long verification costs
+    more than the tokens it gains; this schedule weighs that. Dynamic programming from the
+    end over positions."""
+    h = [bool(x) for x in hits]
+    n = len(h)
+    # best[p] = (ms, drafted, accepted) to finish from position p (token 0 is the prefill's)
+    best: list[tuple[float, int, int]] = [(0.0, 0, 0)] * (n + 1)
+    for p in range(n - 1, 0, -1):
+        options = []
+        limit = min(sl_max, n - p - 1)
+        run = 0
+        for d in range(limit + 1):
+            if d and run == d - 1 and h[p + d - 1]:
+                run = d  # accepted = the hits at the start of a d-token draft
+            nxt = min(p + run + 1, n)
+            options.append((d * costs.draft_ms + costs.target(d + 1) + best[nxt][0], d, run))
+        best[p] = min(options)
+    res = SimResult()
+    p = 1
+    while p < n:
+        _, d, a = best[p]
+        res.time_ms += d * costs.draft_ms + costs.target(d + 1)
+        res.target_calls += 1
+        res.draft_calls += d
+        res.accepted += a
+        res.tokens += a + 1
+        p += a + 1
+    return res
