@@ -45,6 +45,10 @@ class Costs:
             raise InputError(f"no measured target cost for {n} tokens (max {len(self.target_ms)})")
         return self.target_ms[n - 1]
 
+    def step_ms(self, drafted: int) -> float:
+        """One speculation step: `drafted` draft forwards, then one verification."""
+        return drafted * self.draft_ms + self.target(drafted + 1)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -113,6 +117,14 @@ class SimResult:
     draft_calls: int = 0
     accepted: int = 0
 
+    def add_step(self, costs: Costs, drafted: int, accepted: int, decide: bool = False) -> None:
+        """Account one step: its time (+ one decision per drafted token), calls and tokens."""
+        self.time_ms += costs.step_ms(drafted) + (drafted * costs.decision_ms if decide else 0.0)
+        self.target_calls += 1
+        self.draft_calls += drafted
+        self.accepted += accepted
+        self.tokens += accepted + 1
+
     def add(self, other: SimResult) -> None:
         for k in ("tokens", "time_ms", "target_calls", "draft_calls", "accepted"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
@@ -162,13 +174,7 @@ def simulate(
         accepted = 0
         while accepted < drafted and h[p + accepted]:
             accepted += 1
-        res.time_ms += drafted * costs.draft_ms + costs.target(drafted + 1)
-        if decide:
-            res.time_ms += drafted * costs.decision_ms
-        res.target_calls += 1
-        res.draft_calls += drafted
-        res.accepted += accepted
-        res.tokens += accepted + 1
+        res.add_step(costs, drafted, accepted, decide)
         p += accepted + 1
     return res
 
@@ -224,16 +230,12 @@ def best_schedule(hits: Sequence[bool], costs: Costs, sl_max: int) -> SimResult:
             if d and run == d - 1 and h[p + d - 1]:
                 run = d  # accepted = the hits at the start of a d-token draft
             nxt = min(p + run + 1, n)
-            options.append((d * costs.draft_ms + costs.target(d + 1) + best[nxt][0], d, run))
+            options.append((costs.step_ms(d) + best[nxt][0], d, run))
         best[p] = min(options)
     res = SimResult()
     p = 1
     while p < n:
         _, d, a = best[p]
-        res.time_ms += d * costs.draft_ms + costs.target(d + 1)
-        res.target_calls += 1
-        res.draft_calls += d
-        res.accepted += a
-        res.tokens += a + 1
+        res.add_step(costs, d, a)
         p += a + 1
     return res
