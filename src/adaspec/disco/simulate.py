@@ -212,16 +212,14 @@ def price_run(row: dict, costs: Costs, decides: bool = False) -> float | None:
     return ms
 
 
-def best_schedule(hits: Sequence[bool], costs: Costs, sl_max: int) -> SimResult:
-    """The fastest any length policy can be on one generation (lengths 0..sl_max, chosen
-    knowing the hits and the costs): the floor under DISCO, static k and the oracle. The
-    oracle drafts until the first miss, which over-drafts when a long verification costs
-    more than the tokens it gains; this schedule weighs that. Dynamic programming from the
-    end over positions."""
+def best_lengths(hits: Sequence[bool], costs: Costs, sl_max: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) of the fastest step starting at each position, the rest of the
+    generation also run the fastest way (lengths 0..sl_max, chosen knowing the hits and the
+    costs). Dynamic programming from the end over positions; index 0 (the prefill's token)
+    is unused."""
     h = [bool(x) for x in hits]
     n = len(h)
-    # best[p] = (ms, drafted, accepted) to finish from position p (token 0 is the prefill's)
-    best: list[tuple[float, int, int]] = [(0.0, 0, 0)] * (n + 1)
+    best: list[tuple[float, int, int]] = [(0.0, 0, 0)] * (n + 1)  # (ms to finish, d, a)
     for p in range(n - 1, 0, -1):
         options = []
         limit = min(sl_max, n - p - 1)
@@ -232,10 +230,18 @@ def best_schedule(hits: Sequence[bool], costs: Costs, sl_max: int) -> SimResult:
             nxt = min(p + run + 1, n)
             options.append((costs.step_ms(d) + best[nxt][0], d, run))
         best[p] = min(options)
+    return [(d, a) for _, d, a in best[:n]]
+
+
+def best_schedule(hits: Sequence[bool], costs: Costs, sl_max: int) -> SimResult:
+    """The fastest any length policy can be on one generation: the floor under DISCO,
+    static k and the oracle. The oracle drafts until the first miss, which over-drafts when
+    a long verification costs more than the tokens it gains; this schedule weighs that."""
+    steps = best_lengths(hits, costs, sl_max)
     res = SimResult()
     p = 1
-    while p < n:
-        _, d, a = best[p]
+    while p < len(steps):
+        d, a = steps[p]
         res.add_step(costs, d, a)
         p += a + 1
     return res
