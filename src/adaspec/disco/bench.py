@@ -111,10 +111,18 @@ def bench_prompts(
     return out
 
 
-def check_held_out(
-    samples: Sequence[Sample], artifacts: Sequence[tuple[str, DiscoArtifact]]
+def check_test_data(
+    data: DiscoData, samples: Sequence[Sample], artifacts: Sequence[tuple[str, DiscoArtifact]]
 ) -> None:
-    """A test prompt an artifact was trained or tuned on would flatter it: refuse."""
+    """Test data collected for another pair, or a test prompt an artifact was trained or
+    tuned on (it would flatter it): refuse."""
+    pair = (artifacts[0][1].target, artifacts[0][1].draft)
+    made_for = (data.provenance.get("target"), data.provenance.get("draft"))
+    if made_for != pair:
+        raise InputError(
+            f"the test data was collected with target/draft {made_for}, the artifacts were "
+            f"trained for {pair}"
+        )
     for path, art in artifacts:
         seen = set(art.provenance.get("train_prompts", [])) | set(
             art.provenance.get("val_prompts", [])
@@ -152,13 +160,7 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
     arts = load_artifacts([p.strip() for p in args.artifacts.split(",") if p.strip()])
     arms = arms_for(arts, args.static_sweep)
     samples = data.split("test")
-    check_held_out(samples, arts)
-    made_for = (data.provenance.get("target"), data.provenance.get("draft"))
-    if made_for != (arts[0][1].target, arts[0][1].draft):
-        raise InputError(
-            f"{args.data} was collected with target/draft {made_for}, the artifacts were "
-            f"trained for {(arts[0][1].target, arts[0][1].draft)}"
-        )
+    check_test_data(data, samples, arts)
     prompts = bench_prompts(samples, args.questions, args.limit)
     if not prompts:
         raise InputError(f"no test prompts in {args.data}")

@@ -38,19 +38,9 @@ def _entry(rows: list[dict], arm, costs: Costs | None = None) -> dict | None:
     e = method_entry(mine, ar_by_key)
     keys = tuple(f"{scope}{k}" for scope in SCOPES for k in ("ms_per_token", "speedup")) + (
         "mean_accepted_tokens", "acceptance_rate")
-    priced = priced_speedup = None
-    if costs is not None:
-        decides = arm.family == "disco"
-        prices = [price_run(r, costs, decides) for r in mine]
-        pairs = [(ar_by_key[row_key(r)], r) for r in mine if row_key(r) in ar_by_key]
-        if None not in prices:
-            priced = sum(prices) / e["new_tokens"]  # type: ignore[arg-type]
-        if pairs and priced is not None:
-            ar_ms = [price_run(a, costs) for a, _ in pairs]
-            my_ms = sum(price_run(r, costs, decides) or 0.0 for _, r in pairs)
-            tokens = sum(r["new_tokens"] for _, r in pairs) / sum(a["new_tokens"] for a, _ in pairs)
-            if None not in ar_ms and my_ms:
-                priced_speedup = sum(ar_ms) * tokens / my_ms  # type: ignore[arg-type]
+    priced, priced_speedup = (None, None) if costs is None else _priced(
+        mine, ar_by_key, costs, decides=arm.family == "disco"
+    )
     return {k: e[k] for k in keys} | {
         "priced_ms_per_token": priced,
         "priced_speedup": priced_speedup,
@@ -59,6 +49,28 @@ def _entry(rows: list[dict], arm, costs: Costs | None = None) -> dict | None:
         "target_calls": e["target_calls"],
         "prompts": e["prompts"],
     }
+
+
+def _priced(
+    rows: list[dict], ar_by_key: dict, costs: Costs, decides: bool
+) -> tuple[float | None, float | None]:
+    """ms/token of the rows priced at `costs`, and the speedup over their paired plain rows
+    priced the same way (None where a run cannot be priced)."""
+    prices = [price_run(r, costs, decides) for r in rows]
+    if None in prices:
+        return None, None
+    ms = sum(prices) / sum(r["new_tokens"] for r in rows)  # type: ignore[arg-type]
+    pairs = [
+        (ar_by_key[row_key(r)], p, r)
+        for r, p in zip(rows, prices, strict=True)
+        if row_key(r) in ar_by_key
+    ]
+    plain = [price_run(a, costs) for a, _, _ in pairs]
+    if not pairs or None in plain:
+        return ms, None
+    plain_ms = sum(plain) / sum(a["new_tokens"] for a, _, _ in pairs)  # type: ignore[arg-type]
+    my_ms = sum(p for _, p, _ in pairs) / sum(r["new_tokens"] for _, _, r in pairs)  # type: ignore[misc]
+    return ms, plain_ms / my_ms if my_ms else None
 
 
 # Latency figures the comparisons read: the three measured scopes and the priced decode.
@@ -296,20 +308,25 @@ def _measured_table(measured: dict, prefix: str) -> list[str]:
     return lines
 
 
-def _has_priced(measured: dict) -> bool:
+def _has_figure(measured: dict, prefix: str) -> bool:
+    """Whether any drafting arm has this figure (rows from before the draft's prefill was
+    timed apart have no steady one)."""
     return any(
-        e and e.get("priced_ms_per_token") is not None
-        for t in measured.values()
-        for e in t["arms"].values()
-    )
-
-
-def _has_steady(measured: dict) -> bool:
-    return any(
-        e and e.get("steady_ms_per_token") is not None and label != "plain"
+        e and e.get(f"{prefix}ms_per_token") is not None and label != "plain"
         for t in measured.values()
         for label, e in t["arms"].items()
     )
+
+
+# The comparison columns, in the order shown.
+_SHOWN = ("decode_", "steady_", "", "priced_")
+
+
+def _change_cells(t: dict) -> list[str]:
+    """DISCO's change against the best static k, then the heuristic, in every figure."""
+    return [
+        _pct_change(t.get(f"{p}disco_vs_{vs}")) for vs in ("static", "heuristic") for p in _SHOWN
+    ]
 
 
 def to_markdown(report: dict) -> str:
@@ -353,9 +370,7 @@ def to_markdown(report: dict) -> str:
         ("Priced decode latency (ms/token): each run's own target and draft calls at the "
          "per-forward costs timed while tuning, free of the run's timing noise", "priced_"),
     ):
-        if prefix == "steady_" and not _has_steady(measured):
-            continue  # rows recorded before the draft's prefill was timed apart
-        if prefix == "priced_" and not _has_priced(measured):
+        if prefix in ("steady_", "priced_") and not _has_figure(measured, prefix):
             continue
         lines += [f"## {title}", ""]
         lines += _measured_table(measured, prefix)
@@ -385,22 +400,15 @@ def to_markdown(report: dict) -> str:
         gaps = ", ".join(
             f"{k}: {_f(v, '.0%')}" for k, v in t.get("decode_gap_closed", {}).items()
         )
-        cells = [
-            _pct_change(t.get(f"{prefix}disco_vs_{vs}"))
-            for vs in ("static", "heuristic")
-            for prefix in ("decode_", "steady_", "", "priced_")
-        ]
         lines.append(
-            f"| {scope} | {t['compare']['home_artifact']} | " + " | ".join(cells) + f" | {gaps} |"
+            f"| {scope} | {t['compare']['home_artifact']} | " + " | ".join(_change_cells(t))
+            + f" | {gaps} |"
         )
     mean = report.get("mean_of_suites") or {}
     if any(v is not None for v in mean.values()):
-        cells = [
-            _pct_change(mean.get(f"{prefix}disco_vs_{vs}"))
-            for vs in ("static", "heuristic")
-            for prefix in ("decode_", "steady_", "", "priced_")
-        ]
-        lines.append("| mean of suites | each suite's own | " + " | ".join(cells) + " |  |")
+        lines.append(
+            "| mean of suites | each suite's own | " + " | ".join(_change_cells(mean)) + " |  |"
+        )
     lines += [
         "",
         "## Classifier F1 (macro over accept / reject) beside the best static length",
