@@ -204,3 +204,21 @@ def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, me
     s = out.stats
     assert 0.05 <= s.draft_prefill_time <= s.draft_time
     assert s.draft_calls >= 1
+
+
+@pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])
+def test_draft_prefill_waits_for_a_step_that_drafts(draft_model, target, target_model, method):
+    draft = SlowPrefillBackend(draft_model, name="draft")
+    draft.prefilled = []
+    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    prompt = PROMPTS[2]
+    one = engine.generate(prompt, max_new_tokens=1)  # ends at the target's first token
+    assert one.token_ids == reference_greedy(target_model, prompt, 1)
+    assert draft.prefilled == [] and one.stats.draft_prefill_time == 0.0
+    chunks = engine.stream(prompt, max_new_tokens=6)
+    first = next(chunks)  # the first token comes before the draft's prompt prefill
+    assert first.token_ids == reference_greedy(target_model, prompt, 1)
+    assert draft.prefilled == []
+    rest = list(chunks)
+    assert draft.prefilled == [prompt[:-1]]
+    assert rest[-1].token_ids == reference_greedy(target_model, prompt, 6)

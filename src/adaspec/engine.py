@@ -226,12 +226,11 @@ class Engine:
         first = _pick(prefill.logits[-1:], sampling, generator, verifier)
         stats.target_calls += 1
         stats.prefill_time = time.perf_counter() - t_start - stats.route_time
-        if self.drafter is not None:
-            t0 = time.perf_counter()
-            self.drafter.start(prompt_ids)
-            stats.draft_prefill_time = time.perf_counter() - t0
-            stats.draft_time += stats.draft_prefill_time
         self.controller.start()
+        # The draft prefills its copy of the prompt only once a step will draft: after the
+        # first token is out (time to first token stays the target's prefill alone), and
+        # never for a request that ends at its first token.
+        drafter_started = self.drafter is None
 
         context = prompt_ids + [first]
         generated: list[int] = []
@@ -260,6 +259,12 @@ class Engine:
             if finish is not None:
                 break
 
+            if not drafter_started:
+                t0 = time.perf_counter()
+                self.drafter.start(prompt_ids)  # type: ignore[union-attr]
+                stats.draft_prefill_time = time.perf_counter() - t0
+                stats.draft_time += stats.draft_prefill_time
+                drafter_started = True
             remaining = max_new_tokens - len(generated)
             k = min(
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1

@@ -22,8 +22,9 @@ class Drafter(ABC):
     name: str = "drafter"
 
     def start(self, prompt_ids: list[int]) -> None:
-        """A new request begins with this prompt (a model drafter prefills it here; the
-        engine times this as the request's draft prefill)."""
+        """A request with this prompt is about to draft for the first time (called after
+        its first token, never for a request that ends there); a model drafter prefills the
+        prompt here, which the engine times as the request's draft prefill."""
 
     @abstractmethod
     def propose(
