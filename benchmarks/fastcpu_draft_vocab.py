@@ -260,21 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
 
-    from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET, build_engine, eos_ids_of
+    from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT, build_engine, eos_ids_of
     from adaspec.models.llamacpp import gguf_file
     from adaspec.models.store import load_model
     from adaspec.models.token_set import load_token_set
     from adaspec.models.torch_backend import TorchBackend
 
     OUT.mkdir(parents=True, exist_ok=True)
-    tgt = load_model(DEFAULT_TARGET, dtype="bfloat16")
-    drf = load_model(DEFAULT_DRAFT, dtype="bfloat16")
+    tgt = load_model(TARGET_DEFAULT, dtype="bfloat16")
+    drf = load_model(DRAFT_DEFAULT, dtype="bfloat16")
     target = TorchBackend(tgt.model, name=tgt.name)
     draft = TorchBackend(drf.model, name=drf.name)
     eos = eos_ids_of(tgt.model, tgt.tokenizer)
-    gguf = gguf_file(DEFAULT_TARGET)
+    gguf = gguf_file(TARGET_DEFAULT)
     engine = build_engine("ar", target, tgt.tokenizer, None, eos)
-    llama = None if args.no_llamacpp else llamacpp_draft(DEFAULT_DRAFT)
+    llama = None if args.no_llamacpp else llamacpp_draft(DRAFT_DEFAULT)
 
     if args.part in ("corpus", "all"):
         corpus(engine, eos, gguf, args.corpus_tokens, OUT / "corpus")

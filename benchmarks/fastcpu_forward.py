@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from adaspec.bench.machine import describe_machine
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.quant import QUANT_MODES
 from adaspec.models.store import load_model
 from adaspec.models.torch_backend import TorchBackend
@@ -45,7 +45,7 @@ def time_forwards(backend: TorchBackend, context: int, repeats: int) -> dict[int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
+    ap.add_argument("--models", default=f"{TARGET_DEFAULT},{DRAFT_DEFAULT}")
     ap.add_argument("--quants", default=",".join(QUANT_MODES))
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)

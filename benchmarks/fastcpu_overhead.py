@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from adaspec.bench.suites import load_suite
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET, build_engine, load_backends
+from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT, build_engine, load_backends
 from adaspec.sampling import SamplingParams
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     target, tok, draft, eos = load_backends(
-        DEFAULT_TARGET, DEFAULT_DRAFT, "bfloat16", args.quant, args.draft_quant
+        TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16", args.quant, args.draft_quant
     )
     timers = {"target": ForwardTimer(target), "draft": ForwardTimer(draft)}
     prompts = []

@@ -21,7 +21,7 @@ import torch
 
 from adaspec.bench.machine import describe_machine
 from adaspec.bench.suites import load_suite
-from adaspec.build import DEFAULT_TARGET
+from adaspec.build import TARGET_DEFAULT
 from adaspec.models.backend import ModelBackend
 from adaspec.models.store import load_model
 from adaspec.models.torch_backend import TorchBackend
@@ -63,7 +63,7 @@ def compare(backend: ModelBackend, prompt: list[int], block: list[int]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--target", default=TARGET_DEFAULT)
     ap.add_argument("--quants", default="int8-dyn,int4,int8,none")
     ap.add_argument("--prompts", default="humaneval:2,spec-bench:1",
                     help="bench suites to take prompts from (first turn of each)")

@@ -20,13 +20,13 @@ from fastcpu_forward import SIZES, time_forwards  # the same timing as the torch
 from fastcpu_row_invariance import compare, greedy_continuation  # the same check as torch's
 
 from adaspec.bench.machine import describe_machine
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.llamacpp import load_gguf_backend
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
+    ap.add_argument("--models", default=f"{TARGET_DEFAULT},{DRAFT_DEFAULT}")
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)

@@ -209,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from adaspec.bench.suites import humaneval, spec_bench
-    from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET, eos_ids_of
+    from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT, eos_ids_of
     from adaspec.models.store import load_model
     from adaspec.models.torch_backend import TorchBackend
 
     torch.set_num_threads(2)
-    tgt = load_model(DEFAULT_TARGET, dtype="bfloat16")
-    drf = load_model(DEFAULT_DRAFT, dtype="bfloat16")
+    tgt = load_model(TARGET_DEFAULT, dtype="bfloat16")
+    drf = load_model(DRAFT_DEFAULT, dtype="bfloat16")
     target = TorchBackend(tgt.model, name=tgt.name)
     draft = TorchBackend(drf.model, name=drf.name)
     eos = eos_ids_of(tgt.model, tgt.tokenizer)

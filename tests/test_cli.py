@@ -80,3 +80,19 @@ def test_empty_prompt_fails_before_loading_models(capsys):
 def test_methods_lists_the_methods(capsys):
     code, out, _ = run(capsys, "methods")
     assert code == 0 and "ngram:" in out and "draft:" in out
+
+
+def test_parsing_arguments_imports_no_model_library():
+    """Every command's parser is built before anything runs (`--help`, a bad flag): it must
+    not import transformers or rouge-score, which cost seconds."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from adaspec.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in ('transformers', 'rouge_score') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

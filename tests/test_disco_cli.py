@@ -102,12 +102,12 @@ def test_errors_are_one_line(pair, tmp_path, capsys):
 def test_model_options_come_from_the_shared_helper():
     """collect takes the usual pair and quantization; tune and bench default to the
     artifact's pair and take its quantization from the file, so --quant is refused there."""
-    from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
+    from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.cli import build_parser
 
     parser = build_parser()
     c = parser.parse_args(["disco", "collect", "--out", "d.pt", "--draft-quant", "int4"])
-    assert (c.target, c.draft, c.dtype) == (DEFAULT_TARGET, DEFAULT_DRAFT, "bfloat16")
+    assert (c.target, c.draft, c.dtype) == (TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16")
     assert (c.quant, c.draft_quant) == ("none", "int4")
     for cmd in (["tune", "--artifact", "a.pt"], ["bench", "--artifacts", "a.pt", "--out", "o"]):
         args = parser.parse_args(["disco", *cmd, "--data", "d.pt", "--dtype", "float32"])

@@ -87,14 +87,14 @@ def test_router_errors_are_one_line(capsys, tmp_path, argv, message):
 def test_router_model_options_come_from_the_shared_helper():
     """collect and features take the same model flags as generate and bench; features
     loads no draft whatever --draft says."""
-    from adaspec.build import DEFAULT_TARGET
+    from adaspec.build import TARGET_DEFAULT
     from adaspec.cli import build_parser
 
     parser = build_parser()
     c = parser.parse_args(["router", "collect", "--quant", "int8-dyn", "--draft-quant", "int4",
                            "--dtype", "float32", "--no-progress"])  # fmt: skip
     assert (c.target, c.dtype, c.quant, c.draft_quant) == (
-        DEFAULT_TARGET, "float32", "int8-dyn", "int4")  # fmt: skip
+        TARGET_DEFAULT, "float32", "int8-dyn", "int4")  # fmt: skip
     assert c.no_progress
     f = parser.parse_args(["router", "features", "--suite", "wmt:1", "--out", "o"])
     assert f.draft is None and f.quant == "none" and not f.no_progress

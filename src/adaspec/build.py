@@ -11,15 +11,13 @@ from adaspec.draft.ngram import NgramDrafter
 from adaspec.draft.tree import ModelTreeDrafter
 from adaspec.engine import Engine
 from adaspec.errors import InputError
-from adaspec.methods import MethodSpec, build_controller, parse_method
+from adaspec.methods import DEFAULT_METHOD, MethodSpec, build_controller, parse_method
 from adaspec.models.backend import ModelBackend
+from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.restricted_head import with_stored_vocab
 from adaspec.verify import get_verifier
 from adaspec.verify.multi_candidate import get_tree_verifier
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_METHOD = "draft:ctrl=heuristic,k=4"
 END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
 
 
@@ -101,8 +99,8 @@ def build_engine(
 
 
 def load_backends(
-    target: str = DEFAULT_TARGET,
-    draft: str | None = DEFAULT_DRAFT,
+    target: str = TARGET_DEFAULT,
+    draft: str | None = DRAFT_DEFAULT,
     dtype: str = "bfloat16",
     quant: str = "none",
     draft_quant: str = "none",
@@ -156,8 +154,8 @@ def load_backend(
 
 def load_engine(
     method: str = DEFAULT_METHOD,
-    target: str = DEFAULT_TARGET,
-    draft: str | None = DEFAULT_DRAFT,
+    target: str = TARGET_DEFAULT,
+    draft: str | None = DRAFT_DEFAULT,
     dtype: str = "bfloat16",
     quant: str = "none",
     draft_quant: str = "none",

@@ -21,6 +21,8 @@ from adaspec.models.quant import QUANT_MODES
 from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
 
 # name -> {parameter: (type, default, help)}
+DEFAULT_METHOD = "draft:ctrl=heuristic,k=4"  # what `adaspec generate` and `serve` run
+
 _COMMON = {
     "k": (int, 4, "tokens to draft per step (initial k for ctrl=heuristic)"),
     "ctrl": (

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from adaspec.build import DEFAULT_METHOD
 from adaspec.cli.model_options import add_model_options
+from adaspec.methods import DEFAULT_METHOD
 from adaspec.sampling import SamplingParams
 
 

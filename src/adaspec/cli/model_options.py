@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from adaspec.build import DEFAULT_DRAFT, DEFAULT_TARGET
 from adaspec.methods import WEIGHT_VARIANTS
 from adaspec.models.loading import DTYPES
+from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 
 QUANT_HELP = (
     "weights: none (bf16), int8 / int4 weight-only, int8-dyn (int8 weights and per-token "
@@ -30,7 +30,7 @@ def add_model_options(
     commands that take the quantization from such a file too."""
     where = "built-in model name, HF model directory or .gguf path"
     if default_from is None:
-        defaults = (DEFAULT_TARGET, DEFAULT_DRAFT)
+        defaults = (TARGET_DEFAULT, DRAFT_DEFAULT)
     else:
         defaults = (None, None)
         where += f" (default: the one {default_from} names)"

@@ -25,8 +25,6 @@ from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ROW_INVARIANT = "adaspec_row_invariant"
 
@@ -103,6 +101,8 @@ def row_invariant_attention(
     if _batched.get():
         if attention_mask is None and kv_len != n:  # SDPA's is_causal aligns top-left
             attention_mask = _causal_mask(n, kv_len)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     if batch != 1:
@@ -121,9 +121,6 @@ def row_invariant_attention(
     return out, None
 
 
-AttentionInterface.register(ROW_INVARIANT, row_invariant_attention)
-
-
 def row_invariance_supported(model: torch.nn.Module) -> bool:
     """Full causal attention in every layer: the row path reads no sliding window or padding
     mask (transformers builds none for a custom attention function)."""
@@ -140,6 +137,11 @@ def use_row_invariant_attention(model: torch.nn.Module) -> None:
             "row-invariant attention handles full causal attention only; this model has "
             "sliding-window layers"
         )
+    # Registered here, not at import: importing transformers' attention registry costs
+    # seconds, which every CLI command would pay before parsing its arguments.
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ROW_INVARIANT, row_invariant_attention)
     model.config._attn_implementation = ROW_INVARIANT
     for sub in model.modules():
         cfg = getattr(sub, "config", None)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache
 
 from adaspec.models.attention import batched_attention, use_row_invariant_attention
 from adaspec.models.backend import ForwardOutput, ModelBackend
 from adaspec.models.quant import prefill_arithmetic, quantized_bytes
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 class TorchBackend(ModelBackend):
@@ -57,6 +60,8 @@ class TorchBackend(ModelBackend):
         return self._len
 
     def reset(self) -> None:
+        from transformers import DynamicCache  # imported on first use: transformers is slow
+
         self._cache = DynamicCache(config=self.config)
         self._len = 0
 

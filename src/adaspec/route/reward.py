@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
-from rouge_score import rouge_scorer
 
 from adaspec.errors import InputError
 
@@ -37,14 +37,19 @@ class _IdTokenizer:
         return text.split()
 
 
-_SCORER = rouge_scorer.RougeScorer(["rougeL"], tokenizer=_IdTokenizer())
+@cache
+def _scorer():
+    """Built on first use: importing rouge-score (nltk) costs most of a second."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_IdTokenizer())
 
 
 def rouge_l(reference: Sequence[int], candidate: Sequence[int]) -> float:
     """Token-level Rouge-L F-measure of two token-id sequences (1.0 when identical)."""
     if not reference and not candidate:
         return 1.0
-    score = _SCORER.score(" ".join(map(str, reference)), " ".join(map(str, candidate)))
+    score = _scorer().score(" ".join(map(str, reference)), " ".join(map(str, candidate)))
     return float(score["rougeL"].fmeasure)
 
 
