@@ -192,11 +192,15 @@ class SlowPrefillBackend(TorchBackend):
         return super().prefill(tokens, hidden_layer)
 
 
-@pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])
-def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, method):
+def slow_prefill_engine(method: str, target, draft_model) -> tuple[Engine, SlowPrefillBackend]:
     draft = SlowPrefillBackend(draft_model, name="draft")
     draft.prefilled = []
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    return build_engine(method, target, None, draft, eos_token_ids=[]), draft
+
+
+@pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])
+def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, method):
+    engine, draft = slow_prefill_engine(method, target, draft_model)
     prompt = PROMPTS[2]
     out = engine.generate(prompt, max_new_tokens=12)
     assert out.token_ids == reference_greedy(target_model, prompt, 12)
@@ -208,9 +212,7 @@ def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, me
 
 @pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])
 def test_draft_prefill_waits_for_a_step_that_drafts(draft_model, target, target_model, method):
-    draft = SlowPrefillBackend(draft_model, name="draft")
-    draft.prefilled = []
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    engine, draft = slow_prefill_engine(method, target, draft_model)
     prompt = PROMPTS[2]
     one = engine.generate(prompt, max_new_tokens=1)  # ends at the target's first token
     assert one.token_ids == reference_greedy(target_model, prompt, 1)
