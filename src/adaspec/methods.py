@@ -1,4 +1,4 @@
-"""The one parser for method strings, shared by the CLI, the bench and the server.
+"""The one parser for method strings, shared by the CLI, the bench and the library.
 
 Grammar: ``NAME[:key=value[,key=value...]][@QUANT[/DRAFT_QUANT]]``, e.g. ``ar``, ``ngram:k=8``,
 ``draft:k=4``, ``draft:ctrl=heuristic,k=4``, ``draft:k=6,verify=speculative``,
