@@ -19,6 +19,7 @@ the Spec-Bench and HumanEval test prompts of both DISCO runs (`disco-epyc`: firs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -33,6 +34,8 @@ from adaspec.disco.tune import DEFAULT_TAUS, evaluate, tune
 RESULTS = "benchmarks/results"
 POSITIONS = 8  # draft positions, as SL_max's largest value
 WINDOWS = (4, 16)  # history features: hit share over these many preceding tokens
+
+TAU_GRID = [(t, k) for t in DEFAULT_TAUS for k in range(1, POSITIONS + 1)]  # (tau, SL_max)
 
 # A rule sees the scores of the tokens drafted so far in this step and says: draft another.
 Rule = Callable[[list[float]], bool]
@@ -106,18 +109,11 @@ def floor_ms(hits_list: Sequence[list[bool]], costs: Costs) -> float:
     return total.ms_per_token
 
 
-def product(scores: list[float]) -> float:
-    out = 1.0
-    for s in scores:
-        out *= s
-    return out
-
-
 def rules(costs: Costs) -> dict[str, tuple[Callable[..., Rule], list[tuple]]]:
     """Each family: a rule maker and its grid of (parameters..., SL_max)."""
 
     def cumulative(tau: float, _k: int) -> Rule:
-        return lambda s: product(s) >= tau
+        return lambda s: math.prod(s) >= tau
 
     def cost_aware(value: float, _k: int) -> Rule:
         def keep(s: list[float]) -> bool:
@@ -125,22 +121,29 @@ def rules(costs: Costs) -> dict[str, tuple[Callable[..., Rule], list[tuple]]]:
             if d >= POSITIONS:
                 return False
             # the next token's acceptance guessed as this one's
-            return product(s) * s[-1] * value >= costs.step_ms(d + 1) - costs.step_ms(d)
+            return math.prod(s) * s[-1] * value >= costs.step_ms(d + 1) - costs.step_ms(d)
 
         return keep
 
-    ks = range(1, POSITIONS + 1)
     return {
-        "DISCO (threshold)": (
-            lambda t, _k: threshold(t),
-            [(t, k) for t in DEFAULT_TAUS for k in ks],
-        ),
-        "cumulative product": (cumulative, [(t, k) for t in DEFAULT_TAUS for k in ks]),
+        "DISCO (threshold)": (lambda t, _k: threshold(t), TAU_GRID),
+        "cumulative product": (cumulative, TAU_GRID),
         "expected gain vs cost": (cost_aware, [(v, POSITIONS) for v in range(50, 1500, 25)]),
     }
 
 
-def tune_per_position(val, model, costs, hist=False) -> tuple:
+def tune_rule(val, model, make: Callable[..., Rule], grid: list[tuple], costs, hist=False):
+    """The grid point with the lowest simulated ms/token on `val`: (rule, parameters)."""
+    best = min(grid, key=lambda g: simulate_rule(val, model, make(*g), g[-1], costs, hist))
+    return make(*best), best
+
+
+def print_row(label: str, sets: dict, model, rule: Rule, sl_max: int, costs, hist=False) -> None:
+    got = {k: simulate_rule(d, model, rule, sl_max, costs, hist) for k, d in sets.items()}
+    print(f"- {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in got.items()))
+
+
+def tune_per_position(val, model, costs) -> tuple:
     """Thresholds per draft position for each SL_max <= 4, by coordinate descent from 0.5."""
     options = [0.0, *DEFAULT_TAUS, 1.01]
     best: tuple[float, tuple] = (float("inf"), ())
@@ -149,9 +152,9 @@ def tune_per_position(val, model, costs, hist=False) -> tuple:
         for _ in range(2):
             for i in range(k):
                 trials = [(*taus[:i], t, *taus[i + 1 :]) for t in options]
-                ms = [simulate_rule(val, model, per_position(t), k, costs, hist) for t in trials]
+                ms = [simulate_rule(val, model, per_position(t), k, costs) for t in trials]
                 taus[i] = options[ms.index(min(ms))]
-        got = simulate_rule(val, model, per_position(tuple(taus)), k, costs, hist)
+        got = simulate_rule(val, model, per_position(tuple(taus)), k, costs)
         best = min(best, (got, (*taus, k)))
     return best[1]
 
@@ -185,97 +188,77 @@ def history_rows(data, art: DiscoArtifact) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(xs), torch.tensor(ys)
 
 
+def stopping_rules(art: DiscoArtifact, costs: Costs, val, sets: dict) -> None:
+    print("### 1. stopping rules on DISCO's classifier\n")
+    chosen = {
+        name: tune_rule(val, art.classifier, make, grid, costs)
+        for name, (make, grid) in rules(costs).items()
+    }
+    taus_k = tune_per_position(val, art.classifier, costs)
+    chosen["per-position thresholds"] = (per_position(taus_k[:-1]), taus_k)
+    for name, (rule, params) in chosen.items():
+        label = f"{name} {tuple(round(p, 2) for p in params)}"
+        print_row(label, sets, art.classifier, rule, params[-1], costs)
+    for k, d in sets.items():
+        print(f"- floor on {k}: {floor_ms([hits for hits, _ in d], costs):.1f}")
+
+
+def history_features(art: DiscoArtifact, costs: Costs, train, val, sets: dict) -> None:
+    print("\n### 2. history features (hit share of the last 4 and 16 tokens)\n")
+    x_tr_all, y_tr = history_rows(train, art)
+    x_va_all, y_va = history_rows(val, art)
+    for hist in (False, True):
+        width = x_tr_all.shape[1] if hist else art.spec.size
+        x_tr, x_va = x_tr_all[:, :width], x_va_all[:, :width]
+        model = train_classifier(x_tr, y_tr, x_va, y_va, hidden=32, epochs=400).model
+        rule, (tau, k) = tune_rule(val, model, lambda t, _k: threshold(t), TAU_GRID, costs, hist)
+        label = "with history" if hist else "without (same rows)"
+        print_row(f"{label}, tau {tau} SL_max {k}", sets, model, rule, k, costs, hist)
+
+
+def cost_curves(art: DiscoArtifact, costs: Costs, val: list[Sample], tests: dict) -> None:
+    print("\n### 3. verification cost curves (static k and DISCO re-tuned on val)\n")
+    one = costs.target_ms[0]
+    curves = {
+        "measured": costs.target_ms,
+        **{
+            f"+{step} ms per token": [one + step * i for i in range(len(costs.target_ms))]
+            for step in (50, 25)
+        },
+    }
+    for name, target_ms in curves.items():
+        c = Costs(costs.draft_ms, list(target_ms), costs.decision_ms)
+        best = tune(val, c, art.classifier, art.spec)["best"]
+        cells = []
+        for tname, samples in tests.items():
+            settings = {"static": best["static"], "disco": best["disco"]}
+            ev = evaluate(samples, c, art.classifier, art.spec, settings)
+            st, di = ev["static"]["ms_per_token"], ev["disco"]["ms_per_token"]
+            floor = floor_ms([s.hits.tolist() for s in samples], c)
+            cells.append(
+                f"{tname}: static {st:.0f}, DISCO {di:.0f} ({100 * (di / st - 1):+.1f}%), "
+                f"floor {floor:.0f}"
+            )
+        print(
+            f"- {name} (static k={best['static']['sl_max']}, DISCO tau "
+            f"{best['disco']['threshold']} SL_max {best['disco']['sl_max']}): " + "; ".join(cells)
+        )
+
+
 def main() -> None:
     first = DiscoData.load(f"{RESULTS}/disco-epyc/data.pt")
     held = DiscoData.load(f"{RESULTS}/disco-epyc-heldout/data.pt")
     for suite in ("spec-bench", "humaneval"):
         art = DiscoArtifact.load(f"{RESULTS}/disco-epyc/{suite}.pt")
         costs = Costs(**art.tuning["costs"])
-        val = prepared(first.split("val", suite), art)
-        tests = {
-            "first test": prepared(first.split("test", suite), art),
-            "held-out": prepared(held.split("test", suite), art),
-        }
-        print(f"## {suite} (simulated ms/token; tuned on {len(val)} validation prompts)\n")
-        print("### 1. stopping rules on DISCO's classifier\n")
-        tuned = {
-            name: min(
-                grid,
-                key=lambda g, make=make: simulate_rule(val, art.classifier, make(*g), g[-1], costs),
-            )
-            for name, (make, grid) in rules(costs).items()
-        }
-        chosen = {name: (rules(costs)[name][0](*g), g) for name, g in tuned.items()}
-        taus_k = tune_per_position(val, art.classifier, costs)
-        chosen["per-position thresholds"] = (per_position(taus_k[:-1]), taus_k)
-        for name, (rule, params) in chosen.items():
-            got = {
-                k: simulate_rule(d, art.classifier, rule, params[-1], costs)
-                for k, d in {"val": val, **tests}.items()
-            }
-            print(
-                f"- {name} {tuple(round(p, 2) for p in params)}: "
-                + ", ".join(f"{k} {v:.1f}" for k, v in got.items())
-            )
-        for k, d in {"val": val, **tests}.items():
-            print(f"- floor on {k}: {floor_ms([hits for hits, _ in d], costs):.1f}")
-
-        print("\n### 2. history features (hit share of the last 4 and 16 tokens)\n")
-        train = prepared(first.split("train", suite), art)
-        x_tr_all, y_tr = history_rows(train, art)
-        x_va_all, y_va = history_rows(val, art)
-        for hist in (False, True):
-            width = x_tr_all.shape[1] if hist else art.spec.size
-            x_tr, x_va = x_tr_all[:, :width], x_va_all[:, :width]
-            model = train_classifier(x_tr, y_tr, x_va, y_va, hidden=32, epochs=400).model
-            tau, k = min(
-                ((t, k) for t in DEFAULT_TAUS for k in range(1, POSITIONS + 1)),
-                key=lambda g: simulate_rule(val, model, threshold(g[0]), g[1], costs, hist),
-            )
-            got = {
-                n: simulate_rule(d, model, threshold(tau), k, costs, hist)
-                for n, d in {"val": val, **tests}.items()
-            }
-            label = "with history" if hist else "without (same rows)"
-            print(
-                f"- {label}, tau {tau} SL_max {k}: "
-                + ", ".join(f"{n} {v:.1f}" for n, v in got.items())
-            )
-
-        print("\n### 3. verification cost curves (static k and DISCO re-tuned on val)\n")
-        curves = {
-            "measured": costs.target_ms,
-            "+50 ms per token": [costs.target_ms[0] + 50 * i for i in range(len(costs.target_ms))],
-            "+25 ms per token": [costs.target_ms[0] + 25 * i for i in range(len(costs.target_ms))],
-        }
         val_samples = first.split("val", suite)
-        test_samples = {
-            "first test": first.split("test", suite),
-            "held-out": held.split("test", suite),
-        }
-        for name, target_ms in curves.items():
-            c = Costs(costs.draft_ms, list(target_ms), costs.decision_ms)
-            best = tune(val_samples, c, art.classifier, art.spec)["best"]
-            cells = []
-            for tname, samples in test_samples.items():
-                ev = evaluate(
-                    samples,
-                    c,
-                    art.classifier,
-                    art.spec,
-                    {"static": best["static"], "disco": best["disco"]},
-                )
-                st, di = ev["static"]["ms_per_token"], ev["disco"]["ms_per_token"]
-                floor = floor_ms([s.hits.tolist() for s in samples], c)
-                change = 100 * (di / st - 1)
-                cells.append(
-                    f"{tname}: static {st:.0f}, DISCO {di:.0f} ({change:+.1f}%), floor {floor:.0f}"
-                )
-            print(
-                f"- {name} (static k={best['static']['sl_max']}, DISCO tau "
-                f"{best['disco']['threshold']} SL_max {best['disco']['sl_max']}): "
-                + "; ".join(cells)
-            )
+        tests = {"first test": first.split("test", suite), "held-out": held.split("test", suite)}
+        val = prepared(val_samples, art)
+        sets = {"val": val, **{k: prepared(v, art) for k, v in tests.items()}}
+        print(f"## {suite} (simulated ms/token; tuned on {len(val)} validation prompts)\n")
+        stopping_rules(art, costs, val, sets)
+        history_features(art, costs, prepared(first.split("train", suite), art), val, sets)
+        cost_curves(art, costs, val_samples, tests)
         print()
 
 

@@ -260,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
 
-    from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT, build_engine, eos_ids_of
+    from adaspec.build import build_engine, eos_ids_of
     from adaspec.models.llamacpp import gguf_file
+    from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.models.store import load_model
     from adaspec.models.token_set import load_token_set
     from adaspec.models.torch_backend import TorchBackend

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from adaspec.bench.machine import describe_machine
-from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.quant import QUANT_MODES
+from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.store import load_model
 from adaspec.models.torch_backend import TorchBackend
 

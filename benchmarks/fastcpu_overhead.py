@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from adaspec.bench.suites import load_suite
-from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT, build_engine, load_backends
+from adaspec.build import build_engine, load_backends
+from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.sampling import SamplingParams
 
 

@@ -21,8 +21,8 @@ import torch
 
 from adaspec.bench.machine import describe_machine
 from adaspec.bench.suites import load_suite
-from adaspec.build import TARGET_DEFAULT
 from adaspec.models.backend import ModelBackend
+from adaspec.models.registry import TARGET_DEFAULT
 from adaspec.models.store import load_model
 from adaspec.models.torch_backend import TorchBackend
 

@@ -20,8 +20,8 @@ from fastcpu_forward import SIZES, time_forwards  # the same timing as the torch
 from fastcpu_row_invariance import compare, greedy_continuation  # the same check as torch's
 
 from adaspec.bench.machine import describe_machine
-from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.llamacpp import load_gguf_backend
+from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 
 
 def main() -> None:

@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from adaspec.bench.suites import humaneval, spec_bench
-    from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT, eos_ids_of
+    from adaspec.build import eos_ids_of
+    from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.models.store import load_model
     from adaspec.models.torch_backend import TorchBackend
 

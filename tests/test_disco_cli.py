@@ -102,8 +102,8 @@ def test_errors_are_one_line(pair, tmp_path, capsys):
 def test_model_options_come_from_the_shared_helper():
     """collect takes the usual pair and quantization; tune and bench default to the
     artifact's pair and take its quantization from the file, so --quant is refused there."""
-    from adaspec.build import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.cli import build_parser
+    from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 
     parser = build_parser()
     c = parser.parse_args(["disco", "collect", "--out", "d.pt", "--draft-quant", "int4"])

@@ -230,7 +230,7 @@ class Engine:
         # The draft prefills its copy of the prompt only once a step will draft: after the
         # first token is out (time to first token stays the target's prefill alone), and
         # never for a request that ends at its first token.
-        drafter_started = self.drafter is None
+        drafter_started = False
 
         context = prompt_ids + [first]
         generated: list[int] = []
@@ -259,9 +259,9 @@ class Engine:
             if finish is not None:
                 break
 
-            if not drafter_started:
+            if self.drafter is not None and not drafter_started:
                 t0 = time.perf_counter()
-                self.drafter.start(prompt_ids)  # type: ignore[union-attr]
+                self.drafter.start(prompt_ids)
                 stats.draft_prefill_time = time.perf_counter() - t0
                 stats.draft_time += stats.draft_prefill_time
                 drafter_started = True

@@ -20,9 +20,9 @@ from adaspec.models.llamacpp import GGUF
 from adaspec.models.quant import QUANT_MODES
 from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
 
-# name -> {parameter: (type, default, help)}
-DEFAULT_METHOD = "draft:ctrl=heuristic,k=4"  # what `adaspec generate` and `serve` run
+DEFAULT_METHOD = "draft:ctrl=heuristic,k=4"  # what `adaspec generate` and `load_engine` run
 
+# name -> {parameter: (type, default, help)}
 _COMMON = {
     "k": (int, 4, "tokens to draft per step (initial k for ctrl=heuristic)"),
     "ctrl": (
