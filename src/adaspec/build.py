@@ -6,6 +6,8 @@ loaded target and draft.
 
 from __future__ import annotations
 
+from adaspec.cost.profile import CostProfile
+from adaspec.draft.auto import AutoDrafter
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
 from adaspec.draft.tree import ModelTreeDrafter
@@ -46,7 +48,11 @@ def build_engine(
     tokenizer,
     draft: ModelBackend | None = None,
     eos_token_ids: list[int] | None = None,
+    profile: CostProfile | None = None,
 ) -> Engine:
+    """The engine of a method on loaded models. `profile` prices the steps of cost-aware
+    methods (`auto`); by default, this machine's profile of these models (measured on first
+    use, then cached)."""
     spec = parse_method(method) if isinstance(method, str) else method
     if spec.name == "router":
         from adaspec.route.engine import router_from_artifact
@@ -77,6 +83,8 @@ def build_engine(
         drafter = ModelDrafter(draft) if tree is None else ModelTreeDrafter(draft, tree)
     elif spec.name == "ngram":
         drafter = NgramDrafter(n_max=int(spec["n_max"]), n_min=int(spec["n_min"]))  # type: ignore[call-overload]
+    elif spec.name == "auto":
+        drafter = _auto_drafter(spec, target, tokenizer, draft, profile)
     verify = spec.params.get("verify", "auto")
     if verify == "auto":
         verifier = None
@@ -98,12 +106,41 @@ def build_engine(
     )
 
 
+def _auto_drafter(
+    spec: MethodSpec,
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend | None,
+    profile: CostProfile | None,
+) -> AutoDrafter:
+    from adaspec.cost.cache import profile_for
+    from adaspec.cost.profile import load_profile
+
+    use = str(spec["use"]).split("+")
+    if "draft" in use and draft is None:
+        raise InputError(f"method {spec.text!r} needs a draft model (--draft), or use=ngram")
+    model = ModelDrafter(draft) if "draft" in use and draft is not None else None
+    if profile is None:
+        if spec["profile"]:
+            profile = load_profile(str(spec["profile"]))
+        else:
+            profile = profile_for(target, draft if model is not None else None, tokenizer)
+    return AutoDrafter(
+        profile,
+        model,
+        n_max=int(spec["n_max"]),  # type: ignore[call-overload]
+        n_min=int(spec["n_min"]),  # type: ignore[call-overload]
+        k_max=int(spec["k_max"]),  # type: ignore[call-overload]
+        use_ngram="ngram" in use,
+    )
+
+
 def load_backends(
     target: str = TARGET_DEFAULT,
     draft: str | None = DRAFT_DEFAULT,
     dtype: str = "bfloat16",
-    quant: str = "none",
-    draft_quant: str = "none",
+    quant: str = "auto",
+    draft_quant: str = "auto",
 ) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
     """Load the target (and draft) from the verified cache as torch backends, each with its
     own weight quantization; the draft's tokenizer must match the target's.
@@ -119,7 +156,7 @@ def load_backends(
 
 
 def load_backend(
-    name: str, dtype: str = "bfloat16", quant: str = "none", role: str = "target"
+    name: str, dtype: str = "bfloat16", quant: str = "auto", role: str = "target"
 ) -> tuple[ModelBackend, object, list[int]]:
     """One model as a backend, with its tokenizer and EOS ids.
 
@@ -132,17 +169,20 @@ def load_backend(
     batched attention and the exactness check's tie rule, as does every draft and a model
     with sliding-window layers (not handled by the row-invariant path)."""
     from adaspec.models.attention import row_invariance_supported
+    from adaspec.models.ikllama import IK, IkLlamaBackend
     from adaspec.models.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
     from adaspec.models.store import load_model, load_tokenizer
     from adaspec.models.torch_backend import TorchBackend
+    from adaspec.models.weights import AUTO, best_weights, llama_threads
 
-    if quant == GGUF:
-        import torch
-
+    if quant == AUTO:
+        quant = best_weights(name)
+    if quant in (GGUF, IK):
         from adaspec.models.process_backend import ProcessBackend
 
-        args = gguf_backend_args(name, torch.get_num_threads())  # fails fast, before a child
-        backend = ProcessBackend(LlamaCppBackend, *args)
+        # fails fast (package missing, no GGUF), before a child process starts
+        args = gguf_backend_args(name, llama_threads(), runtime=quant)
+        backend = ProcessBackend(IkLlamaBackend if quant == IK else LlamaCppBackend, *args)
         tokenizer = load_tokenizer(name, dtype)
         return backend, tokenizer, eos_ids_of(None, tokenizer)
     loaded = load_model(name, dtype=dtype, quant=quant)
@@ -157,8 +197,8 @@ def load_engine(
     target: str = TARGET_DEFAULT,
     draft: str | None = DRAFT_DEFAULT,
     dtype: str = "bfloat16",
-    quant: str = "none",
-    draft_quant: str = "none",
+    quant: str = "auto",
+    draft_quant: str = "auto",
 ) -> Engine:
     """Load the models a method needs (from the verified cache, quantized as asked) and build
     its engine."""

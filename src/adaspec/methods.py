@@ -16,11 +16,12 @@ from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.oracle import OracleLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
+from adaspec.models.ikllama import IK
 from adaspec.models.llamacpp import GGUF
 from adaspec.models.quant import QUANT_MODES
 from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
 
-DEFAULT_METHOD = "draft:ctrl=heuristic,k=4"  # what `adaspec generate` and `load_engine` run
+DEFAULT_METHOD = "auto"  # what `adaspec generate` and `load_engine` run
 
 # name -> {parameter: (type, default, help)}
 _COMMON = {
@@ -70,6 +71,23 @@ METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
         "n_max": (int, 3, "longest n-gram to match"),
         "n_min": (int, 1, "shortest n-gram to match"),
     },
+    "auto": {
+        "use": (
+            str,
+            "ngram+draft",
+            "what a step may propose besides nothing: ngram+draft | ngram | draft",
+        ),
+        "k_max": (int, 16, "most tokens one step may propose"),
+        "n_max": (int, 4, "longest n-gram to match"),
+        "n_min": (int, 1, "shortest n-gram to match"),
+        "profile": (
+            str,
+            "",
+            "cost profile: a JSON file, or 'flat' (simulated GPU-like costs); default: this "
+            "machine's, measured on first use and cached",
+        ),
+        "verify": _COMMON["verify"],
+    },
     "router": {
         "artifact": (str, "", "trained router (adaspec router train); router:PATH is short"),
         "mode": (str, "greedy", "greedy (the policy's argmax) | dynamic (sample the policy)"),
@@ -81,6 +99,8 @@ DESCRIPTIONS = {
     "draft": "the draft model proposes tokens autoregressively",
     "ngram": "prompt lookup: propose what followed the last match of the context's final n-gram",
     "router": "a trained policy picks one of its arms (methods) per request from the prompt",
+    "auto": "cost-aware: each step proposes nothing, an n-gram or a draft-model continuation, "
+    "whichever gives the most expected tokens per second under this machine's cost profile",
 }
 # Reference methods: Hugging Face assisted generation on the same loaded models, and llama.cpp
 # plain decoding of the target's GGUF. They are not adaspec engines, so only `adaspec bench`
@@ -99,8 +119,9 @@ REFERENCE_DESCRIPTIONS = {
 # Reference methods that run other weights than the loaded torch target (llama.cpp reads the
 # quantized GGUF): their greedy output is compared with `ar` as a quality figure, not checked.
 OTHER_WEIGHTS = ("llamacpp",)
-# What may follow a method's `@`: torch weight quantizations, or the GGUF run by llama.cpp.
-WEIGHT_VARIANTS = (*QUANT_MODES, GGUF)
+# What may follow a method's `@`: torch weight quantizations, or the GGUF run by llama.cpp
+# (`gguf`) or by ik_llama.cpp (`ik`).
+WEIGHT_VARIANTS = (*QUANT_MODES, GGUF, IK)
 CONTROLLERS = ("static", "heuristic", "confidence", "disco", "oracle")
 DRAFT_ONLY_CONTROLLERS = ("confidence", "disco", "oracle")  # read draft-model distributions
 VERIFIERS = ("auto", "greedy", "speculative", "mcss", "mcss-wor", "mcns")
@@ -127,6 +148,8 @@ class MethodSpec:
 
             arms = load_artifact(str(self.params["artifact"])).arms.values()
             return any(parse_method(m).needs_draft_model for m in arms)
+        if self.name == "auto":
+            return "draft" in str(self.params["use"]).split("+")
         return self.name == "draft" or (self.is_reference and not self.other_weights)
 
     @property
@@ -231,10 +254,25 @@ def parse_method(text: str, reference: bool = False) -> MethodSpec:
         raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
     if name == "router":
         _check_router_params(text, params)
+    if name == "auto":
+        _check_auto_params(text, params)
     spec = MethodSpec(name, params, text, quant, draft_quant)
     if "verify" in params:
         _check_tree_params(spec)
     return spec
+
+
+AUTO_SOURCES = ("ngram", "draft")
+
+
+def _check_auto_params(text: str, params: dict[str, object]) -> None:
+    use = str(params["use"]).split("+")
+    if not use or any(u not in AUTO_SOURCES for u in use) or len(set(use)) != len(use):
+        raise InputError(f"method {text!r}: use must be ngram+draft, ngram or draft")
+    if int(params["k_max"]) < 1:  # type: ignore[call-overload]
+        raise InputError(f"method {text!r}: k_max must be >= 1")
+    if not 1 <= int(params["n_min"]) <= int(params["n_max"]):  # type: ignore[call-overload]
+        raise InputError(f"method {text!r}: need 1 <= n_min <= n_max")
 
 
 def _check_router_params(text: str, params: dict[str, object]) -> None:
@@ -267,6 +305,8 @@ def _check_tree_params(spec: MethodSpec) -> None:
 def build_controller(spec: MethodSpec) -> LengthController:
     if spec.name in ("ar", "router"):  # a router uses the controller of the arm it picks
         return StaticLength(1)
+    if spec.name == "auto":  # the drafter prices every length itself; this only bounds it
+        return StaticLength(int(spec["k_max"]))  # type: ignore[call-overload]
     tree = spec.tree if "tree" in spec.params else None
     if tree is not None:
         return StaticLength(len(tree))  # the depth of the tree

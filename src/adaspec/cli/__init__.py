@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaspec.cli.disco import add_disco_parser
     from adaspec.cli.generate import add_generate_parser
     from adaspec.cli.models import add_models_parser
+    from adaspec.cli.profile import add_profile_parser
     from adaspec.cli.router import add_router_parser
 
     parser = argparse.ArgumentParser(
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)
     add_bench_parser(sub)
     add_models_parser(sub)
+    add_profile_parser(sub)
     add_disco_parser(sub)
     add_router_parser(sub)
     methods = sub.add_parser("methods", help="list decoding methods and their parameters")

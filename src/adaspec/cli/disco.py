@@ -50,7 +50,7 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
         help="leave out the prompts of these data files: with --split 0,0,1 this collects "
         "held-out test prompts for artifacts trained on them",
     )
-    add_model_options(c)
+    add_model_options(c, default_quant="none")
     c.add_argument("--out", required=True, help="data file to write (.pt)")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_collect)

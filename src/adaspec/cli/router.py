@@ -23,7 +23,7 @@ ALPHAS = "0,0.1,0.25,0.5,0.75,1"
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The shared model options, plus the progress switch both model-loading commands take."""
-    add_model_options(p)
+    add_model_options(p, default_quant="none")  # the router reads torch hidden states
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -73,16 +73,20 @@ class NgramDrafter(Drafter):
 
     def lookup(self, context: list[int], max_tokens: int) -> list[int]:
         """The up to `max_tokens` tokens that followed the best earlier match (maybe none)."""
+        return self.lookup_with_match(context, max_tokens)[0]
+
+    def lookup_with_match(self, context: list[int], max_tokens: int) -> tuple[list[int], int]:
+        """`lookup`, and the length of the n-gram that matched (0: no match)."""
         self._sync(context)
         tokens = self._tokens
         size = len(tokens)
         if max_tokens <= 0:
-            return []
+            return [], 0
         for n in range(min(self.n_max, size), self.n_min - 1, -1):
             end = self._index[n].get(tuple(tokens[size - n :]))
             if end is not None:
-                return tokens[end : min(end + max_tokens, size)]
-        return []
+                return tokens[end : min(end + max_tokens, size)], n
+        return [], 0
 
     def propose(
         self,

@@ -30,6 +30,7 @@ class ModelBackend(ABC):
     num_layers: int
     hidden_size: int
     bytes_per_forward: int  # weight bytes read by one forward pass (for bandwidth figures)
+    kind: str = "torch"  # the runtime (a cost profile is keyed by it): torch | llamacpp | ik_llama
     supports_trees: bool = True  # tree masks and `keep` of any path, not only chains
     has_hidden_states: bool = True  # `hidden_layer` (the router reads the prompt's state)
 

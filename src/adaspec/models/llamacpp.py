@@ -57,10 +57,16 @@ def gguf_file(model: str) -> Path | None:
     return path.resolve()
 
 
-def checked_gguf(model: str) -> Path:
-    """The verified GGUF file llama.cpp runs for a built-in model or .gguf path, or
-    LlamaCppUnavailable (the extra missing, or no GGUF behind the model)."""
-    import_llama()  # a missing extra is reported before any file work
+def checked_gguf(model: str, runtime: str = GGUF) -> Path:
+    """The verified GGUF file llama.cpp (runtime `gguf`) or ik_llama.cpp (`ik`) runs for a
+    built-in model or .gguf path, or LlamaCppUnavailable / IkLlamaUnavailable (the package
+    missing, or no GGUF behind the model)."""
+    if runtime == GGUF:
+        import_llama()  # a missing extra is reported before any file work
+    else:
+        from adaspec.models.ikllama import library
+
+        library()
     path = gguf_file(model)
     if path is None:
         raise LlamaCppUnavailable(
@@ -71,14 +77,15 @@ def checked_gguf(model: str) -> Path:
 
 
 def gguf_backend_args(
-    model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT
+    model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT, runtime: str = GGUF
 ) -> tuple[Path, int, str, int]:
-    """`LlamaCppBackend`'s arguments for a built-in model or .gguf path (the `gguf` variant):
-    the checked file, named as the torch loader names the same source (artifacts compare
-    these names). In this process or a child's, the backend is built from these."""
+    """The arguments of `LlamaCppBackend` (runtime `gguf`) or `IkLlamaBackend` (`ik`) for a
+    built-in model or .gguf path: the checked file, named as the torch loader names the same
+    source (artifacts compare these names). In this process or a child's, the backend is
+    built from these."""
     from adaspec.models.loading import source_name
 
-    return checked_gguf(model), n_threads, source_name(model), n_ctx
+    return checked_gguf(model, runtime), n_threads, source_name(model), n_ctx
 
 
 def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
@@ -147,6 +154,7 @@ class LlamaCppBackend(ModelBackend):
 
     supports_trees = False
     has_hidden_states = False
+    kind = "llamacpp"
 
     def __init__(
         self, gguf: str | Path, n_threads: int, name: str = "llamacpp", n_ctx: int = DEFAULT_CONTEXT

@@ -22,7 +22,7 @@ from adaspec.models.backend import ForwardOutput, ModelBackend, chain_ids
 from adaspec.models.child_process import ChildProcess
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
-               "bytes_per_forward")
+               "bytes_per_forward", "kind")
 
 
 class _SharedRows:
@@ -105,6 +105,7 @@ class ProcessBackend(ModelBackend):
             raise
         for key, value in self._child.call("attributes").items():
             setattr(self, key, value)
+        self.kind = f"{self.kind}+child"
         self._len = 0
 
     @property

@@ -1,0 +1,112 @@
+"""Cost profiles cached per configuration under `$ADASPEC_HOME/profiles/`.
+
+The key names everything that changes the costs: the CPU model, the threads, each model's
+runtime (torch, llama.cpp, ik_llama.cpp, in a child process or not) and its weights (the
+model's name, which for a GGUF file carries its checksum, and the bytes one forward reads,
+which differ between quantizations). A configuration is measured the first time it runs and
+read back afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+from functools import cache
+from pathlib import Path
+
+from adaspec.cost.profile import CostProfile
+from adaspec.errors import InputError
+from adaspec.models.backend import ModelBackend
+
+
+@cache
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def describe_backend(backend: ModelBackend) -> dict:
+    return {
+        "name": backend.name,
+        "kind": getattr(backend, "kind", "torch"),
+        "bytes_per_forward": int(backend.bytes_per_forward),
+    }
+
+
+def profile_key(target: ModelBackend, draft: ModelBackend | None) -> dict:
+    return {
+        "cpu": cpu_model(),
+        "threads": threads(),
+        "target": describe_backend(target),
+        "draft": describe_backend(draft) if draft is not None else None,
+    }
+
+
+def profiles_dir() -> Path:
+    from adaspec.models.assembly import adaspec_home
+
+    return adaspec_home() / "profiles"
+
+
+def profile_path(key: dict) -> Path:
+    """A readable, unique file name: the runtime and model names, then a hash of the key."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    parts = [key["target"]["kind"], key["target"]["name"]]
+    if key.get("draft"):
+        parts += [key["draft"]["kind"], key["draft"]["name"]]
+    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "_", "-".join(parts))
+    return profiles_dir() / f"{slug}-{digest}.json"
+
+
+def cached_profile(key: dict) -> CostProfile | None:
+    """The stored profile of this configuration, or None (missing or unreadable)."""
+    path = profile_path(key)
+    if not path.is_file():
+        return None
+    try:
+        profile = CostProfile.load(path)
+    except InputError:
+        return None
+    return profile if profile.key == key else None
+
+
+def profile_for(
+    target: ModelBackend,
+    draft: ModelBackend | None = None,
+    tokenizer=None,
+    remeasure: bool = False,
+    quiet: bool = False,
+) -> CostProfile:
+    """This configuration's profile: from the cache, or measured now (and cached)."""
+    from adaspec.cost.measure import measure_profile
+
+    key = profile_key(target, draft)
+    if not remeasure:
+        found = cached_profile(key)
+        if found is not None:
+            return found
+    if not quiet:
+        print(
+            f"adaspec: measuring what speculation costs on this machine ({key['cpu']}, "
+            f"{key['threads']} threads; once per configuration, cached in {profiles_dir()})",
+            file=sys.stderr,
+        )
+    profile = measure_profile(target, draft, tokenizer, key=key)
+    profile.save(profile_path(key))
+    return profile

@@ -1,0 +1,148 @@
+"""Measure a cost profile: a calibration of well under 30 s on a CPU.
+
+For each context length, the cache is filled once (which times the prompt prefill), then
+every size n is timed as one forward of n tokens followed by a rollback to the context, in
+rounds that interleave the sizes (a burst of other work on the machine then lands on one
+round of every size, not on every round of one); the median of the rounds after a warm-up
+round is kept. The loop's own per-step overhead is the plain loop's time per token minus the
+single-token forward it spends it on.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from adaspec.cost.profile import CostProfile, Curve
+from adaspec.models.backend import ModelBackend
+
+TARGET_SIZES = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
+DRAFT_SIZES = [1, 2, 3, 4]
+CONTEXTS = [128, 1024]
+REPEATS = 3
+OVERHEAD_TOKENS = 24
+
+
+def _context_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
+    """Ordinary-looking token ids (the cost does not depend on which tokens)."""
+    rng = random.Random(seed)
+    hi = max(2, min(vocab, 30000))
+    return [rng.randrange(1, hi) for _ in range(n)]
+
+
+def _time_curve(
+    backend: ModelBackend,
+    sizes: list[int],
+    contexts: list[int],
+    repeats: int,
+    tick: Callable[[], None],
+) -> tuple[Curve, float]:
+    """The backend's forward ms per size and context; its prefill tokens/s (longest context)."""
+    ms: list[list[float]] = []
+    prefill_rate = 0.0
+    for context_len in contexts:
+        ids = _context_ids(context_len, backend.vocab_size)
+        t0 = time.perf_counter()
+        backend.prefill(torch.tensor(ids))
+        prefill_rate = context_len / (time.perf_counter() - t0)
+        tick()
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for round_ in range(repeats + 1):  # round 0 warms up
+            for n in sizes:
+                tokens = torch.tensor(ids[-n:] if n <= len(ids) else ids[-1:] * n)
+                t0 = time.perf_counter()
+                backend.forward(tokens)
+                elapsed = 1000 * (time.perf_counter() - t0)
+                backend.truncate(context_len)
+                if round_:
+                    times[n].append(elapsed)
+                tick()
+        ms.append([statistics.median(times[n]) for n in sizes])
+    backend.reset()
+    return Curve(list(sizes), list(contexts), ms), prefill_rate
+
+
+def _loop_overhead_ms(target: ModelBackend, tokenizer, single_ms: float, tokens: int) -> float:
+    """Per-step time of the plain loop beyond its single-token forward."""
+    from adaspec.engine import Engine
+
+    engine = Engine(target, tokenizer, eos_token_ids=[])
+    prompt = _context_ids(CONTEXTS[0], target.vocab_size, seed=1)
+    result = engine.generate(prompt, max_new_tokens=tokens + 1, chat=False)
+    stats = result.stats
+    decode_s = stats.wall_time - stats.prefill_time
+    per_step = 1000 * decode_s / max(1, stats.new_tokens - 1)
+    return max(0.0, per_step - single_ms)
+
+
+def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 3) -> float:
+    """GB/s (bytes read + written) of a large float32 copy, best of `repeats`."""
+    src = torch.ones(megabytes * (1 << 20) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+@torch.inference_mode()
+def measure_profile(
+    target: ModelBackend,
+    draft: ModelBackend | None = None,
+    tokenizer=None,
+    key: dict | None = None,
+    sizes: list[int] | None = None,
+    draft_sizes: list[int] | None = None,
+    contexts: list[int] | None = None,
+    repeats: int = REPEATS,
+    progress: bool | None = None,
+) -> CostProfile:
+    """Time the target (and draft) on this machine; a progress bar on stderr when it is a
+    terminal (or when `progress` is True)."""
+    from tqdm import tqdm
+
+    sizes = sizes or TARGET_SIZES
+    draft_sizes = draft_sizes or DRAFT_SIZES
+    max_len = target.max_context - max(sizes) - OVERHEAD_TOKENS - 2
+    if draft is not None:
+        max_len = min(max_len, draft.max_context - max(draft_sizes) - 2)
+    contexts = [c for c in (contexts or CONTEXTS) if c <= max_len] or [max(8, max_len)]
+    steps = len(contexts) * (1 + (repeats + 1) * len(sizes)) + OVERHEAD_TOKENS
+    if draft is not None:
+        steps += len(contexts) * (1 + (repeats + 1) * len(draft_sizes))
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=steps, desc="measuring costs", unit="fwd", disable=not show,
+               file=sys.stderr, leave=False)
+    started = time.perf_counter()
+    try:
+        target_curve, prefill_rate = _time_curve(target, sizes, contexts, repeats, bar.update)
+        draft_curve, draft_rate = None, 0.0
+        if draft is not None:
+            draft_curve, draft_rate = _time_curve(draft, draft_sizes, contexts, repeats,
+                                                  bar.update)
+        overhead = _loop_overhead_ms(target, tokenizer, target_curve(1, CONTEXTS[0]),
+                                     OVERHEAD_TOKENS)
+        bar.update(OVERHEAD_TOKENS)
+    finally:
+        bar.close()
+    bandwidth = copy_bandwidth_gbs()
+    return CostProfile(
+        target=target_curve,
+        draft=draft_curve,
+        prefill_tokens_per_s=prefill_rate,
+        draft_prefill_tokens_per_s=draft_rate,
+        overhead_ms=overhead,
+        bandwidth_gbs=bandwidth,
+        key=dict(key or {}),
+        source="measured",
+        notes=f"calibration took {time.perf_counter() - started:.1f} s; medians of {repeats} "
+              "rounds after a warm-up round",
+    )

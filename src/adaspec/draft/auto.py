@@ -1,0 +1,295 @@
+"""`auto`: at every step, propose whatever maximizes expected tokens per second on this
+machine: nothing (a plain step), an n-gram continuation, or a draft-model continuation, and
+how many tokens of it.
+
+The price of every option comes from the machine's cost profile (target forward for n tokens,
+draft forward, loop overhead); its value is the expected number of tokens the step emits,
+1 + sum_i P(first i drafted tokens accepted), with per-token acceptance estimated from this
+request's own verification results: per n-gram match length for n-gram proposals, per draft
+confidence (top probability) bucket for draft tokens, each a Beta posterior around a prior.
+A draft-model continuation stops token by token, when no look-ahead of up to three more
+tokens would raise the step's expected tokens per millisecond.
+
+Exactness is the verifier's business, as for every method: n-gram proposals are
+deterministic (q is one-hot), draft proposals carry the draft's processed distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.control.base import LengthController
+from adaspec.cost.profile import CostProfile
+from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.model import ModelDrafter, feed, roll_back_to_common_prefix
+from adaspec.draft.ngram import NgramDrafter
+from adaspec.sampling import SamplingParams, process_logits, sample
+
+CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
+NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
+PRIOR_WEIGHT = 3.0  # pseudo-observations behind each prior
+LOOKAHEAD = 3
+
+
+class RateEstimate:
+    """A per-token acceptance rate: a Beta posterior with `weight` pseudo-trials at
+    `prior`. A trial is a drafted token whose predecessors in its step were all accepted."""
+
+    def __init__(self, prior: float, weight: float = PRIOR_WEIGHT) -> None:
+        self.prior = prior
+        self.weight = weight
+        self.trials = 0.0
+        self.successes = 0.0
+
+    def add(self, trials: int, successes: int) -> None:
+        self.trials += trials
+        self.successes += successes
+
+    @property
+    def rate(self) -> float:
+        return (self.successes + self.weight * self.prior) / (self.trials + self.weight)
+
+
+def _bucket_of(confidence: float) -> int:
+    for i, edge in enumerate(CONFIDENCE_EDGES):
+        if confidence < edge:
+            return i
+    return len(CONFIDENCE_EDGES)
+
+
+def _bucket_prior(i: int) -> float:
+    lo = 0.0 if i == 0 else CONFIDENCE_EDGES[i - 1]
+    hi = 1.0 if i == len(CONFIDENCE_EDGES) else CONFIDENCE_EDGES[i]
+    return 0.9 * (lo + hi) / 2  # a small draft is a little over-confident
+
+
+@dataclass
+class Choice:
+    """What the last step proposed: enough to credit its outcome to the right estimate."""
+
+    kind: str  # "plain" | "ngram" | "draft"
+    tokens: list[int] = field(default_factory=list)
+    start: int = 0  # context length when proposed
+    match: int = 0  # n-gram match length
+    buckets: list[int] = field(default_factory=list)  # draft confidence bucket per token
+
+
+@dataclass
+class AutoStats:
+    """How often each kind of step was chosen (for reports)."""
+
+    plain: int = 0
+    ngram: int = 0
+    draft: int = 0
+
+
+class AutoDrafter(Drafter):
+    """The cost-aware choice between no draft, an n-gram draft and a draft model."""
+
+    name = "auto"
+
+    def __init__(
+        self,
+        profile: CostProfile,
+        draft: ModelDrafter | None = None,
+        n_max: int = 4,
+        n_min: int = 1,
+        k_max: int = 16,
+        use_ngram: bool = True,
+    ) -> None:
+        self.profile = profile
+        self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
+        self.model = draft
+        if draft is not None:
+            self.backend = draft.backend  # the engine bounds the context by it
+            if profile.draft is None:
+                from adaspec.errors import InputError
+
+                raise InputError("method auto with a draft model needs a cost profile that "
+                                 "measured the draft (adaspec profile --draft ...)")
+        self.k_max = k_max
+        self.choices = AutoStats()
+        self._last: Choice | None = None
+        self._model_started = False
+        self._reset_estimates()
+
+    def _reset_estimates(self) -> None:
+        self.ngram_rates = {m: RateEstimate(p) for m, p in NGRAM_PRIORS.items()}
+        self.draft_rates = [RateEstimate(_bucket_prior(i))
+                            for i in range(len(CONFIDENCE_EDGES) + 1)]
+        self.draft_overall = RateEstimate(0.6)
+
+    # --------------------------------------------------------------- lifecycle
+    def start(self, prompt_ids: list[int]) -> None:
+        self._reset_estimates()
+        self.choices = AutoStats()
+        self._last = None
+        self._model_started = False
+        if self.ngram is not None:
+            self.ngram.start(prompt_ids)
+        self._prompt = list(prompt_ids)
+
+    def commit(self, context: list[int]) -> None:
+        last, self._last = self._last, None
+        if last is not None and last.tokens:
+            accepted = 0
+            for tok, got in zip(last.tokens, context[last.start:], strict=False):
+                if tok != got:
+                    break
+                accepted += 1
+            accepted = min(accepted, len(last.tokens))
+            self._credit(last, accepted)
+        if self.ngram is not None:
+            self.ngram.commit(context)
+        if self.model is not None and self._model_started:
+            self.model.commit(context)
+
+    def _credit(self, choice: Choice, accepted: int) -> None:
+        trials = min(accepted + 1, len(choice.tokens))
+        if choice.kind == "ngram":
+            self.ngram_rates[min(choice.match, 4)].add(trials, accepted)
+        elif choice.kind == "draft":
+            for i, bucket in enumerate(choice.buckets[:trials]):
+                self.draft_rates[bucket].add(1, int(i < accepted))
+            self.draft_overall.add(trials, accepted)
+
+    # ----------------------------------------------------------------- prices
+    def _verify_ms(self, drafted: int, context: int) -> float:
+        return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
+
+    def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
+                     context: int) -> tuple[int, float]:
+        """The length n <= limit with the most expected tokens per ms for a geometric
+        per-token acceptance `rate`; (n, tokens per ms). n = 0 is a plain step."""
+        best = (0, 1.0 / self._verify_ms(0, context))
+        value, p = 1.0, 1.0
+        for n in range(1, limit + 1):
+            p *= rate
+            value += p
+            cost = fixed_ms + per_token_ms * n + self._verify_ms(n, context)
+            if value / cost > best[1]:
+                best = (n, value / cost)
+        return best
+
+    def _catch_up_ms(self, context: list[int]) -> float:
+        """What a draft-model step costs beyond its single-token forwards: the prompt prefill
+        when the draft has not started, else the first forward's extra tokens (those
+        accepted since its last step)."""
+        assert self.model is not None
+        if not self._model_started:
+            rate = self.profile.draft_prefill_tokens_per_s or 1000.0
+            return 1000 * len(context) / rate
+        pending = max(1, len(context) - len(self.model._cached))
+        return self.profile.draft_ms(pending, len(context)) - self.profile.draft_ms(1, len(context))
+
+    # ---------------------------------------------------------------- propose
+    def propose(
+        self,
+        context: list[int],
+        max_tokens: int,
+        controller: LengthController,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        limit = min(max_tokens, self.k_max)
+        ctx = len(context)
+        options: list[tuple[float, str, int]] = [(1.0 / self._verify_ms(0, ctx), "plain", 0)]
+        ngram_tokens: list[int] = []
+        match = 0
+        if self.ngram is not None and limit > 0:
+            ngram_tokens, match = self.ngram.lookup_with_match(context, limit)
+            if ngram_tokens:
+                rate = self.ngram_rates[min(match, 4)].rate
+                n, value = self._best_length(rate, len(ngram_tokens), 0.0, 0.0, ctx)
+                options.append((value, "ngram", n))
+        if self.model is not None and limit > 0:
+            d1 = self.profile.draft_ms(1, ctx)
+            fixed = self._catch_up_ms(context)
+            n, value = self._best_length(self.draft_overall.rate, limit, fixed, d1, ctx)
+            options.append((value, "draft", n))
+        value, kind, n = max(options, key=lambda o: o[0])
+        if kind == "plain" or n == 0:
+            self.choices.plain += 1
+            self._last = None
+            return DraftProposal(tokens=[])
+        if kind == "ngram":
+            self.choices.ngram += 1
+            tokens = ngram_tokens[:n]
+            self._last = Choice("ngram", tokens, ctx, match=match)
+            return DraftProposal(tokens=tokens)
+        self.choices.draft += 1
+        return self._draft(context, limit, params, generator)
+
+    def _draft(
+        self,
+        context: list[int],
+        limit: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        """Draft model tokens until no look-ahead of up to LOOKAHEAD more tokens pays."""
+        model = self.model
+        assert model is not None
+        ctx = len(context)
+        if not self._model_started:
+            model.start(context)
+            self._model_started = True
+        roll_back_to_common_prefix(model.backend, model._cached, context)
+        if len(model._cached) == len(context):
+            model.backend.truncate(len(context) - 1)
+            del model._cached[-1:]
+        pending = context[len(model._cached):]
+        d1 = self.profile.draft_ms(1, ctx)
+        a_next = self.draft_overall.rate
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        buckets: list[int] = []
+        values = [1.0]  # expected tokens if the first i drafted tokens are verified
+        p_all = 1.0
+        calls = 0
+        while len(tokens) < limit:
+            logits = feed(model.backend, pending)[-1]
+            calls += 1
+            model._cached.extend(pending)
+            probs = torch.softmax(logits.float(), dim=-1)
+            if params.greedy:
+                token = int(logits.argmax())
+                confidence = float(probs[token])
+            else:
+                processed = process_logits(logits, params)
+                token = sample(processed, generator)
+                rows.append(processed)
+                confidence = float(probs.max())
+            bucket = _bucket_of(confidence)
+            tokens.append(token)
+            buckets.append(bucket)
+            p_all *= self.draft_rates[bucket].rate
+            values.append(values[-1] + p_all)
+            pending = [token]
+            n = len(tokens)
+            cost = n * d1 + self._verify_ms(n, ctx)
+            now = values[-1] / cost
+            ahead = False
+            extra, p = 0.0, p_all
+            for h in range(1, min(LOOKAHEAD, limit - n) + 1):
+                p *= a_next
+                extra += p
+                if (values[-1] + extra) / (cost + h * d1 + self._verify_ms(n + h, ctx)
+                                           - self._verify_ms(n, ctx)) > now:
+                    ahead = True
+                    break
+            if not ahead:
+                break
+        # Verify the prefix with the best value per ms (drafting is spent either way).
+        spent = len(tokens) * d1
+        best = max(range(len(tokens) + 1),
+                   key=lambda j: values[j] / (spent + self._verify_ms(j, ctx)))
+        tokens, buckets = tokens[:best], buckets[:best]
+        self._last = Choice("draft", tokens, ctx, buckets=buckets)
+        return DraftProposal(
+            tokens=tokens,
+            probs=torch.stack(rows[:best]) if rows and best else None,
+            forward_calls=calls,
+        )
