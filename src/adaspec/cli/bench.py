@@ -1,7 +1,8 @@
 """`adaspec bench`: decoding methods side by side on the same loaded models.
 
 adaspec bench --suite spec-bench --limit 10 --methods ar,ngram,draft:k=4,hf-assisted
-adaspec bench --profile quick
+adaspec bench --preset quick
+adaspec bench --replay bench-results/NAME --profile flat     # SIMULATED: re-priced runs
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         f" (default {DEFAULTS['suite']})",
     )
     p.add_argument(
-        "--profile",
+        "--preset",
         choices=sorted(PROFILES),
         default=None,
         help="a preset: "
@@ -90,6 +91,20 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="rotate (default): each prompt starts the method list one further "
                    "along, so no method always runs first; fixed: as listed")
     p.add_argument("--overwrite", action="store_true", help="replace results already in --out")
+    p.add_argument(
+        "--replay",
+        default=None,
+        metavar="RESULTS",
+        help="run nothing: re-price the recorded steps of a results folder under --profile "
+        "and report the predicted speedups (SIMULATED; written beside the results)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="with --replay: the cost profile to price with (a JSON file from `adaspec "
+        "profile`, or 'flat': simulated GPU-like costs)",
+    )
     add_model_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)
@@ -98,8 +113,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_options(args: argparse.Namespace) -> dict:
     """Command line over profile over defaults."""
     opts = dict(DEFAULTS)
-    if args.profile:
-        opts.update({k: v for k, v in PROFILES[args.profile].items() if k in DEFAULTS})
+    if args.preset:
+        opts.update({k: v for k, v in PROFILES[args.preset].items() if k in DEFAULTS})
     for key in DEFAULTS:
         value = getattr(args, key, None)
         if value is not None:
@@ -154,13 +169,18 @@ def run_bench(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.methods import parse_method, split_method_list
 
+    if args.replay is not None:
+        return run_replay(args)
+    if args.profile is not None:
+        raise InputError("--profile prices a --replay; to run with other costs, give the "
+                         "method its own profile, e.g. auto:profile=FILE")
     opts = resolve_options(args)
     suites = parse_suites(opts["suite"], opts["limit"], args.limit is not None)
     methods = normalize_methods(split_method_list(opts["methods"]))
     specs = [parse_method(m, reference=True) for m in methods]
     if args.resume and args.overwrite:
         raise InputError("--resume and --overwrite exclude each other")
-    name = args.profile or "-".join(n for n, _ in suites)
+    name = args.preset or "-".join(n for n, _ in suites)
     config = BenchConfig(
         methods=methods,
         suites=[n if lim is None else f"{n}:{lim}" for n, lim in suites],
@@ -176,9 +196,9 @@ def run_bench(args: argparse.Namespace) -> int:
         target=args.target,
         draft=args.draft,
         dtype=args.dtype,
-        quant=args.quant,
-        draft_quant=args.draft_quant,
-        profile=args.profile,
+        quant=resolve_weights(args.quant, args.target),
+        draft_quant=resolve_weights(args.draft_quant, args.draft),
+        profile=args.preset,
         limit=opts["limit"],
         method_order=args.method_order,
     )
@@ -193,6 +213,30 @@ def run_bench(args: argparse.Namespace) -> int:
     check_out(config)
     needs_draft = any(s.needs_draft_model for s in specs)
     return _run(config, prompts, needs_draft, progress=not args.no_progress)
+
+
+def resolve_weights(quant: str, model: str | None) -> str:
+    """`auto` as the concrete weights it stands for, so the results record what ran."""
+    from adaspec.models.weights import AUTO, best_weights
+
+    return best_weights(model) if quant == AUTO and model else quant
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adaspec.bench.replay import write_replay
+    from adaspec.cost.profile import load_profile
+    from adaspec.errors import InputError
+
+    if not args.profile:
+        raise InputError("--replay needs --profile FILE (or --profile flat)")
+    profile = load_profile(args.profile)
+    name = "flat" if args.profile.strip() == "flat" else Path(args.profile).stem
+    path, md = write_replay(args.replay, profile, name)
+    print(md)
+    print(f"adaspec bench: SIMULATED replay written to {path}", file=sys.stderr)
+    return 0
 
 
 def _llamacpp_gguf(config):
