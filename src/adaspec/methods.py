@@ -103,22 +103,38 @@ DESCRIPTIONS = {
     "whichever gives the most expected tokens per second under this machine's cost profile",
 }
 # Reference methods: Hugging Face assisted generation on the same loaded models, and llama.cpp
-# plain decoding of the target's GGUF. They are not adaspec engines, so only `adaspec bench`
-# runs them (parse_method(..., reference=True)).
+# (llama-cpp-python) plain and speculative decoding of the target's GGUF. They are not adaspec
+# engines, so only `adaspec bench` runs them (parse_method(..., reference=True)).
 REFERENCE_METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
     "hf-assisted": {},
     "hf-assisted-constant": {"k": (int, 5, "assistant tokens per step (constant schedule)")},
     "llamacpp": {},
+    "llamacpp-lookup": {
+        "k": (int, 4, "tokens to propose per step (LlamaPromptLookupDecoding's num_pred_tokens)"),
+        "n_max": (
+            int,
+            2,
+            "longest n-gram to match (its max_ngram_size; 2 is llama-cpp-python's default)",
+        ),
+    },
+    "llamacpp-draft": {"k": (int, 4, "tokens the draft GGUF proposes per step")},
 }
 REFERENCE_DESCRIPTIONS = {
     "hf-assisted": "[bench only] HF generate(assistant_model=draft), its default schedule",
     "hf-assisted-constant": "[bench only] Hugging Face assisted generation, constant k tokens",
     "llamacpp": "[bench only] greedy decoding of the target's GGUF by llama-cpp-python "
     "(other weights: compared for quality, not exactness; extra adaspec[llamacpp])",
+    "llamacpp-lookup": "[bench only] llama-cpp-python's prompt-lookup decoding "
+    "(LlamaPromptLookupDecoding as Llama(draft_model=...), its own generate loop) on the "
+    "target's GGUF, greedy (other weights, like llamacpp)",
+    "llamacpp-draft": "[bench only] llama-cpp-python's speculative loop with the draft's GGUF "
+    "as its draft model (greedy, k tokens per step) on the target's GGUF (other weights, "
+    "like llamacpp)",
 }
 # Reference methods that run other weights than the loaded torch target (llama.cpp reads the
-# quantized GGUF): their greedy output is compared with `ar` as a quality figure, not checked.
-OTHER_WEIGHTS = ("llamacpp",)
+# quantized GGUF; llamacpp-draft the draft's GGUF too, not the loaded torch draft): their
+# greedy output is compared with `ar` as a quality figure, not checked.
+OTHER_WEIGHTS = ("llamacpp", "llamacpp-lookup", "llamacpp-draft")
 # What may follow a method's `@`: torch weight quantizations, or the GGUF run by llama.cpp
 # (`gguf`) or by ik_llama.cpp (`ik`).
 WEIGHT_VARIANTS = (*QUANT_MODES, GGUF, IK)

