@@ -10,13 +10,14 @@ from adaspec.cost.profile import CostProfile
 from adaspec.draft.auto import AutoDrafter
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
-from adaspec.draft.tree import ModelTreeDrafter
+from adaspec.draft.tree import AutoTreeDrafter, ModelTreeDrafter
 from adaspec.engine import Engine
 from adaspec.errors import InputError
 from adaspec.methods import DEFAULT_METHOD, MethodSpec, build_controller, parse_method
 from adaspec.models.backend import ModelBackend
 from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.models.restricted_head import with_stored_vocab
+from adaspec.tree import AutoBranching
 from adaspec.verify import get_verifier
 from adaspec.verify.multi_candidate import get_tree_verifier
 
@@ -51,8 +52,8 @@ def build_engine(
     profile: CostProfile | None = None,
 ) -> Engine:
     """The engine of a method on loaded models. `profile` prices the steps of cost-aware
-    methods (`auto`); by default, this machine's profile of these models (measured on first
-    use, then cached)."""
+    methods (`auto`, DISCO's stop=cost, tree=auto); by default, the method's profile=...,
+    else this machine's profile of these models (measured on first use, then cached)."""
     spec = parse_method(method) if isinstance(method, str) else method
     if spec.name == "router":
         from adaspec.route.engine import router_from_artifact
@@ -80,7 +81,15 @@ def build_engine(
             raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
         draft = with_stored_vocab(draft, int(spec["vocab"]))  # type: ignore[call-overload]
         tree = spec.tree
-        drafter = ModelDrafter(draft) if tree is None else ModelTreeDrafter(draft, tree)
+        cost_rule = spec["ctrl"] == "disco" and spec["stop"] == "cost"
+        if cost_rule or isinstance(tree, AutoBranching):  # priced on this machine's costs
+            profile = _method_profile(spec, target, tokenizer, draft, profile)
+        if tree is None:
+            drafter = ModelDrafter(draft)
+        elif isinstance(tree, AutoBranching):
+            drafter = AutoTreeDrafter(draft, profile, tree.max_nodes)  # type: ignore[arg-type]
+        else:
+            drafter = ModelTreeDrafter(draft, tree)
     elif spec.name == "ngram":
         drafter = NgramDrafter(n_max=int(spec["n_max"]), n_min=int(spec["n_min"]))  # type: ignore[call-overload]
     elif spec.name == "auto":
@@ -92,7 +101,7 @@ def build_engine(
         verifier = get_tree_verifier(str(verify))
     else:
         verifier = get_verifier(str(verify))
-    controller = build_controller(spec)
+    controller = build_controller(spec, profile)
     check_models = getattr(controller, "check_models", None)  # a trained controller (DISCO)
     if check_models is not None and draft is not None:
         check_models(target.name, draft.name)
@@ -104,6 +113,25 @@ def build_engine(
         verifier=verifier,
         eos_token_ids=eos_token_ids,
     )
+
+
+def _method_profile(
+    spec: MethodSpec,
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend,
+    profile: CostProfile | None,
+) -> CostProfile:
+    """The cost profile of DISCO's stop=cost and tree=auto: the caller's, else the method's
+    profile=..., else this machine's for these backends (measured once, then cached)."""
+    if profile is not None:
+        return profile
+    from adaspec.cost.cache import profile_for
+    from adaspec.cost.profile import load_profile
+
+    if spec["profile"]:
+        return load_profile(str(spec["profile"]))
+    return profile_for(target, draft, tokenizer)
 
 
 def _auto_drafter(

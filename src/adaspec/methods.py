@@ -9,6 +9,7 @@ Grammar: ``NAME[:key=value[,key=value...]][@QUANT[/DRAFT_QUANT]]``, e.g. ``ar``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from adaspec.control.base import LengthController
 from adaspec.control.confidence import HF_DEFAULT_THRESHOLD, ConfidenceLength
@@ -19,7 +20,10 @@ from adaspec.errors import InputError
 from adaspec.models.ikllama import IK
 from adaspec.models.llamacpp import GGUF
 from adaspec.models.quant import QUANT_MODES
-from adaspec.tree import DEFAULT_MAX_NODES, parse_branching
+from adaspec.tree import DEFAULT_MAX_NODES, AutoBranching, parse_branching
+
+if TYPE_CHECKING:
+    from adaspec.cost.profile import CostProfile
 
 DEFAULT_METHOD = "auto"  # what `adaspec generate` and `load_engine` run
 
@@ -49,15 +53,45 @@ _DYNAMIC = {
         "stop below this acceptance probability (default: the artifact's tuned tau)",
     ),
     "disco": (str, "", "ctrl=disco: the artifact file from `adaspec disco tune`"),
-    "sl_max": (int, 0, "ctrl=disco: most tokens per draft (0: the artifact's tuned SL_max)"),
+    "sl_max": (
+        int,
+        0,
+        "ctrl=disco: most tokens per draft (0: the artifact's tuned SL_max, for stop=cost the "
+        "cap tuned for it, else 8)",
+    ),
+    "stop": (
+        str,
+        "tau",
+        "ctrl=disco: tau (stop below the threshold, the paper's rule) | cost (draft another "
+        "token while it raises the step's expected tokens per ms under the cost profile)",
+    ),
+    "guess": (
+        str,
+        "",
+        "ctrl=disco,stop=cost: the next token's acceptance, unknown before it is drafted: last "
+        "(the last probability) | mean (the request's running mean); default: the artifact's "
+        "tuned one, else last",
+    ),
 }
 METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
     "ar": {},
     "draft": {
         **_COMMON,
-        "tree": (str, "", "token tree, candidates per level, e.g. 4x2x2x1 (unset: a chain of k)"),
+        "tree": (
+            str,
+            "",
+            "token tree, candidates per level, e.g. 4x2x2x1, or auto (each step the chain or "
+            "tree with the most expected tokens per ms under the cost profile, from the "
+            "request's acceptance per candidate rank) (unset: a chain of k)",
+        ),
         "max_nodes": (int, DEFAULT_MAX_NODES, "limit on the drafted nodes of a tree"),
         **_DYNAMIC,
+        "profile": (
+            str,
+            "",
+            "cost profile of stop=cost and tree=auto: a JSON file, 'flat' or 'linear:...'; "
+            "default: this machine's, measured on first use and cached",
+        ),
         "vocab": (
             int,
             0,
@@ -318,23 +352,35 @@ def _check_tree_params(spec: MethodSpec) -> None:
         )
 
 
-def build_controller(spec: MethodSpec) -> LengthController:
+def build_controller(spec: MethodSpec, profile: CostProfile | None = None) -> LengthController:
+    """The length controller of a method. `profile` prices DISCO's cost rule (stop=cost);
+    build_engine resolves it (the method's profile=..., else this machine's)."""
     if spec.name in ("ar", "router"):  # a router uses the controller of the arm it picks
         return StaticLength(1)
     if spec.name == "auto":  # the drafter prices every length itself; this only bounds it
         return StaticLength(int(spec["k_max"]))  # type: ignore[call-overload]
+    if spec.name == "draft":  # settings that would otherwise be ignored without a word
+        if spec["ctrl"] != "disco" and (spec["stop"] != "tau" or spec["guess"]):
+            raise InputError(f"method {spec.text!r}: stop and guess are ctrl=disco's settings")
+        if spec["profile"] and spec["stop"] != "cost" and not isinstance(spec.tree, AutoBranching):
+            raise InputError(f"method {spec.text!r}: profile prices stop=cost and tree=auto "
+                             "only; the other settings do not read costs")
     tree = spec.tree if "tree" in spec.params else None
+    if isinstance(tree, AutoBranching):
+        return StaticLength(tree.max_depth)  # the drafter picks a shape at most this deep
     if tree is not None:
         return StaticLength(len(tree))  # the depth of the tree
     k = int(spec["k"])  # type: ignore[call-overload]
     if spec["ctrl"] == "heuristic":
         return HeuristicLength(k=k, k_max=max(k, int(spec["k_max"])))  # type: ignore[call-overload]
     if spec["ctrl"] in DRAFT_ONLY_CONTROLLERS:
-        return _dynamic_controller(spec, k)
+        return _dynamic_controller(spec, k, profile)
     return StaticLength(k)
 
 
-def _dynamic_controller(spec: MethodSpec, k: int) -> LengthController:
+def _dynamic_controller(
+    spec: MethodSpec, k: int, profile: CostProfile | None = None
+) -> LengthController:
     threshold = float(spec["threshold"])  # type: ignore[arg-type]
     if spec["ctrl"] == "confidence":
         return ConfidenceLength(threshold if threshold >= 0 else HF_DEFAULT_THRESHOLD, k)
@@ -342,9 +388,15 @@ def _dynamic_controller(spec: MethodSpec, k: int) -> LengthController:
         return OracleLength(k_max=int(spec["k_max"]))  # type: ignore[call-overload]
     from adaspec.control.disco import DiscoLength  # loads torch.nn only when used
 
+    stop = str(spec["stop"])
+    if stop == "cost" and threshold >= 0:
+        raise InputError(f"method {spec.text!r}: threshold is tau, the stop=tau rule's; "
+                         "stop=cost has none")
     sl_max = int(spec["sl_max"])  # type: ignore[call-overload]
     return DiscoLength.from_file(
-        str(spec["disco"]), tau=threshold if threshold >= 0 else None, sl_max=sl_max or None
+        str(spec["disco"]), tau=threshold if threshold >= 0 else None, sl_max=sl_max or None,
+        stop=stop, profile=profile if stop == "cost" else None,
+        guess=str(spec["guess"]) or None,
     )
 
 

@@ -3,8 +3,9 @@ latency, and bench DISCO against its baselines on the test split.
 
 adaspec disco collect --suite humaneval:20,spec-bench:5 --out disco/data.pt
 adaspec disco train --data disco/data.pt --suite humaneval --out disco/humaneval.pt
-adaspec disco tune --artifact disco/humaneval.pt --data disco/data.pt
-adaspec disco bench --data disco/data.pt --artifacts disco/humaneval.pt,disco/spec-bench.pt
+adaspec disco tune --artifact disco/humaneval.pt --data disco/data.pt [--profile FILE|machine]
+adaspec disco bench --data disco/data.pt --artifacts disco/humaneval.pt,disco/spec-bench.pt \
+    [--stop-cost --profile FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from adaspec.cli.model_options import add_model_options
 
 # tune and bench load the pair an artifact was trained for, with its quantization, unless told
 ARTIFACT_PAIR = "the artifact"
+MACHINE = "machine"  # `disco tune --profile machine`: this machine's cached cost profile
 
 
 def say(msg: str) -> None:
@@ -82,6 +84,14 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
         metavar="ARTIFACT",
         help="reuse the per-forward costs measured while tuning another artifact of this pair",
     )
+    u.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE|flat|linear:...|machine",
+        help="price the simulation with a cost profile instead of timing forwards now: a JSON "
+        "file (`adaspec profile --out FILE`), a formula, or `machine` (this machine's cached "
+        "profile of the artifact's pair, measured on first use)",
+    )
     u.add_argument("--sl-max", type=int, default=8, help="largest SL_max (and static k) tried")
     u.add_argument(
         "--confirm",
@@ -104,6 +114,17 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
         help='test prompts per category: one count, per-category counts, or both ("2,rag:1")',
     )
     b.add_argument("--static-sweep", action="store_true", help="also run draft:k=1..8")
+    b.add_argument(
+        "--stop-cost",
+        action="store_true",
+        help="also run DISCO's cost rule (stop=cost) per artifact, with its tuned cap and guess",
+    )
+    b.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE|flat",
+        help="the cost profile of --stop-cost (default: this machine's, measured on first use)",
+    )
     add_model_options(b, quant=False, default_from=ARTIFACT_PAIR)
     b.add_argument("--questions", default=None, metavar="PATH", help="Spec-Bench question file")
     b.add_argument("--resume", action="store_true")
@@ -233,7 +254,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from adaspec.disco.data import DiscoData
     from adaspec.disco.simulate import Costs
     from adaspec.disco.train import select
-    from adaspec.disco.tune import measure_step_costs, measured_run, tune_artifact
+    from adaspec.disco.tune import ORACLE_CAP, measure_step_costs, measured_run, tune_artifact
     from adaspec.errors import InputError
 
     art = DiscoArtifact.load(args.artifact)
@@ -244,7 +265,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InputError(f"no validation prompts for {suites} in {args.data}")
     if args.sl_max < 1 or args.repeats < 1 or args.confirm < 0:
         raise InputError("--sl-max and --repeats must be >= 1, --confirm >= 0")
+    if args.costs_from and args.profile:
+        raise InputError("--costs-from and --profile are two sources of costs: give one")
     costs = run = None
+    priced_to = max(args.sl_max, ORACLE_CAP)  # the longest step any tuned setting drafts
+    if args.profile and args.profile != MACHINE:
+        from adaspec.cost.profile import load_profile
+
+        profile = load_profile(args.profile)
+        costs = Costs.from_profile(profile, priced_to)
+        say(f"costs from the cost profile {args.profile}"
+            + (" (simulated, not measured)" if profile.simulated else ""))
     if args.costs_from:
         source = DiscoArtifact.load(args.costs_from)
         source.check_pair(art.target, art.draft)
@@ -260,16 +291,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
         assert draft is not None
         art.check_pair(target.name, draft.name)
+        if costs is None and args.profile == MACHINE:
+            from adaspec.cost.cache import profile_for
+
+            costs = Costs.from_profile(profile_for(target, draft, tokenizer), priced_to)
+            say("costs from this machine's cost profile")
         if costs is None:
             costs = measure_step_costs(art, val, target, draft, args.sl_max, args.repeats, say)
         run = measured_run(art, val, target, tokenizer, draft, eos)
     result = tune_artifact(art, val, costs, args.sl_max, args.confirm, run, say)
     art.save(args.artifact)
     b = result["best"]
-    print(json.dumps({k: b[k] for k in ("disco", "static", "confidence")}, indent=1))
+    print(json.dumps({k: b[k] for k in ("disco", "static", "confidence", "disco-cost")}, indent=1))
+    c = b["disco-cost"]
     say(
         f"tuned on {len(val)} val prompts: tau {art.tau}, SL_max {art.sl_max} "
-        f"(simulated {b['disco']['ms_per_token']:.0f} ms/token; best static k="
+        f"(simulated {b['disco']['ms_per_token']:.0f} ms/token; cost rule, cap {c['sl_max']}, "
+        f"guess {c['guess']}: {c['ms_per_token']:.0f}; best static k="
         f"{b['static']['sl_max']} {b['static']['ms_per_token']:.0f}; plain "
         f"{result['ar_ms_per_token']:.0f}); wrote {args.artifact}"
     )

@@ -2,7 +2,7 @@
 
 adaspec router collect --suite sharegpt:8,humaneval:4,wmt:4 --out router-data
 adaspec router cv router-data --alphas 0,0.1,0.5
-adaspec router train router-data --out router.pt
+adaspec router train router-data --out router.pt [--profile FILE|flat]
 adaspec bench --suite spec-bench:2 --methods ar,ngram,draft:k=4,router:router.pt
 adaspec router features --suite spec-bench:2 --out router-test
 adaspec router report --train router-data --bench bench-results/x --features router-test
@@ -34,9 +34,15 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--alpha", type=float, default=None, help="reward = alpha * Rouge-L + "
                    "(1 - alpha) * cost (default: see `adaspec router train -h`)")
-    p.add_argument("--cost", choices=COSTS, default=DEFAULT_COST,
-                   help="measured: t_best / t_arm per prompt on this machine; params: the "
-                   f"paper's 1 - e^(p_i - p_max) (default {DEFAULT_COST})")
+    p.add_argument("--cost", choices=COSTS, default=None,
+                   help="measured: t_best / t_arm per prompt on this machine; profile: the "
+                   "same with each arm's recorded steps priced by --profile; params: the "
+                   f"paper's 1 - e^(p_i - p_max) (default: profile with --profile, else "
+                   f"{DEFAULT_COST})")
+    p.add_argument("--profile", default=None, metavar="FILE|flat|linear:...",
+                   help="cost profile that prices the arms' recorded steps for the profile "
+                   "cost: a JSON file (`adaspec profile --out FILE`) or a formula ('flat': "
+                   "simulated GPU-like costs)")
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
     p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW, default {d.lr}")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
@@ -175,6 +181,31 @@ def run_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cost(args: argparse.Namespace):
+    """(cost, profile): --cost defaults to profile when a profile is given."""
+    from adaspec.errors import InputError
+    from adaspec.route.reward import DEFAULT_COST
+
+    cost = args.cost or ("profile" if args.profile else DEFAULT_COST)
+    if cost == "profile" and not args.profile:
+        raise InputError("--cost profile prices each arm's recorded steps with a cost profile: "
+                         "give --profile FILE|flat (`adaspec profile --out FILE` measures one)")
+    profile = None
+    if args.profile:
+        from adaspec.cost.profile import load_profile
+
+        profile = load_profile(args.profile)
+    args.cost = cost
+    return cost, profile
+
+
+def _training_data(args: argparse.Namespace, profile):
+    from adaspec.route.data import load_collection
+
+    data = load_collection(args.data)
+    return data.with_profile(profile) if profile is not None else data
+
+
 def train_config(args: argparse.Namespace):
     from adaspec.route.policy import TrainConfig
 
@@ -188,12 +219,12 @@ def train_config(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
-    from adaspec.route.data import load_collection
     from adaspec.route.evaluate import choose_alpha
     from adaspec.route.train import DEFAULT_ALPHA, train_artifact
 
     config = train_config(args)  # bad settings fail before any data is read
-    data = load_collection(args.data)
+    _, profile = _cost(args)
+    data = _training_data(args, profile)
     if args.limit is not None:
         if args.limit < 1:
             raise InputError(f"--limit must be >= 1, got {args.limit}")
@@ -210,9 +241,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     save_artifact(art, args.out)
     info = art.info
+    priced = f" ({data.profile_source})" if args.cost == "profile" else ""
     print(f"trained on {len(data)} prompts, arms {art.arm_names}, alpha {alpha}, cost "
-          f"{args.cost}: expected reward {info['history'][-1]['reward']:.3f}; greedy picks "
-          f"{info['train_choices']} -> {args.out}")
+          f"{args.cost}{priced}: expected reward {info['history'][-1]['reward']:.3f}; greedy "
+          f"picks {info['train_choices']} -> {args.out}")
     return 0
 
 
@@ -238,11 +270,11 @@ def _print_cv(rows: list[dict], prompts: int, cost: str, epochs: int) -> None:
 
 
 def run_cv(args: argparse.Namespace) -> int:
-    from adaspec.route.data import load_collection
     from adaspec.route.evaluate import cross_validate
 
     config, alphas = train_config(args), _alphas(args.alphas)
-    data = load_collection(args.data)
+    _, profile = _cost(args)
+    data = _training_data(args, profile)
     rows = cross_validate(data, alphas, args.cost, config, args.folds)
     _print_cv(rows, len(data), args.cost, config.epochs)
     if args.out:
@@ -258,9 +290,10 @@ def run_report(args: argparse.Namespace) -> int:
     if args.draws < 1:
         raise InputError("--draws must be >= 1")
     alpha = None if args.alpha is None else args.alpha
+    cost, profile = _cost(args)
     out = write_report(
-        args.train, args.bench, args.features, args.out, train_config(args), args.cost,
-        alpha, alphas, args.draws,
+        args.train, args.bench, args.features, args.out, train_config(args), cost,
+        alpha, alphas, args.draws, profile,
     )
     print(f"adaspec router report: {out}")
     return 0

@@ -3,8 +3,9 @@
 the DISCO report (`disco.report`) beside the bench's own summary.
 
 Arms: plain decoding; per tuned artifact, the best static k, the confidence rule and DISCO
-(all three tuned on that artifact's validation split); the heuristic schedule; the oracle;
-optionally static k = 1..8. An artifact trained on one suite and run on the other suite's
+(all three tuned on that artifact's validation split) and optionally DISCO's cost rule
+(`stop=cost`, priced by a cost profile); the heuristic schedule; the oracle; optionally
+static k = 1..8. An artifact trained on one suite and run on the other suite's
 prompts is the transfer measurement.
 """
 
@@ -30,7 +31,7 @@ STATIC_SWEEP = tuple(range(1, 9))
 class Arm:
     label: str
     method: str
-    family: str  # ar | static | confidence | disco | heuristic | oracle | sweep
+    family: str  # ar | static | confidence | disco | disco-cost | heuristic | oracle | sweep
     artifact: str | None = None  # label of the artifact whose tuning it comes from
 
 
@@ -38,8 +39,17 @@ def artifact_label(art: DiscoArtifact) -> str:
     return "+".join(art.provenance.get("train_suites") or ["?"])
 
 
+def cost_rule_method(path: str, profile: str | None = None) -> str:
+    """DISCO with its cost rule: the artifact's classifier, the cap and guess tuned for the
+    rule, steps priced by `profile` (None: this machine's)."""
+    return f"draft:ctrl=disco,disco={path},stop=cost" + (f",profile={profile}" if profile else "")
+
+
 def arms_for(
-    artifacts: Sequence[tuple[str, DiscoArtifact]], static_sweep: bool = False
+    artifacts: Sequence[tuple[str, DiscoArtifact]],
+    static_sweep: bool = False,
+    stop_cost: bool = False,
+    profile: str | None = None,
 ) -> list[Arm]:
     arms = [Arm("plain", "ar", "ar")]
     for path, art in artifacts:
@@ -59,6 +69,8 @@ def arms_for(
             ),
             Arm(f"DISCO [{a}]", f"draft:ctrl=disco,disco={path}", "disco", a),
         ]
+        if stop_cost:
+            arms.append(Arm(f"DISCO cost [{a}]", cost_rule_method(path, profile), "disco-cost", a))
     arms += [Arm("heuristic", HEURISTIC, "heuristic"), Arm("oracle", ORACLE, "oracle")]
     if static_sweep:
         arms += [Arm(f"k={k}", f"draft:k={k}", "sweep") for k in STATIC_SWEEP]
@@ -158,7 +170,9 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
         raise InputError("--max-new-tokens must be >= 2")
     data = DiscoData.load(args.data)
     arts = load_artifacts([p.strip() for p in args.artifacts.split(",") if p.strip()])
-    arms = arms_for(arts, args.static_sweep)
+    if args.profile and not args.stop_cost:
+        raise InputError("--profile prices the cost rule's arms: add --stop-cost")
+    arms = arms_for(arts, args.static_sweep, args.stop_cost, args.profile)
     samples = data.split("test")
     check_test_data(data, samples, arts)
     prompts = bench_prompts(samples, args.questions, args.limit)

@@ -30,6 +30,9 @@ def gap_closed(static_ms: float | None, disco_ms: float | None, oracle_ms: float
     return (static_ms - disco_ms) / (static_ms - oracle_ms)
 
 
+DECIDING = ("disco", "disco-cost")  # families whose classifier decides after every token
+
+
 def _entry(rows: list[dict], arm, costs: Costs | None = None) -> dict | None:
     ar_by_key = {row_key(r): r for r in rows if r["method"] == "ar"}
     mine = [r for r in rows if r["method"] == arm.method]
@@ -39,7 +42,7 @@ def _entry(rows: list[dict], arm, costs: Costs | None = None) -> dict | None:
     keys = tuple(f"{scope}{k}" for scope in SCOPES for k in ("ms_per_token", "speedup")) + (
         "mean_accepted_tokens", "acceptance_rate")
     priced, priced_speedup = (None, None) if costs is None else _priced(
-        mine, ar_by_key, costs, decides=arm.family == "disco"
+        mine, ar_by_key, costs, decides=arm.family in DECIDING
     )
     return {k: e[k] for k in keys} | {
         "priced_ms_per_token": priced,
@@ -99,6 +102,7 @@ def _scope_table(rows: list[dict], arms, home: str | None, costs: Costs | None =
     base = in_domain.artifact if in_domain else None
     static, conf = pick("static", base), pick("confidence", base)
     heur, oracle = pick("heuristic", None), pick("oracle", None)
+    cost_rule = pick("disco-cost", base)
     out["compare"] = {
         "home_artifact": base,
         "static": static,
@@ -106,12 +110,18 @@ def _scope_table(rows: list[dict], arms, home: str | None, costs: Costs | None =
         "disco": in_domain.label if in_domain else None,
         "transfer": [a.label for a in disco_arms if a is not in_domain],
     }
+    if cost_rule is not None:
+        out["compare"]["disco_cost"] = cost_rule
     # end to end, without the target's prompt prefill, the decode steps alone, priced
     for prefix in COMPARED:
         field = f"{prefix}ms_per_token"
         d = ms(in_domain.label, field) if in_domain else None
         out[f"{prefix}disco_vs_static"] = _ratio(d, ms(static, field))
         out[f"{prefix}disco_vs_heuristic"] = _ratio(d, ms(heur, field))
+        if cost_rule is not None:
+            c = ms(cost_rule, field)
+            out[f"{prefix}disco_cost_vs_static"] = _ratio(c, ms(static, field))
+            out[f"{prefix}disco_cost_vs_disco"] = _ratio(c, d)
         out[f"{prefix}gap_closed"] = {
             a.label: gap_closed(ms(static, field), ms(a.label, field), ms(oracle, field))
             for a in disco_arms
@@ -133,7 +143,10 @@ def _in_domain_table(
 
     virtual: list[Arm] = []
     relabelled: list[dict] = []
-    for family in ("static", "confidence", "disco"):
+    families = ["static", "confidence", "disco"]
+    if any(a.family == "disco-cost" for a in arms):
+        families.append("disco-cost")
+    for family in families:
         own = {s: next((a for a in arms if a.family == family and a.artifact == s), None)
                for s in suites}
         if any(a is None for a in own.values()):
@@ -154,13 +167,15 @@ def _mean_of_suites(measured: dict, suites: list[str]) -> dict:
     however many tokens its prompts produced)."""
     out: dict = {}
     for prefix in COMPARED:
-        for vs in ("static", "heuristic"):
-            key = f"{prefix}disco_vs_{vs}"
+        for key in (f"{prefix}disco_vs_static", f"{prefix}disco_vs_heuristic",
+                    f"{prefix}disco_cost_vs_static"):
             vals = [
                 t.get(key) if t["compare"]["home_artifact"] == s else None
                 for s, t in ((s, measured[f"{s} (all)"]) for s in suites)
             ]
             out[key] = None if None in vals or not vals else sum(vals) / len(vals)
+    if all(v is None for k, v in out.items() if "disco_cost" in k):  # no cost-rule arms
+        out = {k: v for k, v in out.items() if "disco_cost" not in k}
     return out
 
 
@@ -209,6 +224,11 @@ def disco_report(
             "static": best["static"],
             "confidence": best["confidence"],
         }
+        if any(a.family == "disco-cost" for a in arms):  # the rule as the bench ran it
+            from adaspec.control.disco import COST_SL_MAX, tuned_cost_rule
+
+            settings["disco-cost"] = {"sl_max": COST_SL_MAX, "guess": "last",
+                                      **tuned_cost_rule(art)}
         f1_test: dict = {}
         sim_test: dict = {}
         for s in suites:
@@ -329,6 +349,32 @@ def _change_cells(t: dict) -> list[str]:
     ]
 
 
+def _cost_rule_lines(scopes: dict, mean: dict) -> list[str]:
+    """DISCO's cost rule against the best static k and DISCO's threshold (bench runs with
+    --stop-cost only)."""
+    rows = [(scope, t) for scope, t in scopes.items() if t["compare"].get("disco_cost")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## DISCO's cost rule (stop=cost) against the best static k and DISCO's threshold",
+        "",
+        "Latency change of the in-domain cost rule (negative = the cost rule faster).",
+        "",
+        "| scope | vs best static: decode | steady | end to end | priced | vs DISCO (tau): "
+        "decode | steady | end to end | priced |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for scope, t in rows:
+        cells = [_pct_change(t.get(f"{p}disco_cost_vs_{vs}")) for vs in ("static", "disco")
+                 for p in _SHOWN]
+        lines.append(f"| {scope} | " + " | ".join(cells) + " |")
+    if any(mean.get(f"{p}disco_cost_vs_static") is not None for p in _SHOWN):
+        cells = [_pct_change(mean.get(f"{p}disco_cost_vs_static")) for p in _SHOWN]
+        lines.append("| mean of suites | " + " | ".join(cells) + " |  |  |  |  |")
+    return lines
+
+
 def to_markdown(report: dict) -> str:
     st = report["setup"]
     lines = [
@@ -409,6 +455,7 @@ def to_markdown(report: dict) -> str:
         lines.append(
             "| mean of suites | each suite's own | " + " | ".join(_change_cells(mean)) + " |  |"
         )
+    lines += _cost_rule_lines(scopes, mean)
     lines += [
         "",
         "## Classifier F1 (macro over accept / reject) beside the best static length",
@@ -452,6 +499,15 @@ def to_markdown(report: dict) -> str:
                 f"{_f(sim['oracle']['ms_per_token'])} | "
                 f"{_f((sim.get('best_schedule') or {}).get('ms_per_token'))} |"
             )
+    cost_sims = [(label, suite, sim["disco-cost"]) for label, a in report["artifacts"].items()
+                 for suite, sim in a["simulated_test"].items() if sim.get("disco-cost")]
+    if cost_sims:
+        lines.append("")
+    for label, suite, c in cost_sims:
+        lines.append(
+            f"- DISCO's cost rule [{label}] on {suite}: {_f(c['ms_per_token'])} ms/token "
+            f"(cap {c['sl_max']}, guess {c['guess']})"
+        )
     lines += [
         "",
         "Floor = the fastest schedule any length policy could follow (lengths 0..8 chosen "
@@ -464,9 +520,12 @@ def to_markdown(report: dict) -> str:
     for label, a in report["artifacts"].items():
         c = a["costs"]
         tgt = ", ".join(f"{n + 1}: {v:.0f}" for n, v in enumerate(c["target_ms"][:9]))
+        source = c.get("source", "measured")
         lines.append(
             f"- {label}: draft {c['draft_ms']:.1f}; target by tokens fed {{{tgt}}}; DISCO "
             f"decision {c['decision_ms']:.3f} ms"
+            + ("" if source == "measured" else f" (from the cost {source}"
+               + (", simulated)" if c.get("simulated") else ")"))
         )
     ex = report["exactness"]
     lines += [

@@ -4,14 +4,20 @@ A policy drafts from position p, asks after each drafted token whether to go on 
 against a threshold), stops at SL_max, and the target verifies. Under greedy decoding the
 accepted count is the run of teacher-forced hits at the start of the draft, so the target
 calls, draft calls and tokens per step follow from the hits alone; the time follows from
-per-forward costs measured on this machine (`measure_costs`): drafted x draft forward +
-one target forward of drafted + 1 tokens (+ the controller's own cost per decision).
+per-forward costs measured on this machine (`measure_costs`) or read from a cost profile
+(`Costs.from_profile`, the one source every cost-aware decision prices with): drafted x draft
+forward + one target forward of drafted + 1 tokens (+ the loop's overhead per step and the
+controller's own cost per decision).
+
+Two stop rules are simulated on DISCO's scores: the threshold (`stop="tau"`) and the cost rule
+(`stop="cost"`, `control.disco.cost_keeps_drafting`), which prices one more token with these
+same costs.
 
 What is simulated, not measured: after the draft's first wrong token the real draft conditions
 on that wrong token, but the simulation reads the teacher-forced features of the true
 prefix there (they only decide how many wasted tokens follow a miss); the per-step bookkeeping
-outside the two forwards is left out. Real runs (`adaspec disco tune --confirm`, the bench)
-check the chosen settings.
+outside the two forwards is left out (but for a profile's measured overhead_ms). Real runs
+(`adaspec disco tune --confirm`, the bench) check the chosen settings.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from adaspec.control.disco import cost_keeps_drafting
+from adaspec.cost.profile import CostProfile
 from adaspec.errors import InputError
 from adaspec.models.backend import ModelBackend
 
@@ -31,14 +39,41 @@ NEVER_STOP = -1.0  # a threshold no score falls below: the static schedule
 
 @dataclass
 class Costs:
-    """Milliseconds per forward, measured: draft_ms for one token, target_ms[n - 1] for n
-    tokens (a verification of n - 1 drafted tokens), decision_ms per controller decision."""
+    """Milliseconds per forward: draft_ms for one token, target_ms[n - 1] for n tokens (a
+    verification of n - 1 drafted tokens), decision_ms per controller decision, overhead_ms
+    per step (the loop's own time; 0 when timed by `measure_costs`, which times forwards).
+    Timed while tuning (source "measured") or read from a cost profile (`from_profile`);
+    the dict form is what artifacts store under tuning["costs"] (older ones lack the last
+    three fields, which default to a measurement)."""
 
     draft_ms: float
     target_ms: list[float]
     decision_ms: float = 0.0
     context_tokens: int = 0
     repeats: int = 0
+    overhead_ms: float = 0.0
+    source: str = "measured"
+    simulated: bool = False
+
+    @classmethod
+    def from_profile(
+        cls, profile: CostProfile, max_tokens: int, context: int | None = None
+    ) -> Costs:
+        """The profile's prices for steps of up to `max_tokens` drafted tokens (target
+        forwards of 1..max_tokens + 1 tokens) at `context` cached tokens (None: the
+        profile's first measured context)."""
+        if max_tokens < 1:
+            raise InputError("Costs.from_profile needs max_tokens >= 1")
+        if profile.draft is None:
+            raise InputError("pricing draft steps needs a cost profile that measured the draft")
+        return cls(
+            draft_ms=profile.draft_ms(1, context),
+            target_ms=[profile.target_ms(n, context) for n in range(1, max_tokens + 2)],
+            context_tokens=context or 0,
+            overhead_ms=profile.overhead_ms,
+            source=f"profile:{profile.source}",
+            simulated=profile.simulated,
+        )
 
     def target(self, n: int) -> float:
         if n > len(self.target_ms):
@@ -47,7 +82,7 @@ class Costs:
 
     def step_ms(self, drafted: int) -> float:
         """One speculation step: `drafted` draft forwards, then one verification."""
-        return drafted * self.draft_ms + self.target(drafted + 1)
+        return drafted * self.draft_ms + self.target(drafted + 1) + self.overhead_ms
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,21 +179,28 @@ def simulate(
     sl_max: int,
     costs: Costs,
     oracle: bool = False,
+    stop: str = "tau",
+    guess: str = "last",
 ) -> SimResult:
     """One greedy generation of len(hits) tokens under a policy.
 
     scores[i, d]: the policy's score for token i drafted at position d of the current draft
     (DISCO's acceptance probability; the top draft probability for the confidence rule);
-    None (or tau = NEVER_STOP) for a static length. oracle=True drafts exactly the run of hits
-    (up to sl_max), as `control.oracle.OracleLength` does."""
+    None (or tau = NEVER_STOP with stop="tau") for a static length. stop="cost" runs DISCO's
+    cost rule on the scores instead of the threshold (tau unused; `guess` as the
+    controller's). oracle=True drafts exactly the run of hits (up to sl_max), as
+    `control.oracle.OracleLength` does."""
     h = [bool(x) for x in hits]
     sc = scores.tolist() if scores is not None else None  # Python floats: fast to index
     n = len(h)
     res = SimResult()
     p = 1  # token 0 comes from the prefill
-    decide = scores is not None and tau > NEVER_STOP and not oracle
+    cost_rule = stop == "cost"
+    decide = scores is not None and (cost_rule or tau > NEVER_STOP) and not oracle
     if decide and scores.shape[1] < sl_max:  # type: ignore[union-attr]
         raise InputError(f"scores cover {scores.shape[1]} draft positions, sl_max is {sl_max}")  # type: ignore[union-attr]
+    prices = [costs.step_ms(d) for d in range(sl_max + 1)] if decide and cost_rule else []
+    seen, count = 0.0, 0  # the generation's scores so far, for guess="mean"
     while p < n:
         limit = min(sl_max, n - p - 1)  # the engine never drafts past the token budget
         if oracle:
@@ -167,9 +209,21 @@ def simulate(
                 drafted += 1
         else:
             drafted = 0
+            step: list[float] = []
             while drafted < limit:
                 drafted += 1
-                if decide and sc[p + drafted - 1][drafted - 1] < tau:  # type: ignore[index]
+                if not decide:
+                    continue
+                s = sc[p + drafted - 1][drafted - 1]  # type: ignore[index]
+                if not cost_rule:
+                    if s < tau:
+                        break
+                    continue
+                step.append(s)
+                seen += s
+                count += 1
+                g = s if guess == "last" else seen / count
+                if not cost_keeps_drafting(step, g, prices, sl_max):
                     break
         accepted = 0
         while accepted < drafted and h[p + accepted]:
@@ -186,10 +240,12 @@ def simulate_all(
     sl_max: int,
     costs: Costs,
     oracle: bool = False,
+    stop: str = "tau",
+    guess: str = "last",
 ) -> SimResult:
     total = SimResult()
     for hits, scores in zip(hits_list, scores_list, strict=True):
-        total.add(simulate(hits, scores, tau, sl_max, costs, oracle))
+        total.add(simulate(hits, scores, tau, sl_max, costs, oracle, stop, guess))
     return total
 
 
@@ -206,7 +262,7 @@ def price_run(row: dict, costs: Costs, decides: bool = False) -> float | None:
     turns = len(row.get("turn_tokens") or [1])
     single = row["target_calls"] - turns - len(steps)  # one-token target calls, no draft
     ms = sum(costs.target(int(d) + 1) for d, _ in steps) + single * costs.target(1)
-    ms += row.get("draft_calls", 0) * costs.draft_ms
+    ms += row.get("draft_calls", 0) * costs.draft_ms + (len(steps) + single) * costs.overhead_ms
     if decides:
         ms += sum(int(d) for d, _ in steps) * costs.decision_ms
     return ms

@@ -1,6 +1,8 @@
 """Choose tau and SL_max by simulated latency on the validation split, and tune the
 baselines the same way (best static k; the confidence rule's threshold and bound), so every
-method is tuned on the same data with the same measured costs."""
+method is tuned on the same data with the same costs (timed here, or a cost profile's).
+DISCO's cost rule (`stop=cost`) is tuned beside them: it has no threshold, only its cap and
+its guess of the next token's acceptance (`disco-cost` in the tables)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from adaspec.control.disco import GUESSES
 from adaspec.control.disco_features import FeatureSpec, assemble
 from adaspec.disco.artifact import DiscoArtifact
 from adaspec.disco.classifier import DiscoClassifier
@@ -46,6 +49,11 @@ def _row(threshold: float, sl_max: int, res: SimResult) -> dict:
     return {"threshold": threshold, "sl_max": sl_max, **res.to_dict()}
 
 
+def _cost_row(sl_max: int, guess: str, res: SimResult) -> dict:
+    """A row of DISCO's cost rule: no threshold (NEVER_STOP in the column), its guess."""
+    return {**_row(NEVER_STOP, sl_max, res), "stop": "cost", "guess": guess}
+
+
 def tune(
     samples: Sequence[Sample],
     costs: Costs,
@@ -66,8 +74,13 @@ def tune(
     ]
     disco = [_row(t, k, simulate_all(hits, d_scores, t, k, costs)) for t in taus for k in sl_maxes]
     conf = [_row(t, k, simulate_all(hits, c_scores, t, k, costs)) for t in taus for k in sl_maxes]
+    cost_rule = [
+        _cost_row(k, g, simulate_all(hits, d_scores, NEVER_STOP, k, costs, stop="cost", guess=g))
+        for g in GUESSES
+        for k in sl_maxes
+    ]
     oracle = simulate_all(hits, nones, NEVER_STOP, oracle_cap, costs, oracle=True)
-    ar = costs.target(1)  # plain decoding: one target forward per token
+    ar = costs.step_ms(0)  # plain decoding: one target forward per token
     return {
         "prompts": len(samples),
         "tokens": sum(len(h) for h in hits),
@@ -76,11 +89,13 @@ def tune(
         "static": static,
         "disco": disco,
         "confidence": conf,
+        "disco-cost": cost_rule,
         "oracle": {"sl_max": oracle_cap, **oracle.to_dict()},
         "best": {
             "static": _best(static),
             "disco": _best(disco),
             "confidence": _best(conf),
+            "disco-cost": _best(cost_rule),
         },
     }
 
@@ -94,11 +109,18 @@ def evaluate(
     oracle_cap: int = ORACLE_CAP,
 ) -> dict[str, dict]:
     """Simulated latency of fixed settings (e.g. the tuned ones, on the test split):
-    settings = {"disco": {"threshold", "sl_max"}, "static": {...}, "confidence": {...}}."""
+    settings = {"disco": {"threshold", "sl_max"}, "static": {...}, "confidence": {...},
+    "disco-cost": {"sl_max", "guess"}} (any subset)."""
     hits = [s.hits.tolist() for s in samples]
     out: dict[str, dict] = {}
     for family, st in settings.items():
-        k, t = int(st["sl_max"]), float(st["threshold"])
+        k, t = int(st["sl_max"]), float(st.get("threshold", NEVER_STOP))
+        if family == "disco-cost":
+            guess = str(st.get("guess", "last"))
+            scores = [disco_scores(s, classifier, spec, k) for s in samples]
+            res = simulate_all(hits, scores, NEVER_STOP, k, costs, stop="cost", guess=guess)
+            out[family] = _cost_row(k, guess, res)
+            continue
         if family == "disco":
             scores = [disco_scores(s, classifier, spec, k) for s in samples]
         elif family == "confidence":

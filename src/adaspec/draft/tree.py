@@ -8,20 +8,35 @@ for MCSS Algorithm 1) or without (each next candidate from q renormalised withou
 already drawn: Algorithm 2 and the naive verifier); at temperature 0 they are the top-k
 distinct tokens. After verification `accept_path` compacts the draft cache to the accepted
 path, so it holds exactly the accepted context, as the target's does.
+
+`AutoTreeDrafter` (`tree=auto`) picks the shape every step: the chain or tree with the most
+expected tokens per millisecond under the machine's cost profile, from this request's own
+acceptance per candidate rank.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections import Counter
+from collections.abc import Sequence
 
 import torch
 
 from adaspec.control.base import LengthController
+from adaspec.cost.profile import CostProfile
 from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.draft.model import feed, prefill_prompt, roll_back_to_common_prefix
+from adaspec.errors import InputError
 from adaspec.models.backend import ModelBackend
 from adaspec.sampling import SamplingParams, process_logits
-from adaspec.tree import TokenTree, TreeProposal
+from adaspec.tree import (
+    DEFAULT_MAX_NODES,
+    DEFAULT_RANK_RATES,
+    AutoBranching,
+    TokenTree,
+    TreeProposal,
+    choose_branching,
+)
 
 
 class TreeDrafter(Drafter):
@@ -201,3 +216,80 @@ class ModelTreeDrafter(TreeDrafter):
 
     def commit(self, context: list[int]) -> None:
         self._sync(context)
+
+
+class AutoTreeDrafter(ModelTreeDrafter):
+    """`tree=auto`: before each step, the candidate shape (chains of 1..8, trees such as
+    4x2x2x1) with the most expected tokens per ms under `profile`; expected tokens from a
+    running acceptance estimate per candidate rank, which starts at `prior` (the assumed
+    DEFAULT_RANK_RATES) and learns from every verified step of the request: at each level the
+    walk reached, the accepted candidate's rank is a hit and the ranks before it misses; at
+    the level where it stopped, every candidate a miss."""
+
+    name = "draft-tree-auto"
+
+    def __init__(
+        self,
+        backend: ModelBackend,
+        profile: CostProfile,
+        max_nodes: int = DEFAULT_MAX_NODES,
+        prior: Sequence[float] = DEFAULT_RANK_RATES,
+    ) -> None:
+        if profile.draft is None:
+            raise InputError("tree=auto prices draft forwards: it needs a cost profile that "
+                             "measured the draft (adaspec profile, with a draft model)")
+        self.candidates = AutoBranching(max_nodes).candidates()
+        super().__init__(backend, self.candidates[0])
+        self.profile = profile
+        self.max_nodes = max_nodes
+        self.prior = tuple(prior)
+        self.shapes: Counter[tuple[int, ...]] = Counter()  # chosen this request, for reports
+        self._reset_rates()
+
+    def _reset_rates(self) -> None:
+        from adaspec.draft.auto import RateEstimate  # the same Beta estimate as `auto`'s
+
+        self.rank_rates = [RateEstimate(p) for p in self.prior]
+
+    @property
+    def rates(self) -> list[float]:
+        return [r.rate for r in self.rank_rates]
+
+    def start(self, prompt_ids: list[int]) -> None:
+        super().start(prompt_ids)
+        self._reset_rates()
+        self.shapes = Counter()
+
+    def propose_tree(
+        self,
+        context: list[int],
+        max_depth: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        replacement: bool,
+    ) -> TreeProposal:
+        self.branching = choose_branching(
+            self.profile, self.rates, self.candidates, max_depth, self.max_nodes, len(context)
+        )
+        self.shapes[self.branching] += 1
+        return super().propose_tree(context, max_depth, params, generator, replacement)
+
+    def accept_path(self, path: list[int]) -> None:
+        if self._tree is not None:
+            self._observe(self._tree, path)
+        super().accept_path(path)
+
+    def _observe(self, tree: TokenTree, path: list[int]) -> None:
+        last = len(self.rank_rates) - 1
+        node = 0
+        for level in range(1, tree.depth + 1):
+            kids = tree.children[node]
+            if not kids:
+                break
+            hit = path[level - 1] if level <= len(path) else None
+            rank = kids.index(hit) if hit in kids else len(kids)
+            for r in range(min(rank + 1, len(kids))):
+                self.rank_rates[min(r, last)].add(1, int(r == rank))
+            if hit is None or rank == len(kids):
+                break
+            node = hit

@@ -10,8 +10,9 @@ decoding's similarity, a sampled target output). A features folder (test prompts
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,7 +21,10 @@ from adaspec.bench.runner import RESULTS, read_rows
 from adaspec.bench.suites import Prompt, load_suite
 from adaspec.errors import InputError
 from adaspec.methods import parse_method
-from adaspec.route.reward import rouge_l
+from adaspec.route.reward import COSTS, priced_decode_ms, rouge_l
+
+if TYPE_CHECKING:
+    from adaspec.cost.profile import CostProfile
 
 META = "collect.json"
 STATES = "states.jsonl"
@@ -88,9 +92,31 @@ class RouterData:
     params: list[int]  # per arm, the paper's cost input
     target: str
     rows: dict[tuple[str, str], dict]  # (prompt id, arm) -> the bench row
+    # [N, A] decode ms per token of the same runs priced by a cost profile (`with_profile`),
+    # what the `profile` reward reads; None until priced
+    profile_ms_per_token: np.ndarray | None = None
+    profile_source: str = ""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def costs(self) -> list[str]:
+        """The rewards' costs this table can give (`profile` once priced)."""
+        return [c for c in COSTS if c != "profile" or self.profile_ms_per_token is not None]
+
+    def with_profile(self, profile: CostProfile) -> RouterData:
+        """This table with every arm's runs priced by `profile` (`reward.priced_decode_ms`
+        per new token), for the `profile` reward."""
+        priced = np.zeros((len(self), len(self.arms)))
+        for j, arm in enumerate(self.arms):
+            spec = parse_method(self.methods[arm])
+            branching = spec.tree if "tree" in spec.params else None
+            for i, p in enumerate(self.prompt_ids):
+                row = self.rows[(p, arm)]
+                priced[i, j] = priced_decode_ms(row, profile, branching) / row["new_tokens"]
+        source = profile.source + (" (simulated)" if profile.simulated else "")
+        return replace(self, profile_ms_per_token=priced, profile_source=source)
 
     @property
     def speedup(self) -> np.ndarray:
@@ -112,6 +138,10 @@ class RouterData:
             params=self.params,
             target=self.target,
             rows={k: v for k, v in self.rows.items() if k[0] in keep},
+            profile_ms_per_token=None
+            if self.profile_ms_per_token is None
+            else self.profile_ms_per_token[idx],
+            profile_source=self.profile_source,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from adaspec.route.arms import check_arms
 from adaspec.route.artifact import RouterArtifact, load_artifact
 from adaspec.route.policy import MODES, RouterPolicy
 from adaspec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from adaspec.cost.profile import CostProfile
 
 
 class RouterEngine(Engine):
@@ -121,12 +125,15 @@ def build_arm_engines(
     tokenizer,
     draft: ModelBackend | None = None,
     eos_token_ids: list[int] | None = None,
+    profile: CostProfile | None = None,
 ) -> dict[str, Engine]:
+    """One engine per arm; `profile` prices the cost-aware arms (auto, DISCO's stop=cost,
+    tree=auto), by default each arm's own profile=... or this machine's."""
     from adaspec.build import build_engine
 
     specs = check_arms(arms)
     return {
-        name: build_engine(spec, target, tokenizer, draft, eos_token_ids)
+        name: build_engine(spec, target, tokenizer, draft, eos_token_ids, profile=profile)
         for name, spec in specs.items()
     }
 
@@ -139,9 +146,10 @@ def router_from_artifact(
     eos_token_ids: list[int] | None = None,
     mode: str = "greedy",
     seed: int = 0,
+    profile: CostProfile | None = None,
 ) -> RouterEngine:
     """A RouterEngine for a trained artifact on loaded backends (checks that they fit)."""
     art = load_artifact(artifact) if isinstance(artifact, str) else artifact
     art.check(target=target.name, hidden_size=target.hidden_size)
-    engines = build_arm_engines(art.arms, target, tokenizer, draft, eos_token_ids)
+    engines = build_arm_engines(art.arms, target, tokenizer, draft, eos_token_ids, profile)
     return RouterEngine(engines, art.policy, mode=mode, seed=seed)

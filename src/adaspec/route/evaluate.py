@@ -147,7 +147,7 @@ def proxy_vs_truth(train: RouterData, alpha: float) -> dict:
 
     fastest = oracle_choices(train)
     out: dict = {"prompts": len(train), "fastest": dict(Counter(train.arms[i] for i in fastest))}
-    for cost in ("params", "measured"):
+    for cost in (c for c in ("params", "measured", "profile") if c in train.costs):
         best = data_rewards(train, alpha, cost).argmax(axis=1)
         out[cost] = {
             "agrees_with_fastest": float(np.mean(best == fastest)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaspec.bench.report import OVERALL
 from adaspec.bench.runner import RESULTS, read_rows
@@ -34,6 +35,9 @@ from adaspec.route.evaluate import (
 from adaspec.route.policy import TrainConfig
 from adaspec.route.reward import COSTS
 from adaspec.route.train import train_artifact
+
+if TYPE_CHECKING:
+    from adaspec.cost.profile import CostProfile
 
 REPLAYED = "router greedy (replayed)"
 # The report's own training settings, when they differ from the artifact's (e.g. --epochs 3
@@ -70,8 +74,11 @@ def build_report(
     alpha: float | None,
     alphas: list[float],
     draws: int,
+    profile: CostProfile | None = None,
 ) -> dict:
     train = load_collection(train_dir)
+    if profile is not None:  # the profile reward prices the training runs
+        train = train.with_profile(profile)
     rows, _ = read_rows(Path(bench_dir) / RESULTS)
     routers = [m for m in dict.fromkeys(r["method"] for r in rows) if m.startswith("router:")]
     if not routers:
@@ -139,10 +146,11 @@ def build_report(
             train, test, _sizes(len(train)), alpha, cost, config, draws
         ),
         "alpha_sweep": [
-            row for c in COSTS for row in alpha_sweep(train, test, alphas, c, config)
+            row for c in train.costs for row in alpha_sweep(train, test, alphas, c, config)
         ],
         "proxy_vs_truth": proxy_vs_truth(train, alpha),
-        "settings": {"train": config.to_dict(), "cost": cost, "alpha": alpha, "draws": draws},
+        "settings": {"train": config.to_dict(), "cost": cost, "alpha": alpha, "draws": draws,
+                     **({"profile": train.profile_source} if profile is not None else {})},
     }
 
 
@@ -276,7 +284,9 @@ def to_markdown(rep: dict) -> str:
         f"{pv['mean_speedup']}. Fastest arm per prompt: {pv['fastest']}. Best arm by the "
         f"parameter-count reward: {pv['params']['best']} (agrees with the fastest on "
         f"{pv['params']['agrees_with_fastest']:.0%} of prompts); by the measured-cost reward: "
-        f"{pv['measured']['best']} ({pv['measured']['agrees_with_fastest']:.0%}).",
+        f"{pv['measured']['best']} ({pv['measured']['agrees_with_fastest']:.0%})"
+        + (f"; by the cost profile's reward ({st.get('profile')}): {pv['profile']['best']} "
+           f"({pv['profile']['agrees_with_fastest']:.0%})." if "profile" in pv else "."),
         "",
     ]
     return "\n".join(lines)
@@ -323,7 +333,7 @@ def write_plots(rep: dict, out: Path) -> list[str]:
         )
 
     def alpha_sweep(ax, key: str) -> None:
-        for c in COSTS:
+        for c in (c for c in COSTS if any(s["cost"] == c for s in rep["alpha_sweep"])):
             pts = [
                 s for s in rep["alpha_sweep"]
                 if s["cost"] == c and s.get(f"{key}speedup") is not None
@@ -369,8 +379,11 @@ def write_report(
     alpha: float | None,
     alphas: list[float],
     draws: int,
+    profile: CostProfile | None = None,
 ) -> Path:
-    rep = build_report(train_dir, bench_dir, features_dir, config, cost, alpha, alphas, draws)
+    rep = build_report(
+        train_dir, bench_dir, features_dir, config, cost, alpha, alphas, draws, profile
+    )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     rep["plots"] = write_plots(rep, folder)

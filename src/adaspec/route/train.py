@@ -6,6 +6,7 @@ from collections import Counter
 
 import torch
 
+from adaspec.errors import InputError
 from adaspec.route.artifact import RouterArtifact
 from adaspec.route.data import RouterData
 from adaspec.route.policy import TrainConfig, train_policy
@@ -17,7 +18,16 @@ DEFAULT_ALPHA = 0.1
 
 
 def data_rewards(data: RouterData, alpha: float, cost: str = DEFAULT_COST):
-    return rewards(data.similarity, data.decode_ms_per_token, data.params, alpha, cost)
+    """The reward table: measured decode ms per token, or (cost `profile`) the same runs
+    priced by the cost profile the data was priced with (`RouterData.with_profile`)."""
+    ms = data.decode_ms_per_token
+    if cost == "profile":
+        if data.profile_ms_per_token is None:
+            raise InputError("the profile cost prices each arm's recorded steps with a cost "
+                             "profile: give one (--profile FILE|flat; `adaspec profile --out "
+                             "FILE` measures this machine's)")
+        ms = data.profile_ms_per_token
+    return rewards(data.similarity, ms, data.params, alpha, cost)
 
 
 def train_artifact(
@@ -43,5 +53,6 @@ def train_artifact(
             "categories": dict(Counter(data.categories)),
             "history": result.history,
             "train_choices": dict(counts),
+            **({"profile": data.profile_source} if cost == "profile" else {}),
         },
     )
