@@ -55,6 +55,15 @@ class SamplingParams:
         return g
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(-1)` (first index on ties, as torch's), computed by numpy: over a 151,936-wide
+    row torch's CPU argmax took 1.0 ms here and numpy's 0.01 ms, which on a 35 ms decode step
+    is 3% of the loop."""
+    if x.device.type != "cpu" or x.requires_grad:
+        return x.argmax(-1)
+    return torch.as_tensor(x.detach().float().numpy().argmax(-1))
+
+
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Turn raw logits [..., V] into the processed probabilities [..., V] (float32).
 
@@ -62,7 +71,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     """
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
     # Shift before dividing: with a tiny temperature logits / t overflows to inf, and the
     # softmax of inf - inf is NaN. After the shift the top logit is 0 and the rest are <= 0.
     logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature

@@ -36,9 +36,12 @@ def classify(
     prompt_ids: list[int],
     reference: list[int],
     output: list[int],
-    tolerance: float = TIE_TOLERANCE,
+    tolerance: float | None = None,
 ) -> Divergence | None:
-    """None when the outputs agree; otherwise where and why they part."""
+    """None when the outputs agree; otherwise where and why they part. The tie tolerance is
+    the target runtime's own (`ModelBackend.tie_tolerance`) unless given."""
+    if tolerance is None:
+        tolerance = float(getattr(target, "tie_tolerance", TIE_TOLERANCE))
     index = first_difference(reference, output)
     if index is None:
         return None

@@ -25,7 +25,7 @@ from adaspec.cost.profile import CostProfile
 from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.draft.model import ModelDrafter, feed, roll_back_to_common_prefix
 from adaspec.draft.ngram import NgramDrafter
-from adaspec.sampling import SamplingParams, process_logits, sample
+from adaspec.sampling import SamplingParams, argmax, process_logits, sample
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
@@ -255,7 +255,7 @@ class AutoDrafter(Drafter):
             model._cached.extend(pending)
             probs = torch.softmax(logits.float(), dim=-1)
             if params.greedy:
-                token = int(logits.argmax())
+                token = int(argmax(logits))
                 confidence = float(probs[token])
             else:
                 processed = process_logits(logits, params)

@@ -7,7 +7,7 @@ import torch
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.models.backend import ModelBackend
-from adaspec.sampling import SamplingParams, process_logits, sample
+from adaspec.sampling import SamplingParams, argmax, process_logits, sample
 
 
 def roll_back_to_common_prefix(
@@ -80,7 +80,7 @@ class ModelDrafter(Drafter):
             calls += 1
             self._cached.extend(pending)
             if params.greedy:
-                token = int(logits.argmax())
+                token = int(argmax(logits))
                 probs = None
             else:
                 probs = process_logits(logits, params)

@@ -31,6 +31,10 @@ class ModelBackend(ABC):
     hidden_size: int
     bytes_per_forward: int  # weight bytes read by one forward pass (for bandwidth figures)
     kind: str = "torch"  # the runtime (a cost profile is keyed by it): torch | llamacpp | ik_llama
+    # Logit noise between scoring a token alone and in a block (different kernels round
+    # differently): a greedy divergence at a top-2 gap below this is a numerical tie. bf16
+    # torch: one ulp at magnitude 16-32.
+    tie_tolerance: float = 0.125
     supports_trees: bool = True  # tree masks and `keep` of any path, not only chains
     has_hidden_states: bool = True  # `hidden_layer` (the router reads the prompt's state)
 

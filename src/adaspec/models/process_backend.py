@@ -22,7 +22,7 @@ from adaspec.models.backend import ForwardOutput, ModelBackend, chain_ids
 from adaspec.models.child_process import ChildProcess
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
-               "bytes_per_forward", "kind")
+               "bytes_per_forward", "kind", "tie_tolerance")
 
 
 class _SharedRows:

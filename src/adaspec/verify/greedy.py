@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.sampling import argmax
 from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
 
 
@@ -30,7 +31,7 @@ class GreedyVerifier(Verifier):
     ) -> Verdict:
         k = len(draft_tokens)
         check_chain_shapes(k, None, target_probs)
-        best = target_probs.argmax(-1)
+        best = argmax(target_probs)
         if k == 0:
             return Verdict(accepted=0, next_token=int(best[0]))
         # Out-of-vocabulary draft ids simply never match an argmax.
