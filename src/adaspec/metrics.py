@@ -74,9 +74,16 @@ class RequestStats:
         )
         return d
 
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first over the time after it (the prompt's prefill left out)."""
+        decode = self.wall_time - self.prefill_time - self.route_time
+        return (self.new_tokens - 1) / decode if decode > 0 and self.new_tokens > 1 else 0.0
+
     def summary_line(self) -> str:
         return (
-            f"{self.new_tokens} new tokens | {self.tokens_per_s:.2f} tokens/s | "
+            f"{self.new_tokens} new tokens | {self.tokens_per_s:.2f} tokens/s "
+            f"(decode {self.decode_tokens_per_s:.2f}) | first token {self.prefill_time:.2f} s | "
             f"{self.target_calls} target calls | MAT {self.mean_accepted_tokens:.2f} | "
             f"acceptance {self.acceptance_rate:.1%} ({self.accepted}/{self.drafted})"
         )
