@@ -6,6 +6,8 @@ loaded target and draft.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from adaspec.cost.profile import CostProfile
 from adaspec.draft.auto import AutoDrafter
 from adaspec.draft.model import ModelDrafter
@@ -170,37 +172,61 @@ def load_backends(
     quant: str = "auto",
     draft_quant: str = "auto",
 ) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
-    """Load the target (and draft) from the verified cache as torch backends, each with its
-    own weight quantization; the draft's tokenizer must match the target's.
-    Returns (target, tokenizer, draft or None, EOS ids)."""
+    """Load the target (and draft), each with its own weights (`auto`: the fastest runtime
+    this machine has); the draft's tokenizer must match the target's. Models that run in
+    child processes load at the same time. Returns (target, tokenizer, draft or None, EOS
+    ids)."""
     from adaspec.models.store import check_tokenizer_pair
 
-    tgt, tokenizer, eos = load_backend(target, dtype, quant, role="target")
+    finish_target = start_backend(target, dtype, quant, role="target")
+    finish_draft = None
+    if draft:
+        finish_draft = start_backend(draft, dtype, draft_quant, role="draft",
+                                     tokenizer_like=target)
+    tgt, tokenizer, eos = finish_target()
     draft_backend = None
-    if draft is not None:
-        draft_backend, draft_tokenizer, _ = load_backend(draft, dtype, draft_quant, role="draft")
-        check_tokenizer_pair(tokenizer, draft_tokenizer, target, draft)
+    if finish_draft is not None:
+        draft_backend, draft_tokenizer, _ = finish_draft()
+        if draft_tokenizer is not None:  # None: the same tokenizer files as the target's
+            check_tokenizer_pair(tokenizer, draft_tokenizer, target, draft)
     return tgt, tokenizer, draft_backend, eos
+
+
+Loaded = tuple[ModelBackend, object, list[int]]
 
 
 def load_backend(
     name: str, dtype: str = "bfloat16", quant: str = "auto", role: str = "target"
-) -> tuple[ModelBackend, object, list[int]]:
-    """One model as a backend, with its tokenizer and EOS ids.
+) -> Loaded:
+    """One model as a backend, with its tokenizer and EOS ids (see `start_backend`)."""
+    return start_backend(name, dtype, quant, role)()
 
-    quant `gguf` runs the model's GGUF with llama.cpp (the `llamacpp` extra; the tokenizer
-    still comes from the verified cache) in a child process of its own: beside torch in one
-    process the two thread pools slow each other down about 2x. Otherwise it is a torch model
-    with that weight quantization; a quantized target (row-independent Linear layers) gets
+
+def start_backend(
+    name: str,
+    dtype: str = "bfloat16",
+    quant: str = "auto",
+    role: str = "target",
+    tokenizer_like: str | None = None,
+) -> Callable[[], Loaded]:
+    """Start loading one model; the returned function finishes it: (backend, tokenizer, EOS
+    ids). With `tokenizer_like` (another model) the tokenizer of a runtime that does not need
+    one is not loaded when both carry the same tokenizer files: it comes back as None.
+
+    quant `ik` / `gguf` run the model's GGUF with ik_llama.cpp / llama.cpp (the tokenizer
+    still comes from the verified cache) in a child process of its own, started here so
+    several load at once: beside torch in one process the two thread pools slow each other
+    down about 2x, and a native abort in the child is a one-line error. `auto` is the
+    fastest runtime installed (models/weights.py). Otherwise it is a torch model with that
+    weight quantization; a quantized target (row-independent Linear layers) gets
     row-invariant attention, so verifying a block scores bit-for-bit what plain decoding
     scores. A float target's batched GEMMs are not row-invariant anyway: it keeps the faster
     batched attention and the exactness check's tie rule, as does every draft and a model
     with sliding-window layers (not handled by the row-invariant path)."""
-    from adaspec.models.attention import row_invariance_supported
     from adaspec.models.ikllama import IK, IkLlamaBackend
     from adaspec.models.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
-    from adaspec.models.store import load_model, load_tokenizer
-    from adaspec.models.torch_backend import TorchBackend
+    from adaspec.models.loading import same_vocabulary_files, tokenizer_dir
+    from adaspec.models.store import load_tokenizer
     from adaspec.models.weights import AUTO, best_weights, llama_threads
 
     if quant == AUTO:
@@ -210,9 +236,31 @@ def load_backend(
 
         # fails fast (package missing, no GGUF), before a child process starts
         args = gguf_backend_args(name, llama_threads(), runtime=quant)
-        backend = ProcessBackend(IkLlamaBackend if quant == IK else LlamaCppBackend, *args)
-        tokenizer = load_tokenizer(name, dtype)
-        return backend, tokenizer, eos_ids_of(None, tokenizer)
+        backend = ProcessBackend(IkLlamaBackend if quant == IK else LlamaCppBackend, *args,
+                                 wait=False)
+
+        def finish() -> Loaded:
+            try:
+                tokenizer = None
+                if tokenizer_like is None or not same_vocabulary_files(
+                    tokenizer_dir(name, dtype), tokenizer_dir(tokenizer_like, dtype)
+                ):
+                    tokenizer = load_tokenizer(name, dtype)
+                backend.ready()
+            except BaseException:
+                backend.close()
+                raise
+            return backend, tokenizer, eos_ids_of(None, tokenizer) if tokenizer else []
+
+        return finish
+    return lambda: _load_torch_backend(name, dtype, quant, role)
+
+
+def _load_torch_backend(name: str, dtype: str, quant: str, role: str) -> Loaded:
+    from adaspec.models.attention import row_invariance_supported
+    from adaspec.models.store import load_model
+    from adaspec.models.torch_backend import TorchBackend
+
     loaded = load_model(name, dtype=dtype, quant=quant)
     invariant = (role == "target" and loaded.quant != "none"
                  and row_invariance_supported(loaded.model))

@@ -488,6 +488,36 @@ def load_tokenizer(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfl
                               f"{fix}") from exc
 
 
+def tokenizer_dir(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat16") -> Path:
+    """The folder `load_tokenizer` reads (prepared first if needed)."""
+    src = _resolve_source(spec, None, None)
+    if src.kind == "hf":
+        assert src.path is not None
+        return src.path
+    return prepare(spec, dtype).cache_dir
+
+
+# What decides how text becomes token ids (the chat template only shapes prompts, which the
+# target's tokenizer builds).
+VOCAB_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "vocab.json", "merges.txt")
+
+
+def same_vocabulary_files(a: Path, b: Path) -> bool:
+    """True when two model folders carry byte-identical tokenizer files: the pair check
+    would pass, so the second tokenizer (about a second to load) need not be loaded."""
+    found = False
+    for name in VOCAB_FILES:
+        fa, fb = a / name, b / name
+        if fa.is_file() != fb.is_file():
+            return False
+        if fa.is_file():
+            found = True
+            if fa.stat().st_size != fb.stat().st_size or fa.read_bytes() != fb.read_bytes():
+                return False
+    return found
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 

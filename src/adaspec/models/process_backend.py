@@ -94,19 +94,31 @@ class ProcessBackend(ModelBackend):
     supports_trees = False
     has_hidden_states = False
 
-    def __init__(self, factory: Callable[..., ModelBackend], *args: Any) -> None:
+    def __init__(self, factory: Callable[..., ModelBackend], *args: Any,
+                 wait: bool = True) -> None:
+        """wait=False: return once the child is started; `ready()` waits for the model (so
+        a target and a draft can load at the same time)."""
         self._rows = _SharedRows(os.memfd_create("adaspec-logits"))
         try:
             self._child = ChildProcess(
-                _BackendServer, self._rows.fd, factory, args, pass_fds=(self._rows.fd,)
+                _BackendServer, self._rows.fd, factory, args, pass_fds=(self._rows.fd,),
+                wait=False,
             )
         except BaseException:
             self._rows.close()
             raise
-        for key, value in self._child.call("attributes").items():
-            setattr(self, key, value)
-        self.kind = f"{self.kind}+child"
         self._len = 0
+        self._ready = False
+        if wait:
+            self.ready()
+
+    def ready(self) -> ProcessBackend:
+        if not self._ready:
+            for key, value in self._child.call("attributes").items():
+                setattr(self, key, value)
+            self.kind = f"{self.kind}+child"
+            self._ready = True
+        return self
 
     @property
     def cache_len(self) -> int:
