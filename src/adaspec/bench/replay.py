@@ -44,10 +44,13 @@ def _rows(results: Path) -> list[dict]:
 
 def price_row(row: dict, profile: CostProfile) -> dict | None:
     """Decode and prefill ms of one recorded request under `profile`; None when the row
-    cannot be re-priced (a reference method whose steps were not recorded)."""
+    cannot be re-priced (a reference method whose steps were not recorded, or a method run on
+    other weights or another runtime than the run's own, which the profile does not price)."""
     steps = row.get("steps")
     if steps is None or (row.get("drafted", 0) and not steps):
         return None
+    if row.get("other_weights") or "@" in row["method"]:
+        return None  # another runtime or other weights: not what the profile measured
     turns = max(1, len(row.get("turn_tokens") or [1]))
     new_tokens = int(row["new_tokens"])
     context = row.get("prompt_tokens", 0) / turns + new_tokens / (2 * turns)
@@ -150,7 +153,7 @@ def to_markdown(report: dict) -> str:
                       if c != "all" and c in per and "simulated_speedup" in per[c]])
         lines.append(f"| `{method}` | " + " | ".join(cells) + f" | {gm:.2f}x |")
     if report["skipped_methods"]:
-        lines += ["", "Not re-priced (no per-step records): "
+        lines += ["", "Not re-priced (no per-step records, or other weights / runtime): "
                   + ", ".join(f"`{m}`" for m in report["skipped_methods"])]
     return "\n".join(lines) + "\n"
 
