@@ -120,3 +120,15 @@ def test_calibration_is_cached_per_configuration(target, draft, tokenizer, tmp_p
     profile_path(profile_key(target, draft)).write_text("garbage")
     profile_for(target, draft, tokenizer, quiet=True)
     assert len(calls) == 3
+
+
+def test_calibration_plan_shrinks_to_fit_the_budget():
+    from adaspec.cost.measure import CONTEXTS, TARGET_SIZES, plan_within_budget
+
+    fast = [(30.0, 100.0, 8.0, TARGET_SIZES)]
+    sizes, contexts, repeats = plan_within_budget(fast, CONTEXTS, 3, budget_s=25)
+    assert sizes == [TARGET_SIZES] and contexts == CONTEXTS and repeats == 3
+    slow = [(350.0, 2500.0, 300.0, TARGET_SIZES)]  # bf16 torch on a CPU without bf16 units
+    sizes, contexts, repeats = plan_within_budget(slow, CONTEXTS, 3, budget_s=25)
+    assert len(sizes[0]) < len(TARGET_SIZES) and repeats < 3
+    assert sizes[0][0] == 1  # the single-token cost is always measured

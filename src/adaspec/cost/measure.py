@@ -25,6 +25,7 @@ TARGET_SIZES = [1, 2, 3, 4, 5, 6, 8, 12, 16]
 DRAFT_SIZES = [1, 2, 3, 4]
 CONTEXTS = [128, 512]
 REPEATS = 3
+BUDGET_S = 25.0  # the calibration a user waits for once per configuration
 OVERHEAD_TOKENS = 16
 
 
@@ -106,6 +107,57 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 3) -> float:
     return 2 * src.numel() * 4 / best / 1e9
 
 
+def _probe(backend: ModelBackend) -> tuple[float, float, float]:
+    """Rough costs to plan the calibration: ms of a 1-token and an 8-token forward, and
+    prefill ms per token."""
+    ids = _context_ids(32, backend.vocab_size, seed=2)
+    t0 = time.perf_counter()
+    backend.prefill(torch.tensor(ids))
+    per_token = 1000 * (time.perf_counter() - t0) / len(ids)
+    times = []
+    for n in (1, 8):
+        t0 = time.perf_counter()
+        backend.forward(torch.tensor(ids[:n]))
+        times.append(1000 * (time.perf_counter() - t0))
+        backend.truncate(len(ids))
+    backend.reset()
+    return times[0], times[1], per_token
+
+
+def plan_within_budget(
+    probes: list[tuple[float, float, float, list[int]]],
+    contexts: list[int],
+    repeats: int,
+    budget_s: float = BUDGET_S,
+) -> tuple[list[list[int]], list[int], int]:
+    """Shrink the calibration until its estimated time fits the budget: fewer rounds, then
+    fewer sizes, then one context. probes: (ms for 1 token, ms for 8, prefill ms per token,
+    sizes) per model. Returns (sizes per model, contexts, repeats)."""
+
+    def estimate(all_sizes: list[list[int]], ctxs: list[int], reps: int) -> float:
+        total = 0.0
+        for (one, eight, prefill, _), sizes in zip(probes, all_sizes, strict=True):
+            slope = max(0.0, (eight - one) / 7)
+            per_round = sum(one + slope * (n - 1) for n in sizes)
+            total += sum(prefill * c for c in ctxs) + len(ctxs) * (reps + 1) * per_round
+        return total / 1000
+
+    all_sizes = [list(p[3]) for p in probes]
+    steps = [
+        lambda a, c, r: (a, c, max(1, r - 1)),
+        lambda a, c, r: ([[n for n in s if n in (1, 2, 3, 4, 6, 8)] or s for s in a], c, r),
+        lambda a, c, r: (a, c[:1], r),
+        lambda a, c, r: (a, c, 1),
+        lambda a, c, r: ([[n for n in s if n in (1, 2, 4)] or s for s in a], c, r),
+    ]
+    plan = (all_sizes, list(contexts), repeats)
+    for shrink in steps:
+        if estimate(*plan) <= budget_s:
+            break
+        plan = shrink(*plan)
+    return plan
+
+
 @torch.inference_mode()
 def measure_profile(
     target: ModelBackend,
@@ -128,6 +180,15 @@ def measure_profile(
     if draft is not None:
         max_len = min(max_len, draft.max_context - max(draft_sizes) - 2)
     contexts = [c for c in (contexts or CONTEXTS) if c <= max_len] or [max(8, max_len)]
+    # A slow machine or runtime (torch bf16 on a CPU without bf16 units) gets a coarser
+    # calibration rather than a long wait.
+    probes = [(*_probe(target), sizes)]
+    if draft is not None:
+        probes.append((*_probe(draft), draft_sizes))
+    planned, contexts, repeats = plan_within_budget(probes, contexts, repeats)
+    sizes = planned[0]
+    if draft is not None:
+        draft_sizes = planned[1]
     steps = len(contexts) * (1 + (repeats + 1) * len(sizes)) + OVERHEAD_TOKENS
     if draft is not None:
         steps += len(contexts) * (1 + (repeats + 1) * len(draft_sizes))

@@ -1,0 +1,55 @@
+"""The runtime `auto` picks, the shared-tokenizer shortcut, and numpy's argmax stand-in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.models import weights
+from adaspec.models.loading import same_vocabulary_files
+from adaspec.sampling import argmax
+
+
+def test_a_model_without_a_gguf_runs_on_torch(model_dirs):
+    target, _ = model_dirs
+    assert weights.best_weights(target) == "none"
+
+
+@pytest.mark.parametrize(
+    "ik, llama, expected", [(True, True, "ik"), (False, True, "gguf"), (False, False, "none")]
+)
+def test_a_builtin_model_gets_the_fastest_runtime_installed(monkeypatch, ik, llama, expected):
+    import adaspec.models.ikllama as ikllama
+
+    monkeypatch.setattr(ikllama, "available", lambda: ik)
+    monkeypatch.setattr(weights, "_llama_cpp_installed", lambda: llama)
+    assert weights.best_weights("qwen2.5-coder-1.5b-instruct") == expected
+
+
+def test_threads_follow_the_environment(monkeypatch):
+    monkeypatch.setenv("ADASPEC_THREADS", "3")
+    assert weights.llama_threads() == 3
+
+
+def test_same_vocabulary_files(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    assert not same_vocabulary_files(a, b)  # no tokenizer files at all
+    for folder in (a, b):
+        (folder / "tokenizer.json").write_text('{"v": 1}')
+        (folder / "chat_template.jinja").write_text(f"template of {folder.name}")
+    assert same_vocabulary_files(a, b)  # a chat template does not change token ids
+    (b / "tokenizer.json").write_text('{"v": 2}')
+    assert not same_vocabulary_files(a, b)
+    (b / "tokenizer.json").write_text('{"v": 1}')
+    (a / "tokenizer_config.json").write_text("{}")
+    assert not same_vocabulary_files(a, b)  # a file on one side only
+
+
+def test_argmax_matches_torch_with_first_index_on_ties():
+    x = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 5.0, -1.0, 0.0]])
+    assert argmax(x).tolist() == x.argmax(-1).tolist() == [1, 0]
+    row = torch.randn(151936)
+    assert int(argmax(row)) == int(row.argmax())
+    assert argmax(x.to(torch.bfloat16)).tolist() == [1, 0]
