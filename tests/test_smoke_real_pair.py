@@ -36,3 +36,22 @@ def test_real_pair_speculative_output_is_the_targets(engine):
     div = classify(engine.target, ref.prompt_ids, ref.token_ids, spec.token_ids)
     assert div is None or div.kind == "tie", div
     assert "def" in ref.text or "```" in ref.text
+
+
+def test_real_pair_default_method_is_exact_and_priced(engine):
+    """The default `auto` on the default runtime: its cost profile is measured (or read) for
+    this machine, and its greedy output is plain decoding's up to classified ties."""
+    auto = build_engine("auto", engine.target, engine.tokenizer, engine.drafter.backend,
+                        eos_token_ids=list(engine.eos_token_ids))
+    plain = build_engine(
+        "ar", engine.target, engine.tokenizer, eos_token_ids=list(engine.eos_token_ids)
+    )
+    profile = auto.drafter.profile
+    assert profile.target_ms(1) > 0 and profile.draft is not None
+    out = auto.generate(PROMPT, max_new_tokens=24)
+    ref = plain.generate(PROMPT, max_new_tokens=24)
+    div = classify(engine.target, ref.prompt_ids, ref.token_ids, out.token_ids)
+    assert div is None or div.kind == "tie", div
+    choices = auto.drafter.choices  # one choice per step that could draft (not the last)
+    assert choices.plain + choices.ngram + choices.draft <= out.stats.target_calls - 1
+    assert len(out.stats.steps) <= choices.ngram + choices.draft
