@@ -143,3 +143,34 @@ def test_auto_sampling_matches_target_distribution():
     assert tv(second, exact2) < BOUND
     assert tv(third, exact3) < BOUND
     torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("p_accept", [0.05, 0.97])
+def test_a_disco_artifact_estimates_draft_acceptance(target, draft, target_model, tmp_path,
+                                                     p_accept):
+    """With disco=FILE the classifier's acceptance probability prices each draft token: a
+    classifier that expects rejection keeps drafts short, one that expects acceptance lets
+    them grow; greedy output stays plain decoding's either way."""
+    from .disco_helpers import artifact, constant_classifier
+
+    path = tmp_path / "disco.pt"
+    artifact(constant_classifier(p_accept)).save(path)
+    engine = build_engine(f"auto:use=draft,disco={path}", target, None, draft,
+                          eos_token_ids=[], profile=flat_profile(draft_ms=3.0))
+    res = engine.generate(PROMPTS[2], max_new_tokens=30)
+    assert res.token_ids == reference_greedy(target_model, PROMPTS[2], 30)
+    longest = max((d for d, _ in res.stats.steps), default=0)
+    if p_accept < 0.5:
+        assert longest <= 1
+    else:
+        assert longest >= 4
+
+
+def test_a_disco_artifact_for_another_pair_is_refused(target, draft, tmp_path):
+    from .disco_helpers import artifact, constant_classifier
+
+    path = tmp_path / "disco.pt"
+    artifact(constant_classifier(0.5), target="other-target").save(path)
+    with pytest.raises(InputError):
+        build_engine(f"auto:disco={path}", target, None, draft, eos_token_ids=[],
+                     profile=flat_profile())

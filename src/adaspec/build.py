@@ -155,9 +155,19 @@ def _auto_drafter(
             profile = load_profile(str(spec["profile"]))
         else:
             profile = profile_for(target, draft if model is not None else None, tokenizer)
+    disco = None
+    if spec["disco"]:
+        from adaspec.disco.artifact import DiscoArtifact
+
+        if model is None:
+            raise InputError(f"method {spec.text!r}: disco= estimates draft-model tokens; "
+                             "it needs use=draft or use=ngram+draft")
+        disco = DiscoArtifact.load(str(spec["disco"]))
+        disco.check_pair(target.name, draft.name)  # type: ignore[union-attr]
     return AutoDrafter(
         profile,
         model,
+        disco=disco,
         n_max=int(spec["n_max"]),  # type: ignore[call-overload]
         n_min=int(spec["n_min"]),  # type: ignore[call-overload]
         k_max=int(spec["k_max"]),  # type: ignore[call-overload]

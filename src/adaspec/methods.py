@@ -120,6 +120,12 @@ METHODS: dict[str, dict[str, tuple[type, object, str]]] = {
             "cost profile: a JSON file, or 'flat' (simulated GPU-like costs); default: this "
             "machine's, measured on first use and cached",
         ),
+        "disco": (
+            str,
+            "",
+            "a DISCO artifact (adaspec disco tune): its classifier estimates draft tokens' "
+            "acceptance (default: running per-confidence-bucket rates)",
+        ),
         "verify": _COMMON["verify"],
     },
     "router": {

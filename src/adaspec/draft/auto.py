@@ -98,8 +98,12 @@ class AutoDrafter(Drafter):
         n_min: int = 1,
         k_max: int = 16,
         use_ngram: bool = True,
+        disco=None,
     ) -> None:
+        """disco: a trained DISCO artifact (`adaspec disco tune`); its classifier then
+        estimates each draft token's acceptance instead of the confidence buckets."""
         self.profile = profile
+        self.disco = disco
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
         self.model = draft
         if draft is not None:
@@ -129,7 +133,7 @@ class AutoDrafter(Drafter):
         self._model_started = False
         if self.ngram is not None:
             self.ngram.start(prompt_ids)
-        self._prompt = list(prompt_ids)
+        self._prompt_len = len(prompt_ids)
 
     def commit(self, context: list[int]) -> None:
         last, self._last = self._last, None
@@ -222,6 +226,18 @@ class AutoDrafter(Drafter):
         self.choices.draft += 1
         return self._draft(context, limit, params, generator)
 
+    def _accept_estimate(self, logits: torch.Tensor, bucket: int, position: int,
+                         context: int) -> float:
+        """P(this draft token is accepted): the DISCO classifier's, when one is given, else
+        the running rate of its confidence bucket."""
+        if self.disco is None:
+            return self.draft_rates[bucket].rate
+        from adaspec.control.disco_features import assemble, distribution_features
+
+        x = assemble(distribution_features(logits), position,
+                     context - self._prompt_len + position, self.disco.spec)
+        return float(self.disco.classifier.accept_probability(x))
+
     def _draft(
         self,
         context: list[int],
@@ -265,7 +281,7 @@ class AutoDrafter(Drafter):
             bucket = _bucket_of(confidence)
             tokens.append(token)
             buckets.append(bucket)
-            p_all *= self.draft_rates[bucket].rate
+            p_all *= self._accept_estimate(logits, bucket, len(tokens) - 1, ctx)
             values.append(values[-1] + p_all)
             pending = [token]
             n = len(tokens)
