@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import torch
 
 from adaspec.control.disco import DiscoLength
 from adaspec.control.disco_features import TOP_K, assemble, distribution_features
+from adaspec.cost.cache import cpu_model
 from adaspec.disco.artifact import DiscoArtifact
 
 VOCAB = 151_936  # Qwen2.5 tokenizer, shared by the 1.5B target and the 0.5B draft
@@ -93,17 +93,6 @@ def measure(art: DiscoArtifact, rows: torch.Tensor, threads: int, calls: int) ->
     }
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def write_markdown(result: dict, path: Path) -> None:
     """A short table of the medians, before and after, per thread count."""
     lines = [
@@ -160,7 +149,7 @@ def main() -> None:
         "calls": args.calls,
         "logit_std": args.logit_std,
         "torch": torch.__version__,
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),
         "max_feature_diff": check_same_features(rows),
         "note": args.note,

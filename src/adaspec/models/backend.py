@@ -100,3 +100,72 @@ def chain_ids(
     ):
         raise InputError(f"{what} feeds tokens right after its cache")
     return ids
+
+
+class ChainBackend(ModelBackend):
+    """A runtime that scores chains only (llama.cpp and its forks): tokens after the cache,
+    logits for every fed token, a prompt prefill with the last row's logits only, and a KV
+    cache that rolls back by position. Subclasses give `_feed` and `_remove_from`."""
+
+    supports_trees = False
+    has_hidden_states = False
+    runtime = "this runtime"  # for error messages, e.g. "llama.cpp"
+    _len = 0
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layer: int | None = None,
+    ) -> ForwardOutput:
+        ids = chain_ids(f"the {self.runtime} backend", self._len, tokens, positions, tree_mask,
+                        hidden_layer)
+        return ForwardOutput(logits=self._checked_feed(ids, every_row=True))
+
+    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+        """Score a prompt with logits for its last token only: the output head over every
+        prompt row (151,936 columns for Qwen) would cost more than the prompt itself."""
+        if hidden_layer is not None:
+            raise InputError(f"the {self.runtime} backend has no hidden states")
+        ids = [int(t) for t in tokens.reshape(-1)]
+        if not ids:
+            raise InputError("empty prompt")
+        self.reset()
+        return ForwardOutput(logits=self._checked_feed(ids, every_row=False))
+
+    def _checked_feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
+        if self._len + len(ids) > self.max_context:
+            raise InputError(
+                f"context too long for {self.runtime}: {self._len + len(ids)} > "
+                f"{self.max_context} tokens"
+            )
+        return self._feed(ids, every_row)
+
+    @abstractmethod
+    def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
+        """Decode `ids` after the cache (advancing `_len`); the logits of every fed token
+        [n, vocab], or of the last one only [1, vocab]."""
+
+    @abstractmethod
+    def _remove_from(self, length: int) -> None:
+        """Drop the cached positions from `length` on."""
+
+    def truncate(self, length: int) -> None:
+        if length < self._len:
+            self._remove_from(length)
+            self._len = length
+
+    def keep(self, indices: torch.Tensor) -> None:
+        kept = indices.reshape(-1).tolist()
+        if kept != list(range(len(kept))):
+            raise InputError(f"the {self.runtime} backend keeps cache prefixes only "
+                             "(no token trees)")
+        self.truncate(len(kept))

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaspec.errors import AdaspecError, InputError
-from adaspec.models.backend import ForwardOutput, ModelBackend, chain_ids
+from adaspec.errors import AdaspecError
+from adaspec.models.backend import ChainBackend
 
 IK_VERSION = "0.1.5"
 INSTALL_HINT = f"pip install 'ik-llama-cpp-python=={IK_VERSION}' (a prebuilt AVX2 wheel)"
@@ -113,13 +113,12 @@ def available() -> bool:
     return True
 
 
-class IkLlamaBackend(ModelBackend):
+class IkLlamaBackend(ChainBackend):
     """A GGUF model run by ik_llama.cpp with repacked weights: chains only, logits for every
     fed token (verification) or for the last one (prompt prefill)."""
 
-    supports_trees = False
-    has_hidden_states = False
     kind = "ik_llama"
+    runtime = "ik_llama.cpp"
     # Measured on the Q4_K_M target: the top-2 gap of a token moves by up to 0.31 logits
     # between its single-token pass and a block (docs/cost-profile.md); 0.5 bounds it.
     tie_tolerance = 0.5
@@ -173,41 +172,7 @@ class IkLlamaBackend(ModelBackend):
         self.n_threads = n_threads
         self._len = 0
 
-    @property
-    def cache_len(self) -> int:
-        return self._len
-
-    def reset(self) -> None:
-        self.truncate(0)
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
-        hidden_layer: int | None = None,
-    ) -> ForwardOutput:
-        ids = chain_ids("the ik_llama.cpp backend", self._len, tokens, positions, tree_mask,
-                        hidden_layer)
-        return ForwardOutput(logits=self._feed(ids, every_row=True))
-
-    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
-        """A prompt with logits for its last token only (the output head over every prompt
-        row would cost more than the prompt itself)."""
-        if hidden_layer is not None:
-            raise InputError("the ik_llama.cpp backend has no hidden states")
-        ids = [int(t) for t in tokens.reshape(-1)]
-        if not ids:
-            raise InputError("empty prompt")
-        self.reset()
-        return ForwardOutput(logits=self._feed(ids, every_row=False))
-
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
-        if self._len + len(ids) > self.max_context:
-            raise InputError(
-                f"context too long for ik_llama.cpp: {self._len + len(ids)} > "
-                f"{self.max_context} tokens"
-            )
         lib, batch = self._lib, self._batch
         rows = []
         for start in range(0, len(ids), self._n_batch):
@@ -232,16 +197,8 @@ class IkLlamaBackend(ModelBackend):
         out = rows[0] if len(rows) == 1 else np.concatenate(rows)
         return torch.from_numpy(out)
 
-    def truncate(self, length: int) -> None:
-        if length < self._len:
-            self._lib.llama_kv_cache_seq_rm(self._ctx, -1, length, -1)
-            self._len = length
-
-    def keep(self, indices: torch.Tensor) -> None:
-        kept = indices.reshape(-1).tolist()
-        if kept != list(range(len(kept))):
-            raise InputError("the ik_llama.cpp backend keeps cache prefixes only (no token trees)")
-        self.truncate(len(kept))
+    def _remove_from(self, length: int) -> None:
+        self._lib.llama_kv_cache_seq_rm(self._ctx, -1, length, -1)
 
     def close(self) -> None:
         if self._batch is not None:

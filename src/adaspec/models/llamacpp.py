@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from adaspec.errors import AdaspecError, InputError
-from adaspec.models.backend import ForwardOutput, ModelBackend, chain_ids
+from adaspec.errors import AdaspecError
+from adaspec.models.backend import ChainBackend
 
 INSTALL_HINT = (
     "pip install 'adaspec[llamacpp]' (builds llama-cpp-python from source, about 8 minutes)"
@@ -149,13 +149,12 @@ def load_llama(gguf: str | Path, n_ctx: int, n_threads: int):
     return llm
 
 
-class LlamaCppBackend(ModelBackend):
+class LlamaCppBackend(ChainBackend):
     """A GGUF model run by llama.cpp: chains only, logits for every fed token."""
 
-    supports_trees = False
-    has_hidden_states = False
     kind = "llamacpp"
-    # Measured on the Q4_K_M target: the top-2 gap of a token moves by up to 0.31 logits
+    runtime = "llama.cpp"
+    # Measured on the Q4_K_M target: the top-2 gap of a token moves by up to 0.27 logits
     # between its single-token pass and a block (docs/cost-profile.md); 0.5 bounds it.
     tie_tolerance = 0.5
 
@@ -173,47 +172,13 @@ class LlamaCppBackend(ModelBackend):
         self.bytes_per_forward = int(llama_cpp.llama_model_size(self.llm.model))
         self._len = 0
 
-    @property
-    def cache_len(self) -> int:
-        return self._len
-
-    def reset(self) -> None:
-        self.truncate(0)
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
-        hidden_layer: int | None = None,
-    ) -> ForwardOutput:
-        ids = chain_ids("the llama.cpp backend", self._len, tokens, positions, tree_mask,
-                        hidden_layer)
-        return ForwardOutput(logits=self._feed(ids, every_row=True))
-
-    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
-        """Score a prompt with logits for its last token only: the output head over every
-        prompt row (151,936 columns for Qwen) would cost more than the prompt itself."""
-        if hidden_layer is not None:
-            raise InputError("the llama.cpp backend has no hidden states")
-        ids = [int(t) for t in tokens.reshape(-1)]
-        if not ids:
-            raise InputError("empty prompt")
-        self.reset()
-        return ForwardOutput(logits=self._feed(ids, every_row=False))
-
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
-        """Decode `ids` after the cache in batches of n_batch; the logits of every fed token
-        [n, vocab], or of the last one only [1, vocab]."""
+        """In batches of n_batch, each row copied out at once (the next decode overwrites
+        llama.cpp's buffer)."""
         import numpy as np
 
-        if self._len + len(ids) > self.max_context:
-            raise InputError(
-                f"context too long for llama.cpp: {self._len + len(ids)} > "
-                f"{self.max_context} tokens"
-            )
         ctx, batch, step = self.llm._ctx, self.llm._batch, self.llm.n_batch
-        rows = []  # copied out at once: the next decode overwrites llama.cpp's buffer
+        rows = []
         for start in range(0, len(ids), step):
             chunk = ids[start : start + step]
             batch.set_batch(batch=chunk, n_past=self._len, logits_all=every_row)
@@ -227,13 +192,5 @@ class LlamaCppBackend(ModelBackend):
             rows.append(torch.from_numpy(last.copy()))
         return torch.cat(rows) if rows else torch.empty(0, self.vocab_size)
 
-    def truncate(self, length: int) -> None:
-        if length < self._len:
-            self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
-            self._len = length
-
-    def keep(self, indices: torch.Tensor) -> None:
-        kept = indices.reshape(-1).tolist()
-        if kept != list(range(len(kept))):
-            raise InputError("the llama.cpp backend keeps cache prefixes only (no token trees)")
-        self.truncate(len(kept))
+    def _remove_from(self, length: int) -> None:
+        self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
