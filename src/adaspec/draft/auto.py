@@ -23,7 +23,7 @@ import torch
 from adaspec.control.base import LengthController
 from adaspec.cost.profile import CostProfile
 from adaspec.draft.base import Drafter, DraftProposal
-from adaspec.draft.model import ModelDrafter, feed, roll_back_to_common_prefix
+from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
 from adaspec.sampling import SamplingParams, argmax, process_logits, sample
 
@@ -185,7 +185,7 @@ class AutoDrafter(Drafter):
         if not self._model_started:
             rate = self.profile.draft_prefill_tokens_per_s or 1000.0
             return 1000 * len(context) / rate
-        pending = max(1, len(context) - len(self.model._cached))
+        pending = max(1, len(context) - self.model.cached_len)
         return self.profile.draft_ms(pending, len(context)) - self.profile.draft_ms(1, len(context))
 
     # ---------------------------------------------------------------- propose
@@ -252,11 +252,7 @@ class AutoDrafter(Drafter):
         if not self._model_started:
             model.start(context)
             self._model_started = True
-        roll_back_to_common_prefix(model.backend, model._cached, context)
-        if len(model._cached) == len(context):
-            model.backend.truncate(len(context) - 1)
-            del model._cached[-1:]
-        pending = context[len(model._cached):]
+        pending = model.pending(context)
         d1 = self.profile.draft_ms(1, ctx)
         a_next = self.draft_overall.rate
         tokens: list[int] = []
@@ -266,9 +262,8 @@ class AutoDrafter(Drafter):
         p_all = 1.0
         calls = 0
         while len(tokens) < limit:
-            logits = feed(model.backend, pending)[-1]
+            logits = model.step(pending)
             calls += 1
-            model._cached.extend(pending)
             probs = torch.softmax(logits.float(), dim=-1)
             if params.greedy:
                 token = int(argmax(logits))

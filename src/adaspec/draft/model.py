@@ -58,6 +58,26 @@ class ModelDrafter(Drafter):
     def _sync(self, context: list[int]) -> None:
         roll_back_to_common_prefix(self.backend, self._cached, context)
 
+    @property
+    def cached_len(self) -> int:
+        """Tokens of the accepted context the draft cache holds."""
+        return len(self._cached)
+
+    def pending(self, context: list[int]) -> list[int]:
+        """Roll the cache back to what `context` still agrees with; the tokens to feed before
+        the first draft (at least the last one: its logits give the first draft)."""
+        self._sync(context)
+        if len(self._cached) == len(context):
+            self.backend.truncate(len(context) - 1)
+            del self._cached[-1:]
+        return context[len(self._cached) :]
+
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` after the cache; the next token's raw logits [V]."""
+        logits = feed(self.backend, tokens)[-1]
+        self._cached.extend(tokens)
+        return logits
+
     def propose(
         self,
         context: list[int],
@@ -66,19 +86,13 @@ class ModelDrafter(Drafter):
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> DraftProposal:
-        self._sync(context)
-        # Leave at least the last context token to feed: its logits give the first draft.
-        if len(self._cached) == len(context):
-            self.backend.truncate(len(context) - 1)
-            del self._cached[-1:]
-        pending = context[len(self._cached) :]
+        pending = self.pending(context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         calls = 0
         for i in range(max_tokens):
-            logits = feed(self.backend, pending)[-1]
+            logits = self.step(pending)
             calls += 1
-            self._cached.extend(pending)
             if params.greedy:
                 token = int(argmax(logits))
                 probs = None
