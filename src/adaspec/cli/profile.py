@@ -65,7 +65,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(format_profile(profile, path))
         print()
     if args.png:
-        plot_profiles(profiles, Path(args.png), [p.stem for p in paths])
+        plot_profiles(profiles, Path(args.png))
         print(f"cost curves: {args.png}")
     else:
         for path, profile in zip(paths, profiles, strict=True):
@@ -111,15 +111,22 @@ def format_profile(profile, path: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot_profiles(profiles: list, png: Path, labels: list[str] | None = None) -> None:
+def _short_label(profile) -> str:
+    """`ik_llama+child` -> `ik_llama`, the runtime that tells profiles apart on one plot."""
+    about = (profile.key or {}).get("target") or {}
+    kind = str(about.get("kind", "")).replace("+child", "")
+    return kind or profile.source
+
+
+def plot_profiles(profiles: list, png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, profile in enumerate(profiles):
-        name = labels[i] if labels else ""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for profile in profiles:
+        name = _short_label(profile) if len(profiles) > 1 else ""
         sim = " (simulated)" if profile.simulated else ""
         for role, curve in (("target", profile.target), ("draft", profile.draft)):
             if curve is None:
@@ -133,9 +140,10 @@ def plot_profiles(profiles: list, png: Path, labels: list[str] | None = None) ->
             ax.axhline(floor, linestyle=":", color="grey", label=f"{name} target floor (n=1)")
     ax.set_xlabel("tokens per forward (n)")
     ax.set_ylabel("ms per forward")
-    ax.set_title("forward cost per number of tokens")
+    ax.set_title("forward cost per number of tokens" + (" (SIMULATED)" if any(
+        p.simulated for p in profiles) else ""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
