@@ -1,6 +1,6 @@
 """`adaspec bench`: decoding methods side by side on the same loaded models.
 
-adaspec bench --suite spec-bench --limit 10 --methods ar,ngram,draft:k=4,hf-assisted
+adaspec bench --suite spec-bench --limit 10 --methods ar,llamacpp,auto,ngram,draft:k=3
 adaspec bench --preset quick
 adaspec bench --replay bench-results/NAME --profile flat     # SIMULATED: re-priced runs
 """
@@ -13,7 +13,9 @@ import time
 
 from adaspec.cli.model_options import add_model_options
 
-DEFAULT_METHODS = "ar,ngram,draft:k=4,hf-assisted"
+# Plain decoding, llama.cpp's own plain loop and prompt lookup (what a CPU user has), the
+# default method and two static ones. (`hf-assisted` needs torch weights: --quant none.)
+DEFAULT_METHODS = "ar,llamacpp,llamacpp-lookup:k=4,auto,ngram,draft:k=3"
 DEFAULTS = {
     "suite": "spec-bench",
     "limit": None,
@@ -26,14 +28,14 @@ DEFAULTS = {
     "repeats": 1,
 }
 # Presets; any option given on the command line overrides the preset's value.
-PROFILES = {
+PRESETS = {
     "quick": {
         # 1 Spec-Bench prompt per category (6; the MT-bench one has two turns) + 2 HumanEval
         "suite": "spec-bench:1,humaneval:2",
         "methods": DEFAULT_METHODS,
         "max_new_tokens": 48,
         "description": "spec-bench 1 prompt per category + 2 HumanEval problems, 48 new "
-        "tokens, greedy, ar,ngram,draft:k=4,hf-assisted (about 9 minutes on 2 cores)",
+        f"tokens, greedy, {DEFAULT_METHODS}",
     },
 }
 
@@ -60,10 +62,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--preset",
-        choices=sorted(PROFILES),
+        choices=sorted(PRESETS),
         default=None,
         help="a preset: "
-        + "; ".join(f"{k}: {v['description']}" for k, v in PROFILES.items())
+        + "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
         + " (other options override it)",
     )
     p.add_argument(
@@ -114,7 +116,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
     """Command line over profile over defaults."""
     opts = dict(DEFAULTS)
     if args.preset:
-        opts.update({k: v for k, v in PROFILES[args.preset].items() if k in DEFAULTS})
+        opts.update({k: v for k, v in PRESETS[args.preset].items() if k in DEFAULTS})
     for key in DEFAULTS:
         value = getattr(args, key, None)
         if value is not None:
