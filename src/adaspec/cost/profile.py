@@ -208,8 +208,12 @@ class CostProfile:
             draft = Curve(sizes, [0], [[values["draft_ms"]
                                         + values["draft_per_token_ms"] * (n - 1)
                                         for n in sizes]])
-        return cls(target=target, draft=draft, source=f"formula:{spec}", simulated=True,
-                   notes="simulated: built from a formula, not measured")
+        # Prefill at the per-token price of a long block (1 ms a token when the curve is flat).
+        prefill = 1000 / max(values["per_token_ms"], 1.0)
+        draft_prefill = 1000 / max(values["draft_per_token_ms"], 0.5) if draft else 0.0
+        return cls(target=target, draft=draft, prefill_tokens_per_s=prefill,
+                   draft_prefill_tokens_per_s=draft_prefill, source=f"formula:{spec}",
+                   simulated=True, notes="simulated: built from a formula, not measured")
 
 
 def load_profile(text: str) -> CostProfile:

@@ -31,6 +31,7 @@ CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
 PRIOR_WEIGHT = 3.0  # pseudo-observations behind each prior
 LOOKAHEAD = 3
+START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off over
 
 
 class RateEstimate:
@@ -183,8 +184,10 @@ class AutoDrafter(Drafter):
         accepted since its last step)."""
         assert self.model is not None
         if not self._model_started:
+            # A one-time cost that serves every later draft step of the request: spread over
+            # START_HORIZON steps, or a draft would never start on a long prompt.
             rate = self.profile.draft_prefill_tokens_per_s or 1000.0
-            return 1000 * len(context) / rate
+            return 1000 * len(context) / rate / START_HORIZON
         pending = max(1, len(context) - self.model.cached_len)
         return self.profile.draft_ms(pending, len(context)) - self.profile.draft_ms(1, len(context))
 
