@@ -25,7 +25,10 @@ from adaspec.errors import InputError
 
 FORMAT = 1
 # The formula of a GPU-like machine: verification almost free up to 16 tokens.
-FLAT_FORMULA = "linear:target_ms=20,per_token_ms=0.25,draft_ms=4,draft_per_token_ms=0.1"
+FLAT_FORMULA = (
+    "linear:target_ms=20,per_token_ms=0.25,draft_ms=4,draft_per_token_ms=0.1,"
+    "prefill_tokens_per_s=4000,draft_prefill_tokens_per_s=10000"
+)
 
 
 @dataclass
@@ -181,14 +184,16 @@ class CostProfile:
     def from_formula(cls, text: str) -> CostProfile:
         """A simulated profile: `flat` (GPU-like: verifying 16 tokens costs about one
         pass) or `linear:target_ms=A,per_token_ms=B,draft_ms=C,draft_per_token_ms=D`,
-        i.e. target(n) = A + B (n - 1) and draft(n) = C + D (n - 1)."""
+        i.e. target(n) = A + B (n - 1) and draft(n) = C + D (n - 1); optionally
+        prefill_tokens_per_s= and draft_prefill_tokens_per_s= (0: prefills not priced)."""
         spec = FLAT_FORMULA if text.strip() == "flat" else text.strip()
         kind, _, rest = spec.partition(":")
         if kind != "linear":
             raise InputError(f"unknown cost formula {text!r}: use 'flat' or "
                              "'linear:target_ms=A,per_token_ms=B,draft_ms=C,draft_per_token_ms=D'")
         values = {"target_ms": None, "per_token_ms": 0.0, "draft_ms": None,
-                  "draft_per_token_ms": 0.0}
+                  "draft_per_token_ms": 0.0, "prefill_tokens_per_s": 0.0,
+                  "draft_prefill_tokens_per_s": 0.0}
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq or key.strip() not in values:
@@ -208,11 +213,10 @@ class CostProfile:
             draft = Curve(sizes, [0], [[values["draft_ms"]
                                         + values["draft_per_token_ms"] * (n - 1)
                                         for n in sizes]])
-        # Prefill at the per-token price of a long block (1 ms a token when the curve is flat).
-        prefill = 1000 / max(values["per_token_ms"], 1.0)
-        draft_prefill = 1000 / max(values["draft_per_token_ms"], 0.5) if draft else 0.0
-        return cls(target=target, draft=draft, prefill_tokens_per_s=prefill,
-                   draft_prefill_tokens_per_s=draft_prefill, source=f"formula:{spec}",
+        return cls(target=target, draft=draft,
+                   prefill_tokens_per_s=values["prefill_tokens_per_s"],
+                   draft_prefill_tokens_per_s=values["draft_prefill_tokens_per_s"],
+                   source=f"formula:{spec}",
                    simulated=True, notes="simulated: built from a formula, not measured")
 
 
