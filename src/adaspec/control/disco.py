@@ -15,50 +15,19 @@ Two stop rules read that probability:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from adaspec.control.base import LengthController
 from adaspec.control.cursor import GenerationCursor
 from adaspec.control.disco_features import assemble, distribution_features
 from adaspec.cost.profile import CostProfile
+from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.disco.artifact import DiscoArtifact
 from adaspec.errors import InputError
 
 STOP_RULES = ("tau", "cost")
 GUESSES = ("last", "mean")  # the cost rule's guess of the next token's acceptance
 COST_SL_MAX = 8  # the cost rule's cap when neither the method nor the artifact sets one
-# Look-ahead of the cost rule, as `auto`'s: a step in the verification curve (e.g. a kernel
-# that works on blocks of 4 rows) can make one more token a loss and two more a gain.
-LOOKAHEAD = 3
-
-
-def cost_keeps_drafting(
-    probs: Sequence[float], guess: float, step_ms: Sequence[float], limit: int
-) -> bool:
-    """The cost rule, shared by the controller and the tuning simulation.
-
-    probs: acceptance probability of each token drafted so far in this step; step_ms[n]: ms
-    of a step that drafts n tokens (n draft forwards + a verification of n + overhead).
-    A step drafting n tokens emits 1 + sum_{i <= n} prod_{j <= i} p_j tokens on average;
-    draft another when that per ms would rise with one more token, or with up to LOOKAHEAD
-    more, each guessed accepted with probability `guess` (at most `limit` in all)."""
-    n = len(probs)
-    value, p_all = 1.0, 1.0
-    for p in probs:
-        p_all *= p
-        value += p_all
-    now = value / step_ms[n]
-    extra, p = 0.0, p_all
-    for h in range(1, min(LOOKAHEAD, limit - n, len(step_ms) - 1 - n) + 1):
-        p *= guess
-        extra += p
-        if (value + extra) / step_ms[n + h] > now:
-            return True
-    return False
-
-
 def tuned_cost_rule(artifact: DiscoArtifact) -> dict:
     """The cost rule's cap and guess chosen by `adaspec disco tune` (empty before)."""
     return dict((artifact.tuning.get("best") or {}).get("disco-cost") or {})

@@ -10,7 +10,7 @@ forward + one target forward of drafted + 1 tokens (+ the loop's overhead per st
 controller's own cost per decision).
 
 Two stop rules are simulated on DISCO's scores: the threshold (`stop="tau"`) and the cost rule
-(`stop="cost"`, `control.disco.cost_keeps_drafting`), which prices one more token with these
+(`stop="cost"`, `cost.rule.cost_keeps_drafting`), which prices one more token with these
 same costs.
 
 What is simulated, not measured: after the draft's first wrong token the real draft conditions
@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from adaspec.control.disco import cost_keeps_drafting
 from adaspec.cost.profile import CostProfile
+from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.errors import InputError
 from adaspec.models.backend import ModelBackend
 

@@ -16,12 +16,15 @@ deterministic (q is one-hot), draft proposals carry the draft's processed distri
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
 from adaspec.control.base import LengthController
 from adaspec.cost.profile import CostProfile
+from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter, DraftProposal
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
@@ -30,7 +33,6 @@ from adaspec.sampling import SamplingParams, argmax, process_logits, sample
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
 PRIOR_WEIGHT = 3.0  # pseudo-observations behind each prior
-LOOKAHEAD = 3
 START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off over
 
 
@@ -248,7 +250,8 @@ class AutoDrafter(Drafter):
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> DraftProposal:
-        """Draft model tokens until no look-ahead of up to LOOKAHEAD more tokens pays."""
+        """Draft model tokens until no look-ahead of a few more tokens pays
+        (`cost.rule.cost_keeps_drafting`)."""
         model = self.model
         assert model is not None
         ctx = len(context)
@@ -258,11 +261,12 @@ class AutoDrafter(Drafter):
         pending = model.pending(context)
         d1 = self.profile.draft_ms(1, ctx)
         a_next = self.draft_overall.rate
+        # step_ms[n]: n draft forwards and a verification of n tokens
+        step_ms = [n * d1 + self._verify_ms(n, ctx) for n in range(limit + 1)]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         buckets: list[int] = []
-        values = [1.0]  # expected tokens if the first i drafted tokens are verified
-        p_all = 1.0
+        accept: list[float] = []  # each drafted token's estimated acceptance
         calls = 0
         while len(tokens) < limit:
             logits = model.step(pending)
@@ -279,23 +283,13 @@ class AutoDrafter(Drafter):
             bucket = _bucket_of(confidence)
             tokens.append(token)
             buckets.append(bucket)
-            p_all *= self._accept_estimate(logits, bucket, len(tokens) - 1, ctx)
-            values.append(values[-1] + p_all)
+            accept.append(self._accept_estimate(logits, bucket, len(tokens) - 1, ctx))
             pending = [token]
-            n = len(tokens)
-            cost = n * d1 + self._verify_ms(n, ctx)
-            now = values[-1] / cost
-            ahead = False
-            extra, p = 0.0, p_all
-            for h in range(1, min(LOOKAHEAD, limit - n) + 1):
-                p *= a_next
-                extra += p
-                if (values[-1] + extra) / (cost + h * d1 + self._verify_ms(n + h, ctx)
-                                           - self._verify_ms(n, ctx)) > now:
-                    ahead = True
-                    break
-            if not ahead:
+            if not cost_keeps_drafting(accept, a_next, step_ms, limit):
                 break
+        values = [1.0]  # expected tokens if the first i drafted tokens are verified
+        for p in accumulate(accept, operator.mul):
+            values.append(values[-1] + p)
         # Verify the prefix with the best value per ms (drafting is spent either way).
         spent = len(tokens) * d1
         best = max(range(len(tokens) + 1),
