@@ -21,30 +21,14 @@ from adaspec.disco.simulate import NEVER_STOP, Costs, price_run, simulate
 from adaspec.disco.tune import evaluate, tune
 from adaspec.errors import InputError
 from adaspec.models.torch_backend import TorchBackend
+from tests.cost_helpers import steep, stub_machine_profile
 from tests.disco_helpers import SPEC, artifact, constant_classifier
 from tests.test_engine import PROMPTS, reference_greedy
 
 
 @pytest.fixture(autouse=True)
 def measured(monkeypatch, tmp_path):
-    """No test measures this machine's profile (it would time the tiny models and write a
-    cache): `profile_for` hands out a flat profile and records who asked."""
-    calls: list[tuple] = []
-    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
-
-    def profile_for(target, draft=None, tokenizer=None, **kw):
-        calls.append((target.name, getattr(draft, "name", None)))
-        return flat()
-
-    monkeypatch.setattr("adaspec.cost.cache.profile_for", profile_for)
-    return calls
-
-
-def steep() -> CostProfile:
-    """This CPU's shape: each verified token costs ~10 ms on a 34 ms pass, the draft 15."""
-    return CostProfile.from_formula(
-        "linear:target_ms=34,per_token_ms=10,draft_ms=15,draft_per_token_ms=5"
-    )
+    return stub_machine_profile(monkeypatch, tmp_path, flat)
 
 
 def flat() -> CostProfile:

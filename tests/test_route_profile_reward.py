@@ -16,15 +16,9 @@ from adaspec.route.policy import TrainConfig
 from adaspec.route.reward import priced_decode_ms, rewards
 from adaspec.route.train import data_rewards, train_artifact
 from adaspec.tree import AutoBranching
+from tests.cost_helpers import steep
 from tests.route_helpers import make_collection
 from tests.test_cli import home, run  # noqa: F401 (home: autouse fixture)
-
-
-def steep() -> CostProfile:
-    """This CPU: each verified token ~10 ms on a 34 ms pass, the draft 15 ms a token."""
-    return CostProfile.from_formula(
-        "linear:target_ms=34,per_token_ms=10,draft_ms=15,draft_per_token_ms=5"
-    )
 
 
 def flat() -> CostProfile:

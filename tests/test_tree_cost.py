@@ -28,29 +28,13 @@ from adaspec.tree import (
     tree_step_ms,
 )
 
+from .cost_helpers import steep, stub_machine_profile
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy
 
 
 @pytest.fixture(autouse=True)
 def measured(monkeypatch, tmp_path):
-    """No test measures this machine's profile (it would time the tiny models and write a
-    cache): `profile_for` hands out a flat profile and records who asked."""
-    calls: list[tuple] = []
-    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
-
-    def profile_for(target, draft=None, tokenizer=None, **kw):
-        calls.append((target.name, getattr(draft, "name", None)))
-        return flat()
-
-    monkeypatch.setattr("adaspec.cost.cache.profile_for", profile_for)
-    return calls
-
-
-def steep() -> CostProfile:
-    """This CPU: target 34 ms for 1 token, +10 ms per verified token; draft 15 ms."""
-    return CostProfile.from_formula(
-        "linear:target_ms=34,per_token_ms=10,draft_ms=15,draft_per_token_ms=5"
-    )
+    return stub_machine_profile(monkeypatch, tmp_path, flat)
 
 
 def flat() -> CostProfile:

@@ -69,6 +69,18 @@ class Decoder(Protocol):
     ) -> tuple[list[int], RequestStats]: ...
 
 
+def fit_context(decoder, need: int, what: str) -> bool:
+    """Make a decoder's context hold `need` positions, reloading it larger (outside any
+    clock) when it must; True when it reloaded. `what` names the request in the error when
+    the model itself cannot hold them."""
+    if need > decoder.max_context:
+        raise InputError(f"{what} exceed the model's context of {decoder.max_context}")
+    if need <= decoder.n_ctx:
+        return False
+    decoder._load(min(decoder.max_context, max(need, 2 * decoder.n_ctx)))
+    return True
+
+
 class LlamaCppDecoder:
     """Greedy decoding through llama-cpp-python with its own KV cache."""
 
@@ -99,14 +111,8 @@ class LlamaCppDecoder:
         self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int]
     ) -> tuple[list[int], RequestStats]:
         """Greedy new tokens after `prompt_ids` and engine-compatible stats."""
-        need = len(prompt_ids) + max_new_tokens
-        if need > self.max_context:
-            raise InputError(
-                f"llamacpp: prompt {len(prompt_ids)} + {max_new_tokens} new tokens exceeds the "
-                f"model's context of {self.max_context}"
-            )
-        if need > self.n_ctx:
-            self._load(min(self.max_context, max(need, 2 * self.n_ctx)))
+        fit_context(self, len(prompt_ids) + max_new_tokens,
+                    f"llamacpp: prompt {len(prompt_ids)} + {max_new_tokens} new tokens")
         eos = set(eos_token_ids)
         stats = RequestStats(prompt_tokens=len(prompt_ids))
         llm = self.llm
@@ -161,14 +167,7 @@ class GgufDraft:
 
     def fit(self, need: int) -> None:
         """Make room for `need` positions (reloads the draft, outside any clock)."""
-        dec = self.decoder
-        if need > dec.max_context:
-            raise InputError(
-                f"llamacpp-draft: {need} positions exceed the draft's context of "
-                f"{dec.max_context}"
-            )
-        if need > dec.n_ctx:
-            dec._load(min(dec.max_context, max(need, 2 * dec.n_ctx)))
+        if fit_context(self.decoder, need, f"llamacpp-draft: {need} positions (draft)"):
             self.reset()
 
     def __call__(self, input_ids, /, **kwargs):
@@ -325,13 +324,8 @@ class SpeculativeDecoder:
         """Greedy new tokens after `prompt_ids` by llama-cpp-python's speculative loop, and
         engine-compatible stats."""
         need = len(prompt_ids) + max_new_tokens + self.k + 1  # the last block's draft too
-        if need > self.max_context:
-            raise InputError(
-                f"{self.method}: prompt {len(prompt_ids)} + {max_new_tokens} new tokens + "
-                f"{self.k} draft tokens exceed the model's context of {self.max_context}"
-            )
-        if need > self.n_ctx:
-            self._load(min(self.max_context, max(need, 2 * self.n_ctx)))
+        fit_context(self, need, f"{self.method}: prompt {len(prompt_ids)} + {max_new_tokens} "
+                    f"new tokens + {self.k} draft tokens")
         if self.gguf_draft is not None:
             self.gguf_draft.fit(need)
             self.gguf_draft.reset()

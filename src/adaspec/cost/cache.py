@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import re
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from adaspec.cost.profile import CostProfile
 from adaspec.errors import InputError
 from adaspec.models.backend import ModelBackend
+from adaspec.models.weights import llama_threads
 
 
 @cache
@@ -34,13 +34,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def describe_backend(backend: ModelBackend) -> dict:
     return {
         "name": backend.name,
@@ -52,7 +45,7 @@ def describe_backend(backend: ModelBackend) -> dict:
 def profile_key(target: ModelBackend, draft: ModelBackend | None) -> dict:
     return {
         "cpu": cpu_model(),
-        "threads": threads(),
+        "threads": llama_threads(),
         "target": describe_backend(target),
         "draft": describe_backend(draft) if draft is not None else None,
     }
