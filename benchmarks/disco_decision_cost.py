@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from adaspec.control.disco import DiscoLength
+from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.control.disco_features import TOP_K, assemble, distribution_features
 from adaspec.cost.cache import cpu_model
-from adaspec.disco.artifact import DiscoArtifact
 
 VOCAB = 151_936  # Qwen2.5 tokenizer, shared by the 1.5B target and the 0.5B draft
 ROWS = 4  # distinct logits rows, taken in turn, so no call reuses the previous one's row

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.control.disco_artifact import DiscoArtifact
+from adaspec.control.disco_classifier import train_classifier
 from adaspec.control.disco_features import assemble
-from adaspec.disco.artifact import DiscoArtifact
-from adaspec.disco.classifier import train_classifier
-from adaspec.disco.data import DiscoData, Sample
-from adaspec.disco.simulate import NEVER_STOP, Costs, best_lengths, simulate_all
-from adaspec.disco.tune import disco_scores
+from adaspec.lab.disco.dataset import DiscoData, Sample
+from adaspec.lab.disco.simulate import NEVER_STOP, Costs, best_lengths, simulate_all
+from adaspec.lab.disco.tune import disco_scores
 
 RESULTS = "benchmarks/results"
 POSITIONS = 8  # draft positions, as SL_max's largest value

@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from adaspec.control.disco_artifact import DiscoArtifact
+from adaspec.control.disco_classifier import DiscoClassifier, train_classifier
 from adaspec.control.disco_features import assemble
-from adaspec.disco.artifact import DiscoArtifact
-from adaspec.disco.classifier import DiscoClassifier, train_classifier
-from adaspec.disco.data import DiscoData, Sample
-from adaspec.disco.simulate import Costs, SimResult, best_schedule
-from adaspec.disco.tune import DEFAULT_TAUS, evaluate, tune
+from adaspec.lab.disco.dataset import DiscoData, Sample
+from adaspec.lab.disco.simulate import Costs, SimResult, best_schedule
+from adaspec.lab.disco.tune import DEFAULT_TAUS, evaluate, tune
 
 RESULTS = "benchmarks/results"
 POSITIONS = 8  # draft positions, as SL_max's largest value

@@ -39,13 +39,13 @@ LLAMA_DRAFT = "draft:k=4@llamacpp-draft"  # the same method, the draft's GGUF ru
 
 def eval_prompts():
     """The quick profile's prompts: what the sets must not be counted on."""
-    from adaspec.bench.suites import humaneval, spec_bench
+    from adaspec.lab.bench.suites import humaneval, spec_bench
 
     return spec_bench(1) + humaneval(2)
 
 
 def corpus_prompts(eval_ids: set[str]):
-    from adaspec.bench.suites import humaneval, spec_bench
+    from adaspec.lab.bench.suites import humaneval, spec_bench
 
     code = [p for p in humaneval(50)[20:] if p.id not in eval_ids]
     chat = [p for p in spec_bench(5) if p.id not in eval_ids]
@@ -54,7 +54,7 @@ def corpus_prompts(eval_ids: set[str]):
 
 def corpus(engine, eos: list[int], gguf: Path, tokens: int, out: Path) -> None:
     """llama.cpp greedy outputs as bench rows (method llamacpp) + a run.json naming the target."""
-    from adaspec.bench.llamacpp import open_decoder
+    from adaspec.lab.bench.llamacpp_reference import open_decoder
 
     decoder = open_decoder(gguf, 0.0)
     prompts = corpus_prompts({p.id for p in eval_prompts()})
@@ -85,7 +85,7 @@ def median_ms(fn) -> float:
 
 def llamacpp_draft(name: str):
     """The draft's GGUF as a llama.cpp backend, or None (with a note) without the extra."""
-    from adaspec.models.llamacpp import LlamaCppBackend, LlamaCppUnavailable, gguf_file
+    from adaspec.backends.llamacpp import LlamaCppBackend, LlamaCppUnavailable, gguf_file
 
     try:
         gguf = gguf_file(name)
@@ -97,7 +97,7 @@ def llamacpp_draft(name: str):
 
 def micro(draft, prefix: list[int], sizes: list[int], llama=None) -> dict:
     """Draft forward for one token after a CACHE_TOKENS cache, and the head matmul alone."""
-    from adaspec.models.restricted_head import with_stored_vocab
+    from adaspec.backends.restricted_head import with_stored_vocab
 
     hidden = torch.randn(1, 1, draft.hidden_size, dtype=draft.dtype)
     rows = []
@@ -147,8 +147,8 @@ def bench(
     target, tokenizer, draft, eos, gguf, sizes: list[int], tokens: int, out: Path, llama=None,
     prompt_ids: tuple[str, ...] = (),
 ) -> dict:
-    from adaspec.bench.runner import BenchConfig, BenchRunner
-    from adaspec.build import build_engine
+    from adaspec.engine.build import build_engine
+    from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 
     methods = ["ar", "llamacpp", "draft:k=4", *[f"draft:k=4,vocab={n}" for n in sizes]]
     engines = {}
@@ -260,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
 
-    from adaspec.build import build_engine, eos_ids_of
-    from adaspec.models.llamacpp import gguf_file
-    from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
-    from adaspec.models.store import load_model
-    from adaspec.models.token_set import load_token_set
-    from adaspec.models.torch_backend import TorchBackend
+    from adaspec.backends.llamacpp import gguf_file
+    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.engine.build import build_engine, eos_ids_of
+    from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+    from adaspec.store.model_store import load_model
+    from adaspec.store.token_set import load_token_set
 
     OUT.mkdir(parents=True, exist_ok=True)
     tgt = load_model(TARGET_DEFAULT, dtype="bfloat16")

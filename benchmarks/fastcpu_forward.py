@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from adaspec.bench.machine import describe_machine
-from adaspec.models.quant import QUANT_MODES
-from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
-from adaspec.models.store import load_model
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.lab.bench.machine import describe_machine
+from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+from adaspec.store.model_store import load_model
+from adaspec.store.quant import QUANT_MODES
 
 SIZES = (1, 2, 4, 8, 16)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from adaspec.bench.suites import load_suite
-from adaspec.build import build_engine, load_backends
-from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
-from adaspec.sampling import SamplingParams
+from adaspec.engine.build import build_engine, load_backends
+from adaspec.engine.sampling import SamplingParams
+from adaspec.lab.bench.suites import load_suite
+from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 
 class ForwardTimer:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from adaspec.bench.machine import describe_machine
-from adaspec.bench.suites import load_suite
-from adaspec.models.backend import ModelBackend
-from adaspec.models.registry import TARGET_DEFAULT
-from adaspec.models.store import load_model
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.backends.base import ModelBackend
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.lab.bench.machine import describe_machine
+from adaspec.lab.bench.suites import load_suite
+from adaspec.store.catalog import TARGET_DEFAULT
+from adaspec.store.model_store import load_model
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

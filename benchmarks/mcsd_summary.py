@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaspec.methods import parse_method
-from adaspec.tree import tree_node_count
+from adaspec.engine.token_tree import tree_node_count
+from adaspec.methods.spec import parse_method
 
 BUDGET_LIMIT = 32
 

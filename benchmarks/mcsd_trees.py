@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from adaspec.tree import TokenTree, parse_branching
+from adaspec.engine.token_tree import TokenTree, parse_branching
 
 OUT = Path("benchmarks/results/mcsd")
 SHAPES = ["1", "1x1x1x1", "2x2x2x1", "16x1", "8x2x1", "4x2x2x1"]
@@ -180,7 +180,7 @@ def draft_level_costs(draft, prefix: list[int], reps: int, gen: torch.Generator,
 
 
 def bench(target, tokenizer, draft, eos, temperature: float, methods, prompts, tokens, out):
-    from adaspec.bench.runner import BenchConfig, BenchRunner
+    from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 
     config = BenchConfig(
         methods=methods,
@@ -208,11 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from adaspec.bench.suites import humaneval, spec_bench
-    from adaspec.build import eos_ids_of
-    from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
-    from adaspec.models.store import load_model
-    from adaspec.models.torch_backend import TorchBackend
+    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.engine.build import eos_ids_of
+    from adaspec.lab.bench.suites import humaneval, spec_bench
+    from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+    from adaspec.store.model_store import load_model
 
     torch.set_num_threads(2)
     tgt = load_model(TARGET_DEFAULT, dtype="bfloat16")

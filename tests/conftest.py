@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.backends.torch_backend import TorchBackend
 
 # Tiny models gain nothing from threads, and spinning thread pools on a busy 2-core machine
 # made each forward 7x slower.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.control.disco_artifact import DiscoArtifact
+from adaspec.control.disco_classifier import DiscoClassifier
 from adaspec.control.disco_features import TOP_K, FeatureSpec
-from adaspec.disco.artifact import DiscoArtifact
-from adaspec.disco.classifier import DiscoClassifier
 
 SPEC = FeatureSpec(generation_position=True)
 DRAFT_POS = TOP_K + 1  # column of the position in the current draft under SPEC

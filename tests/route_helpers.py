@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from adaspec.bench.suites import Prompt
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.route.collect import CollectConfig, collect
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.lab.bench.suites import Prompt
+from adaspec.lab.router.collect import CollectConfig, collect
 from tests.conftest import CharTokenizer, tiny_model
 
 ARMS = {"ar": "ar", "ngram": "ngram", "draft:k=2": "draft:k=2"}

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, RateEstimate
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.methods import parse_method
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
+from adaspec.methods.spec import parse_method
 
 from .test_engine import PROMPTS, reference_greedy
 from .test_engine_sampling import BOUND, V, empirical, exact_marginals, tv

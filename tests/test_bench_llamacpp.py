@@ -11,19 +11,19 @@ import sys
 
 import pytest
 
-from adaspec.bench import runner as runner_module
-from adaspec.bench.llamacpp import (
+from adaspec.backends.llamacpp import gguf_file
+from adaspec.engine.metrics import RequestStats
+from adaspec.errors import InputError, ModelStoreError
+from adaspec.lab.bench import runner as runner_module
+from adaspec.lab.bench.llamacpp_reference import (
     GgufDraft,
     LlamaCppUnavailable,
     SpeculativeDecoder,
     open_decoder,
 )
-from adaspec.bench.report import to_markdown
-from adaspec.bench.runner import read_rows
-from adaspec.errors import InputError, ModelStoreError
-from adaspec.methods import describe_methods, parse_method
-from adaspec.metrics import RequestStats
-from adaspec.models.llamacpp import gguf_file
+from adaspec.lab.bench.report import to_markdown
+from adaspec.lab.bench.runner import read_rows
+from adaspec.methods.spec import describe_methods, parse_method
 
 from .test_bench_runner import PROMPTS, make_runner
 
@@ -148,7 +148,7 @@ class FakeDecoder:
 def test_other_weights_rows_are_a_quality_difference_not_bugs(
     tmp_path, target, draft, tokenizer, monkeypatch
 ):
-    from adaspec.build import build_engine
+    from adaspec.engine.build import build_engine
 
     engine = build_engine("ar", target, tokenizer, None, [0])
     prompts = PROMPTS[:2]

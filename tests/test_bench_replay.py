@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from adaspec.bench.replay import price_row, replay, write_replay
 from adaspec.cli import main
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.errors import InputError
+from adaspec.lab.bench.replay import price_row, replay, write_replay
 
 
 def _row(method: str, steps: list[list[int]], target_calls: int, draft_calls: int = 0,

@@ -7,17 +7,17 @@ import copy
 import pytest
 import torch
 
-from adaspec.bench.plots import acceptance_by_position
-from adaspec.bench.report import summarize, to_markdown
-from adaspec.bench.theory import (
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.engine.loop import Engine
+from adaspec.lab.bench.plots import acceptance_by_position
+from adaspec.lab.bench.report import summarize, to_markdown
+from adaspec.lab.bench.theory import (
     expected_tokens_per_step,
     leviathan_speedup,
     oracle_schedule,
     per_token_alpha,
     teacher_forced_hits,
 )
-from adaspec.engine import Engine
-from adaspec.models.torch_backend import TorchBackend
 
 
 def row(pid, cat, method, wall, tokens, **kw):
@@ -253,7 +253,7 @@ def test_acceptance_by_position():
 
 
 def test_tokens_per_call_counts_calls_without_a_draft():
-    from adaspec.bench.plots import tokens_per_call
+    from adaspec.lab.bench.plots import tokens_per_call
 
     # 6 target calls: the prefill, 3 verified drafts, 2 with nothing to verify
     rows = [{"target_calls": 6, "steps": [[4, 4], [4, 0], [2, 1]]}]

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from adaspec.bench.runner import BenchConfig, BenchRunner, read_rows
-from adaspec.bench.suites import Prompt
 from adaspec.cli import main
 from adaspec.control.static import StaticLength
 from adaspec.draft.model import ModelDrafter
-from adaspec.engine import Engine
+from adaspec.engine.loop import Engine
 from adaspec.errors import InputError
+from adaspec.lab.bench.runner import BenchConfig, BenchRunner, read_rows
+from adaspec.lab.bench.suites import Prompt
 from adaspec.verify.base import Verdict, Verifier
 
 PROMPTS = [
@@ -264,7 +264,7 @@ def test_cli_bench_end_to_end(tmp_path, capsys, model_dirs, questions, monkeypat
     ],
 )
 def test_cli_errors_are_one_line_before_loading_models(capsys, argv, message, monkeypatch):
-    import adaspec.models.store as store
+    import adaspec.store.model_store as store
 
     def no_loading(*a, **k):
         raise AssertionError("models must not load")
@@ -277,7 +277,7 @@ def test_cli_errors_are_one_line_before_loading_models(capsys, argv, message, mo
 
 # ------------------------------------------------------------------ reference methods
 def test_reference_methods_parse_only_for_the_bench():
-    from adaspec.methods import describe_methods, parse_method
+    from adaspec.methods.spec import describe_methods, parse_method
 
     spec = parse_method("hf-assisted-constant:k=3", reference=True)
     assert spec.is_reference and spec.needs_draft_model and spec["k"] == 3
@@ -290,7 +290,7 @@ def test_reference_methods_parse_only_for_the_bench():
 
 
 def test_steps_from_hooked_calls():
-    from adaspec.bench.hf_assisted import steps_from_calls
+    from adaspec.lab.bench.hf_assisted import steps_from_calls
 
     # prompt of 5; call 0 feeds prompt + 3 drafts and keeps 2 (+1 target token), call 1
     # feeds last + 3 and keeps all (+1), call 2 feeds last + 2 and the run ends 2 tokens later.
@@ -299,7 +299,7 @@ def test_steps_from_hooked_calls():
 
 
 def test_hf_assisted_settings_do_not_leak(target_model, draft_model):
-    from adaspec.bench.hf_assisted import hf_generate
+    from adaspec.lab.bench.hf_assisted import hf_generate
 
     before = draft_model.generation_config.to_dict()
     ref, _ = hf_generate(target_model, [3, 4, 5], 10, [0])

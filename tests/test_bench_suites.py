@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from adaspec.bench import suites
-from adaspec.bench.suites import iter_json_array, load_suite, sharegpt, spec_bench, wmt
 from adaspec.errors import InputError
+from adaspec.lab.bench import suites
+from adaspec.lab.bench.suites import iter_json_array, load_suite, sharegpt, spec_bench, wmt
 
 
 def _spec_file(tmp_path):

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 
-from adaspec.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
-from adaspec.bench.suites import Prompt
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.errors import InputError
-from adaspec.models.quant import QuantLinear, quantize_model
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.lab.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
+from adaspec.lab.bench.suites import Prompt
+from adaspec.store.quant import QuantLinear, quantize_model
 
 PROMPTS = [Prompt("t/0", "code", "def add(a, b):"), Prompt("t/1", "code", "for i in range(9):")]
 
@@ -85,7 +85,7 @@ def test_the_runs_own_quantization_needs_no_second_baseline():
 
 
 def test_gguf_is_a_weights_variant_with_its_own_baseline_and_bad_variants_are_named():
-    from adaspec.methods import parse_method
+    from adaspec.methods.spec import parse_method
 
     spec = parse_method("draft:k=3@gguf/gguf")
     assert (spec.quant, spec.draft_quant) == ("gguf", "gguf")

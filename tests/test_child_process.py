@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from adaspec.backends.child_process import ChildProcess, ChildProcessFailed
 from adaspec.errors import AdaspecError
-from adaspec.models.child_process import ChildProcess, ChildProcessFailed
 
 
 class Refused(AdaspecError):

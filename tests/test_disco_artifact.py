@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.disco.artifact import DiscoArtifact
+from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.errors import InputError
 from tests.disco_helpers import SPEC, artifact, stop_at_position
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.disco.classifier import f1_scores, static_predictions, train_classifier
+from adaspec.control.disco_classifier import f1_scores, static_predictions, train_classifier
 from adaspec.errors import InputError
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from adaspec.cli import main
-from adaspec.disco.artifact import DiscoArtifact
-from adaspec.disco.data import DiscoData
+from adaspec.control.disco_artifact import DiscoArtifact
+from adaspec.lab.disco.dataset import DiscoData
 from tests.conftest import save_tiny_pair
 
 
@@ -103,7 +103,7 @@ def test_model_options_come_from_the_shared_helper():
     """collect takes the usual pair and quantization; tune and bench default to the
     artifact's pair and take its quantization from the file, so --quant is refused there."""
     from adaspec.cli import build_parser
-    from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
+    from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
     parser = build_parser()
     c = parser.parse_args(["disco", "collect", "--out", "d.pt", "--draft-quant", "int4"])

@@ -9,18 +9,18 @@ import copy
 import pytest
 import torch
 
-from adaspec.bench.runner import BenchConfig, BenchRunner
-from adaspec.bench.suites import Prompt
-from adaspec.bench.theory import oracle_schedule, teacher_forced_hits, teacher_forced_logits
-from adaspec.build import build_engine
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.confidence import ConfidenceLength
 from adaspec.control.cursor import GenerationCursor
 from adaspec.control.disco import DiscoLength
 from adaspec.control.disco_features import assemble, distribution_features
 from adaspec.control.oracle import OracleLength
-from adaspec.engine import Engine
+from adaspec.engine.build import build_engine
+from adaspec.engine.loop import Engine
 from adaspec.errors import InputError
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.lab.bench.runner import BenchConfig, BenchRunner
+from adaspec.lab.bench.suites import Prompt
+from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits, teacher_forced_logits
 from tests.disco_helpers import SPEC, artifact, constant_classifier, stop_at_position
 from tests.test_engine import PROMPTS, reference_greedy
 
@@ -165,7 +165,7 @@ def test_oracle_needs_greedy(tmp_path, target, draft, tokenizer):
 
 
 def test_dynamic_controllers_need_the_draft_model():
-    from adaspec.methods import parse_method
+    from adaspec.methods.spec import parse_method
 
     for ctrl in ("confidence", "disco", "oracle"):
         with pytest.raises(InputError, match="needs the draft model"):

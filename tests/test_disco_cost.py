@@ -10,17 +10,17 @@ import copy
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.cli import main
 from adaspec.control.disco import COST_SL_MAX, DiscoLength, cost_keeps_drafting
+from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.control.disco_features import TOP_K
 from adaspec.cost.profile import FLAT_FORMULA, CostProfile, Curve
-from adaspec.disco.artifact import DiscoArtifact
-from adaspec.disco.data import DiscoData, Sample
-from adaspec.disco.simulate import NEVER_STOP, Costs, price_run, simulate
-from adaspec.disco.tune import evaluate, tune
+from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.lab.disco.dataset import DiscoData, Sample
+from adaspec.lab.disco.simulate import NEVER_STOP, Costs, price_run, simulate
+from adaspec.lab.disco.tune import evaluate, tune
 from tests.cost_helpers import steep, stub_machine_profile
 from tests.disco_helpers import SPEC, artifact, constant_classifier
 from tests.test_engine import PROMPTS, reference_greedy
@@ -261,8 +261,8 @@ def test_cli_tune_prices_with_a_profile(tmp_path, capsys):
 
 # ------------------------------------------------------------------- bench and report
 def test_bench_arms_and_report_compare_the_cost_rule(tmp_path):
-    from adaspec.disco.bench import arms_for
-    from adaspec.disco.report import _cost_rule_lines, _mean_of_suites, _scope_table
+    from adaspec.lab.disco.compare import arms_for
+    from adaspec.lab.disco.disco_report import _cost_rule_lines, _mean_of_suites, _scope_table
     from tests.test_bench_report import row
 
     art = artifact(constant_classifier(0.8))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.bench.suites import Prompt
-from adaspec.build import build_engine
 from adaspec.control.disco_features import FeatureSpec, distribution_features
-from adaspec.disco.data import DiscoData, assign_splits, collect, rows
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.sampling import SamplingParams
+from adaspec.lab.bench.suites import Prompt
+from adaspec.lab.disco.dataset import DiscoData, assign_splits, collect, rows
 from tests.test_engine import reference_greedy
 
 PROMPT_IDS = {"p/0": [5, 9, 13, 2], "p/1": [17, 3, 3, 3, 40], "p/2": [1, 2, 3, 4, 5, 6]}

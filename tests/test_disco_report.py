@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.disco.bench import HEURISTIC, ORACLE, Arm
-from adaspec.disco.report import (
+from adaspec.lab.disco.compare import HEURISTIC, ORACLE, Arm
+from adaspec.lab.disco.disco_report import (
     _in_domain_table,
     _mean_of_suites,
     _measured_table,
@@ -129,8 +129,8 @@ def test_mean_of_suites_weighs_each_suite_the_same():
 
 
 def test_limits_per_category():
-    from adaspec.disco.bench import parse_limits
     from adaspec.errors import InputError
+    from adaspec.lab.disco.compare import parse_limits
 
     assert parse_limits("2,rag:1,summarization:1") == (2, {"rag": 1, "summarization": 1})
     assert parse_limits("rag:1") == (None, {"rag": 1})
@@ -141,7 +141,7 @@ def test_limits_per_category():
 
 
 def test_priced_comparison_sees_the_calls_not_the_clock():
-    from adaspec.disco.simulate import Costs
+    from adaspec.lab.disco.simulate import Costs
 
     costs = Costs(draft_ms=10.0, target_ms=[100.0, 120.0, 150.0], decision_ms=0.5)
     rows = _rows()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.bench.theory import oracle_schedule
 from adaspec.control.disco_features import TOP_K
-from adaspec.disco.data import Sample
-from adaspec.disco.simulate import NEVER_STOP, Costs, measure_costs, simulate
-from adaspec.disco.tune import tune
+from adaspec.lab.bench.theory import oracle_schedule
+from adaspec.lab.disco.dataset import Sample
+from adaspec.lab.disco.simulate import NEVER_STOP, Costs, measure_costs, simulate
+from adaspec.lab.disco.tune import tune
 from tests.disco_helpers import SPEC, classifier_on
 
 COSTS = Costs(draft_ms=10.0, target_ms=[100.0 + 5 * n for n in range(20)])
@@ -88,7 +88,7 @@ def test_tune_picks_the_latency_optimal_setting(draft_ms):
 
 
 def test_a_measured_run_is_priced_by_its_own_calls():
-    from adaspec.disco.simulate import price_run
+    from adaspec.lab.disco.simulate import price_run
 
     costs = Costs(draft_ms=10.0, target_ms=[100.0, 120.0, 150.0], decision_ms=1.0)
     # two turns: steps of 2 and 1 drafted tokens, one plain target call, 3 draft calls
@@ -104,7 +104,7 @@ def test_a_measured_run_is_priced_by_its_own_calls():
 def test_best_schedule_is_the_floor_of_every_length_policy():
     import random
 
-    from adaspec.disco.simulate import best_schedule
+    from adaspec.lab.disco.simulate import best_schedule
 
     costs = Costs(draft_ms=30.0, target_ms=[100.0, 110.0, 125.0, 200.0, 400.0])
     rng = random.Random(0)

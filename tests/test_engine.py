@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.build import build_engine
-from adaspec.engine import Engine, GenerationResult, StreamChunk
+from adaspec.backends.base import ForwardOutput
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.engine.build import build_engine
+from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.models.backend import ForwardOutput
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
 
 PROMPTS = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [33]]
 

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from adaspec.build import build_engine
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams, process_logits
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams, process_logits
 from adaspec.verify.base import Verdict, Verifier
 
 from .conftest import tiny_model

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.build import build_engine
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.draft.base import Drafter
-from adaspec.draft.tree import ModelTreeDrafter
-from adaspec.engine import Engine, StreamChunk
+from adaspec.draft.model_tree import ModelTreeDrafter
+from adaspec.engine.build import build_engine
+from adaspec.engine.loop import Engine, StreamChunk
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
 from adaspec.verify.multi_candidate import MCSSVerifier
 
 from .conftest import tiny_model

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.bench.exactness import classify, first_difference
-from adaspec.models.backend import ForwardOutput, ModelBackend
+from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.lab.bench.exactness import classify, first_difference
 
 
 class GapBackend(ModelBackend):

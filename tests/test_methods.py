@@ -7,7 +7,7 @@ import pytest
 from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
-from adaspec.methods import build_controller, describe_methods, parse_method, split_method_list
+from adaspec.methods.spec import build_controller, describe_methods, parse_method, split_method_list
 
 
 def test_defaults_and_overrides():

@@ -9,7 +9,8 @@ import pytest
 
 from adaspec.cli.models import add_models_parser
 from adaspec.errors import ModelStoreError
-from adaspec.models import registry, store
+from adaspec.store import catalog as registry
+from adaspec.store import model_store as store
 from tests.test_store import make_fake_model
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import adaspec.models.ikllama as ikllama
-from adaspec.models.ikllama import IkLlamaBackend, IkLlamaUnavailable
+import adaspec.backends.ikllama as ikllama
+from adaspec.backends.ikllama import IkLlamaBackend, IkLlamaUnavailable
 
 from .test_bench_llamacpp import _smollm_gguf
 from .test_models_llamacpp import (  # noqa: F401  (collected again with this module's fixture)
@@ -39,7 +39,7 @@ def test_another_version_is_refused_with_the_fix(monkeypatch):
 
 
 def test_in_a_child_process_it_scores_what_it_scores_in_process(smollm):
-    from adaspec.models.process_backend import ProcessBackend
+    from adaspec.backends.process_backend import ProcessBackend
 
     gguf, local = smollm
     child = ProcessBackend(IkLlamaBackend, str(gguf), 1, "smollm", 512)

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.llamacpp import LlamaCppBackend, LlamaCppUnavailable
+from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
-from adaspec.models.llamacpp import LlamaCppBackend, LlamaCppUnavailable
 
 from .test_bench_llamacpp import _smollm_gguf
 
@@ -72,7 +72,7 @@ def test_token_trees_on_a_llamacpp_backend_are_refused_when_the_engine_is_built(
 
 
 def test_gguf_variant_of_a_model_without_a_gguf_file_is_a_one_line_error(tmp_path):
-    from adaspec.models.llamacpp import load_gguf_backend
+    from adaspec.backends.llamacpp import load_gguf_backend
 
     with pytest.raises(LlamaCppUnavailable, match="has no GGUF file"):
         load_gguf_backend(str(tmp_path), n_threads=1)
@@ -85,8 +85,8 @@ def test_a_router_on_a_llamacpp_target_is_refused_when_the_engine_is_built(smoll
 
 
 def test_gguf_backend_of_a_path_is_named_like_the_torch_load_of_that_file(smollm):
-    from adaspec.models.llamacpp import load_gguf_backend
-    from adaspec.models.loading import source_name
+    from adaspec.backends.llamacpp import load_gguf_backend
+    from adaspec.store.loading import source_name
 
     gguf, _ = smollm
     backend = load_gguf_backend(str(gguf), n_threads=1, n_ctx=256)

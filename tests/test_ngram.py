@@ -9,8 +9,8 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.draft.ngram import NgramDrafter
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.sampling import SamplingParams
 
 
 class Always(LengthController):

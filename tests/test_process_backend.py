@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.child_process import ChildProcessFailed
+from adaspec.backends.llamacpp import LlamaCppBackend
+from adaspec.backends.process_backend import ProcessBackend
+from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
-from adaspec.models.child_process import ChildProcessFailed
-from adaspec.models.llamacpp import LlamaCppBackend
-from adaspec.models.process_backend import ProcessBackend
 
 from .test_bench_llamacpp import _smollm_gguf
 
@@ -79,7 +79,7 @@ def test_a_draft_in_a_child_keeps_the_torch_target_output(pair):
     gguf, _, child = pair
     from transformers import AutoModelForCausalLM
 
-    from adaspec.models.torch_backend import TorchBackend
+    from adaspec.backends.torch_backend import TorchBackend
 
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
@@ -93,7 +93,7 @@ def test_a_draft_in_a_child_keeps_the_torch_target_output(pair):
 
 
 def test_the_gguf_weights_variant_loads_in_a_child(pair):
-    from adaspec.build import load_backend
+    from adaspec.engine.build import load_backend
 
     gguf = pair[0]
     backend, _, _ = load_backend(str(gguf), quant="gguf", role="draft")

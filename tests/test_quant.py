@@ -9,9 +9,11 @@ import copy
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.models.quant import (
+from adaspec.store.quant import (
     DENSE_PREFILL_MODES,
     FP32_PREFILL_ROWS,
     QUANT_MODES,
@@ -24,8 +26,6 @@ from adaspec.models.quant import (
     quantize_model,
     quantized_bytes,
 )
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
 from tests.conftest import CharTokenizer, tiny_model
 
 MODES = [m for m in QUANT_MODES if m != "none"]
@@ -121,7 +121,7 @@ def test_quantization_changes_the_model():
 def test_restricted_head_slices_a_quantized_head(mode):
     """vocab=N on a quantized draft keeps the quantized rows: logits on the kept ids equal
     the full quantized head's, everything else is -inf."""
-    from adaspec.models.restricted_head import RestrictedHeadLM
+    from adaspec.backends.restricted_head import RestrictedHeadLM
 
     model = tiny_model(vocab=64, hidden=128, seed=4)
     quantize_model(model, mode)
@@ -173,7 +173,7 @@ def test_weight_only_layers_use_the_float_weight_only_inside_prefill_arithmetic(
 @pytest.fixture
 def no_native_bf16(monkeypatch):
     """Pretend this CPU has no bf16 arithmetic (an AVX2 machine)."""
-    monkeypatch.setattr("adaspec.models.quant.native_bf16", lambda: False)
+    monkeypatch.setattr("adaspec.store.quant.native_bf16", lambda: False)
 
 
 @pytest.mark.parametrize("rows", [FP32_PREFILL_ROWS - 1, FP32_PREFILL_ROWS, 90])
@@ -197,7 +197,7 @@ def test_bf16_prefill_multiplies_in_fp32_on_a_cpu_without_bf16(no_native_bf16, r
 @contextlib.contextmanager
 def _weight_dtypes():
     """Records the weight dtype of every F.linear call the quant module makes."""
-    import adaspec.models.quant as quant
+    import adaspec.store.quant as quant
 
     seen: list[torch.dtype] = []
     real = quant.F.linear

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from adaspec.errors import ModelStoreError
-from adaspec.models import quant_store
-from adaspec.models.loading import MARKER, LoadedModel
-from adaspec.models.quant_store import QUANT_WEIGHTS, quant_cache_dir, quantize_loaded
+from adaspec.store import quant_cache as quant_store
+from adaspec.store.loading import MARKER, LoadedModel
+from adaspec.store.quant_cache import QUANT_WEIGHTS, quant_cache_dir, quantize_loaded
 from tests.conftest import tiny_model
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adaspec.cli import main
-from adaspec.models.token_set import load_token_set
+from adaspec.store.token_set import load_token_set
 
 
 @pytest.fixture(autouse=True)

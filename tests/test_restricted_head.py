@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.restricted_head import RestrictedHeadBackend, restrict_head
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.draft.model import ModelDrafter
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError, ModelStoreError
-from adaspec.methods import parse_method
-from adaspec.models.restricted_head import RestrictedHeadBackend, restrict_head
-from adaspec.models.token_set import TokenSet, save_token_set
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
+from adaspec.methods.spec import parse_method
+from adaspec.store.token_set import TokenSet, save_token_set
 
 from .conftest import tiny_model
 from .test_engine_sampling import BOUND, V, empirical, exact_marginals, tv

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from adaspec.errors import InputError
-from adaspec.methods import parse_method
+from adaspec.methods.spec import parse_method
 from adaspec.route.arms import DEFAULT_ARMS, arm_parameters, parse_arms
 
 

@@ -88,7 +88,7 @@ def test_router_model_options_come_from_the_shared_helper():
     """collect and features take the same model flags as generate and bench; features
     loads no draft whatever --draft says."""
     from adaspec.cli import build_parser
-    from adaspec.models.registry import TARGET_DEFAULT
+    from adaspec.store.catalog import TARGET_DEFAULT
 
     parser = build_parser()
     c = parser.parse_args(["router", "collect", "--quant", "int8-dyn", "--draft-quant", "int4",

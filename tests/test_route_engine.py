@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.build import build_engine
+from adaspec.backends.base import ForwardOutput
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.models.backend import ForwardOutput
-from adaspec.models.torch_backend import TorchBackend
 from adaspec.route.artifact import RouterArtifact, save_artifact
-from adaspec.route.engine import RouterEngine, build_arm_engines
 from adaspec.route.policy import RouterPolicy
-from adaspec.sampling import SamplingParams
+from adaspec.route.router import RouterEngine, build_arm_engines
 from tests.test_engine import PROMPTS, reference_greedy
 
 ARMS = {m: m for m in ["ar", "ngram", "draft:k=4", "draft:ctrl=heuristic,k=4"]}

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from adaspec.errors import InputError
-from adaspec.route.data import RouterData
-from adaspec.route.evaluate import (
+from adaspec.lab.router.dataset import RouterData
+from adaspec.lab.router.evaluate import (
     alpha_sweep,
     cross_validate,
     learning_curve,
@@ -20,8 +20,8 @@ from adaspec.route.evaluate import (
     speedups,
     timing_noise,
 )
+from adaspec.lab.router.train_policy import data_rewards, train_artifact
 from adaspec.route.policy import TrainConfig
-from adaspec.route.train import data_rewards, train_artifact
 
 
 def synthetic(n: int = 12, seed: int = 0) -> RouterData:

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from adaspec.cost.profile import CostProfile, Curve
+from adaspec.engine.token_tree import AutoBranching
 from adaspec.errors import InputError
+from adaspec.lab.router.dataset import RouterData
+from adaspec.lab.router.evaluate import proxy_vs_truth
+from adaspec.lab.router.reward import priced_decode_ms, rewards
+from adaspec.lab.router.train_policy import data_rewards, train_artifact
 from adaspec.route.artifact import load_artifact
-from adaspec.route.data import RouterData
-from adaspec.route.evaluate import proxy_vs_truth
 from adaspec.route.policy import TrainConfig
-from adaspec.route.reward import priced_decode_ms, rewards
-from adaspec.route.train import data_rewards, train_artifact
-from adaspec.tree import AutoBranching
 from tests.cost_helpers import steep
 from tests.route_helpers import make_collection
 from tests.test_cli import home, run  # noqa: F401 (home: autouse fixture)

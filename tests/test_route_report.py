@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from adaspec.bench.runner import BenchConfig, BenchRunner
-from adaspec.build import build_engine
+from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
+from adaspec.lab.bench.runner import BenchConfig, BenchRunner
+from adaspec.lab.router.collect import record_states
+from adaspec.lab.router.dataset import load_collection
+from adaspec.lab.router.router_report import RETRAINED, label, to_markdown, write_report
+from adaspec.lab.router.train_policy import train_artifact
 from adaspec.route.artifact import save_artifact
-from adaspec.route.collect import record_states
-from adaspec.route.data import load_collection
 from adaspec.route.policy import TrainConfig
-from adaspec.route.report import RETRAINED, label, to_markdown, write_report
-from adaspec.route.train import train_artifact
 from tests.route_helpers import ARMS, TEST, backends, make_collection
 
 SMALL = TrainConfig(epochs=3, hidden=16)

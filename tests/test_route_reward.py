@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from adaspec.errors import InputError
-from adaspec.route.reward import measured_costs, param_costs, rewards, rouge_l
+from adaspec.lab.router.reward import measured_costs, param_costs, rewards, rouge_l
 
 
 def test_rouge_l_on_token_ids():

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from adaspec.engine.sampling import SamplingParams, process_logits, sample, sample_rows
 from adaspec.errors import InputError
-from adaspec.sampling import SamplingParams, process_logits, sample, sample_rows
 
 
 def probs_of(values: list[float]) -> torch.Tensor:

@@ -9,8 +9,8 @@ import importlib.util
 
 import pytest
 
-from adaspec.bench.exactness import classify
-from adaspec.build import build_engine, load_engine
+from adaspec.engine.build import build_engine, load_engine
+from adaspec.lab.bench.exactness import classify
 
 pytestmark = pytest.mark.smoke
 

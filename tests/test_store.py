@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from adaspec.errors import ModelStoreError
-from adaspec.models import assembly, loading, registry, store
-from adaspec.models.registry import ModelSpec, PartRef
+from adaspec.store import assembly, loading
+from adaspec.store import catalog as registry
+from adaspec.store import model_store as store
+from adaspec.store.catalog import ModelSpec, PartRef
 
 from .conftest import SPECIALS, bpe_tokenizer
 from .conftest import tiny_model as conftest_tiny_model

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adaspec.errors import InputError, ModelStoreError
-from adaspec.models.token_set import (
+from adaspec.store.token_set import (
     TokenSet,
     count_target_outputs,
     load_token_set,

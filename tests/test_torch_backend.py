@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from adaspec.models.torch_backend import TorchBackend
+from adaspec.backends.torch_backend import TorchBackend
 
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.draft.tree import ModelTreeDrafter, draw_children
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.draft.model_tree import ModelTreeDrafter, draw_children
+from adaspec.engine.sampling import SamplingParams
+from adaspec.engine.token_tree import TokenTree, parse_branching, tree_node_count
 from adaspec.errors import InputError
-from adaspec.methods import build_controller, parse_method
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
-from adaspec.tree import TokenTree, parse_branching, tree_node_count
+from adaspec.methods.spec import build_controller, parse_method
 
 from .test_torch_backend import full_logits
 from .test_verify import tv, tv_bound

@@ -8,15 +8,13 @@ import copy
 
 import pytest
 
-from adaspec.build import build_engine
+from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.cost.profile import CostProfile, Curve
-from adaspec.draft.tree import AutoTreeDrafter
-from adaspec.errors import InputError
-from adaspec.methods import build_controller, parse_method
-from adaspec.models.torch_backend import TorchBackend
-from adaspec.sampling import SamplingParams
-from adaspec.tree import (
+from adaspec.draft.model_tree import AutoTreeDrafter
+from adaspec.engine.build import build_engine
+from adaspec.engine.sampling import SamplingParams
+from adaspec.engine.token_tree import (
     CANDIDATE_SHAPES,
     DEFAULT_RANK_RATES,
     AutoBranching,
@@ -27,6 +25,8 @@ from adaspec.tree import (
     tree_node_count,
     tree_step_ms,
 )
+from adaspec.errors import InputError
+from adaspec.methods.spec import build_controller, parse_method
 
 from .cost_helpers import steep, stub_machine_profile
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaspec.engine.token_tree import TokenTree
 from adaspec.errors import InputError
-from adaspec.tree import TokenTree
 from adaspec.verify.multi_candidate import (
     GreedyTreeVerifier,
     MCNSVerifier,

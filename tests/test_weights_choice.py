@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.models import weights
-from adaspec.models.loading import same_vocabulary_files
-from adaspec.sampling import argmax
+from adaspec.backends import weights
+from adaspec.engine.sampling import argmax
+from adaspec.store.loading import same_vocabulary_files
 
 
 def test_a_model_without_a_gguf_runs_on_torch(model_dirs):
@@ -19,7 +19,7 @@ def test_a_model_without_a_gguf_runs_on_torch(model_dirs):
     "ik, llama, expected", [(True, True, "ik"), (False, True, "gguf"), (False, False, "none")]
 )
 def test_a_builtin_model_gets_the_fastest_runtime_installed(monkeypatch, ik, llama, expected):
-    import adaspec.models.ikllama as ikllama
+    import adaspec.backends.ikllama as ikllama
 
     monkeypatch.setattr(ikllama, "available", lambda: ik)
     monkeypatch.setattr(weights, "_llama_cpp_installed", lambda: llama)

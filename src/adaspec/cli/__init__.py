@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from adaspec.methods import describe_methods
+    from adaspec.methods.spec import describe_methods
 
     print(describe_methods())
     return 0

@@ -41,8 +41,8 @@ PRESETS = {
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    from adaspec.bench.runner import METHOD_ORDERS
-    from adaspec.bench.suites import SUITES
+    from adaspec.lab.bench.runner import METHOD_ORDERS
+    from adaspec.lab.bench.suites import SUITES
 
     p = sub.add_parser(
         "bench",
@@ -148,8 +148,8 @@ def parse_suites(text: str, limit: int | None, limit_given: bool) -> list[tuple[
 
 
 def load_prompts(suites: list[tuple[str, int | None]], questions: str | None):
-    from adaspec.bench.suites import load_suite
     from adaspec.errors import InputError
+    from adaspec.lab.bench.suites import load_suite
 
     names = [n for n, _ in suites]
     target = None
@@ -167,9 +167,9 @@ def load_prompts(suites: list[tuple[str, int | None]], questions: str | None):
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from adaspec.bench.runner import BenchConfig, check_out, normalize_methods
     from adaspec.errors import InputError
-    from adaspec.methods import parse_method, split_method_list
+    from adaspec.lab.bench.runner import BenchConfig, check_out, normalize_methods
+    from adaspec.methods.spec import parse_method, split_method_list
 
     if args.replay is not None:
         return run_replay(args)
@@ -219,7 +219,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def resolve_weights(quant: str, model: str | None) -> str:
     """`auto` as the concrete weights it stands for, so the results record what ran."""
-    from adaspec.models.weights import AUTO, best_weights
+    from adaspec.backends.weights import AUTO, best_weights
 
     return best_weights(model) if quant == AUTO and model else quant
 
@@ -227,9 +227,9 @@ def resolve_weights(quant: str, model: str | None) -> str:
 def run_replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adaspec.bench.replay import write_replay
     from adaspec.cost.profile import load_profile
     from adaspec.errors import InputError
+    from adaspec.lab.bench.replay import write_replay
 
     if not args.profile:
         raise InputError("--replay needs --profile FILE (or --profile flat)")
@@ -246,8 +246,8 @@ def _llamacpp_gguf(config):
     then skips it with a one-line note)."""
     import importlib.util
 
-    from adaspec.methods import parse_method
-    from adaspec.models.llamacpp import gguf_file
+    from adaspec.backends.llamacpp import gguf_file
+    from adaspec.methods.spec import parse_method
 
     wanted = any(parse_method(m, reference=True).other_weights for m in config.methods)
     if not wanted or importlib.util.find_spec("llama_cpp") is None:
@@ -258,11 +258,11 @@ def _llamacpp_gguf(config):
 def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     import torch
 
-    from adaspec.bench.machine import describe_machine, measure_bandwidth
-    from adaspec.bench.report import to_markdown
-    from adaspec.bench.runner import BenchRunner
-    from adaspec.build import load_backend, load_backends
-    from adaspec.models.backend import ModelBackend
+    from adaspec.backends.base import ModelBackend
+    from adaspec.engine.build import load_backend, load_backends
+    from adaspec.lab.bench.machine import describe_machine, measure_bandwidth
+    from adaspec.lab.bench.report import to_markdown
+    from adaspec.lab.bench.runner import BenchRunner
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

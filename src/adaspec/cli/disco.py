@@ -140,7 +140,7 @@ def _suites_arg(text: str | None, default: list[str]) -> list[str]:
 # ------------------------------------------------------------------------- collect
 def _excluded_prompts(paths: str | None) -> set[tuple[str, str]]:
     """(suite, prompt id) of every sample in the comma-separated data files."""
-    from adaspec.disco.data import DiscoData
+    from adaspec.lab.disco.dataset import DiscoData
 
     out: set[tuple[str, str]] = set()
     for path in (p.strip() for p in (paths or "").split(",")):
@@ -150,13 +150,13 @@ def _excluded_prompts(paths: str | None) -> set[tuple[str, str]]:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from adaspec.bench.suites import load_suite
-    from adaspec.build import build_engine, load_backends
     from adaspec.cli.bench import parse_suites
-    from adaspec.disco.data import assign_splits, collect
+    from adaspec.engine.build import build_engine, load_backends
+    from adaspec.engine.sampling import SamplingParams
     from adaspec.errors import InputError
-    from adaspec.methods import parse_method
-    from adaspec.sampling import SamplingParams
+    from adaspec.lab.bench.suites import load_suite
+    from adaspec.lab.disco.dataset import assign_splits, collect
+    from adaspec.methods.spec import parse_method
 
     try:
         fractions = [float(x) for x in args.split.split(",")]
@@ -222,8 +222,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- train
 def cmd_train(args: argparse.Namespace) -> int:
     from adaspec.control.disco_features import FeatureSpec
-    from adaspec.disco.data import DiscoData
-    from adaspec.disco.train import train_artifact
+    from adaspec.lab.disco.dataset import DiscoData
+    from adaspec.lab.disco.train_classifier import train_artifact
 
     data = DiscoData.load(args.data)
     suites = _suites_arg(args.suite, data.suites)
@@ -250,12 +250,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- tune
 def cmd_tune(args: argparse.Namespace) -> int:
-    from adaspec.disco.artifact import DiscoArtifact
-    from adaspec.disco.data import DiscoData
-    from adaspec.disco.simulate import Costs
-    from adaspec.disco.train import select
-    from adaspec.disco.tune import ORACLE_CAP, measure_step_costs, measured_run, tune_artifact
+    from adaspec.control.disco_artifact import DiscoArtifact
     from adaspec.errors import InputError
+    from adaspec.lab.disco.dataset import DiscoData
+    from adaspec.lab.disco.simulate import Costs
+    from adaspec.lab.disco.train_classifier import select
+    from adaspec.lab.disco.tune import ORACLE_CAP, measure_step_costs, measured_run, tune_artifact
 
     art = DiscoArtifact.load(args.artifact)
     data = DiscoData.load(args.data)
@@ -284,7 +284,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         costs = Costs(**source.tuning["costs"])
         say(f"costs measured while tuning {args.costs_from}")
     if costs is None or args.confirm:
-        from adaspec.build import load_backends
+        from adaspec.engine.build import load_backends
 
         target, tokenizer, draft, eos = load_backends(
             args.target or art.target, args.draft or art.draft, args.dtype, *art.quants
@@ -316,6 +316,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- bench
 def cmd_bench(args: argparse.Namespace) -> int:
-    from adaspec.disco.bench import run_disco_bench
+    from adaspec.lab.disco.compare import run_disco_bench
 
     return run_disco_bench(args, log=say)

@@ -7,8 +7,8 @@ import json
 import sys
 
 from adaspec.cli.model_options import add_model_options
-from adaspec.methods import DEFAULT_METHOD
-from adaspec.sampling import SamplingParams
+from adaspec.engine.sampling import SamplingParams
+from adaspec.methods.spec import DEFAULT_METHOD
 
 
 def add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,10 +44,10 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from adaspec.build import load_engine
-    from adaspec.engine import GenerationResult, StreamChunk
+    from adaspec.engine.build import load_engine
+    from adaspec.engine.loop import GenerationResult, StreamChunk
     from adaspec.errors import InputError
-    from adaspec.methods import parse_method
+    from adaspec.methods.spec import parse_method
 
     # Check everything the user typed before spending seconds on loading models.
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)

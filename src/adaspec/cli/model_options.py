@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from adaspec.methods import WEIGHT_VARIANTS
-from adaspec.models.loading import DTYPES
-from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
-from adaspec.models.weights import AUTO
+from adaspec.backends.weights import AUTO
+from adaspec.methods.spec import WEIGHT_VARIANTS
+from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+from adaspec.store.loading import DTYPES
 
 QUANT_HELP = (
     "weights: auto (default: the fastest this machine has, ik > gguf > none), none (bf16 "

@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import Any
 
-from adaspec.models.quant import QUANT_MODES
-from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
+from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+from adaspec.store.quant import QUANT_MODES
 
 DEFAULT_PREPARE = (TARGET_DEFAULT, DRAFT_DEFAULT)
 
@@ -75,7 +75,7 @@ def _table(rows: list[list[str]]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Print one row per built-in model, then how to install whatever is missing."""
-    from adaspec.models.store import human_size, list_models
+    from adaspec.store.model_store import human_size, list_models
 
     statuses = list_models()
     rows = [["NAME", "ROLE", "SIZE", "INSTALLED", "ASSEMBLED", "CACHED"]]
@@ -99,8 +99,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Assemble + checksum + dequantize + cache each model; report where the time went."""
-    from adaspec.models.quant_store import quant_cache_dir
-    from adaspec.models.store import load_model, prepare, resolve_dtype
+    from adaspec.store.model_store import load_model, prepare, resolve_dtype
+    from adaspec.store.quant_cache import quant_cache_dir
 
     resolve_dtype(args.dtype)  # fail on a bad dtype before any slow work
     for name in args.names or DEFAULT_PREPARE:
@@ -129,7 +129,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Re-hash every assembled file and cache; print OK/FAIL per model, exit 1 on any FAIL."""
-    from adaspec.models.store import get_registry, list_models, verify
+    from adaspec.store.model_store import get_registry, list_models, verify
 
     names = list(args.names)
     if not names:

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from adaspec.models.registry import DRAFT_DEFAULT, TARGET_DEFAULT
+from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 DEFAULT_RESULTS = "benchmarks/results/**/results.jsonl"
 
@@ -65,8 +65,8 @@ def draft_vocabulary(draft: str) -> tuple[str, int, list[int], str | None]:
 
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from adaspec.build import eos_ids_of
-    from adaspec.models.loading import MARKER, prepare
+    from adaspec.engine.build import eos_ids_of
+    from adaspec.store.loading import MARKER, prepare
 
     prepared = prepare(draft)
     folder = prepared.cache_dir
@@ -90,7 +90,7 @@ def draft_vocabulary(draft: str) -> tuple[str, int, list[int], str | None]:
 
 def cmd_restrict_vocab(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
-    from adaspec.models.token_set import (
+    from adaspec.store.token_set import (
         TokenSet,
         count_target_outputs,
         save_token_set,

@@ -28,8 +28,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from adaspec.lab.router.reward import COSTS, DEFAULT_COST
     from adaspec.route.policy import TrainConfig
-    from adaspec.route.reward import COSTS, DEFAULT_COST
 
     d = TrainConfig()
     p.add_argument("--alpha", type=float, default=None, help="reward = alpha * Rouge-L + "
@@ -123,7 +123,7 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:
 def _load(args: argparse.Namespace, need_draft: bool):
     from transformers.utils import logging as hf_logging
 
-    from adaspec.build import load_backends
+    from adaspec.engine.build import load_backends
 
     hf_logging.set_verbosity_error()
     return load_backends(
@@ -139,10 +139,10 @@ def _suites(text: str):
 
 def run_collect(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
-    from adaspec.methods import parse_method
+    from adaspec.lab.router.collect import CollectConfig, collect
+    from adaspec.lab.router.dataset import training_prompts
+    from adaspec.methods.spec import parse_method
     from adaspec.route.arms import parse_arms
-    from adaspec.route.collect import CollectConfig, collect
-    from adaspec.route.data import training_prompts
 
     arms = parse_arms(args.arms)
     if args.max_new_tokens < 1:
@@ -169,9 +169,9 @@ def run_collect(args: argparse.Namespace) -> int:
 def run_features(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adaspec.build import build_engine
     from adaspec.cli.bench import load_prompts
-    from adaspec.route.collect import record_states
+    from adaspec.engine.build import build_engine
+    from adaspec.lab.router.collect import record_states
 
     prompts = load_prompts(_suites(args.suite), None)
     target, tokenizer, _, eos = _load(args, False)
@@ -184,7 +184,7 @@ def run_features(args: argparse.Namespace) -> int:
 def _cost(args: argparse.Namespace):
     """(cost, profile): --cost defaults to profile when a profile is given."""
     from adaspec.errors import InputError
-    from adaspec.route.reward import DEFAULT_COST
+    from adaspec.lab.router.reward import DEFAULT_COST
 
     cost = args.cost or ("profile" if args.profile else DEFAULT_COST)
     if cost == "profile" and not args.profile:
@@ -200,7 +200,7 @@ def _cost(args: argparse.Namespace):
 
 
 def _training_data(args: argparse.Namespace, profile):
-    from adaspec.route.data import load_collection
+    from adaspec.lab.router.dataset import load_collection
 
     data = load_collection(args.data)
     return data.with_profile(profile) if profile is not None else data
@@ -219,8 +219,8 @@ def train_config(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
-    from adaspec.route.evaluate import choose_alpha
-    from adaspec.route.train import DEFAULT_ALPHA, train_artifact
+    from adaspec.lab.router.evaluate import choose_alpha
+    from adaspec.lab.router.train_policy import DEFAULT_ALPHA, train_artifact
 
     config = train_config(args)  # bad settings fail before any data is read
     _, profile = _cost(args)
@@ -270,7 +270,7 @@ def _print_cv(rows: list[dict], prompts: int, cost: str, epochs: int) -> None:
 
 
 def run_cv(args: argparse.Namespace) -> int:
-    from adaspec.route.evaluate import cross_validate
+    from adaspec.lab.router.evaluate import cross_validate
 
     config, alphas = train_config(args), _alphas(args.alphas)
     _, profile = _cost(args)
@@ -284,7 +284,7 @@ def run_cv(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
-    from adaspec.route.report import write_report
+    from adaspec.lab.router.router_report import write_report
 
     alphas = _alphas(args.alphas)
     if args.draws < 1:

@@ -19,10 +19,10 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.control.cursor import GenerationCursor
+from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.control.disco_features import assemble, distribution_features
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
-from adaspec.disco.artifact import DiscoArtifact
 from adaspec.errors import InputError
 
 STOP_RULES = ("tau", "cost")

@@ -17,10 +17,10 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from adaspec.backends.base import ModelBackend
+from adaspec.backends.weights import llama_threads
 from adaspec.cost.profile import CostProfile
 from adaspec.errors import InputError
-from adaspec.models.backend import ModelBackend
-from adaspec.models.weights import llama_threads
 
 
 @cache
@@ -52,7 +52,7 @@ def profile_key(target: ModelBackend, draft: ModelBackend | None) -> dict:
 
 
 def profiles_dir() -> Path:
-    from adaspec.models.assembly import adaspec_home
+    from adaspec.store.assembly import adaspec_home
 
     return adaspec_home() / "profiles"
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from adaspec.backends.base import ModelBackend
 from adaspec.cost.profile import CostProfile, Curve
-from adaspec.models.backend import ModelBackend
 
 TARGET_SIZES = [1, 2, 3, 4, 5, 6, 8, 12, 16]
 DRAFT_SIZES = [1, 2, 3, 4]
@@ -70,7 +70,7 @@ def _time_curve(
 
 def _raw_decode_ms(target: ModelBackend, prompt: list[int], tokens: int) -> float:
     """Per-token time of the bare loop: one single-token forward and an argmax per token."""
-    from adaspec.sampling import argmax
+    from adaspec.engine.sampling import argmax
 
     token = int(argmax(target.prefill(torch.tensor(prompt)).logits[-1]))
     t0 = time.perf_counter()
@@ -82,7 +82,7 @@ def _raw_decode_ms(target: ModelBackend, prompt: list[int], tokens: int) -> floa
 def _loop_overhead_ms(target: ModelBackend, tokenizer, tokens: int) -> float:
     """What adaspec's plain loop costs per step beyond the bare loop over the same backend
     (bookkeeping, text assembly, stop checks): both run alternately, the medians compared."""
-    from adaspec.engine import Engine
+    from adaspec.engine.loop import Engine
 
     engine = Engine(target, tokenizer, eos_token_ids=[])
     prompt = _context_ids(CONTEXTS[0], target.vocab_size, seed=1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from adaspec.control.base import LengthController
-from adaspec.sampling import SamplingParams
+from adaspec.engine.sampling import SamplingParams
 
 
 @dataclass

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.backends.base import ModelBackend
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter, DraftProposal
-from adaspec.models.backend import ModelBackend
-from adaspec.sampling import SamplingParams, argmax, process_logits, sample
+from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
 
 def roll_back_to_common_prefix(

@@ -11,8 +11,8 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.sampling import SamplingParams
 
 
 class NgramDrafter(Drafter):

@@ -1,6 +1,4 @@
-"""The context-aware draft router (Huang et al.): a policy trained offline reads the target's
-prompt state from the prefill and picks the decoding method (drafter or plain decoding) for
-each request. One module per job: arms (the choices), reward (Rouge-L and cost), data (the
-offline table), collect (measuring it), policy (MLP + REINFORCE), train (data -> artifact),
-artifact (the file), engine (routing inside the decode loop), evaluate (replaying decisions on
-measured runs) and report."""
+"""The context-aware draft router (Huang et al.), inference side: arms (the methods it
+chooses from), the policy (an MLP over the prompt's final hidden state), the artifact file,
+and `router`, the engine that routes each request to one arm's engine. Collecting data and
+training live in `adaspec.lab.router`."""

@@ -1,6 +1,6 @@
 """The router's arms: named method strings, from a list or a JSON config.
 
-Any method `adaspec.methods` parses can be an arm, so drafters added later (sorted early
+Any method `adaspec.methods.spec` parses can be an arm, so drafters added later (sorted early
 exits, distilled drafts) join the router without changes here. An arm's name defaults to its
 method string; a config file can name them: {"arms": {"fast": "draft:k=2", "plain": "ar"}}.
 """
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from adaspec.errors import InputError
-from adaspec.methods import MethodSpec, parse_method, split_method_list
+from adaspec.methods.spec import MethodSpec, parse_method, split_method_list
 
 DEFAULT_ARMS = ("ar", "ngram", "draft:k=4", "draft:ctrl=heuristic,k=4")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from adaspec.sampling import argmax
+from adaspec.engine.sampling import argmax
 from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
 
 

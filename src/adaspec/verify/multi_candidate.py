@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from adaspec.engine.sampling import sample_rows
+from adaspec.engine.token_tree import TokenTree
 from adaspec.errors import InputError
-from adaspec.sampling import sample_rows
-from adaspec.tree import TokenTree
 
 
 @dataclass(frozen=True)

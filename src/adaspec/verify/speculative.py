@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from adaspec.engine.sampling import sample_rows
 from adaspec.errors import InputError
-from adaspec.sampling import sample_rows
 from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
 
 

@@ -1,0 +1,2 @@
+"""Model runtimes behind one interface (`base.ModelBackend`): torch, llama.cpp and
+ik_llama.cpp (in a child process), and how `auto` picks the fastest one installed."""

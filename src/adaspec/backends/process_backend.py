@@ -1,0 +1,166 @@
+"""A model backend served by a child process (`child_process`): how adaspec runs a llama.cpp
+model beside a torch one, each runtime with its own threads.
+
+Calls cross a socket as small messages; logits come back through a shared memory file
+(memfd), so a verification's rows of 151,936 floats are one copy, not a pickled stream. The
+pipe and the copy add about 1.5 ms to a 50 ms draft step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from adaspec.backends.base import ForwardOutput, ModelBackend, chain_ids
+from adaspec.backends.child_process import ChildProcess
+from adaspec.errors import InputError
+
+_ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
+               "bytes_per_forward", "kind", "tie_tolerance")
+
+
+class _SharedRows:
+    """Float32 rows in a memory file both processes map: the child writes (growing the file
+    when a call returns more rows than fit), the parent reads (remapping after growth)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map: mmap.mmap | None = None
+
+    def _mapped(self) -> mmap.mmap:
+        size = os.fstat(self.fd).st_size
+        if self._map is None or len(self._map) != size:
+            if self._map is not None:
+                self._map.close()
+            self._map = mmap.mmap(self.fd, size)
+        return self._map
+
+    def write(self, rows: torch.Tensor) -> tuple[int, int]:
+        array = rows.detach().to(torch.float32).contiguous().numpy()
+        if array.nbytes > os.fstat(self.fd).st_size:
+            os.ftruncate(self.fd, array.nbytes)
+        view = np.frombuffer(self._mapped(), dtype=np.float32, count=array.size)
+        view[:] = array.reshape(-1)
+        return array.shape[0], array.shape[1]
+
+    def read(self, rows: int, columns: int) -> torch.Tensor:
+        view = np.frombuffer(self._mapped(), dtype=np.float32, count=rows * columns)
+        return torch.from_numpy(view.reshape(rows, columns).copy())
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+        os.close(self.fd)
+
+
+class _BackendServer:
+    """Child side: the backend, answering with logits in the shared rows and its cache
+    length."""
+
+    def __init__(self, rows_fd: int, factory: Callable[..., ModelBackend], args: tuple) -> None:
+        self.backend = factory(*args)
+        self.rows = _SharedRows(rows_fd)
+
+    def attributes(self) -> dict[str, Any]:
+        return {a: getattr(self.backend, a) for a in _ATTRIBUTES}
+
+    def forward(self, ids: list[int]) -> tuple[tuple[int, int], int]:
+        shape = self.rows.write(self.backend.forward(torch.tensor(ids)).logits)
+        return shape, self.backend.cache_len
+
+    def prefill(self, ids: list[int]) -> tuple[tuple[int, int], int]:
+        shape = self.rows.write(self.backend.prefill(torch.tensor(ids)).logits)
+        return shape, self.backend.cache_len
+
+    def truncate(self, length: int) -> int:
+        self.backend.truncate(length)
+        return self.backend.cache_len
+
+    def keep(self, indices: list[int]) -> int:
+        self.backend.keep(torch.tensor(indices))
+        return self.backend.cache_len
+
+
+class ProcessBackend(ModelBackend):
+    """`factory(*args)`'s backend, run in a child process; chains only (no tree masks, no
+    hidden states cross the socket)."""
+
+    supports_trees = False
+    has_hidden_states = False
+
+    def __init__(self, factory: Callable[..., ModelBackend], *args: Any,
+                 wait: bool = True) -> None:
+        """wait=False: return once the child is started; `ready()` waits for the model (so
+        a target and a draft can load at the same time)."""
+        self._rows = _SharedRows(os.memfd_create("adaspec-logits"))
+        try:
+            self._child = ChildProcess(
+                _BackendServer, self._rows.fd, factory, args, pass_fds=(self._rows.fd,),
+                wait=False,
+            )
+        except BaseException:
+            self._rows.close()
+            raise
+        self._len = 0
+        self._ready = False
+        if wait:
+            self.ready()
+
+    def ready(self) -> ProcessBackend:
+        if not self._ready:
+            for key, value in self._child.call("attributes").items():
+                setattr(self, key, value)
+            self.kind = f"{self.kind}+child"
+            self._ready = True
+        return self
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def _logits(self, op: str, ids: list[int]) -> ForwardOutput:
+        shape, self._len = self._child.call(op, ids)
+        return ForwardOutput(logits=self._rows.read(*shape))
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layer: int | None = None,
+    ) -> ForwardOutput:
+        ids = chain_ids("a model in a child process", self._len, tokens, positions, tree_mask,
+                        hidden_layer)
+        return self._logits("forward", ids)
+
+    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+        if hidden_layer is not None:
+            raise InputError("a model in a child process gives no hidden states")
+        return self._logits("prefill", [int(t) for t in tokens.reshape(-1)])
+
+    def truncate(self, length: int) -> None:
+        if length < self._len:
+            self._len = self._child.call("truncate", int(length))
+
+    def keep(self, indices: torch.Tensor) -> None:
+        self._len = self._child.call("keep", [int(i) for i in indices.reshape(-1)])
+
+    def close(self) -> None:
+        """Stop the child (also done when the backend is collected)."""
+        self._child.close()
+        if self._rows.fd >= 0:
+            self._rows.close()
+            self._rows.fd = -1
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,295 @@
+"""Tree drafting: the draft model proposes several candidates per node, level by level.
+
+One draft forward per level scores the whole frontier: the new level's nodes are fed as one
+sequence with a mask over the draft's cache, so each node sees the context and its own
+ancestors (earlier levels stay in the draft cache) and positions = depth after the context.
+Children are drawn from the node's processed draft distribution q, with replacement (i.i.d.,
+for MCSS Algorithm 1) or without (each next candidate from q renormalised without the ones
+already drawn: Algorithm 2 and the naive verifier); at temperature 0 they are the top-k
+distinct tokens. After verification `accept_path` compacts the draft cache to the accepted
+path, so it holds exactly the accepted context, as the target's does.
+
+`AutoTreeDrafter` (`tree=auto`) picks the shape every step: the chain or tree with the most
+expected tokens per millisecond under the machine's cost profile, from this request's own
+acceptance per candidate rank.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+
+from adaspec.backends.base import ModelBackend
+from adaspec.control.base import LengthController
+from adaspec.cost.profile import CostProfile
+from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.model import feed, prefill_prompt, roll_back_to_common_prefix
+from adaspec.engine.sampling import SamplingParams, process_logits
+from adaspec.engine.token_tree import (
+    DEFAULT_MAX_NODES,
+    DEFAULT_RANK_RATES,
+    AutoBranching,
+    TokenTree,
+    TreeProposal,
+    choose_branching,
+)
+from adaspec.errors import InputError
+
+
+class TreeDrafter(Drafter):
+    """A drafter that proposes token trees; the engine runs its tree step for these."""
+
+    branching: tuple[int, ...]
+
+    @abstractmethod
+    def propose_tree(
+        self,
+        context: list[int],
+        max_depth: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        replacement: bool,
+    ) -> TreeProposal:
+        """A tree below context[-1], at most `max_depth` levels deep."""
+
+    def accept_path(self, path: list[int]) -> None:
+        """The verifier accepted these nodes of the last proposed tree (root excluded)."""
+
+
+def draw_children(
+    probs: torch.Tensor, count: int, generator: torch.Generator | None, replacement: bool
+) -> list[list[int]]:
+    """`count` candidates from each row of probs [f, V] (processed, rows sum to 1).
+
+    With replacement: i.i.d. by inverse CDF, one cumsum per row. Without: one draw at a time
+    from the row with the earlier draws zeroed (sampling from the renormalised remainder);
+    a row whose support runs out gets fewer children.
+    """
+    if replacement:
+        cdf = probs.cumsum(-1, dtype=torch.float64)
+        total = cdf[:, -1:].contiguous()
+        u = torch.rand(probs.shape[0], count, generator=generator, dtype=torch.float64)
+        index = torch.searchsorted(cdf, u * total, right=True)
+        last = torch.searchsorted(cdf, total, right=False)  # last token with positive mass
+        return torch.minimum(index, last).tolist()
+    rest = probs.to(torch.float64).clone()
+    out: list[list[int]] = [[] for _ in range(probs.shape[0])]
+    for _ in range(count):
+        mass = rest.sum(-1)
+        live = mass > 0
+        if not bool(live.any()):
+            break
+        cdf = rest.cumsum(-1)
+        u = torch.rand(rest.shape[0], 1, generator=generator, dtype=torch.float64)
+        index = torch.searchsorted(cdf, u * mass.unsqueeze(1), right=True)
+        index = torch.minimum(index, torch.searchsorted(cdf, mass.unsqueeze(1), right=False))
+        rest.scatter_(1, index, 0.0)
+        for row, tok in enumerate(index.squeeze(1).tolist()):
+            if live[row]:
+                out[row].append(tok)
+    return out
+
+
+class ModelTreeDrafter(TreeDrafter):
+    """A draft model with its own KV cache that expands a regular tree level by level."""
+
+    name = "draft-tree"
+
+    def __init__(self, backend: ModelBackend, branching: tuple[int, ...]) -> None:
+        self.backend = backend
+        self.branching = tuple(branching)
+        self._cached: list[int] = []  # context tokens in the draft cache (a prefix of it)
+        self._tree: TokenTree | None = None
+        self._fed = 0  # tree nodes (root excluded) in the cache, after the context
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The context tokens whose keys/values the draft cache holds (tree nodes aside)."""
+        return list(self._cached)
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self._cached = prefill_prompt(self.backend, prompt_ids)
+        self._tree = None
+        self._fed = 0
+
+    def _sync(self, context: list[int]) -> None:
+        """Drop tree nodes left in the cache, then roll back to the common prefix."""
+        if self._fed or self.backend.cache_len > len(self._cached):
+            self.backend.truncate(len(self._cached))
+            self._fed = 0
+            self._tree = None
+        roll_back_to_common_prefix(self.backend, self._cached, context)
+
+    def propose_tree(
+        self,
+        context: list[int],
+        max_depth: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        replacement: bool,
+    ) -> TreeProposal:
+        self._sync(context)
+        if len(self._cached) == len(context):  # feed at least the root: its logits
+            self.backend.truncate(len(context) - 1)
+            del self._cached[-1:]
+        pending = context[len(self._cached) :]
+        logits = feed(self.backend, pending)[-1:]
+        self._cached.extend(pending)
+        calls = 1
+        base = len(context)  # cache index of the first tree node; the root sits at base - 1
+        tree = TokenTree.root(context[-1])
+        frontier = [0]
+        rows: list[torch.Tensor] = []
+        levels = self.branching[: max(0, max_depth)]
+        for depth, count in enumerate(levels, start=1):
+            if params.greedy:
+                k = min(count, logits.shape[-1])
+                picks = torch.topk(logits.float(), k, dim=-1).indices.tolist()
+            else:
+                probs = process_logits(logits, params)
+                rows.append(probs)
+                picks = draw_children(probs, count, generator, replacement)
+            parents = [par for par, kids in zip(frontier, picks, strict=True) for _ in kids]
+            new = tree.add_level(parents, [t for kids in picks for t in kids])
+            if depth == len(levels):
+                break  # the leaves need no draft logits
+            mask = tree.ancestor_mask()[new[0] : new[-1] + 1, 1 : new[-1] + 1]
+            full = torch.cat([torch.ones(len(new), base, dtype=torch.bool), mask], dim=1)
+            logits = self.backend.forward(
+                torch.tensor([tree.tokens[i] for i in new]),
+                torch.full((len(new),), base - 1 + depth, dtype=torch.long),
+                tree_mask=full,
+            ).logits
+            calls += 1
+            self._fed = new[-1]
+            frontier = new
+        self._tree = tree
+        return TreeProposal(
+            tree=tree,
+            probs=torch.cat(rows) if rows else None,
+            forward_calls=calls,
+            replacement=replacement,
+        )
+
+    def accept_path(self, path: list[int]) -> None:
+        """Keep the context and the accepted nodes that were fed (all but a leaf)."""
+        tree = self._tree
+        if tree is None:
+            return
+        fed = [node for node in path if node <= self._fed]
+        if fed == list(range(1, len(fed) + 1)):  # a prefix of the cache: just cut
+            self.backend.truncate(len(self._cached) + len(fed))
+        else:
+            keep = list(range(len(self._cached))) + [len(self._cached) + i - 1 for i in fed]
+            self.backend.keep(torch.tensor(keep, dtype=torch.long))
+        self._cached.extend(tree.tokens[i] for i in fed)
+        self._tree = None
+        self._fed = 0
+
+    def propose(
+        self,
+        context: list[int],
+        max_tokens: int,
+        controller: LengthController,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        """A chain, for the chain step: a tree with one child per node, whose nodes sit in
+        the cache exactly where the sequence would."""
+        saved = self.branching
+        self.branching = (1,) * max_tokens
+        try:
+            proposal = self.propose_tree(context, max_tokens, params, generator, True)
+        finally:
+            self.branching = saved
+        self._cached.extend(proposal.tree.tokens[1 : self._fed + 1])
+        self._fed = 0
+        self._tree = None
+        return DraftProposal(
+            tokens=proposal.tree.tokens[1:],
+            probs=proposal.probs,
+            forward_calls=proposal.forward_calls,
+        )
+
+    def commit(self, context: list[int]) -> None:
+        self._sync(context)
+
+
+class AutoTreeDrafter(ModelTreeDrafter):
+    """`tree=auto`: before each step, the candidate shape (chains of 1..8, trees such as
+    4x2x2x1) with the most expected tokens per ms under `profile`; expected tokens from a
+    running acceptance estimate per candidate rank, which starts at `prior` (the assumed
+    DEFAULT_RANK_RATES) and learns from every verified step of the request: at each level the
+    walk reached, the accepted candidate's rank is a hit and the ranks before it misses; at
+    the level where it stopped, every candidate a miss."""
+
+    name = "draft-tree-auto"
+
+    def __init__(
+        self,
+        backend: ModelBackend,
+        profile: CostProfile,
+        max_nodes: int = DEFAULT_MAX_NODES,
+        prior: Sequence[float] = DEFAULT_RANK_RATES,
+    ) -> None:
+        if profile.draft is None:
+            raise InputError("tree=auto prices draft forwards: it needs a cost profile that "
+                             "measured the draft (adaspec profile, with a draft model)")
+        self.candidates = AutoBranching(max_nodes).candidates()
+        super().__init__(backend, self.candidates[0])
+        self.profile = profile
+        self.max_nodes = max_nodes
+        self.prior = tuple(prior)
+        self.shapes: Counter[tuple[int, ...]] = Counter()  # chosen this request, for reports
+        self._reset_rates()
+
+    def _reset_rates(self) -> None:
+        from adaspec.draft.auto import RateEstimate  # the same Beta estimate as `auto`'s
+
+        self.rank_rates = [RateEstimate(p) for p in self.prior]
+
+    @property
+    def rates(self) -> list[float]:
+        return [r.rate for r in self.rank_rates]
+
+    def start(self, prompt_ids: list[int]) -> None:
+        super().start(prompt_ids)
+        self._reset_rates()
+        self.shapes = Counter()
+
+    def propose_tree(
+        self,
+        context: list[int],
+        max_depth: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        replacement: bool,
+    ) -> TreeProposal:
+        self.branching = choose_branching(
+            self.profile, self.rates, self.candidates, max_depth, self.max_nodes, len(context)
+        )
+        self.shapes[self.branching] += 1
+        return super().propose_tree(context, max_depth, params, generator, replacement)
+
+    def accept_path(self, path: list[int]) -> None:
+        if self._tree is not None:
+            self._observe(self._tree, path)
+        super().accept_path(path)
+
+    def _observe(self, tree: TokenTree, path: list[int]) -> None:
+        last = len(self.rank_rates) - 1
+        node = 0
+        for level in range(1, tree.depth + 1):
+            kids = tree.children[node]
+            if not kids:
+                break
+            hit = path[level - 1] if level <= len(path) else None
+            rank = kids.index(hit) if hit in kids else len(kids)
+            for r in range(min(rank + 1, len(kids))):
+                self.rank_rates[min(r, last)].add(1, int(r == rank))
+            if hit is None or rank == len(kids):
+                break
+            node = hit

@@ -1,0 +1,54 @@
+"""Classify a greedy output that differs from plain decoding: numerical tie or bug.
+
+bf16 logits of k tokens scored in one pass differ slightly from one-at-a-time scoring, so
+a divergence where the reference's top-2 logits are nearly tied is numerics, not a bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.backends.base import ModelBackend
+
+TIE_TOLERANCE = 0.125  # logits; one bf16 ulp at magnitude 16-32 (a gap of one ulp is a tie)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    index: int  # first differing generated token
+    gap: float  # reference top-1 minus top-2 logit there
+    kind: str  # "tie" or "bug"
+
+
+def first_difference(reference: list[int], output: list[int]) -> int | None:
+    for i, (a, b) in enumerate(zip(reference, output, strict=False)):
+        if a != b:
+            return i
+    if len(reference) != len(output):
+        return min(len(reference), len(output))
+    return None
+
+
+def classify(
+    target: ModelBackend,
+    prompt_ids: list[int],
+    reference: list[int],
+    output: list[int],
+    tolerance: float | None = None,
+) -> Divergence | None:
+    """None when the outputs agree; otherwise where and why they part. The tie tolerance is
+    the target runtime's own (`ModelBackend.tie_tolerance`) unless given."""
+    if tolerance is None:
+        tolerance = float(getattr(target, "tie_tolerance", TIE_TOLERANCE))
+    index = first_difference(reference, output)
+    if index is None:
+        return None
+    if index >= min(len(reference), len(output)):
+        # One stopped early (EOS at a place the other did not choose): judge that token.
+        index = min(index, len(reference) - 1)
+    logits = target.prefill(torch.tensor(prompt_ids + reference[:index])).logits[-1].float()
+    top2 = torch.topk(logits, 2).values
+    gap = float(top2[0] - top2[1])
+    return Divergence(index=index, gap=gap, kind="tie" if gap <= tolerance else "bug")

@@ -1,0 +1,658 @@
+"""The side-by-side benchmark runner behind `adaspec bench`.
+
+All methods run in one process on the same loaded target (and draft), after a warm-up,
+alternating method by method within each prompt, so every speedup is a ratio of paired runs
+measured under the same conditions. Each finished (prompt, method, repeat) is appended to
+`results.jsonl` and flushed at once; `resume=True` skips the rows already there. At the end
+`summary.json`, `summary.md` and PNG plots are written next to it.
+
+Multi-turn prompts (MT-bench) run as a conversation: each method's answer to turn t is fed
+back as the assistant message before turn t + 1; a row sums its stats over the turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from adaspec.backends.attention import batched_attention
+from adaspec.backends.base import ModelBackend
+from adaspec.control.oracle import OracleLength
+from adaspec.engine.build import build_engine
+from adaspec.engine.loop import Engine
+from adaspec.engine.metrics import RequestStats
+from adaspec.engine.sampling import SamplingParams
+from adaspec.errors import InputError
+from adaspec.lab.bench.exactness import classify, first_difference
+from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
+from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
+from adaspec.lab.bench.report import row_key, summarize, to_markdown
+from adaspec.lab.bench.suites import Prompt
+from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits
+from adaspec.methods.spec import MethodSpec, parse_method
+
+RESULTS = "results.jsonl"
+METHOD_ORDERS = ("rotate", "fixed")  # BenchConfig.method_order
+RUN_FILE = "run.json"
+# Settings that change what a row means: a resumed run must match them.
+RESUME_KEYS = (
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "target",
+    "draft",
+    "dtype",
+    "quant",
+    "draft_quant",
+)
+# What a run.json written before a setting existed meant by it.
+_OLD_DEFAULTS = {"quant": "none", "draft_quant": "none"}
+_SUM_FIELDS = (
+    "prompt_tokens",
+    "new_tokens",
+    "target_calls",
+    "draft_calls",
+    "drafted",
+    "accepted",
+    "wall_time",
+    "prefill_time",
+    "draft_time",
+    "draft_prefill_time",
+    "verify_time",
+    "route_time",
+)
+
+
+@dataclass
+class BenchConfig:
+    methods: list[str]
+    suites: list[str] = field(default_factory=list)
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = 0
+    repeats: int = 1
+    out: str = "bench-results"
+    resume: bool = False
+    overwrite: bool = False
+    warmup_tokens: int = 8
+    target: str = ""
+    draft: str = ""
+    dtype: str = ""
+    quant: str = "none"
+    draft_quant: str = "none"
+    profile: str | None = None
+    limit: int | None = None
+    # "rotate": each (prompt, repeat) starts the method list one further along, so an effect
+    # of the position within a prompt does not always fall on the same method; "fixed": as listed
+    method_order: str = "rotate"
+
+    def sampling(self, repeat: int) -> SamplingParams:
+        seed = None if self.seed is None else self.seed + repeat
+        return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
+
+
+def with_variant_baselines(methods: list[str], run_quant: str = "none") -> list[str]:
+    """Add `ar@Q` right after `ar` for every target quantization Q a method asks for, so each
+    method is checked against plain decoding of its own target (exactness is per target)."""
+    quants: list[str] = []
+    for m in methods:
+        try:
+            q = parse_method(m, reference=True).quant
+        except InputError:
+            continue  # custom engines (tests) and bad names are reported where they are built
+        if q is not None and q != run_quant and q not in quants:
+            quants.append(q)
+    baselines = [f"ar@{q}" for q in quants if f"ar@{q}" != methods[0]]
+    rest = [m for m in methods[1:] if m not in baselines]
+    return [methods[0], *baselines, *rest]
+
+
+def normalize_methods(methods: list[str]) -> list[str]:
+    """Strip and de-duplicate; `ar` (the baseline of every ratio) always runs, first."""
+    out: list[str] = []
+    for m in methods:
+        m = m.strip()
+        if m and m not in out:
+            out.append(m)
+    if not out:
+        raise InputError("no methods given: e.g. --methods ar,ngram,draft:k=4")
+    return ["ar", *[m for m in out if m != "ar"]]
+
+
+# ------------------------------------------------------------------ results file
+def read_rows(path: Path) -> tuple[list[dict], int]:
+    """Rows of a results file, and how many broken lines (a run killed mid-write) it had."""
+    rows: list[dict] = []
+    broken = 0
+    if not path.exists():
+        return rows, broken
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                broken += 1
+                continue
+            if isinstance(row, dict) and "prompt_id" in row and "method" in row:
+                rows.append(row)
+            else:
+                broken += 1
+    return rows, broken
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def check_out(config: BenchConfig) -> None:
+    """Refuse, before any model loads, to mix a new run into an old results file."""
+    results = Path(config.out) / RESULTS
+    if config.resume or config.overwrite or not results.exists():
+        return
+    if results.stat().st_size:
+        raise InputError(
+            f"{results} already holds results: pass --resume to continue that run, "
+            "--overwrite to start over, or choose another --out"
+        )
+
+
+class BenchRunner:
+    """Runs methods side by side on loaded models and writes the results folder.
+
+    `engines` may add or override methods by name (tests use it for deliberately broken
+    methods); every other method string is parsed by `adaspec.methods.spec.parse_method`.
+    """
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        target: ModelBackend,
+        tokenizer,
+        draft: ModelBackend | None = None,
+        eos_token_ids: list[int] | None = None,
+        engines: dict[str, Engine] | None = None,
+        progress: bool = True,
+        log: Callable[[str], None] | None = None,
+        target_gguf: str | Path | None = None,
+        load_variant: Callable[[str, str], ModelBackend] | None = None,
+    ) -> None:
+        """target_gguf: the target's GGUF file, for the llama.cpp reference methods
+        (`llamacpp`, `llamacpp-lookup`, `llamacpp-draft`; the last runs the GGUF of
+        `config.draft` as its draft model).
+        load_variant(role, quant): loads the "target" or "draft" with that weight
+        quantization, for methods written `NAME@QUANT[/DRAFT_QUANT]`."""
+        self.config = config
+        self.target = target
+        self.tokenizer = tokenizer
+        self.draft = draft
+        self.progress = progress
+        self._log = log
+        custom = dict(engines or {})
+        self.methods = with_variant_baselines(normalize_methods(config.methods), config.quant)
+        self._load_variant = load_variant
+        self._variants: dict[tuple[str, str | None], ModelBackend | None] = {
+            ("target", None): target, ("draft", None): draft,
+        }
+        self.backends: dict[str, tuple[ModelBackend, ModelBackend | None]] = {}
+        self.specs: dict[str, MethodSpec | None] = {}
+        self.engines: dict[str, Engine] = {}
+        # one llama.cpp decoder (a child process) per llama.cpp reference method
+        self.reference_decoders: dict[str, Decoder] = {}
+        self.skipped: dict[str, str] = {}
+        for m in self.methods:
+            if m in custom:
+                self.specs[m] = None
+                self.engines[m] = custom[m]
+                continue
+            spec = parse_method(m, reference=True)
+            self.specs[m] = spec
+            self.backends[m] = self._backends_for(spec)
+            if spec.needs_draft_model and draft is None:
+                raise InputError(f"method {m!r} needs a draft model (--draft)")
+            if spec.other_weights:
+                try:
+                    self.reference_decoders[m] = open_decoder(
+                        target_gguf,
+                        config.temperature,
+                        method=spec.name,
+                        params=dict(spec.params),
+                        draft=config.draft or None,
+                    )
+                except LlamaCppUnavailable as exc:
+                    self.skipped[m] = str(exc)
+                    self.log(f"{m}: skipped: {exc}")
+            elif spec.is_reference:
+                tgt, drf = self.backends[m]  # the method's own weights variant
+                if not hasattr(tgt, "model") or not hasattr(drf, "model"):
+                    raise InputError(f"method {m!r} needs Hugging Face models (torch backend)")
+            else:
+                tgt, drf = self.backends[m]
+                self.engines[m] = build_engine(spec, tgt, tokenizer, drf, eos_token_ids)
+        self.methods = [m for m in self.methods if m not in self.skipped]
+        self.eos_token_ids = sorted(self.engines["ar"].eos_token_ids)
+        self.encoder = self.engines["ar"]
+        if config.repeats < 1:
+            raise InputError(f"repeats must be >= 1, got {config.repeats}")
+        config.sampling(0)  # validate temperature / top-p / seed before any work
+        self.out = Path(config.out)
+        self.rows: list[dict] = []
+        self.by_key: dict[tuple[str, str, int], dict] = {}
+        # plain decoding's output by (prompt ids, budget), for ctrl=oracle
+        self.references: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    # ---------------------------------------------------------------- helpers
+    def _variant(self, role: str, quant: str | None) -> ModelBackend | None:
+        if quant == (self.config.quant if role == "target" else self.config.draft_quant):
+            quant = None  # what the run loaded anyway
+        if (role, quant) not in self._variants:
+            if self._load_variant is None:
+                raise InputError(f"this run cannot load a {quant} {role} (no loader given)")
+            self.log(f"loading the {role} with {quant} weights")
+            self._variants[(role, quant)] = self._load_variant(role, quant)  # type: ignore[arg-type]
+        return self._variants[(role, quant)]
+
+    def _backends_for(self, spec: MethodSpec) -> tuple[ModelBackend, ModelBackend | None]:
+        """The target and draft a method runs on: the run's, or its `@quant` variant."""
+        target = self._variant("target", spec.quant)
+        assert target is not None
+        draft = self.draft
+        if spec.needs_draft_model:
+            draft = self._variant("draft", spec.draft_quant)
+        return target, draft
+
+    def baseline_of(self, method: str) -> str:
+        """The plain-decoding method whose output `method` must reproduce (same target)."""
+        spec = self.specs.get(method)
+        if spec is None or spec.quant in (None, self.config.quant):
+            return "ar"
+        return f"ar@{spec.quant}"
+
+    def log(self, message: str) -> None:
+        if self._log is not None:
+            self._log(message)
+        else:
+            print(message, file=sys.stderr)
+
+    @property
+    def greedy(self) -> bool:
+        return self.config.temperature == 0
+
+    def draft_methods(self) -> list[str]:
+        return [m for m, s in self.specs.items() if s is not None and s.needs_draft_model]
+
+    def turn_prompt_ids(self, prompt: Prompt, answers: list[list[int]]) -> list[int]:
+        """Prompt ids of the next turn, given the token ids of the answers so far."""
+        turns = prompt.all_turns
+        t = len(answers)
+        if t == 0:
+            return self.encoder.encode_prompt(turns[0])
+        messages: list[dict] = []
+        for i in range(t):
+            reply = self.tokenizer.decode(answers[i], skip_special_tokens=True)
+            messages += [
+                {"role": "user", "content": turns[i]},
+                {"role": "assistant", "content": reply if reply.strip() else "(no answer)"},
+            ]
+        messages.append({"role": "user", "content": turns[t]})
+        return self.encoder.encode_prompt(messages)
+
+    def _generate(
+        self, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> tuple[list[int], RequestStats, str]:
+        spec = self.specs[method]
+        if spec is not None and spec.other_weights:
+            decoder = self.reference_decoders[method]
+            ids, stats = decoder.generate(prompt_ids, max_new_tokens, self.eos_token_ids)
+            finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
+            return ids, stats, finish
+        if spec is not None and spec.is_reference:
+            target, draft = self.backends[method]
+            assert draft is not None
+            with batched_attention():  # HF's own loop as it ships, even on a quantized target
+                ids, stats = hf_generate(
+                    target.model,  # type: ignore[attr-defined]
+                    prompt_ids,
+                    max_new_tokens,
+                    self.eos_token_ids,
+                    draft.model,  # type: ignore[attr-defined]
+                    sampling=sampling,
+                    **reference_settings(spec.name, spec.params),
+                )
+            finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
+            return ids, stats, finish
+        engine = self.engines[method]
+        if isinstance(engine.controller, OracleLength):
+            self.prime_oracle(engine.controller, prompt_ids, max_new_tokens, sampling)
+        res = engine.generate(prompt_ids, max_new_tokens, sampling)
+        if method == "ar":
+            self.references[(tuple(prompt_ids), max_new_tokens)] = res.token_ids
+        return res.token_ids, res.stats, res.finish_reason
+
+    def prime_oracle(
+        self,
+        oracle: OracleLength,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+    ) -> None:
+        """ctrl=oracle drafts what will be accepted: hand it the teacher-forced hits of plain
+        decoding's output for these prompt ids (from the `ar` run just before; decoded here,
+        untimed, when that is missing, e.g. after a resume)."""
+        if not self.greedy or self.draft is None:
+            raise InputError("ctrl=oracle needs greedy decoding (temperature 0) and a draft")
+        ref = self.references.get((tuple(prompt_ids), max_new_tokens))
+        if ref is None:
+            ref = self.engines["ar"].generate(prompt_ids, max_new_tokens, sampling).token_ids
+        oracle.set_hits(teacher_forced_hits(self.draft, prompt_ids, ref))
+
+    def run_prompt(self, method: str, prompt: Prompt, repeat: int) -> dict:
+        """One (prompt, method, repeat): every turn, stats summed over turns."""
+        sampling = self.config.sampling(repeat)
+        answers: list[list[int]] = []
+        total: dict = {k: 0 for k in _SUM_FIELDS}
+        steps: list[list[int]] = []
+        finish: list[str] = []
+        routes: list[str] = []  # the arm a router picked, per turn
+        prompt_turn_ids: list[list[int]] = []
+        for _ in prompt.all_turns:
+            ids = self.turn_prompt_ids(prompt, answers)
+            prompt_turn_ids.append(ids)
+            out, stats, reason = self._generate(method, ids, self.config.max_new_tokens, sampling)
+            answers.append(out)
+            finish.append(reason)
+            if stats.route is not None:
+                routes.append(stats.route)
+            for k in _SUM_FIELDS:
+                total[k] += getattr(stats, k)
+            steps += [[int(d), int(a)] for d, a in stats.steps]
+        wall, tokens = total["wall_time"], total["new_tokens"]
+        row = {
+            "prompt_id": prompt.id,
+            "category": prompt.category,
+            "method": method,
+            "repeat": repeat,
+            "divergence": None,
+            "token_ids": [t for a in answers for t in a],
+            "turn_tokens": [len(a) for a in answers],
+            "finish_reason": finish,
+            **total,
+            "other_time": max(
+                0.0,
+                wall
+                - total["prefill_time"]
+                - total["draft_time"]
+                - total["verify_time"]
+                - total["route_time"],
+            ),
+            "acceptance_rate": total["accepted"] / total["drafted"] if total["drafted"] else 0.0,
+            "mean_accepted_tokens": tokens / total["target_calls"] if total["target_calls"] else 0,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "ms_per_token": 1000 * wall / tokens if tokens else 0.0,
+            "steps": steps,
+        }
+        if routes:
+            row["route"] = routes
+        if method == "ar" and self.greedy and self.draft is not None and self.draft_methods():
+            row["oracle"] = self.oracle(prompt_turn_ids, answers)
+        if method != "ar":
+            spec = self.specs[method]
+            # llama.cpp's GGUF, or a quantized target's own plain decoding: other weights
+            other = spec is not None and (spec.other_weights or self.baseline_of(method) == method)
+            row["exactness_checked"] = self.greedy and not other
+            if other:
+                row["other_weights"] = True
+        return row
+
+    def oracle(self, prompt_turn_ids: list[list[int]], answers: list[list[int]]) -> dict:
+        """Oracle speculation schedule over every turn of plain decoding's output."""
+        assert self.draft is not None
+        total = {"new_tokens": 0, "target_calls": 0, "draft_calls": 0, "steps": []}
+        for ids, out in zip(prompt_turn_ids, answers, strict=True):
+            sched = oracle_schedule(teacher_forced_hits(self.draft, ids, out))
+            for k in ("new_tokens", "target_calls", "draft_calls"):
+                total[k] += sched[k]
+            total["steps"] += sched["steps"]
+        return total
+
+    def check_exactness(self, row: dict, prompt: Prompt) -> None:
+        """Compare a greedy row with plain decoding's; classify the first difference."""
+        if row["method"] == "ar" or not self.greedy:
+            return
+        base = self.baseline_of(row["method"])
+        other_weights = bool(row.get("other_weights"))
+        # Other weights (llama.cpp's GGUF, a quantized target's own plain decoding) give a
+        # quality figure against the run's target, not an exactness check.
+        ref = self.by_key.get((prompt.id, "ar" if other_weights else base, row["repeat"]))
+        if ref is None:
+            return
+        if other_weights:
+            index = first_difference(ref["token_ids"], row["token_ids"])
+            row["weights_difference"] = None if index is None else {"index": index}
+            return
+        ref_turns = _split(ref["token_ids"], ref.get("turn_tokens"))
+        out_turns = _split(row["token_ids"], row.get("turn_tokens"))
+        for t, (a, b) in enumerate(zip(ref_turns, out_turns, strict=False)):
+            if a == b:
+                continue
+            ids = self.turn_prompt_ids(prompt, ref_turns[:t])
+            div = classify(self.backends[base][0], ids, a, b)
+            if div is not None:
+                row["divergence"] = {**asdict(div), "turn": t}
+                tag = "BUG" if div.kind == "bug" else "numerical tie"
+                self.log(
+                    f"EXACTNESS: {row['method']} differs from {base} on {prompt.id} (repeat "
+                    f"{row['repeat']}, turn {t}) at token {div.index}: top-2 gap "
+                    f"{div.gap:.3f} -> {tag}"
+                )
+            return
+
+    # ------------------------------------------------------------------ run
+    def _prepare_out(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        results = self.out / RESULTS
+        run_file = self.out / RUN_FILE
+        settings = {k: getattr(self.config, k) for k in RESUME_KEYS}
+        rows, broken = read_rows(results)
+        if rows or broken:
+            if self.config.resume:
+                if run_file.exists():
+                    before = json.loads(run_file.read_text()).get("settings", {})
+                    diff = {
+                        k: (before.get(k, _OLD_DEFAULTS.get(k)), v)
+                        for k, v in settings.items()
+                        if before.get(k, _OLD_DEFAULTS.get(k)) != v
+                    }
+                    if diff:
+                        what = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in diff.items())
+                        raise InputError(
+                            f"cannot resume {results}: settings differ ({what}); use the same "
+                            "settings or another --out"
+                        )
+                if broken:  # a line cut off by a killed run: keep only whole rows
+                    _write_atomic(results, "".join(json.dumps(r) + "\n" for r in rows))
+                    self.log(f"resume: dropped {broken} incomplete line(s) from {results}")
+            elif self.config.overwrite:
+                results.unlink()
+                rows = []
+            else:
+                raise InputError(
+                    f"{results} already holds results: pass --resume to continue that run, "
+                    "--overwrite to start over, or choose another --out"
+                )
+        self.rows = rows
+        self.by_key = {(r["prompt_id"], r["method"], int(r.get("repeat", 0))): r for r in rows}
+        _write_atomic(
+            run_file,
+            json.dumps({"settings": settings, "config": asdict(self.config)}, indent=2) + "\n",
+        )
+
+    def method_order(self, index: int) -> list[str]:
+        """The methods in the order the `index`-th (prompt, repeat) runs them."""
+        if self.config.method_order == "fixed" or not self.methods:
+            return list(self.methods)
+        k = index % len(self.methods)
+        return self.methods[k:] + self.methods[:k]
+
+    def _write_checked(
+        self, pending: list[tuple[dict, Prompt]], f, final: bool = False
+    ) -> list[tuple[dict, Prompt]]:
+        """Check and append every pending row whose plain-decoding reference has run (all of
+        them when final); returns the rows still waiting."""
+        waiting = []
+        for row, prompt in pending:
+            refs = {(prompt.id, m, row["repeat"]) for m in ("ar", self.baseline_of(row["method"]))}
+            if not final and row["method"] != "ar" and self.greedy and refs - self.by_key.keys():
+                waiting.append((row, prompt))
+                continue
+            self.check_exactness(row, prompt)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        return waiting
+
+    def warm_up(self, prompt: Prompt) -> None:
+        ids = self.turn_prompt_ids(prompt, [])
+        for m in self.methods:
+            self._generate(m, ids, self.config.warmup_tokens, self.config.sampling(0))
+
+    def running_speedups(self, keys: set[tuple[str, int]]) -> dict[str, str]:
+        out = {}
+        ar = {row_key(r): r for r in self.rows if r["method"] == "ar" and row_key(r) in keys}
+        for m in self.methods[1:]:
+            pairs = [
+                (ar[row_key(r)], r)
+                for r in self.rows
+                if r["method"] == m and row_key(r) in ar and r["new_tokens"]
+            ]
+            if pairs:
+                base = sum(a["wall_time"] for a, _ in pairs) / sum(
+                    a["new_tokens"] for a, _ in pairs
+                )
+                mine = sum(r["wall_time"] for _, r in pairs) / sum(
+                    r["new_tokens"] for _, r in pairs
+                )
+                out[m] = f"{base / mine:.2f}x" if mine else "n/a"
+        return out
+
+    def run(
+        self, prompts: list[Prompt], machine: dict | None = None, extra: dict | None = None
+    ) -> dict:
+        """Run (or finish) the benchmark over `prompts`; returns the summary."""
+        from tqdm import tqdm
+
+        if not prompts:
+            raise InputError("no prompts to run: check --suite and --limit")
+        ids = [p.id for p in prompts]
+        if len(set(ids)) != len(ids):
+            raise InputError("prompt ids must be unique within a run")
+        self._prepare_out()
+        todo = [
+            (p, r, m)
+            for i, (p, r) in enumerate(
+                (p, r) for p in prompts for r in range(self.config.repeats)
+            )
+            for m in self.method_order(i)
+            if (p.id, m, r) not in self.by_key
+        ]
+        total = len(prompts) * self.config.repeats * len(self.methods)
+        keys = {(p.id, r) for p in prompts for r in range(self.config.repeats)}
+        if todo:
+            t0 = time.perf_counter()
+            self.warm_up(prompts[0])
+            self.log(f"warm-up: {time.perf_counter() - t0:.1f} s")
+        with (
+            (self.out / RESULTS).open("a", encoding="utf-8") as f,
+            tqdm(
+                total=total,
+                initial=total - len(todo),
+                desc="bench",
+                disable=not self.progress,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            ) as bar,
+        ):
+            own_log = self._log
+            self._log = own_log or bar.write  # messages print above the progress bar
+            pending: list[tuple[dict, Prompt]] = []  # rows run before their reference
+            for prompt, repeat, method in todo:
+                row = self.run_prompt(method, prompt, repeat)
+                self.rows.append(row)
+                self.by_key[(prompt.id, method, repeat)] = row
+                pending.append((row, prompt))
+                pending = self._write_checked(pending, f)
+                bar.update(1)
+                bar.set_postfix(self.running_speedups(keys), refresh=False)
+            self._write_checked(pending, f, final=True)
+            self._log = own_log
+        return self.write_summary(prompts, machine, extra)
+
+    def write_summary(
+        self, prompts: list[Prompt], machine: dict | None = None, extra: dict | None = None
+    ) -> dict:
+        wanted = {
+            (p.id, m, r) for p in prompts for m in self.methods for r in range(self.config.repeats)
+        }
+        category = {p.id: p.category for p in prompts}
+        rows = [
+            r for r in self.rows if (r["prompt_id"], r["method"], int(r.get("repeat", 0))) in wanted
+        ]
+        for r in rows:  # rows written by older versions carry no category
+            r.setdefault("category", category[r["prompt_id"]])
+        summary = summarize(
+            rows,
+            self.methods,
+            target_bytes=getattr(self.target, "bytes_per_forward", None),
+            theory_methods=self.draft_methods() if self.greedy else (),
+        )
+        summary["config"] = {
+            **asdict(self.config),
+            "methods": self.methods,
+            "prompts": len(prompts),
+            "categories": sorted({p.category for p in prompts}),
+        }
+        summary["models"] = {
+            "target": getattr(self.target, "name", None),
+            "target_bytes_per_forward": getattr(self.target, "bytes_per_forward", None),
+            "draft": getattr(self.draft, "name", None) if self.draft is not None else None,
+            "draft_bytes_per_forward": getattr(self.draft, "bytes_per_forward", None),
+        }
+        if machine:
+            summary["machine"] = machine.get("machine", machine)
+            if "bandwidth" in machine:
+                summary["bandwidth"] = machine["bandwidth"]
+        if extra:
+            summary.update(extra)
+        try:
+            from adaspec.lab.bench.plots import write_plots
+
+            summary["plots"] = write_plots(summary, rows, self.out)
+        except ImportError as exc:
+            self.log(f"plots skipped ({exc}): pip install matplotlib")
+        self.save_summary(summary)
+        return summary
+
+    def save_summary(self, summary: dict) -> None:
+        _write_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        _write_atomic(self.out / "summary.md", to_markdown(summary))
+
+
+def _split(tokens: list[int], lengths: list[int] | None) -> list[list[int]]:
+    if not lengths:
+        return [tokens]
+    out, start = [], 0
+    for n in lengths:
+        out.append(tokens[start : start + n])
+        start += n
+    return out

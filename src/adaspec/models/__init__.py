@@ -1,1 +1,0 @@
-"""Model store (GGUF parts -> verified cache) and model backends."""

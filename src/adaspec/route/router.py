@@ -1,0 +1,155 @@
+"""The router engine: one prefill of the target, the policy picks an arm from the prompt's
+final hidden state, and decoding goes on with that arm's drafter, controller and verifier.
+
+Every arm is an ordinary Engine built by `build_engine` on the same loaded backends, so the
+router adds no decoding code of its own; whatever arm it picks, the output is that arm's,
+and so (exactness contract) the target's.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import TYPE_CHECKING
+
+import torch
+
+from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.engine.loop import Engine
+from adaspec.engine.metrics import RequestStats
+from adaspec.engine.sampling import SamplingParams
+from adaspec.errors import InputError
+from adaspec.route.arms import check_arms
+from adaspec.route.artifact import RouterArtifact, load_artifact
+from adaspec.route.policy import MODES, RouterPolicy
+
+if TYPE_CHECKING:
+    from adaspec.cost.profile import CostProfile
+
+
+class RouterEngine(Engine):
+    """Routes each request to one of `arms` (name -> Engine sharing one target).
+
+    mode: "greedy" takes the policy's argmax, "dynamic" samples from it (seeded by the
+    request's seed mixed with its prompt when it has a seed, else by the router's own
+    generator). `force` names an arm to use regardless of the policy (tests, experiments);
+    with it no policy is needed.
+    """
+
+    def __init__(
+        self,
+        arms: dict[str, Engine],
+        policy: RouterPolicy | None = None,
+        mode: str = "greedy",
+        seed: int = 0,
+        force: str | None = None,
+    ) -> None:
+        if not arms:
+            raise InputError("a router needs at least one arm")
+        first = next(iter(arms.values()))
+        if any(e.target is not first.target for e in arms.values()):
+            raise InputError("every arm of a router must share the same target backend")
+        super().__init__(
+            first.target,
+            first.tokenizer,
+            eos_token_ids=sorted(first.eos_token_ids),
+            max_context=min(e.max_context for e in arms.values()),
+        )
+        if mode not in MODES:
+            raise InputError(f"unknown routing mode {mode!r}; use one of {', '.join(MODES)}")
+        if policy is not None and policy.n_arms != len(arms):
+            raise InputError(f"the policy scores {policy.n_arms} arms, the router has {len(arms)}")
+        self.arms = dict(arms)
+        self.names = list(arms)
+        self.policy = policy
+        self.mode = mode
+        self.seed = seed
+        self._generator = torch.Generator().manual_seed(seed)
+        self.force = force
+        self.prefill_hidden_layer = first.target.num_layers
+        self.last_state: torch.Tensor | None = None  # the last request's prompt state
+        self._use(self.names[0])
+
+    def _use(self, name: str) -> None:
+        arm = self.arms[name]
+        self.drafter, self.controller, self.verifier = arm.drafter, arm.controller, arm.verifier
+
+    def _request_verifier(self, sampling: SamplingParams):
+        """Checked before the prefill: the router can route, and every arm (any may be
+        picked) accepts the sampling settings; then the current arm's verifier."""
+        if self.force is not None and self.force not in self.arms:
+            raise InputError(f"no arm named {self.force!r}; arms: {', '.join(self.names)}")
+        if self.force is None and self.policy is None:
+            raise InputError("this router has no policy: load an artifact or force an arm")
+        for arm in self.arms.values():
+            arm._request_verifier(sampling)
+        return super()._request_verifier(sampling)
+
+    def _route(
+        self,
+        prompt_ids: list[int],
+        prefill: ForwardOutput,
+        sampling: SamplingParams,
+        stats: RequestStats,
+    ) -> None:
+        t0 = time.perf_counter()
+        state = prompt_state(prefill, self.target)
+        self.last_state = state
+        if self.force is not None:
+            name = self.force
+        else:
+            assert self.policy is not None
+            generator = self._generator
+            if sampling.seed is not None:  # reproducible per (seed, prompt), varied across prompts
+                mixed = zlib.crc32(repr((sampling.seed, prompt_ids)).encode())
+                generator = torch.Generator().manual_seed(mixed)
+            name = self.names[self.policy.choose(state, self.mode, generator)]
+        self._use(name)
+        stats.route = name
+        stats.route_time = time.perf_counter() - t0
+
+
+def prompt_state(prefill: ForwardOutput, backend: ModelBackend) -> torch.Tensor:
+    """The policy's input: the final hidden state [hidden] of the prompt's last token."""
+    if prefill.hidden is None:
+        raise InputError(
+            f"backend {backend.name!r} returned no hidden state: the router needs a backend "
+            "that exposes the prompt's final hidden state"
+        )
+    return prefill.hidden[-1].float()
+
+
+def build_arm_engines(
+    arms: dict[str, str],
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend | None = None,
+    eos_token_ids: list[int] | None = None,
+    profile: CostProfile | None = None,
+) -> dict[str, Engine]:
+    """One engine per arm; `profile` prices the cost-aware arms (auto, DISCO's stop=cost,
+    tree=auto), by default each arm's own profile=... or this machine's."""
+    from adaspec.engine.build import build_engine
+
+    specs = check_arms(arms)
+    return {
+        name: build_engine(spec, target, tokenizer, draft, eos_token_ids, profile=profile)
+        for name, spec in specs.items()
+    }
+
+
+def router_from_artifact(
+    artifact: RouterArtifact | str,
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend | None = None,
+    eos_token_ids: list[int] | None = None,
+    mode: str = "greedy",
+    seed: int = 0,
+    profile: CostProfile | None = None,
+) -> RouterEngine:
+    """A RouterEngine for a trained artifact on loaded backends (checks that they fit)."""
+    art = load_artifact(artifact) if isinstance(artifact, str) else artifact
+    art.check(target=target.name, hidden_size=target.hidden_size)
+    engines = build_arm_engines(art.arms, target, tokenizer, draft, eos_token_ids, profile)
+    return RouterEngine(engines, art.policy, mode=mode, seed=seed)
