@@ -1,0 +1,85 @@
+"""The layout rule: the runtime never imports the lab (bench, DISCO and router training).
+
+The lab imports the runtime, not the reverse, so a server or a library user never pays for
+(or breaks on) research code. Checked two ways: every runtime module imported in a fresh
+interpreter loads no `adaspec.lab` module, and no runtime source file has an import of the
+lab, not even a lazy one inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import adaspec
+
+PACKAGE = Path(adaspec.__file__).parent
+FRONT_ENDS = ("cli", "__main__")  # front ends may reach the lab, lazily, per command
+
+
+def runtime_modules() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[0] in ("lab", *FRONT_ENDS):
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(("adaspec", *parts)))
+    return names
+
+
+def _lab_loaded_after(code: str) -> list[str]:
+    probe = code + (
+        "\nimport sys, json"
+        "\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('adaspec.lab'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_runtime_modules_load_no_lab_module():
+    modules = runtime_modules()
+    assert "adaspec.engine.loop" in modules and "adaspec.route.router" in modules
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    assert _lab_loaded_after(code) == []
+
+
+def test_the_rule_check_sees_a_lab_import():
+    """Negative control: the probe does report a lab module when one is imported."""
+    assert "adaspec.lab.bench.runner" in _lab_loaded_after("import adaspec.lab.bench.runner")
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+def test_no_runtime_source_imports_the_lab_even_lazily():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("lab", *FRONT_ENDS) or rel.name == "__main__.py":
+            continue
+        offenders += [f"{rel}: {m}" for m in _imports(path) if m.startswith("adaspec.lab")]
+    assert offenders == []
+
+
+PRODUCT_COMMANDS = ("generate", "models", "profile", "model_options")
+
+
+def test_product_commands_load_no_lab_module():
+    """`generate`, `models` and `profile` are product commands: their modules stay off the
+    lab (the bench, disco and router commands reach it lazily, per command)."""
+    code = "".join(f"import adaspec.cli.{name}\n" for name in PRODUCT_COMMANDS)
+    assert _lab_loaded_after(code) == []
