@@ -12,11 +12,11 @@ setup:
 	$(VENV)/bin/adaspec models prepare
 
 test:
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests experiments
 	$(PY) -m pytest -q
 
 lint:
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests experiments
 
 bench-core:
-	$(PY) benchmarks/core_humaneval.py
+	$(PY) experiments/core_humaneval.py

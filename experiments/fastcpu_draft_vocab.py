@@ -14,9 +14,9 @@ One process, the models loaded once (bf16, torch threads = cores):
   (Spec-Bench 1 per category + HumanEval 0-1), greedy; plus draft:k=4 with the draft's GGUF
   run by llama.cpp (LlamaCppBackend) beside the bf16 torch target.
 
-    flock /tmp/adaspec-cpu.lock .venv/bin/python benchmarks/fastcpu_draft_vocab.py --part all
+    flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/fastcpu_draft_vocab.py --part all
 
-Writes benchmarks/results/fastcpu/{corpus/, draft_vocab_micro.json, draft_vocab/,
+Writes experiments/results/fastcpu/{corpus/, draft_vocab_micro.json, draft_vocab/,
 draft_vocab.md, draft_vocab.json}.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.utils.benchmark import Timer
 
-OUT = Path("benchmarks/results/fastcpu")
+OUT = Path("experiments/results/fastcpu")
 SIZES = [4096, 8192, 16384, 32768]
 CACHE_TOKENS = 200
 LLAMA_DRAFT = "draft:k=4@llamacpp-draft"  # the same method, the draft's GGUF run by llama.cpp

@@ -4,7 +4,7 @@ Each model is loaded through the store (quantized caches included), a 200-token 
 prefilled, then n random tokens are scored and the cache rolled back, `--repeats` times;
 the median is reported. Writes forward_times.json and forward_times.md to --out.
 
-    flock /tmp/adaspec-cpu.lock .venv/bin/python benchmarks/fastcpu_forward.py
+    flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/fastcpu_forward.py
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
                     help="activation / unquantized weight dtype (bfloat16, float32)")
     ap.add_argument("--no-row-invariant", action="store_true",
                     help="skip timing the quantized target with row-invariant attention")
-    ap.add_argument("--out", default="benchmarks/results/fastcpu")
+    ap.add_argument("--out", default="experiments/results/fastcpu")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []

@@ -5,7 +5,7 @@ prompts and reports wall time, time inside forwards (target and draft) and the r
 the decode loop's own cost (drafting logic, verification, sampling, cache bookkeeping, text).
 Writes overhead.json and overhead.md to --out.
 
-    flock /tmp/adaspec-cpu.lock .venv/bin/python benchmarks/fastcpu_overhead.py \
+    flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/fastcpu_overhead.py \
         --quant int8-dyn --draft-quant int4
 """
 
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--quant", default="none")
     ap.add_argument("--draft-quant", default="none")
-    ap.add_argument("--out", default="benchmarks/results/fastcpu")
+    ap.add_argument("--out", default="experiments/results/fastcpu")
     args = ap.parse_args()
     torch.set_num_threads(2)
     target, tok, draft, eos = load_backends(

@@ -6,7 +6,7 @@ the row, top-k over that, entropy from it, the classifier called as a module), s
 come from the same run on the same rows. Median over --calls calls per thread count. Writes
 decision_cost.json and decision_cost.md to --out. No model is loaded.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/disco_decision_cost.py --threads 1,2
+    OMP_NUM_THREADS=2 .venv/bin/python experiments/disco_decision_cost.py --threads 1,2
 """
 
 from __future__ import annotations
@@ -131,12 +131,12 @@ def write_markdown(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--artifact", default="benchmarks/results/disco/humaneval.pt")
+    ap.add_argument("--artifact", default="experiments/results/disco/humaneval.pt")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--logit-std", type=float, default=3.0)
     ap.add_argument("--note", default="", help="a line for the report (machine load, ...)")
-    ap.add_argument("--out", default="benchmarks/results/disco")
+    ap.add_argument("--out", default="experiments/results/disco")
     args = ap.parse_args()
     art = DiscoArtifact.load(args.artifact)
     g = torch.Generator().manual_seed(0)

@@ -14,7 +14,7 @@ the Spec-Bench and HumanEval test prompts of both DISCO runs (`disco-epyc`: firs
    rows, so a 5-token verification costs about 1.8x a 4-token one). Static k, DISCO's tau
    and SL_max are re-tuned on validation at those costs.
 
-    python benchmarks/disco_headroom.py > benchmarks/results/disco-epyc-heldout/headroom.txt
+    python experiments/disco_headroom.py > experiments/results/disco-epyc-heldout/headroom.txt
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.simulate import Costs, SimResult, best_schedule
 from adaspec.lab.disco.tune import DEFAULT_TAUS, evaluate, tune
 
-RESULTS = "benchmarks/results"
+RESULTS = "experiments/results"
 POSITIONS = 8  # draft positions, as SL_max's largest value
 WINDOWS = (4, 16)  # history features: hit share over these many preceding tokens
 

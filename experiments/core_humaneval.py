@@ -5,7 +5,7 @@ A thin preset over `adaspec bench` (one runner, one summary): the same loaded mo
 alternating prompt by prompt after a warm-up, speedups as ratios over plain decoding within
 the run. Writes results.jsonl (rows as they finish), summary.json, summary.md and plots.
 
-    .venv/bin/python benchmarks/core_humaneval.py --limit 20 --max-new-tokens 128
+    .venv/bin/python experiments/core_humaneval.py --limit 20 --max-new-tokens 128
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default=DEFAULT_METHODS)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--out", default="benchmarks/results/core_humaneval")
+    ap.add_argument("--out", default="experiments/results/core_humaneval")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted run")
     args = ap.parse_args(argv)
     return adaspec_main(

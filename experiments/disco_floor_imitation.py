@@ -4,7 +4,7 @@ position is longer), tune tau and SL_max on validation by simulated latency, and
 the Spec-Bench test prompts of both DISCO runs with the tuned Spec-Bench artifact and static
 k=2 (simulated ms/token, the costs timed while tuning).
 
-    python benchmarks/disco_floor_imitation.py
+    python experiments/disco_floor_imitation.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.simulate import NEVER_STOP, Costs, best_lengths, simulate_all
 from adaspec.lab.disco.tune import disco_scores
 
-RESULTS = "benchmarks/results"
+RESULTS = "experiments/results"
 POSITIONS = 8  # draft positions, as SL_max's largest value
 
 

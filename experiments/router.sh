@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The router measurement (issue 6): greedy, 48 new tokens, every step resumable, each under
 # the CPU lock. Defaults (with ALPHA=0.1) reproduce the Xeon run (bf16 built-in pair,
-# benchmarks/results/router);
+# experiments/results/router);
 # on another machine set OUT, QUANT / DRAFT_QUANT and ARMS, e.g. the AVX2 run:
-#   OUT=benchmarks/results/router-epyc QUANT=int8 DRAFT_QUANT=int4 \
+#   OUT=experiments/results/router-epyc QUANT=int8 DRAFT_QUANT=int4 \
 #     ARMS=ar,ngram,draft:k=1,draft:k=3 TRAIN_SUITES=sharegpt:18,humaneval:10,wmt:10 \
-#     TEST_SUITES=spec-bench:1,humaneval:2,wmt:2 benchmarks/router.sh
+#     TEST_SUITES=spec-bench:1,humaneval:2,wmt:2 experiments/router.sh
 #   train: ShareGPT first turns + the second half of HumanEval and WMT (the router's data)
 #   test:  Spec-Bench (6 categories) + the first HumanEval / WMT prompts (held out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results/router}
+OUT=${OUT:-experiments/results/router}
 LOCK="flock /tmp/adaspec-cpu.lock"
 ADASPEC=.venv/bin/adaspec
 ARMS=${ARMS:-ar,ngram,draft:k=4,draft:ctrl=heuristic,k=4}

@@ -6,7 +6,7 @@ and category this prints decode speed (tokens after the first, per second of dec
 ratio to `llamacpp`'s on the same prompts, time to first token as a ratio, and the geometric
 mean of the decode ratios over categories. Writes `against-llamacpp.md` into the folder.
 
-    python benchmarks/against_llamacpp.py bench-results/NAME
+    python experiments/against_llamacpp.py bench-results/NAME
 """
 
 from __future__ import annotations
@@ -84,5 +84,5 @@ def main(folder: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python benchmarks/against_llamacpp.py RESULTS_FOLDER")
+        sys.exit("usage: python experiments/against_llamacpp.py RESULTS_FOLDER")
     main(sys.argv[1])

@@ -7,7 +7,7 @@ rows whose argmax differs are reported. Row-invariant attention on a quantized t
 give 0.0 (bit-identical), which is what makes its speculative output equal plain decoding
 token for token. Writes row_invariance.json and row_invariance.md to --out.
 
-    .venv/bin/python benchmarks/fastcpu_row_invariance.py
+    .venv/bin/python experiments/fastcpu_row_invariance.py
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
                     help="keep only the first N prompt tokens (0: all); a shorter prefill for "
                     "kernels that are slow on many rows (int8-dyn without VNNI)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/fastcpu")
+    ap.add_argument("--out", default="experiments/results/fastcpu")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts = []

@@ -11,9 +11,9 @@ Two parts, one process, the models loaded once (bf16):
   warm-up, speedups over `ar` in the same run) on a few HumanEval and Spec-Bench prompts, at
   T=0 and at T=1.
 
-    flock /tmp/adaspec-cpu.lock .venv/bin/python benchmarks/mcsd_trees.py --part all
+    flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/mcsd_trees.py --part all
 
-Writes benchmarks/results/mcsd/{micro.json, t0/, t1/}.
+Writes experiments/results/mcsd/{micro.json, t0/, t1/}.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from adaspec.engine.token_tree import TokenTree, parse_branching
 
-OUT = Path("benchmarks/results/mcsd")
+OUT = Path("experiments/results/mcsd")
 SHAPES = ["1", "1x1x1x1", "2x2x2x1", "16x1", "8x2x1", "4x2x2x1"]
 T0_METHODS = [
     "ar",

@@ -7,7 +7,7 @@ cache rolled back, median of `--repeats`; then a real prompt's greedy continuati
 one block and token by token (max |logit difference|, argmax flips). Writes
 llamacpp_forward.json and llamacpp_forward.md to --out. Needs the `llamacpp` extra.
 
-    .venv/bin/python benchmarks/llamacpp_forward.py --out benchmarks/results/fastcpu-epyc
+    .venv/bin/python experiments/llamacpp_forward.py --out experiments/results/fastcpu-epyc
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--block", type=int, default=8)
-    ap.add_argument("--out", default="benchmarks/results/fastcpu")
+    ap.add_argument("--out", default="experiments/results/fastcpu")
     args = ap.parse_args()
     rows = []
     prompt = list(range(1000, 1000 + 40))  # fixed ids: the comparison needs no chat template
