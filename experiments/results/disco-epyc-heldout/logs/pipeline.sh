@@ -1,8 +1,8 @@
 # DISCO on the AVX2 EPYC, held-out prompts: the artifacts of ../disco-epyc (trained and tuned
 # there) benched on prompts that collection never saw (int8 torch target, GGUF draft in a child).
-cd /work/main
-S=benchmarks/results/disco-epyc
-D=benchmarks/results/disco-epyc-heldout
+cd "$(dirname "$0")/../../../.."  # the repository root
+S=experiments/results/disco-epyc
+D=experiments/results/disco-epyc-heldout
 L=$D/logs
 A=.venv/bin/adaspec
 echo "start $(date)"

@@ -1,6 +1,6 @@
 # DISCO on the AVX2 EPYC: int8 torch target, the draft's GGUF run by llama.cpp in a child process
-cd /work/main
-D=benchmarks/results/disco-epyc
+cd "$(dirname "$0")/../../../.."  # the repository root
+D=experiments/results/disco-epyc
 L=$D/logs
 A=.venv/bin/adaspec
 echo "start $(date)"

@@ -1,5 +1,5 @@
-cd /work/main
-D=benchmarks/results/disco
+cd "$(dirname "$0")/../../../.."  # the repository root
+D=experiments/results/disco
 A=.venv/bin/adaspec
 echo "start $(date)"
 .venv/bin/python -m pytest -q tests/test_disco_features.py tests/test_disco_classifier.py tests/test_disco_data.py tests/test_disco_artifact.py tests/test_disco_simulate.py tests/test_disco_cli.py tests/test_disco_controllers.py > /tmp/disco/tests.log 2>&1
