@@ -74,7 +74,11 @@ def make_sets(draft_name: str, sizes: list[int]) -> None:
     from adaspec.cli import main
 
     exclude = ",".join(p.id for p in eval_prompts())
+    # the corpus and the `ar` rows of the other runs under experiments/results (given
+    # explicitly: restrict-vocab's default is the user's bench-results/)
+    results = [str(p) for p in sorted(Path("experiments/results").glob("**/results.jsonl"))]
     argv = ["models", "restrict-vocab", "--draft", draft_name, "--exclude-prompts", exclude]
+    argv += ["--results", *results]
     if main([*argv, "--top", ",".join(str(n) for n in sizes)]) != 0:
         raise SystemExit("restrict-vocab failed")
 

@@ -67,3 +67,42 @@ def test_no_target_outputs_is_an_error(tmp_path, model_dirs, capsys):
     argv = ["models", "restrict-vocab", "--draft", draft, "--top", "8", "--results", str(results)]
     assert main(argv) == 2
     assert "no target outputs" in capsys.readouterr().err
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def lab_results(root: Path) -> None:
+    """Results files where the repository keeps (or kept) its lab output."""
+    for folder in ("experiments/results/run", "benchmarks/results/run"):
+        row = {"prompt_id": "lab", "method": "ar", "token_ids": [300, 301]}
+        write_rows(root / folder / "results.jsonl", [row])
+
+
+def test_without_results_and_bench_runs_is_a_one_line_error(
+    tmp_path, model_dirs, capsys, monkeypatch
+):
+    """Lab results in the current folder are not a default source."""
+    _, draft = model_dirs
+    lab_results(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["models", "restrict-vocab", "--draft", draft, "--top", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--results" in err and "bench-results" in err and "\n" not in err
+
+
+def test_default_counts_the_users_bench_runs_only(tmp_path, model_dirs, capsys, monkeypatch):
+    """Without --results: `adaspec bench`'s default output folder, not the lab's results."""
+    _, draft = model_dirs
+    lab_results(tmp_path)
+    row = {"prompt_id": "p/0", "method": "ar", "token_ids": [40, 41]}
+    own = write_rows(tmp_path / "bench-results" / "spec-bench" / "results.jsonl", [row])
+    monkeypatch.chdir(tmp_path)
+    assert main(["models", "restrict-vocab", "--draft", draft, "--top", "8"]) == 0
+    capsys.readouterr()
+    info = load_token_set("draft", 8).provenance
+    assert [s["path"] for s in info["sources"]] == [str(own.relative_to(tmp_path))]
+    assert info["tokens"] == 2

@@ -2,8 +2,10 @@
 
     adaspec models restrict-vocab --draft qwen2.5-coder-0.5b-instruct --top 8192,16384
 
-Counts come from the target's real outputs in bench results files (`ar` / `llamacpp` rows);
-then `draft:k=4,vocab=8192` drafts with a head of 8,192 rows. Handlers return an exit code
+Counts come from the target's real outputs in bench results files (`ar` / `llamacpp` rows):
+the files given with --results, else the user's own `adaspec bench` runs under ./bench-results/
+(the bench's default output folder); never the repository's lab results. Then
+`draft:k=4,vocab=8192` drafts with a head of 8,192 rows. Handlers return an exit code
 and let AdaspecError propagate (printed by the main CLI as one line).
 """
 
@@ -15,7 +17,8 @@ from typing import Any
 
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
-DEFAULT_RESULTS = "benchmarks/results/**/results.jsonl"
+# Where `adaspec bench` writes by default (bench-results/NAME/results.jsonl): the user's runs.
+DEFAULT_RESULTS = "bench-results/**/results.jsonl"
 
 
 def add_restrict_vocab_parser(sub: Any) -> None:
@@ -33,7 +36,8 @@ def add_restrict_vocab_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--results", nargs="+", metavar="FILE",
-        help=f"bench results.jsonl files (default: {DEFAULT_RESULTS} under the current folder)",
+        help="bench results.jsonl files (default: the `adaspec bench` runs in ./bench-results/, "
+        f"i.e. {DEFAULT_RESULTS})",
     )
     p.add_argument(
         "--target", default=TARGET_DEFAULT,
@@ -101,8 +105,9 @@ def cmd_restrict_vocab(args: argparse.Namespace) -> int:
     files = [Path(f) for f in args.results or []] or sorted(Path().glob(DEFAULT_RESULTS))
     if not files:
         raise InputError(
-            f"no bench results found ({DEFAULT_RESULTS}): pass --results FILE (the "
-            "results.jsonl of an `adaspec bench` run with the target)"
+            f"no bench results to count from ({DEFAULT_RESULTS}, where `adaspec bench` writes, "
+            "holds none): pass --results FILE [FILE ...], the results.jsonl of an `adaspec "
+            "bench` run with the target"
         )
     excluded = [p.strip() for p in args.exclude_prompts.split(",") if p.strip()]
     counts, provenance = count_target_outputs(files, args.target, excluded)
