@@ -265,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(n) for n in args.sizes.split(",")]
 
     from adaspec.backends.llamacpp import gguf_file
+    from adaspec.backends.load import eos_ids_of
     from adaspec.backends.torch_backend import TorchBackend
-    from adaspec.engine.build import build_engine, eos_ids_of
+    from adaspec.engine.build import build_engine
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.store.model_store import load_model
     from adaspec.store.token_set import load_token_set

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from adaspec.engine.build import build_engine, load_backends
+from adaspec.backends.load import load_backends
+from adaspec.engine.build import build_engine
 from adaspec.engine.sampling import SamplingParams
 from adaspec.lab.bench.suites import load_suite
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT

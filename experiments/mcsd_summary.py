@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adaspec.engine.token_tree import tree_node_count
-from adaspec.methods.spec import parse_method
+from adaspec.lab.bench.references import parse_bench_method
 
 BUDGET_LIMIT = 32
 
@@ -57,8 +57,8 @@ def load_rows(run: Path) -> list[Row]:
     temperature = float(summary["config"]["temperature"])
     rows = []
     for method, m in summary["methods"].items():
-        spec = parse_method(method, reference=True)
-        factors = spec.tree if spec.name == "draft" and "tree" in spec.params else None
+        spec = parse_bench_method(method)
+        factors = spec.tree
         if factors is not None:
             depth, nodes, budget = len(factors), tree_node_count(factors), math.prod(factors)
         elif spec.name == "draft":
@@ -66,7 +66,7 @@ def load_rows(run: Path) -> list[Row]:
             budget = 1
         else:
             depth = nodes = budget = 0
-        verify = str(spec.params.get("verify", "auto"))
+        verify = str(getattr(spec.params, "verify", "auto"))
         if verify == "auto":
             verify = ("greedy" if temperature == 0 else "mcss-wor") if factors else (
                 "greedy" if temperature == 0 else "speculative")

@@ -110,8 +110,8 @@ def test_best_length_follows_the_cost_curve():
 
 
 def test_auto_method_strings():
-    assert parse_method("auto").needs_draft_model
-    assert not parse_method("auto:use=ngram").needs_draft_model
+    assert parse_method("auto").needs_draft_model()
+    assert not parse_method("auto:use=ngram").needs_draft_model()
     for bad, message in [("auto:use=tree", "use must be"), ("auto:k_max=0", "k_max"),
                          ("auto:n_min=3,n_max=2", "n_min")]:
         with pytest.raises(InputError, match=message):

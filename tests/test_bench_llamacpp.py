@@ -21,6 +21,7 @@ from adaspec.lab.bench.llamacpp_reference import (
     SpeculativeDecoder,
     open_decoder,
 )
+from adaspec.lab.bench.references import REFERENCE_METHODS, parse_bench_method
 from adaspec.lab.bench.report import to_markdown
 from adaspec.lab.bench.runner import read_rows
 from adaspec.methods.spec import describe_methods, parse_method
@@ -29,42 +30,42 @@ from .test_bench_runner import PROMPTS, make_runner
 
 
 def test_llamacpp_parses_only_for_the_bench():
-    spec = parse_method("llamacpp", reference=True)
-    assert spec.is_reference and spec.other_weights and not spec.needs_draft_model
-    assert not parse_method("hf-assisted", reference=True).other_weights
-    with pytest.raises(InputError, match="only `adaspec bench` runs"):
-        parse_method("llamacpp")
+    spec = parse_bench_method("llamacpp")
+    assert spec.is_reference and spec.other_weights and not spec.needs_draft_model()
+    assert not parse_bench_method("hf-assisted").other_weights
+    with pytest.raises(InputError, match="unknown method 'llamacpp'"):
+        parse_method("llamacpp")  # the runtime's parser knows adaspec methods only
     with pytest.raises(InputError, match="has no parameter 'k'"):
-        parse_method("llamacpp:k=2", reference=True)
-    assert "llamacpp:" in describe_methods()
+        parse_bench_method("llamacpp:k=2")
+    assert "llamacpp:" in describe_methods(REFERENCE_METHODS)
 
 
 def test_llamacpp_speculative_methods_parse_only_for_the_bench():
-    lookup = parse_method("llamacpp-lookup", reference=True)
-    assert lookup.params == {"k": 4, "n_max": 2}
-    assert lookup.is_reference and lookup.other_weights and not lookup.needs_draft_model
-    assert parse_method("llamacpp-lookup:k=8,n_max=3", reference=True).params == {
+    lookup = parse_bench_method("llamacpp-lookup")
+    assert lookup.settings() == {"k": 4, "n_max": 2}
+    assert lookup.is_reference and lookup.other_weights and not lookup.needs_draft_model()
+    assert parse_bench_method("llamacpp-lookup:k=8,n_max=3").settings() == {
         "k": 8,
         "n_max": 3,
     }
-    draft = parse_method("llamacpp-draft:k=2", reference=True)
-    assert draft.params == {"k": 2}
+    draft = parse_bench_method("llamacpp-draft:k=2")
+    assert draft.settings() == {"k": 2}
     # it runs the draft's GGUF in llama.cpp: the torch draft is not needed
-    assert draft.other_weights and not draft.needs_draft_model
-    assert parse_method("llamacpp-draft", reference=True).params == {"k": 4}
+    assert draft.other_weights and not draft.needs_draft_model()
+    assert parse_bench_method("llamacpp-draft").settings() == {"k": 4}
     for text in ("llamacpp-lookup:k=0", "llamacpp-draft:k=0", "llamacpp-draft:k=-2"):
         with pytest.raises(InputError, match="k must be >= 1"):
-            parse_method(text, reference=True)
+            parse_bench_method(text)
     with pytest.raises(InputError, match="has no parameter 'n_max'"):
-        parse_method("llamacpp-draft:n_max=2", reference=True)
+        parse_bench_method("llamacpp-draft:n_max=2")
     with pytest.raises(InputError, match="has no parameter 'ctrl'"):
-        parse_method("llamacpp-lookup:ctrl=heuristic", reference=True)
+        parse_bench_method("llamacpp-lookup:ctrl=heuristic")
     with pytest.raises(InputError, match="k must be int"):
-        parse_method("llamacpp-lookup:k=two", reference=True)
+        parse_bench_method("llamacpp-lookup:k=two")
     for name in ("llamacpp-lookup", "llamacpp-draft"):
-        with pytest.raises(InputError, match="only `adaspec bench` runs"):
+        with pytest.raises(InputError, match="unknown method"):
             parse_method(name)
-        assert f"{name}:" in describe_methods()
+        assert f"{name}:" in describe_methods(REFERENCE_METHODS)
     with pytest.raises(InputError, match="n_max must be >= 1"):
         open_decoder("x.gguf", 0.0, method="llamacpp-lookup", params={"k": 4, "n_max": 0})
 

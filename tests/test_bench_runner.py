@@ -28,8 +28,9 @@ class AcceptEverything(Verifier):
 
     name = "accept-all"
 
-    def verify(self, draft_tokens, draft_probs, target_probs, generator):
-        return Verdict(len(draft_tokens), int(target_probs[len(draft_tokens)].argmax()))
+    def verify(self, proposal, target_probs, generator):
+        k = proposal.depth
+        return Verdict(list(range(1, k + 1)), int(target_probs[k].argmax()))
 
 
 def make_runner(tmp_path, target, draft, tokenizer, methods, engines=None, **kw):
@@ -277,16 +278,17 @@ def test_cli_errors_are_one_line_before_loading_models(capsys, argv, message, mo
 
 # ------------------------------------------------------------------ reference methods
 def test_reference_methods_parse_only_for_the_bench():
+    from adaspec.lab.bench.references import REFERENCE_METHODS, parse_bench_method
     from adaspec.methods.spec import describe_methods, parse_method
 
-    spec = parse_method("hf-assisted-constant:k=3", reference=True)
-    assert spec.is_reference and spec.needs_draft_model and spec["k"] == 3
-    assert parse_method("hf-assisted", reference=True).params == {}
-    with pytest.raises(InputError, match="only `adaspec bench` runs"):
-        parse_method("hf-assisted")
+    spec = parse_bench_method("hf-assisted-constant:k=3")
+    assert spec.is_reference and spec.needs_draft_model() and spec["k"] == 3
+    assert parse_bench_method("hf-assisted").settings() == {}
+    with pytest.raises(InputError, match="unknown method 'hf-assisted'"):
+        parse_method("hf-assisted")  # the runtime's parser knows adaspec methods only
     with pytest.raises(InputError, match="k must be >= 1"):
-        parse_method("hf-assisted-constant:k=0", reference=True)
-    assert "hf-assisted-constant:" in describe_methods()
+        parse_bench_method("hf-assisted-constant:k=0")
+    assert "hf-assisted-constant:" in describe_methods(REFERENCE_METHODS)
 
 
 def test_steps_from_hooked_calls():

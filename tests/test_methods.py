@@ -6,8 +6,9 @@ import pytest
 
 from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.static import StaticLength
+from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
-from adaspec.methods.spec import build_controller, describe_methods, parse_method, split_method_list
+from adaspec.methods.spec import describe_methods, parse_method, split_method_list
 
 
 def test_defaults_and_overrides():
@@ -16,13 +17,13 @@ def test_defaults_and_overrides():
     spec = parse_method(" draft:k=7, ctrl=heuristic ,k_max=12 ")
     assert spec["k"] == 7 and spec["ctrl"] == "heuristic" and spec["k_max"] == 12
     assert parse_method("ngram:k=10,n_max=4")["n_max"] == 4
-    assert parse_method("ar").params == {}
+    assert parse_method("ar").settings() == {}
 
 
 def test_needs_draft_model():
-    assert parse_method("draft:k=2").needs_draft_model
-    assert not parse_method("ngram").needs_draft_model
-    assert not parse_method("ar").needs_draft_model
+    assert parse_method("draft:k=2").needs_draft_model()
+    assert not parse_method("ngram").needs_draft_model()
+    assert not parse_method("ar").needs_draft_model()
 
 
 @pytest.mark.parametrize(
@@ -45,9 +46,12 @@ def test_bad_method_strings_name_the_problem(text, message):
         parse_method(text)
 
 
-def test_controllers_built_from_spec():
-    assert isinstance(build_controller(parse_method("draft:k=5")), StaticLength)
-    ctrl = build_controller(parse_method("draft:ctrl=heuristic,k=3,k_max=9"))
+def test_controllers_built_from_spec(target, tokenizer, draft):
+    def controller(method):
+        return build_engine(method, target, tokenizer, draft).controller
+
+    assert isinstance(controller("draft:k=5"), StaticLength)
+    ctrl = controller("draft:ctrl=heuristic,k=3,k_max=9")
     assert isinstance(ctrl, HeuristicLength) and ctrl.max_tokens() == 3 and ctrl.k_max == 9
 
 

@@ -93,7 +93,7 @@ def test_a_draft_in_a_child_keeps_the_torch_target_output(pair):
 
 
 def test_the_gguf_weights_variant_loads_in_a_child(pair):
-    from adaspec.engine.build import load_backend
+    from adaspec.backends.load import load_backend
 
     gguf = pair[0]
     backend, _, _ = load_backend(str(gguf), quant="gguf", role="draft")

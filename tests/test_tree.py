@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from adaspec.backends.torch_backend import TorchBackend
+from adaspec.control.static import StaticLength
 from adaspec.draft.model_tree import ModelTreeDrafter, draw_children
+from adaspec.engine.build import build_engine
 from adaspec.engine.sampling import SamplingParams
 from adaspec.engine.token_tree import TokenTree, parse_branching, tree_node_count
 from adaspec.errors import InputError
-from adaspec.methods.spec import build_controller, parse_method
+from adaspec.methods.spec import parse_method
 
 from .test_torch_backend import full_logits
 from .test_verify import tv, tv_bound
@@ -108,9 +110,7 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
     drafter = ModelTreeDrafter(draft, (3, 2, 2))
     drafter.start(context)
     params = SamplingParams(1.0)
-    proposal = drafter.propose_tree(
-        context, 3, params, torch.Generator().manual_seed(1), replacement
-    )
+    proposal = drafter.propose(context, 3, StaticLength(3), params, torch.Generator().manual_seed(1), replacement)
     tree = proposal.tree
     assert proposal.forward_calls == 3 and len(tree) == 1 + 3 + 6 + 12
     assert proposal.probs is not None and proposal.probs.shape[0] == 1 + 3 + 6
@@ -121,8 +121,8 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
         if not replacement:
             assert len(set(kids)) == len(kids)
     path = tree.path(len(tree) - 2)  # a non-prefix path through all levels
-    drafter.accept_path(path)
     accepted = tree.path_tokens(path[-1])
+    drafter.commit(context + accepted, path)
     assert drafter.cached_tokens == context + accepted[:-1]  # the leaf was never fed
     cache_equals_prefill(draft, draft_model, context + accepted[:-1])
 
@@ -131,7 +131,7 @@ def test_greedy_draft_takes_top_k_distinct(draft, draft_model):
     context = [8, 6, 7, 5, 3, 0, 9]
     drafter = ModelTreeDrafter(draft, (4, 2))
     drafter.start(context)
-    proposal = drafter.propose_tree(context, 2, SamplingParams(), None, True)
+    proposal = drafter.propose(context, 2, StaticLength(2), SamplingParams(), None, True)
     tree = proposal.tree
     assert proposal.probs is None
     for i in [0, *tree.level(1)]:
@@ -143,7 +143,7 @@ def test_greedy_draft_takes_top_k_distinct(draft, draft_model):
 def test_max_depth_truncates_the_tree(draft):
     drafter = ModelTreeDrafter(draft, (2, 2, 2))
     drafter.start([1, 2, 3])
-    proposal = drafter.propose_tree([1, 2, 3], 1, SamplingParams(), None, True)
+    proposal = drafter.propose([1, 2, 3], 1, StaticLength(1), SamplingParams(), None, True)
     assert proposal.tree.depth == 1 and len(proposal.tree) == 3 and proposal.forward_calls == 1
 
 
@@ -164,17 +164,18 @@ def test_child_draws_follow_q():
     assert sorted(kids[0]) == [1, 3]
 
 
-def test_method_strings_with_trees():
+def test_method_strings_with_trees(target, tokenizer, draft):
     spec = parse_method("draft:tree=4x2x2x1,verify=mcss-wor")
     assert spec.tree == (4, 2, 2, 1) and spec["verify"] == "mcss-wor"
-    assert build_controller(spec).max_tokens() == 4  # the depth
+    engine = build_engine(spec, target, tokenizer, draft)
+    assert engine.controller.max_tokens() == 4  # the depth
     assert parse_method("draft:k=3").tree is None
     assert parse_method("draft:tree=8x8,max_nodes=72").tree == (8, 8)
+    assert parse_method("draft:verify=mcss").tree is None  # a tree verifier walks chains too
     for text, message in [
         ("draft:tree=4xx2", "'' is not a positive integer"),
         ("draft:tree=8x8", "72 nodes .* limit of 64"),
-        ("draft:verify=mcss", "add tree="),
-        ("draft:tree=2x2,verify=speculative", "a tree needs verify=mcss"),
+        ("draft:tree=2x2,verify=speculative", "a token tree needs verify=greedy, mcss"),
         ("draft:tree=2x2,ctrl=heuristic", "fixed shape"),
         ("draft:tree=2x2,verify=magic", "unknown verifier"),
     ]:

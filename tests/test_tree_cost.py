@@ -26,7 +26,7 @@ from adaspec.engine.token_tree import (
     tree_step_ms,
 )
 from adaspec.errors import InputError
-from adaspec.methods.spec import build_controller, parse_method
+from adaspec.methods.spec import parse_method
 
 from .cost_helpers import steep, stub_machine_profile
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy
@@ -87,12 +87,12 @@ def test_acceptance_moves_the_choice():
         choose_branching(flat(), max_depth=0)
 
 
-def test_method_string():
+def test_method_string(target, tokenizer, draft):
     spec = parse_method("draft:tree=auto")
     assert isinstance(spec.tree, AutoBranching) and spec.tree.max_nodes == 64
     assert isinstance(parse_branching("AUTO", 10), AutoBranching)
     assert all(tree_node_count(c) <= 10 for c in parse_branching("auto", 10).candidates())
-    ctrl = build_controller(spec)
+    ctrl = build_engine(spec, target, tokenizer, draft).controller
     assert isinstance(ctrl, StaticLength) and ctrl.max_tokens() == 8
     with pytest.raises(InputError, match="fixed shape"):
         parse_method("draft:tree=auto,ctrl=heuristic")

@@ -33,9 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
+    from adaspec.lab.bench.references import REFERENCE_METHODS
     from adaspec.methods.spec import describe_methods
 
-    print(describe_methods())
+    print(describe_methods(extra=REFERENCE_METHODS))
     return 0
 
 

@@ -168,8 +168,9 @@ def load_prompts(suites: list[tuple[str, int | None]], questions: str | None):
 
 def run_bench(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
+    from adaspec.lab.bench.references import parse_bench_method
     from adaspec.lab.bench.runner import BenchConfig, check_out, normalize_methods
-    from adaspec.methods.spec import parse_method, split_method_list
+    from adaspec.methods.spec import split_method_list
 
     if args.replay is not None:
         return run_replay(args)
@@ -179,7 +180,7 @@ def run_bench(args: argparse.Namespace) -> int:
     opts = resolve_options(args)
     suites = parse_suites(opts["suite"], opts["limit"], args.limit is not None)
     methods = normalize_methods(split_method_list(opts["methods"]))
-    specs = [parse_method(m, reference=True) for m in methods]
+    specs = [parse_bench_method(m) for m in methods]
     if args.resume and args.overwrite:
         raise InputError("--resume and --overwrite exclude each other")
     name = args.preset or "-".join(n for n, _ in suites)
@@ -213,7 +214,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if not prompts:
         raise InputError("no prompts selected: check --suite and --limit")
     check_out(config)
-    needs_draft = any(s.needs_draft_model for s in specs)
+    needs_draft = any(s.needs_draft_model() for s in specs)
     return _run(config, prompts, needs_draft, progress=not args.no_progress)
 
 
@@ -247,9 +248,9 @@ def _llamacpp_gguf(config):
     import importlib.util
 
     from adaspec.backends.llamacpp import gguf_file
-    from adaspec.methods.spec import parse_method
+    from adaspec.lab.bench.references import parse_bench_method
 
-    wanted = any(parse_method(m, reference=True).other_weights for m in config.methods)
+    wanted = any(parse_bench_method(m).other_weights for m in config.methods)
     if not wanted or importlib.util.find_spec("llama_cpp") is None:
         return None
     return gguf_file(config.target)
@@ -259,7 +260,7 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     import torch
 
     from adaspec.backends.base import ModelBackend
-    from adaspec.engine.build import load_backend, load_backends
+    from adaspec.backends.load import load_backend, load_backends
     from adaspec.lab.bench.machine import describe_machine, measure_bandwidth
     from adaspec.lab.bench.report import to_markdown
     from adaspec.lab.bench.runner import BenchRunner

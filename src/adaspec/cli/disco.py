@@ -150,8 +150,9 @@ def _excluded_prompts(paths: str | None) -> set[tuple[str, str]]:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    from adaspec.backends.load import load_backends
     from adaspec.cli.bench import parse_suites
-    from adaspec.engine.build import build_engine, load_backends
+    from adaspec.engine.build import build_engine
     from adaspec.engine.sampling import SamplingParams
     from adaspec.errors import InputError
     from adaspec.lab.bench.suites import load_suite
@@ -284,7 +285,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         costs = Costs(**source.tuning["costs"])
         say(f"costs measured while tuning {args.costs_from}")
     if costs is None or args.confirm:
-        from adaspec.engine.build import load_backends
+        from adaspec.backends.load import load_backends
 
         target, tokenizer, draft, eos = load_backends(
             args.target or art.target, args.draft or art.draft, args.dtype, *art.quants

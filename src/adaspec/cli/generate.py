@@ -47,13 +47,11 @@ def run_generate(args: argparse.Namespace) -> int:
     from adaspec.engine.build import load_engine
     from adaspec.engine.loop import GenerationResult, StreamChunk
     from adaspec.errors import InputError
-    from adaspec.methods.spec import parse_method
-
     # Check everything the user typed before spending seconds on loading models.
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     if args.router is not None:
         args.method = f"router:{args.router},mode={args.router_mode}"
-    parse_method(args.method)
+    _check_method(args.method)
     if not args.prompt.strip():
         raise InputError("prompt is empty: give some text to continue")
     engine = load_engine(
@@ -81,3 +79,23 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.stats.to_dict()), file=sys.stderr)
     return 0
+
+
+def _check_method(text: str) -> None:
+    """Parse the method; a bench-only reference method gets an error that says so."""
+    from adaspec.errors import InputError
+    from adaspec.methods.registry import METHODS
+    from adaspec.methods.spec import parse_method
+
+    try:
+        parse_method(text)
+    except InputError:
+        from adaspec.lab.bench.references import REFERENCE_METHODS
+
+        name = text.partition("@")[0].partition(":")[0].strip()
+        if name in REFERENCE_METHODS:
+            raise InputError(
+                f"method {name!r} is a reference method that only `adaspec bench` runs; here "
+                f"use one of: {', '.join(METHODS.names())}"
+            ) from None
+        raise

@@ -33,8 +33,8 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    from adaspec.backends.load import load_backends
     from adaspec.cost.cache import profile_for, profile_key, profile_path
-    from adaspec.engine.build import load_backends
 
     target, tokenizer, draft, _ = load_backends(
         args.target, None if args.no_draft else args.draft, args.dtype, args.quant,

@@ -123,7 +123,7 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:
 def _load(args: argparse.Namespace, need_draft: bool):
     from transformers.utils import logging as hf_logging
 
-    from adaspec.engine.build import load_backends
+    from adaspec.backends.load import load_backends
 
     hf_logging.set_verbosity_error()
     return load_backends(
@@ -150,7 +150,7 @@ def run_collect(args: argparse.Namespace) -> int:
     prompts = training_prompts(_suites(args.suite))
     if not prompts:
         raise InputError("no training prompts selected: check --suite")
-    need_draft = any(parse_method(m).needs_draft_model for m in arms.values())
+    need_draft = any(parse_method(m).needs_draft_model() for m in arms.values())
     target, tokenizer, draft, eos = _load(args, need_draft)
     print(f"adaspec router collect: {len(prompts)} prompts x {len(arms)} arms -> {args.out}",
           file=sys.stderr)

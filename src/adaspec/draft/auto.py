@@ -25,34 +25,16 @@ import torch
 from adaspec.control.base import LengthController
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
-from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.base import Drafter
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
+from adaspec.draft.rates import RateEstimate
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
-PRIOR_WEIGHT = 3.0  # pseudo-observations behind each prior
 START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off over
-
-
-class RateEstimate:
-    """A per-token acceptance rate: a Beta posterior with `weight` pseudo-trials at
-    `prior`. A trial is a drafted token whose predecessors in its step were all accepted."""
-
-    def __init__(self, prior: float, weight: float = PRIOR_WEIGHT) -> None:
-        self.prior = prior
-        self.weight = weight
-        self.trials = 0.0
-        self.successes = 0.0
-
-    def add(self, trials: int, successes: int) -> None:
-        self.trials += trials
-        self.successes += successes
-
-    @property
-    def rate(self) -> float:
-        return (self.successes + self.weight * self.prior) / (self.trials + self.weight)
 
 
 def _bucket_of(confidence: float) -> int:
@@ -138,20 +120,14 @@ class AutoDrafter(Drafter):
             self.ngram.start(prompt_ids)
         self._prompt_len = len(prompt_ids)
 
-    def commit(self, context: list[int]) -> None:
+    def commit(self, context: list[int], path: list[int]) -> None:
         last, self._last = self._last, None
         if last is not None and last.tokens:
-            accepted = 0
-            for tok, got in zip(last.tokens, context[last.start:], strict=False):
-                if tok != got:
-                    break
-                accepted += 1
-            accepted = min(accepted, len(last.tokens))
-            self._credit(last, accepted)
+            self._credit(last, len(path))
         if self.ngram is not None:
-            self.ngram.commit(context)
+            self.ngram.commit(context, path)
         if self.model is not None and self._model_started:
-            self.model.commit(context)
+            self.model.commit(context, path)
 
     def _credit(self, choice: Choice, accepted: int) -> None:
         trials = min(accepted + 1, len(choice.tokens))
@@ -201,7 +177,8 @@ class AutoDrafter(Drafter):
         controller: LengthController,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> DraftProposal:
+        replacement: bool = False,
+    ) -> Proposal:
         limit = min(max_tokens, self.k_max)
         ctx = len(context)
         options: list[tuple[float, str, int]] = [(1.0 / self._verify_ms(0, ctx), "plain", 0)]
@@ -222,12 +199,12 @@ class AutoDrafter(Drafter):
         if kind == "plain" or n == 0:
             self.choices.plain += 1
             self._last = None
-            return DraftProposal(tokens=[])
+            return Proposal.chain(context[-1], [])
         if kind == "ngram":
             self.choices.ngram += 1
             tokens = ngram_tokens[:n]
             self._last = Choice("ngram", tokens, ctx, match=match)
-            return DraftProposal(tokens=tokens)
+            return Proposal.chain(context[-1], tokens)
         self.choices.draft += 1
         return self._draft(context, limit, params, generator)
 
@@ -249,7 +226,7 @@ class AutoDrafter(Drafter):
         limit: int,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> DraftProposal:
+    ) -> Proposal:
         """Draft model tokens until no look-ahead of a few more tokens pays
         (`cost.rule.cost_keeps_drafting`)."""
         model = self.model
@@ -296,8 +273,6 @@ class AutoDrafter(Drafter):
                    key=lambda j: values[j] / (spent + self._verify_ms(j, ctx)))
         tokens, buckets = tokens[:best], buckets[:best]
         self._last = Choice("draft", tokens, ctx, buckets=buckets)
-        return DraftProposal(
-            tokens=tokens,
-            probs=torch.stack(rows[:best]) if rows and best else None,
-            forward_calls=calls,
+        return Proposal.chain(
+            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None, calls
         )

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import torch
 
 from adaspec.control.base import LengthController
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams
-
-
-@dataclass
-class DraftProposal:
-    tokens: list[int]
-    probs: torch.Tensor | None = None  # [k, V] processed draft distributions, None if deterministic
-    forward_calls: int = 0  # draft model forward passes spent on this proposal
 
 
 class Drafter(ABC):
     name: str = "drafter"
+    # Proposals may branch (token trees): the target's backend must score tree masks, and
+    # the default verifier above temperature 0 is a multi-candidate one.
+    drafts_trees: bool = False
 
     def start(self, prompt_ids: list[int]) -> None:
         """A request with this prompt is about to draft for the first time (called after
@@ -34,8 +30,12 @@ class Drafter(ABC):
         controller: LengthController,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> DraftProposal:
-        """Propose up to `max_tokens` tokens to follow `context` (prompt + generated so far)."""
+        replacement: bool = False,
+    ) -> Proposal:
+        """Propose tokens to follow `context` (prompt + generated so far), at most
+        `max_tokens` levels deep, below the root context[-1]. `replacement`: how to draw
+        sibling candidates (the verifier's rule), for drafters that branch."""
 
-    def commit(self, context: list[int]) -> None:
-        """Verification is done: `context` is the new accepted prefix (roll caches back to it)."""
+    def commit(self, context: list[int], path: list[int]) -> None:
+        """Verification is done: `path` are the accepted nodes of the last proposal and
+        `context` the new accepted prefix (roll caches back to it)."""

@@ -6,7 +6,8 @@ import torch
 
 from adaspec.backends.base import ModelBackend
 from adaspec.control.base import LengthController
-from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.base import Drafter
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
 
@@ -85,7 +86,8 @@ class ModelDrafter(Drafter):
         controller: LengthController,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> DraftProposal:
+        replacement: bool = False,
+    ) -> Proposal:
         pending = self.pending(context)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -104,11 +106,9 @@ class ModelDrafter(Drafter):
             pending = [token]
             if not controller.keep_drafting(i, logits):
                 break
-        return DraftProposal(
-            tokens=tokens,
-            probs=torch.stack(rows) if rows else None,
-            forward_calls=calls,
+        return Proposal.chain(
+            context[-1], tokens, torch.stack(rows) if rows else None, forward_calls=calls
         )
 
-    def commit(self, context: list[int]) -> None:
+    def commit(self, context: list[int], path: list[int]) -> None:
         self._sync(context)

@@ -6,7 +6,7 @@ ancestors (earlier levels stay in the draft cache) and positions = depth after t
 Children are drawn from the node's processed draft distribution q, with replacement (i.i.d.,
 for MCSS Algorithm 1) or without (each next candidate from q renormalised without the ones
 already drawn: Algorithm 2 and the naive verifier); at temperature 0 they are the top-k
-distinct tokens. After verification `accept_path` compacts the draft cache to the accepted
+distinct tokens. After verification `commit` compacts the draft cache to the accepted
 path, so it holds exactly the accepted context, as the target's does.
 
 `AutoTreeDrafter` (`tree=auto`) picks the shape every step: the chain or tree with the most
@@ -16,7 +16,6 @@ acceptance per candidate rank.
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 
@@ -25,38 +24,19 @@ import torch
 from adaspec.backends.base import ModelBackend
 from adaspec.control.base import LengthController
 from adaspec.cost.profile import CostProfile
-from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.base import Drafter
 from adaspec.draft.model import feed, prefill_prompt, roll_back_to_common_prefix
+from adaspec.draft.rates import RateEstimate
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams, process_logits
 from adaspec.engine.token_tree import (
     DEFAULT_MAX_NODES,
     DEFAULT_RANK_RATES,
     AutoBranching,
     TokenTree,
-    TreeProposal,
     choose_branching,
 )
 from adaspec.errors import InputError
-
-
-class TreeDrafter(Drafter):
-    """A drafter that proposes token trees; the engine runs its tree step for these."""
-
-    branching: tuple[int, ...]
-
-    @abstractmethod
-    def propose_tree(
-        self,
-        context: list[int],
-        max_depth: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool,
-    ) -> TreeProposal:
-        """A tree below context[-1], at most `max_depth` levels deep."""
-
-    def accept_path(self, path: list[int]) -> None:
-        """The verifier accepted these nodes of the last proposed tree (root excluded)."""
 
 
 def draw_children(
@@ -93,10 +73,11 @@ def draw_children(
     return out
 
 
-class ModelTreeDrafter(TreeDrafter):
+class ModelTreeDrafter(Drafter):
     """A draft model with its own KV cache that expands a regular tree level by level."""
 
     name = "draft-tree"
+    drafts_trees = True
 
     def __init__(self, backend: ModelBackend, branching: tuple[int, ...]) -> None:
         self.backend = backend
@@ -123,14 +104,17 @@ class ModelTreeDrafter(TreeDrafter):
             self._tree = None
         roll_back_to_common_prefix(self.backend, self._cached, context)
 
-    def propose_tree(
+    def propose(
         self,
         context: list[int],
-        max_depth: int,
+        max_tokens: int,
+        controller: LengthController,
         params: SamplingParams,
         generator: torch.Generator | None,
-        replacement: bool,
-    ) -> TreeProposal:
+        replacement: bool = False,
+    ) -> Proposal:
+        """A tree of at most `max_tokens` levels (the controller only bounds the depth: a
+        tree's shape is fixed before drafting)."""
         self._sync(context)
         if len(self._cached) == len(context):  # feed at least the root: its logits
             self.backend.truncate(len(context) - 1)
@@ -143,7 +127,7 @@ class ModelTreeDrafter(TreeDrafter):
         tree = TokenTree.root(context[-1])
         frontier = [0]
         rows: list[torch.Tensor] = []
-        levels = self.branching[: max(0, max_depth)]
+        levels = self.branching[: max(0, max_tokens)]
         for depth, count in enumerate(levels, start=1):
             if params.greedy:
                 k = min(count, logits.shape[-1])
@@ -167,14 +151,18 @@ class ModelTreeDrafter(TreeDrafter):
             self._fed = new[-1]
             frontier = new
         self._tree = tree
-        return TreeProposal(
+        return Proposal(
             tree=tree,
             probs=torch.cat(rows) if rows else None,
             forward_calls=calls,
-            replacement=replacement,
+            replacement=replacement if rows else None,
         )
 
-    def accept_path(self, path: list[int]) -> None:
+    def commit(self, context: list[int], path: list[int]) -> None:
+        self._accept_path(path)
+        self._sync(context)
+
+    def _accept_path(self, path: list[int]) -> None:
         """Keep the context and the accepted nodes that were fed (all but a leaf)."""
         tree = self._tree
         if tree is None:
@@ -188,34 +176,6 @@ class ModelTreeDrafter(TreeDrafter):
         self._cached.extend(tree.tokens[i] for i in fed)
         self._tree = None
         self._fed = 0
-
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> DraftProposal:
-        """A chain, for the chain step: a tree with one child per node, whose nodes sit in
-        the cache exactly where the sequence would."""
-        saved = self.branching
-        self.branching = (1,) * max_tokens
-        try:
-            proposal = self.propose_tree(context, max_tokens, params, generator, True)
-        finally:
-            self.branching = saved
-        self._cached.extend(proposal.tree.tokens[1 : self._fed + 1])
-        self._fed = 0
-        self._tree = None
-        return DraftProposal(
-            tokens=proposal.tree.tokens[1:],
-            probs=proposal.probs,
-            forward_calls=proposal.forward_calls,
-        )
-
-    def commit(self, context: list[int]) -> None:
-        self._sync(context)
 
 
 class AutoTreeDrafter(ModelTreeDrafter):
@@ -247,8 +207,6 @@ class AutoTreeDrafter(ModelTreeDrafter):
         self._reset_rates()
 
     def _reset_rates(self) -> None:
-        from adaspec.draft.auto import RateEstimate  # the same Beta estimate as `auto`'s
-
         self.rank_rates = [RateEstimate(p) for p in self.prior]
 
     @property
@@ -260,24 +218,25 @@ class AutoTreeDrafter(ModelTreeDrafter):
         self._reset_rates()
         self.shapes = Counter()
 
-    def propose_tree(
+    def propose(
         self,
         context: list[int],
-        max_depth: int,
+        max_tokens: int,
+        controller: LengthController,
         params: SamplingParams,
         generator: torch.Generator | None,
-        replacement: bool,
-    ) -> TreeProposal:
+        replacement: bool = False,
+    ) -> Proposal:
         self.branching = choose_branching(
-            self.profile, self.rates, self.candidates, max_depth, self.max_nodes, len(context)
+            self.profile, self.rates, self.candidates, max_tokens, self.max_nodes, len(context)
         )
         self.shapes[self.branching] += 1
-        return super().propose_tree(context, max_depth, params, generator, replacement)
+        return super().propose(context, max_tokens, controller, params, generator, replacement)
 
-    def accept_path(self, path: list[int]) -> None:
+    def _accept_path(self, path: list[int]) -> None:
         if self._tree is not None:
             self._observe(self._tree, path)
-        super().accept_path(path)
+        super()._accept_path(path)
 
     def _observe(self, tree: TokenTree, path: list[int]) -> None:
         last = len(self.rank_rates) - 1

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from adaspec.control.base import LengthController
-from adaspec.draft.base import Drafter, DraftProposal
+from adaspec.draft.base import Drafter
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 
@@ -68,7 +69,7 @@ class NgramDrafter(Drafter):
         self._reset()
         self._extend(list(prompt_ids))
 
-    def commit(self, context: list[int]) -> None:
+    def commit(self, context: list[int], path: list[int]) -> None:
         self._sync(context)
 
     def lookup(self, context: list[int], max_tokens: int) -> list[int]:
@@ -95,10 +96,11 @@ class NgramDrafter(Drafter):
         controller: LengthController,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> DraftProposal:
+        replacement: bool = False,
+    ) -> Proposal:
         tokens: list[int] = []
         for i, token in enumerate(self.lookup(context, max_tokens)):
             tokens.append(token)
             if not controller.keep_drafting(i, None):
                 break
-        return DraftProposal(tokens=tokens, probs=None, forward_calls=0)
+        return Proposal.chain(context[-1], tokens)

@@ -1,38 +1,32 @@
 """The speculative decode loop, with nothing model-specific in it.
 
-One step: the drafter proposes up to k tokens, the target scores [last token] + draft in one
-forward pass, the verifier accepts a prefix plus one correction/bonus token, and the target
-cache rolls back to the accepted context. With no drafter the same loop is plain decoding.
-A tree drafter (MCSD) makes the step draft a token tree instead: the target scores every node
-in one pass (tree mask + positions), a tree verifier walks it from the root, and both caches
-are compacted to the accepted path.
+One step: the drafter proposes (a chain, or a token tree) below the last token, the target
+scores every proposed node in one forward pass, the verifier accepts a path plus one token
+of its own, and the target and draft caches roll back to the accepted context. With no
+drafter the same loop is plain decoding. Chains and trees differ only in the proposal and
+verifier objects, never in this loop.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from adaspec import verify
 from adaspec.backends.base import ForwardOutput, ModelBackend
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
-from adaspec.draft.base import Drafter, DraftProposal
-from adaspec.draft.model_tree import TreeDrafter
+from adaspec.draft.base import Drafter
 from adaspec.engine.metrics import RequestStats
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams, process_logits
-from adaspec.engine.token_tree import TokenTree, TreeProposal
+from adaspec.engine.text import TextAssembler
 from adaspec.errors import InputError
 from adaspec.verify.base import Verifier
-from adaspec.verify.greedy import GreedyVerifier
-from adaspec.verify.multi_candidate import (
-    GreedyTreeVerifier,
-    MCSSWithoutReplacementVerifier,
-    TreeVerifier,
-)
-from adaspec.verify.speculative import SpeculativeSampler
 
 
 @dataclass
@@ -50,31 +44,15 @@ class StreamChunk:
     token_ids: list[int]  # tokens accepted in this step
 
 
-class Engine:
-    """Target backend + tokenizer + decoding method (drafter, length controller, verifier)."""
+class TextGenerator(ABC):
+    """What every engine offers a caller: prompts in (text, chat turns or token ids), tokens
+    and text out, streamed or whole. `Engine` decodes; `route.router.RouterEngine` picks an
+    engine per request and lets it decode."""
 
-    def __init__(
-        self,
-        target: ModelBackend,
-        tokenizer,
-        drafter: Drafter | None = None,
-        controller: LengthController | None = None,
-        verifier: Verifier | TreeVerifier | None = None,
-        eos_token_ids: Sequence[int] | None = None,
-        max_context: int | None = None,
-    ) -> None:
-        self.target = target
-        self.tokenizer = tokenizer
-        self.drafter = drafter
-        self.controller = controller or StaticLength(4)
-        self.verifier = verifier  # None: greedy at temperature 0, speculative sampling above
-        self.eos_token_ids = set(
-            eos_token_ids if eos_token_ids is not None else _eos_ids(tokenizer)
-        )
-        limits = [target.max_context, max_context or target.max_context]
-        if drafter is not None and hasattr(drafter, "backend"):
-            limits.append(drafter.backend.max_context)
-        self.max_context = min(limits)
+    target: ModelBackend
+    tokenizer: object
+    eos_token_ids: set[int]
+    max_context: int
 
     # ----------------------------------------------------------------- input
     def encode_prompt(
@@ -105,14 +83,14 @@ class Engine:
         if self.tokenizer is None:
             raise InputError("this engine has no tokenizer: pass the prompt as token ids")
         if chat and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
+            ids = self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
                 messages, add_generation_prompt=True, tokenize=True
             )
             if hasattr(ids, "keys"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return [int(t) for t in ids]
         text = "\n".join(str(m["content"]) for m in messages)  # no template: plain turns
-        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]  # type: ignore[attr-defined]
 
     def _check_lengths(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -125,7 +103,7 @@ class Engine:
                 "prompt or lower max_new_tokens"
             )
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ output
     def stream(
         self,
         prompt: str | Sequence[int],
@@ -142,7 +120,7 @@ class Engine:
             raise InputError("stop strings must be non-empty strings")
         prompt_ids = self.encode_prompt(prompt, chat=chat)
         self._check_lengths(prompt_ids, max_new_tokens)
-        yield from self._decode(prompt_ids, max_new_tokens, sampling, list(stop))
+        yield from self.decode(prompt_ids, max_new_tokens, sampling, list(stop))
 
     def generate(
         self,
@@ -159,71 +137,72 @@ class Engine:
         assert result is not None
         return result
 
-    def _verifier_for(self, sampling: SamplingParams) -> Verifier:
-        if isinstance(self.verifier, TreeVerifier):
-            raise InputError(
-                f"verifier {self.verifier.name!r} walks token trees; give the drafter a tree "
-                "(tree=...) or use verify=speculative or greedy"
-            )
-        if self.verifier is not None:
-            if isinstance(self.verifier, GreedyVerifier) and not sampling.greedy:
-                raise InputError(
-                    "the greedy verifier only keeps the output exact at temperature 0; use "
-                    "verify=speculative (or leave verify unset) for temperature > 0"
-                )
-            return self.verifier
-        return GreedyVerifier() if sampling.greedy else SpeculativeSampler()
-
-    def _tree_verifier_for(self, sampling: SamplingParams) -> TreeVerifier:
-        verifier = self.verifier
-        if verifier is None:
-            return GreedyTreeVerifier() if sampling.greedy else MCSSWithoutReplacementVerifier()
-        if not isinstance(verifier, TreeVerifier):
-            raise InputError(
-                f"verifier {verifier.name!r} checks chains; a token tree needs verify=mcss, "
-                "mcss-wor, mcns or greedy"
-            )
-        if isinstance(verifier, GreedyTreeVerifier) and not sampling.greedy:
-            raise InputError(
-                "the greedy verifier only keeps the output exact at temperature 0; use "
-                "verify=mcss-wor, mcss or mcns (or leave verify unset) for temperature > 0"
-            )
-        return verifier
-
-    # A router engine (adaspec.route) asks the prefill for the prompt's hidden state at this
-    # layer and picks the drafter, controller and verifier in `_route`, so the routing
-    # decision costs no second prefill. Plain engines do neither.
-    prefill_hidden_layer: int | None = None
-
-    def _route(
-        self,
-        prompt_ids: list[int],
-        prefill: ForwardOutput,
-        sampling: SamplingParams,
-        stats: RequestStats,
-    ) -> None:
-        """Hook between the prefill and the first token: choose this request's method."""
-
-    def _request_verifier(self, sampling: SamplingParams) -> Verifier | TreeVerifier:
-        if isinstance(self.drafter, TreeDrafter):
-            return self._tree_verifier_for(sampling)
-        return self._verifier_for(sampling)
-
-    def _decode(
+    @abstractmethod
+    def decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
     ) -> Iterator[StreamChunk | GenerationResult]:
-        stats = RequestStats(prompt_tokens=len(prompt_ids))
-        generator = sampling.generator()
-        self._request_verifier(sampling)  # bad settings fail before any compute
-        text_out = _TextAssembler(self.tokenizer, stop)
-        t_start = time.perf_counter()
+        """Decode checked prompt ids."""
 
-        prefill = self.target.prefill(
-            torch.tensor(prompt_ids), hidden_layer=self.prefill_hidden_layer
+
+class Engine(TextGenerator):
+    """Target backend + tokenizer + decoding method (drafter, length controller, verifier)."""
+
+    def __init__(
+        self,
+        target: ModelBackend,
+        tokenizer,
+        drafter: Drafter | None = None,
+        controller: LengthController | None = None,
+        verifier: str | Verifier | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        max_context: int | None = None,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.controller = controller or StaticLength(4)
+        # None or "auto": greedy at temperature 0; above, speculative sampling (mcss-wor
+        # for a drafter of trees). A name or a Verifier is checked against the drafter now.
+        self.verifier = verifier
+        verify.choose(verifier, self.drafts_trees)
+        self.eos_token_ids = set(
+            eos_token_ids if eos_token_ids is not None else _eos_ids(tokenizer)
         )
-        self._route(prompt_ids, prefill, sampling, stats)
-        verifier = self._request_verifier(sampling)  # for the method the router chose
-        first = _pick(prefill.logits[-1:], sampling, generator, verifier)
+        limits = [target.max_context, max_context or target.max_context]
+        if drafter is not None and hasattr(drafter, "backend"):
+            limits.append(drafter.backend.max_context)
+        self.max_context = min(limits)
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.drafter is not None and self.drafter.drafts_trees
+
+    def request_verifier(self, sampling: SamplingParams) -> Verifier:
+        """The verifier of one request (bad settings fail here, before any compute)."""
+        return verify.choose(self.verifier, self.drafts_trees, sampling.greedy)
+
+    # ------------------------------------------------------------------ loop
+    def decode(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        stop: list[str],
+        prefill: ForwardOutput | None = None,
+        stats: RequestStats | None = None,
+    ) -> Iterator[StreamChunk | GenerationResult]:
+        """Decode after the prompt. `prefill`: the target already scored the prompt into its
+        cache (a router did, to read the prompt's state), with `stats` it started."""
+        stats = stats or RequestStats(prompt_tokens=len(prompt_ids))
+        generator = sampling.generator()
+        verifier = self.request_verifier(sampling)
+        text_out = TextAssembler(self.tokenizer, stop)
+        t_start = time.perf_counter() - stats.prefill_time - stats.route_time
+
+        if prefill is None:
+            prefill = self.target.prefill(torch.tensor(prompt_ids))
+        first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill.logits[-1:], sampling,
+                             generator, verifier).next_token
         stats.target_calls += 1
         stats.prefill_time = time.perf_counter() - t_start - stats.route_time
         self.controller.start()
@@ -269,15 +248,8 @@ class Engine:
             k = min(
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
-            if isinstance(self.drafter, TreeDrafter):
-                step_tokens = self._tree_step(context, k, sampling, generator, verifier, stats)
-            else:
-                step_tokens = self._chain_step(context, k, sampling, generator, verifier, stats)
+            step_tokens = self._step(context, k, sampling, generator, verifier, stats)
             context = context + step_tokens
-            if self.drafter is not None:
-                t0 = time.perf_counter()
-                self.drafter.commit(context)
-                stats.draft_time += time.perf_counter() - t0
 
         stats.new_tokens = len(generated)
         stats.wall_time = time.perf_counter() - t_start
@@ -289,7 +261,7 @@ class Engine:
             prompt_ids=prompt_ids,
         )
 
-    def _chain_step(
+    def _step(
         self,
         context: list[int],
         k: int,
@@ -298,102 +270,56 @@ class Engine:
         verifier: Verifier,
         stats: RequestStats,
     ) -> list[int]:
-        """Draft up to k tokens, score [last token] + draft, verify; the accepted tokens."""
-        proposal = DraftProposal(tokens=[])
+        """Propose at most k levels below the last token, score root + proposal in one target
+        pass, verify, roll both caches back to the accepted path; the accepted tokens."""
+        root = len(context) - 1  # cache index and position of the last token
+        proposal = Proposal.chain(context[-1], [])
         if self.drafter is not None and k > 0:
             t0 = time.perf_counter()
-            proposal = self.drafter.propose(context, k, self.controller, sampling, generator)
-            stats.draft_time += time.perf_counter() - t0
-            stats.draft_calls += proposal.forward_calls
-            proposal.tokens = proposal.tokens[:k]
-
-        t0 = time.perf_counter()
-        draft = proposal.tokens
-        fed = torch.tensor([context[-1], *draft])
-        target_logits = self.target.forward(fed).logits
-        stats.target_calls += 1
-        target_probs = (
-            target_logits
-            if isinstance(verifier, GreedyVerifier)
-            else process_logits(target_logits, sampling)
-        )
-        draft_probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
-        verdict = verifier.verify(draft, draft_probs, target_probs, generator)
-        self.target.truncate(len(context) + verdict.accepted)
-        stats.verify_time += time.perf_counter() - t0
-
-        if draft:
-            stats.drafted += len(draft)
-            stats.accepted += verdict.accepted
-            stats.steps.append((len(draft), verdict.accepted))
-            self.controller.update(len(draft), verdict.accepted)
-        return [*draft[: verdict.accepted], verdict.next_token]
-
-    def _tree_step(
-        self,
-        context: list[int],
-        depth: int,
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        verifier: TreeVerifier,
-        stats: RequestStats,
-    ) -> list[int]:
-        """Draft a token tree below the last token, score every node in one target pass
-        (tree mask + positions), walk it with the tree verifier, and compact both caches to
-        the accepted path; the accepted tokens."""
-        assert isinstance(self.drafter, TreeDrafter)
-        root = len(context) - 1  # cache index and position of the root (the last token)
-        if depth > 0:
-            t0 = time.perf_counter()
-            proposal = self.drafter.propose_tree(
-                context, depth, sampling, generator, verifier.replacement
+            proposal = self.drafter.propose(
+                context, k, self.controller, sampling, generator, verifier.replacement
             )
             stats.draft_time += time.perf_counter() - t0
             stats.draft_calls += proposal.forward_calls
-        else:
-            proposal = TreeProposal(tree=TokenTree.root(context[-1]))
-        tree = proposal.tree
+            if proposal.depth > k:
+                raise RuntimeError(f"drafter {self.drafter.name!r} proposed {proposal.depth} "
+                                   f"levels, more than the {k} asked")
 
         t0 = time.perf_counter()
-        tokens, positions, mask = tree.flatten(root)
+        tokens, positions, mask = proposal.target_inputs(root)
         target_logits = self.target.forward(tokens, positions, mask).logits
         stats.target_calls += 1
-        target_probs = (
-            target_logits
-            if isinstance(verifier, GreedyTreeVerifier)
-            else process_logits(target_logits, sampling)
-        )
-        verdict = verifier.verify_tree(tree, proposal.probs, target_probs, generator)
-        if verdict.path == list(range(1, verdict.accepted + 1)):  # a prefix of the cache
-            self.target.truncate(root + 1 + verdict.accepted)
-        else:
-            self.target.keep(torch.tensor([*range(root + 1), *(root + i for i in verdict.path)]))
+        verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
+        self._roll_back(root, verdict.path)
         stats.verify_time += time.perf_counter() - t0
 
-        if tree.depth:
-            # Drafted counts positions (levels), not nodes: acceptance compares with chains.
-            stats.drafted += tree.depth
+        if proposal.depth:
+            # Drafted counts positions (levels), not nodes: tree acceptance compares with
+            # a chain's.
+            stats.drafted += proposal.depth
             stats.accepted += verdict.accepted
-            stats.steps.append((tree.depth, verdict.accepted))
-            self.controller.update(tree.depth, verdict.accepted)
+            stats.steps.append((proposal.depth, verdict.accepted))
+            self.controller.update(proposal.depth, verdict.accepted)
+        accepted = [*proposal.tokens_on(verdict.path), verdict.next_token]
+        if self.drafter is not None:
             t0 = time.perf_counter()
-            self.drafter.accept_path(verdict.path)
+            self.drafter.commit(context + accepted, verdict.path)
             stats.draft_time += time.perf_counter() - t0
-        return [*(tree.tokens[i] for i in verdict.path), verdict.next_token]
+        return accepted
 
+    @staticmethod
+    def _verify(proposal, logits, sampling, generator, verifier):
+        """A greedy verifier reads raw logits; the others the processed distributions."""
+        probs = logits if verifier.greedy else process_logits(logits, sampling)
+        return verifier.verify(proposal, probs, generator)
 
-def _pick(
-    logits: torch.Tensor,
-    sampling: SamplingParams,
-    generator: torch.Generator,
-    verifier: Verifier | TreeVerifier,
-) -> int:
-    """The first token comes straight from the prefill: a verification of an empty draft."""
-    greedy = isinstance(verifier, (GreedyVerifier, GreedyTreeVerifier))
-    probs = logits if greedy else process_logits(logits, sampling)
-    if isinstance(verifier, TreeVerifier):
-        return verifier.verify_tree(TokenTree.root(0), None, probs, generator).next_token
-    return verifier.verify([], None, probs, generator).next_token
+    def _roll_back(self, root: int, path: list[int]) -> None:
+        """Keep the context and the accepted nodes in the target cache: a cut when they are
+        its prefix (always, for a chain), else a compaction."""
+        if path == list(range(1, len(path) + 1)):
+            self.target.truncate(root + 1 + len(path))
+        else:
+            self.target.keep(torch.tensor([*range(root + 1), *(root + i for i in path)]))
 
 
 def _eos_ids(tokenizer) -> list[int]:
@@ -405,86 +331,3 @@ def _eos_ids(tokenizer) -> list[int]:
     for extra in getattr(tokenizer, "adaspec_eos_token_ids", []) or []:
         ids.append(int(extra))
     return ids
-
-
-class _TextAssembler:
-    """Turns accepted tokens into final text, holding back what may still become a stop
-    string or an incomplete UTF-8 character."""
-
-    STABLE_EVERY = 16  # tokens between updates of the decoded prefix kept
-
-    def __init__(self, tokenizer, stop: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.sent = 0  # characters already handed out
-        self.cut: int | None = None  # where a stop string begins
-        # Decoding every generated token again at each step cost 1.4 ms a step at 256
-        # tokens; a prefix that ends on a whole character decodes the same on its own, so
-        # its text is kept and only the tokens after it are decoded. (Not when the tokenizer
-        # rewrites spaces across tokens: then the whole text is decoded each time.)
-        self._incremental = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        self._stable: list[int] = []
-        self._stable_text = ""
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _text(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        n = len(self._stable)
-        if not self._incremental or ids[:n] != self._stable:
-            self._stable, self._stable_text = [], ""
-            n = 0
-        text = self._stable_text + self._decode(ids[n:])
-        if len(ids) - n >= self.STABLE_EVERY and not text.endswith("\ufffd"):
-            self._stable, self._stable_text = list(ids), text
-        return text
-
-    def push(self, ids: list[int], final: bool) -> tuple[str, bool]:
-        text = self._text(ids)
-        hit = False
-        for s in self.stop:
-            pos = text.find(s)
-            if pos != -1 and (self.cut is None or pos < self.cut):
-                self.cut = pos
-                hit = True
-        if self.cut is not None:
-            safe = self.cut
-        elif final:
-            safe = len(text)
-        else:
-            safe = len(text) - _held_back(text, self.stop)
-        piece = text[self.sent : safe] if safe > self.sent else ""
-        self.sent = max(self.sent, safe)
-        return piece, hit
-
-    def tokens_through_stop(self, ids: list[int]) -> int:
-        """The fewest leading tokens whose text already reaches the stop string."""
-        assert self.cut is not None
-        n = len(ids)
-        while n > 1 and self._reaches_stop(ids[: n - 1]):
-            n -= 1
-        return n
-
-    def _reaches_stop(self, ids: list[int]) -> bool:
-        text = self._text(ids)
-        return any(text.find(s) == self.cut for s in self.stop)
-
-    def final_text(self, ids: list[int]) -> str:
-        text = self._text(ids)
-        return text[: self.cut] if self.cut is not None else text
-
-
-def _held_back(text: str, stop: list[str]) -> int:
-    """Characters at the end of `text` that could still start a stop string or be a partial
-    multi-byte character."""
-    hold = 0
-    while hold < len(text) and text[len(text) - 1 - hold] == "\ufffd":
-        hold += 1
-    for s in stop:
-        for n in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:n]):
-                hold = max(hold, n)
-                break
-    return hold

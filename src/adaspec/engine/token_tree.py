@@ -259,18 +259,3 @@ class TokenTree:
 
     def is_chain(self) -> bool:
         return all(len(c) <= 1 for c in self.children)
-
-
-@dataclass
-class TreeProposal:
-    """What a tree drafter hands the engine.
-
-    probs: [m, V] processed draft distributions; row i is the distribution node i's children
-        were drawn from, for every node with children (they are the first m nodes), or None
-        for deterministic candidates (temperature 0: the top-k distinct tokens).
-    """
-
-    tree: TokenTree
-    probs: torch.Tensor | None = None
-    forward_calls: int = 0
-    replacement: bool = True  # how sibling candidates were drawn (matters to the verifier)

@@ -71,7 +71,7 @@ def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | Non
         return target_params
     if spec.name == "ngram":
         return 0
-    if spec.needs_draft_model:
+    if spec.needs_draft_model():
         if draft_params is None:
             raise InputError(f"arm {spec.text!r} needs a draft model")
         return draft_params

@@ -1,21 +1,22 @@
 """The router engine: one prefill of the target, the policy picks an arm from the prompt's
 final hidden state, and decoding goes on with that arm's drafter, controller and verifier.
 
-Every arm is an ordinary Engine built by `build_engine` on the same loaded backends, so the
-router adds no decoding code of its own; whatever arm it picks, the output is that arm's,
-and so (exactness contract) the target's.
+Every arm is an ordinary Engine built by `build_engine` on the same loaded backends; the
+router composes them and adds no decoding code of its own: whatever arm it picks, the output
+is that arm's, and so (exactness contract) the target's.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
 from adaspec.backends.base import ForwardOutput, ModelBackend
-from adaspec.engine.loop import Engine
+from adaspec.engine.loop import Engine, GenerationResult, StreamChunk, TextGenerator
 from adaspec.engine.metrics import RequestStats
 from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
@@ -27,8 +28,10 @@ if TYPE_CHECKING:
     from adaspec.cost.profile import CostProfile
 
 
-class RouterEngine(Engine):
-    """Routes each request to one of `arms` (name -> Engine sharing one target).
+class RouterEngine(TextGenerator):
+    """Routes each request to one of `arms` (name -> Engine sharing one target): it runs the
+    target's prefill itself, asking for the prompt's final hidden state, lets the policy
+    pick an arm, and hands that arm's engine the prefilled cache to decode from.
 
     mode: "greedy" takes the policy's argmax, "dynamic" samples from it (seeded by the
     request's seed mixed with its prompt when it has a seed, else by the router's own
@@ -49,16 +52,14 @@ class RouterEngine(Engine):
         first = next(iter(arms.values()))
         if any(e.target is not first.target for e in arms.values()):
             raise InputError("every arm of a router must share the same target backend")
-        super().__init__(
-            first.target,
-            first.tokenizer,
-            eos_token_ids=sorted(first.eos_token_ids),
-            max_context=min(e.max_context for e in arms.values()),
-        )
         if mode not in MODES:
             raise InputError(f"unknown routing mode {mode!r}; use one of {', '.join(MODES)}")
         if policy is not None and policy.n_arms != len(arms):
             raise InputError(f"the policy scores {policy.n_arms} arms, the router has {len(arms)}")
+        self.target = first.target
+        self.tokenizer = first.tokenizer
+        self.eos_token_ids = set(first.eos_token_ids)
+        self.max_context = min(e.max_context for e in arms.values())
         self.arms = dict(arms)
         self.names = list(arms)
         self.policy = policy
@@ -66,47 +67,43 @@ class RouterEngine(Engine):
         self.seed = seed
         self._generator = torch.Generator().manual_seed(seed)
         self.force = force
-        self.prefill_hidden_layer = first.target.num_layers
         self.last_state: torch.Tensor | None = None  # the last request's prompt state
-        self._use(self.names[0])
 
-    def _use(self, name: str) -> None:
-        arm = self.arms[name]
-        self.drafter, self.controller, self.verifier = arm.drafter, arm.controller, arm.verifier
-
-    def _request_verifier(self, sampling: SamplingParams):
-        """Checked before the prefill: the router can route, and every arm (any may be
-        picked) accepts the sampling settings; then the current arm's verifier."""
+    def decode(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
+    ) -> Iterator[StreamChunk | GenerationResult]:
         if self.force is not None and self.force not in self.arms:
             raise InputError(f"no arm named {self.force!r}; arms: {', '.join(self.names)}")
         if self.force is None and self.policy is None:
             raise InputError("this router has no policy: load an artifact or force an arm")
-        for arm in self.arms.values():
-            arm._request_verifier(sampling)
-        return super()._request_verifier(sampling)
-
-    def _route(
-        self,
-        prompt_ids: list[int],
-        prefill: ForwardOutput,
-        sampling: SamplingParams,
-        stats: RequestStats,
-    ) -> None:
+        for arm in self.arms.values():  # any arm may be picked: each must take the settings
+            arm.request_verifier(sampling)
+        stats = RequestStats(prompt_tokens=len(prompt_ids))
         t0 = time.perf_counter()
+        prefill = self.target.prefill(
+            torch.tensor(prompt_ids), hidden_layer=self.target.num_layers
+        )
+        t1 = time.perf_counter()
+        name = self._choose(prompt_ids, prefill, sampling)
+        stats.prefill_time = t1 - t0
+        stats.route = name
+        stats.route_time = time.perf_counter() - t1
+        yield from self.arms[name].decode(
+            prompt_ids, max_new_tokens, sampling, stop, prefill=prefill, stats=stats
+        )
+
+    def _choose(self, prompt_ids: list[int], prefill: ForwardOutput,
+                sampling: SamplingParams) -> str:
         state = prompt_state(prefill, self.target)
         self.last_state = state
         if self.force is not None:
-            name = self.force
-        else:
-            assert self.policy is not None
-            generator = self._generator
-            if sampling.seed is not None:  # reproducible per (seed, prompt), varied across prompts
-                mixed = zlib.crc32(repr((sampling.seed, prompt_ids)).encode())
-                generator = torch.Generator().manual_seed(mixed)
-            name = self.names[self.policy.choose(state, self.mode, generator)]
-        self._use(name)
-        stats.route = name
-        stats.route_time = time.perf_counter() - t0
+            return self.force
+        assert self.policy is not None
+        generator = self._generator
+        if sampling.seed is not None:  # reproducible per (seed, prompt), varied across prompts
+            mixed = zlib.crc32(repr((sampling.seed, prompt_ids)).encode())
+            generator = torch.Generator().manual_seed(mixed)
+        return self.names[self.policy.choose(state, self.mode, generator)]
 
 
 def prompt_state(prefill: ForwardOutput, backend: ModelBackend) -> torch.Tensor:

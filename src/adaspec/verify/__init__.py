@@ -1,36 +1,76 @@
-"""Verifiers: decide which drafted tokens the target accepts, keeping the target's distribution."""
+"""Verifiers: decide which drafted tokens the target accepts, keeping the target's
+distribution. One interface for chains and trees (`base.Verifier`), one registry, and one
+function, `choose`, that holds every rule about which verifier may check what."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from adaspec.errors import InputError
+from adaspec.registry import Registry
 from adaspec.verify.base import Verdict, Verifier
 from adaspec.verify.greedy import GreedyVerifier
+from adaspec.verify.multi_candidate import (
+    MCNSVerifier,
+    MCSSVerifier,
+    MCSSWithoutReplacementVerifier,
+)
 from adaspec.verify.speculative import SpeculativeSampler, speculative_sample
 
-# One place maps names to verifiers, so CLI, bench and server accept the same strings.
-_REGISTRY: dict[str, Callable[[], Verifier]] = {
-    "greedy": GreedyVerifier,
-    "speculative": SpeculativeSampler,
-}
+AUTO = "auto"  # greedy at temperature 0; above it, speculative for chains, mcss-wor for trees
+
+VERIFIERS: Registry[Callable[[], Verifier]] = Registry("verifier")
+for _factory in (
+    GreedyVerifier,
+    SpeculativeSampler,
+    MCSSVerifier,
+    MCSSWithoutReplacementVerifier,
+    MCNSVerifier,
+):
+    VERIFIERS.register(_factory.name, _factory)
 
 
-def get_verifier(name: str) -> Verifier:
-    """A fresh verifier by name; unknown names raise InputError listing the known ones."""
-    try:
-        factory = _REGISTRY[name]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(_REGISTRY))
-        raise InputError(f"unknown verifier {name!r}; known verifiers: {known}") from None
-    return factory()
+def verifier_names() -> list[str]:
+    return [AUTO, *VERIFIERS.names()]
+
+
+def choose(
+    verifier: str | Verifier | None, trees: bool, greedy: bool | None = None
+) -> Verifier:
+    """The verifier for a drafter that proposes chains or (`trees`) token trees, at
+    temperature 0 (`greedy`) or above; None when the temperature is not known yet (a
+    method's settings are checked before any request). Every mismatch is an InputError."""
+    if verifier is None or verifier == AUTO:
+        if greedy or greedy is None:
+            return GreedyVerifier()
+        return MCSSWithoutReplacementVerifier() if trees else SpeculativeSampler()
+    chosen = VERIFIERS[verifier]() if isinstance(verifier, str) else verifier
+    if trees and not chosen.walks_trees:
+        raise InputError(
+            f"verify={chosen.name} checks chains; a token tree needs verify="
+            f"{', '.join(n for n, f in VERIFIERS.items() if f().walks_trees)}"
+        )
+    if chosen.greedy and greedy is False:
+        others = [n for n, f in VERIFIERS.items()
+                  if not f().greedy and (f().walks_trees or not trees)]
+        raise InputError(
+            f"the {chosen.name} verifier only keeps the output exact at temperature 0; use "
+            f"verify={' or '.join(others)} (or leave verify unset) for temperature > 0"
+        )
+    return chosen
 
 
 __all__ = [
+    "AUTO",
+    "VERIFIERS",
     "GreedyVerifier",
+    "MCNSVerifier",
+    "MCSSVerifier",
+    "MCSSWithoutReplacementVerifier",
     "SpeculativeSampler",
     "Verdict",
     "Verifier",
-    "get_verifier",
+    "choose",
     "speculative_sample",
+    "verifier_names",
 ]

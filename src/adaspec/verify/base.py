@@ -1,4 +1,10 @@
-"""The verifier interface for a chain of drafted tokens."""
+"""The verifier interface, one for chains and trees.
+
+A verifier walks a proposal from the root against the target's processed distributions and
+returns the accepted path plus one token of its own (the correction after a rejection, or
+the bonus token after the last accepted node). Every rule here keeps the emitted tokens
+distributed exactly as the target's (the exactness contract, docs/exactness.md).
+"""
 
 from __future__ import annotations
 
@@ -7,47 +13,59 @@ from dataclasses import dataclass
 
 import torch
 
+from adaspec.engine.proposal import Proposal
 from adaspec.errors import InputError
 
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: int  # how many drafted tokens the target accepted (a prefix of the draft)
+    path: list[int]  # accepted node indices, first level first (the root excluded)
     next_token: int  # the correction token (on rejection) or the bonus token (all accepted)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
 
 
 class Verifier(ABC):
-    """Walks a drafted chain against the target's processed distributions.
-
-    draft_tokens: the k proposed token ids.
-    draft_probs: [k, V] processed draft distributions that the tokens were sampled from, or
-        None for a deterministic drafter (n-gram): then each token had probability 1.
-    target_probs: [k + 1, V] processed target distributions; row i scores the token after
-        draft_tokens[:i]; the last row gives the bonus token.
-    """
+    """target_probs: [n, V], row i = the target's processed distribution after the path
+    root -> node i (raw logits for a greedy verifier: only the argmax matters)."""
 
     name: str
+    walks_trees: bool = True  # False: verifies chains only
+    greedy: bool = False  # reads only the argmax: exact at temperature 0 only
+    replacement: bool = False  # how the drafter should draw sibling candidates for it
+    # True: the rule is only exact when siblings were drawn as `replacement` says (MCSS).
+    needs_matching_draws: bool = False
 
     @abstractmethod
     def verify(
         self,
-        draft_tokens: list[int],
-        draft_probs: torch.Tensor | None,
+        proposal: Proposal,
         target_probs: torch.Tensor,
         generator: torch.Generator | None,
     ) -> Verdict: ...
 
-
-def check_chain_shapes(
-    k: int, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
-) -> None:
-    """Both chain verifiers need target rows for k drafts + 1 and, if given, k draft rows."""
-    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-        raise InputError(
-            f"target_probs must be [k + 1, V] = [{k + 1}, V] for {k} draft tokens, "
-            f"got {list(target_probs.shape)}"
-        )
-    if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
-        raise InputError(
-            f"draft_probs must be [k, V] = [{k}, V] or None, got {list(draft_probs.shape)}"
-        )
+    def check(self, proposal: Proposal, target_probs: torch.Tensor) -> None:
+        """Shapes, and that the proposal was drawn the way this rule assumes."""
+        n = len(proposal.tree)
+        if target_probs.dim() != 2 or target_probs.shape[0] != n:
+            raise InputError(
+                f"target_probs must be [n, V] = [{n}, V] for a proposal of {n} nodes "
+                f"(root included), got {list(target_probs.shape)}"
+            )
+        if not self.walks_trees and not proposal.is_chain:
+            raise InputError(f"verifier {self.name!r} checks chains, not token trees")
+        if (
+            self.needs_matching_draws
+            and not proposal.is_chain
+            and proposal.probs is not None
+            and proposal.replacement is not None
+            and proposal.replacement != self.replacement
+        ):
+            drawn = "with" if proposal.replacement else "without"
+            wanted = "with" if self.replacement else "without"
+            raise InputError(
+                f"verifier {self.name!r} needs sibling candidates drawn {wanted} replacement; "
+                f"this proposal's were drawn {drawn}"
+            )

@@ -1,4 +1,4 @@
-"""Greedy verification: keep the drafted prefix the target's argmax agrees with.
+"""Greedy verification: keep the drafted path the target's argmax agrees with.
 
 At temperature 0 this makes the output token-for-token the target's greedy output, whatever
 the drafter proposed, because every emitted token is the argmax of a target row.
@@ -8,34 +8,44 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import argmax
-from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
+from adaspec.verify.base import Verdict, Verifier
 
 
 class GreedyVerifier(Verifier):
-    """Accept the longest prefix equal to the target's argmax; emit the argmax after it.
+    """Follow the child equal to the target's argmax while there is one; emit the argmax.
 
     Rows of `target_probs` may be one-hot or any distribution (logits work too): only their
-    argmax matters. `draft_probs` and `generator` are ignored, so a greedy step is
+    argmax matters. Draft distributions and `generator` are ignored, so a greedy step is
     deterministic.
     """
 
     name = "greedy"
+    greedy = True
 
     def verify(
         self,
-        draft_tokens: list[int],
-        draft_probs: torch.Tensor | None,
+        proposal: Proposal,
         target_probs: torch.Tensor,
         generator: torch.Generator | None,
     ) -> Verdict:
-        k = len(draft_tokens)
-        check_chain_shapes(k, None, target_probs)
+        self.check(proposal, target_probs)
         best = argmax(target_probs)
-        if k == 0:
-            return Verdict(accepted=0, next_token=int(best[0]))
-        # Out-of-vocabulary draft ids simply never match an argmax.
-        drafted = torch.tensor(draft_tokens, dtype=best.dtype)
-        matches = best[:k] == drafted
-        accepted = int(matches.int().cumprod(0).sum())
-        return Verdict(accepted=accepted, next_token=int(best[accepted]))
+        tree = proposal.tree
+        if proposal.is_chain:  # one vectorised comparison
+            k = tree.depth
+            if k == 0:
+                return Verdict([], int(best[0]))
+            # Out-of-vocabulary draft ids simply never match an argmax.
+            drafted = torch.tensor(tree.tokens[1:], dtype=best.dtype)
+            accepted = int((best[:k] == drafted).int().cumprod(0).sum())
+            return Verdict(list(range(1, accepted + 1)), int(best[accepted]))
+        node, path = 0, []
+        while True:
+            want = int(best[node])
+            nxt = next((c for c in tree.children[node] if tree.tokens[c] == want), None)
+            if nxt is None:
+                return Verdict(path, want)
+            path.append(nxt)
+            node = nxt

@@ -26,26 +26,16 @@ distributed exactly as p, so the emitted sequence is distributed as the target's
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import sample_rows
-from adaspec.engine.token_tree import TokenTree
 from adaspec.errors import InputError
-
-
-@dataclass(frozen=True)
-class TreeVerdict:
-    path: list[int]  # accepted node indices, first level first (the root excluded)
-    next_token: int  # the token emitted after the path (correction or bonus)
-
-    @property
-    def accepted(self) -> int:
-        return len(self.path)
+from adaspec.verify.base import Verdict, Verifier
 
 
 def _check_batch(candidates: torch.Tensor, p: torch.Tensor) -> None:
@@ -153,29 +143,14 @@ def mcns_step(
     return _follow(candidates, sample_rows(p, generator))
 
 
-def greedy_step(
-    candidates: torch.Tensor,
-    q: torch.Tensor | None,
-    p: torch.Tensor,
-    generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Follow the candidate equal to argmax p (p may be logits), else emit the argmax."""
-    _check_batch(candidates, p)
-    return _follow(candidates.to(torch.long), p.argmax(-1))
-
-
 StepFn = Callable[
     [torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None],
     tuple[torch.Tensor, torch.Tensor],
 ]
 
 
-class TreeVerifier(ABC):
-    """Walks a token tree from the root with a per-node `step`."""
-
-    name: str
-    # How the drafter should draw sibling candidates at temperature > 0 for this verifier.
-    replacement: bool = False
+class TreeWalkVerifier(Verifier):
+    """Walks a proposal from the root with a per-node `step` (chains are trees too)."""
 
     @abstractmethod
     def step(
@@ -186,22 +161,14 @@ class TreeVerifier(ABC):
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def verify_tree(
+    def verify(
         self,
-        tree: TokenTree,
-        draft_probs: torch.Tensor | None,
+        proposal: Proposal,
         target_probs: torch.Tensor,
         generator: torch.Generator | None,
-    ) -> TreeVerdict:
-        """target_probs: [n, V], row i = the target's processed distribution after node i's
-        path. draft_probs: [m, V], row i = what node i's children were drawn from, for every
-        node with children, or None for deterministic candidates."""
-        n = len(tree)
-        if target_probs.dim() != 2 or target_probs.shape[0] != n:
-            raise InputError(
-                f"target_probs must be [n, V] = [{n}, V] for a tree of {n} nodes, "
-                f"got {list(target_probs.shape)}"
-            )
+    ) -> Verdict:
+        self.check(proposal, target_probs)
+        tree, draft_probs = proposal.tree, proposal.probs
         node = 0
         path: list[int] = []
         while True:
@@ -210,12 +177,12 @@ class TreeVerifier(ABC):
             q = None
             if draft_probs is not None and kids:
                 if node >= draft_probs.shape[0]:
-                    raise InputError(f"draft_probs has no row for node {node}, which has children")
+                    raise InputError(f"draft probs have no row for node {node}, which has children")
                 q = draft_probs[node : node + 1]
             choice, token = self.step(cands, q, target_probs[node : node + 1], generator)
             c = int(choice[0])
             if c < 0:
-                return TreeVerdict(path=path, next_token=int(token[0]))
+                return Verdict(path=path, next_token=int(token[0]))
             node = kids[c]
             path.append(node)
 
@@ -227,8 +194,8 @@ class TreeVerifier(ABC):
         target_probs: torch.Tensor,
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`verify_tree` for B trees of one regular shape at once (the statistical tests
-        draw 10^5 verdicts this way; with B = 1 it makes the same draws as `verify_tree`).
+        """`verify` for B trees of one regular shape at once (the statistical tests
+        draw 10^5 verdicts this way; with B = 1 it makes the same draws as `verify`).
 
         tokens: [B, n] in level order (node 0 the root); draft_probs: [B, m, V] or None;
         target_probs: [B, n, V]. Returns (path [B, D] node indices padded with -1,
@@ -273,28 +240,30 @@ class TreeVerifier(ABC):
         return path, accepted, next_token
 
 
-class MCSSVerifier(TreeVerifier):
+class MCSSVerifier(TreeWalkVerifier):
     """MCSS with replacement (Algorithm 1): candidates are i.i.d. draws from q."""
 
     name = "mcss"
     replacement = True
+    needs_matching_draws = True
 
     def step(self, candidates, q, p, generator):
         return mcss_step(candidates, q, p, generator, replacement=True)
 
 
-class MCSSWithoutReplacementVerifier(TreeVerifier):
+class MCSSWithoutReplacementVerifier(TreeWalkVerifier):
     """MCSS without replacement (Algorithm 2): candidate i is drawn from q without the
     earlier ones."""
 
     name = "mcss-wor"
     replacement = False
+    needs_matching_draws = True
 
     def step(self, candidates, q, p, generator):
         return mcss_step(candidates, q, p, generator, replacement=False)
 
 
-class MCNSVerifier(TreeVerifier):
+class MCNSVerifier(TreeWalkVerifier):
     """Naive multi-candidate sampling (the paper's baseline). Distinct candidates serve it
     best, so the drafter draws them without replacement."""
 
@@ -303,30 +272,3 @@ class MCNSVerifier(TreeVerifier):
 
     def step(self, candidates, q, p, generator):
         return mcns_step(candidates, q, p, generator)
-
-
-class GreedyTreeVerifier(TreeVerifier):
-    """Temperature 0: follow the target's argmax while it is a candidate."""
-
-    name = "greedy"
-    replacement = False
-
-    def step(self, candidates, q, p, generator):
-        return greedy_step(candidates, q, p, generator)
-
-
-TREE_VERIFIERS: dict[str, Callable[[], TreeVerifier]] = {
-    "mcss": MCSSVerifier,
-    "mcss-wor": MCSSWithoutReplacementVerifier,
-    "mcns": MCNSVerifier,
-    "greedy": GreedyTreeVerifier,
-}
-
-
-def get_tree_verifier(name: str) -> TreeVerifier:
-    try:
-        factory = TREE_VERIFIERS[name]
-    except (KeyError, TypeError):
-        known = ", ".join(TREE_VERIFIERS)
-        raise InputError(f"unknown tree verifier {name!r}; known tree verifiers: {known}") from None
-    return factory()

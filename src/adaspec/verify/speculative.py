@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import sample_rows
 from adaspec.errors import InputError
-from adaspec.verify.base import Verdict, Verifier, check_chain_shapes
+from adaspec.verify.base import Verdict, Verifier
 
 
 def _pad_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
@@ -107,21 +108,27 @@ class SpeculativeSampler(Verifier):
     """Exact speculative sampling for one drafted chain (temperature > 0)."""
 
     name = "speculative"
+    walks_trees = False
 
     def verify(
         self,
-        draft_tokens: list[int],
-        draft_probs: torch.Tensor | None,
+        proposal: Proposal,
         target_probs: torch.Tensor,
         generator: torch.Generator | None,
     ) -> Verdict:
-        k = len(draft_tokens)
-        check_chain_shapes(k, draft_probs, target_probs)
-        tokens = torch.tensor([draft_tokens], dtype=torch.long, device=target_probs.device)
+        self.check(proposal, target_probs)
+        k = proposal.depth
+        draft_probs = proposal.probs
+        if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
+            raise InputError(
+                f"draft probs must be [k, V] = [{k}, V] or None, got {list(draft_probs.shape)}"
+            )
+        tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=target_probs.device)
         accepted, next_token = speculative_sample(
             tokens.view(1, k),
             None if draft_probs is None else draft_probs.unsqueeze(0),
             target_probs.unsqueeze(0),
             generator,
         )
-        return Verdict(accepted=int(accepted[0]), next_token=int(next_token[0]))
+        n = int(accepted[0])
+        return Verdict(list(range(1, n + 1)), int(next_token[0]))

@@ -1,6 +1,6 @@
 """llama.cpp's own decoding of the same GGUF target: the yardsticks a CPU user would pick.
 
-Three bench reference methods (names in `adaspec.methods.spec.REFERENCE_METHODS`):
+Three bench reference methods (registered in `lab.bench.references`):
 
 - `llamacpp`: plain greedy decoding, our loop around `Llama.eval` (`LlamaCppDecoder`).
 - `llamacpp-lookup:k=N,n_max=M`: llama-cpp-python's prompt-lookup decoding,
@@ -51,7 +51,7 @@ __all__ = [
     "open_decoder",
 ]
 
-# The bench's llama.cpp reference methods (adaspec.methods.spec.REFERENCE_METHODS spells them too).
+# The bench's llama.cpp reference methods (registered in lab.bench.references).
 PLAIN = "llamacpp"
 LOOKUP = "llamacpp-lookup"
 DRAFT = "llamacpp-draft"

@@ -31,10 +31,11 @@ from adaspec.errors import InputError
 from adaspec.lab.bench.exactness import classify, first_difference
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
+from adaspec.lab.bench.references import parse_bench_method
 from adaspec.lab.bench.report import row_key, summarize, to_markdown
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits
-from adaspec.methods.spec import MethodSpec, parse_method
+from adaspec.methods.spec import MethodSpec
 
 RESULTS = "results.jsonl"
 METHOD_ORDERS = ("rotate", "fixed")  # BenchConfig.method_order
@@ -106,7 +107,7 @@ def with_variant_baselines(methods: list[str], run_quant: str = "none") -> list[
     quants: list[str] = []
     for m in methods:
         try:
-            q = parse_method(m, reference=True).quant
+            q = parse_bench_method(m).quant
         except InputError:
             continue  # custom engines (tests) and bad names are reported where they are built
         if q is not None and q != run_quant and q not in quants:
@@ -217,10 +218,10 @@ class BenchRunner:
                 self.specs[m] = None
                 self.engines[m] = custom[m]
                 continue
-            spec = parse_method(m, reference=True)
+            spec = parse_bench_method(m)
             self.specs[m] = spec
             self.backends[m] = self._backends_for(spec)
-            if spec.needs_draft_model and draft is None:
+            if spec.needs_draft_model() and draft is None:
                 raise InputError(f"method {m!r} needs a draft model (--draft)")
             if spec.other_weights:
                 try:
@@ -228,7 +229,7 @@ class BenchRunner:
                         target_gguf,
                         config.temperature,
                         method=spec.name,
-                        params=dict(spec.params),
+                        params=spec.settings(),
                         draft=config.draft or None,
                     )
                 except LlamaCppUnavailable as exc:
@@ -269,7 +270,7 @@ class BenchRunner:
         target = self._variant("target", spec.quant)
         assert target is not None
         draft = self.draft
-        if spec.needs_draft_model:
+        if spec.needs_draft_model():
             draft = self._variant("draft", spec.draft_quant)
         return target, draft
 
@@ -291,7 +292,7 @@ class BenchRunner:
         return self.config.temperature == 0
 
     def draft_methods(self) -> list[str]:
-        return [m for m, s in self.specs.items() if s is not None and s.needs_draft_model]
+        return [m for m, s in self.specs.items() if s is not None and s.needs_draft_model()]
 
     def turn_prompt_ids(self, prompt: Prompt, answers: list[list[int]]) -> list[int]:
         """Prompt ids of the next turn, given the token ids of the answers so far."""
@@ -329,13 +330,14 @@ class BenchRunner:
                     self.eos_token_ids,
                     draft.model,  # type: ignore[attr-defined]
                     sampling=sampling,
-                    **reference_settings(spec.name, spec.params),
+                    **reference_settings(spec.name, spec.settings()),
                 )
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
         engine = self.engines[method]
-        if isinstance(engine.controller, OracleLength):
-            self.prime_oracle(engine.controller, prompt_ids, max_new_tokens, sampling)
+        controller = getattr(engine, "controller", None)  # a router has none of its own
+        if isinstance(controller, OracleLength):
+            self.prime_oracle(controller, prompt_ids, max_new_tokens, sampling)
         res = engine.generate(prompt_ids, max_new_tokens, sampling)
         if method == "ar":
             self.references[(tuple(prompt_ids), max_new_tokens)] = res.token_ids

@@ -159,7 +159,7 @@ def load_artifacts(paths: Sequence[str]) -> list[tuple[str, DiscoArtifact]]:
 
 def run_disco_bench(args, log: Callable[[str], None]) -> int:
     """The `adaspec disco bench` command (args from cli.disco)."""
-    from adaspec.engine.build import load_backends
+    from adaspec.backends.load import load_backends
     from adaspec.lab.bench.machine import describe_machine
     from adaspec.lab.bench.runner import BenchConfig, BenchRunner, check_out
     from adaspec.lab.disco.disco_report import disco_report, to_markdown

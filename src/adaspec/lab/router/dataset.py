@@ -111,7 +111,7 @@ class RouterData:
         priced = np.zeros((len(self), len(self.arms)))
         for j, arm in enumerate(self.arms):
             spec = parse_method(self.methods[arm])
-            branching = spec.tree if "tree" in spec.params else None
+            branching = spec.tree
             for i, p in enumerate(self.prompt_ids):
                 row = self.rows[(p, arm)]
                 priced[i, j] = priced_decode_ms(row, profile, branching) / row["new_tokens"]

@@ -1,0 +1,68 @@
+"""What a drafter hands the engine: one type for chains and trees.
+
+A proposal is a token tree below the root (the last accepted context token); a chain is the
+tree whose every node has one child. The engine scores every node in one target pass and a
+verifier walks the tree from the root, so chain and tree steps differ only in this object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.engine.token_tree import TokenTree
+
+
+@dataclass
+class Proposal:
+    """tree: the drafted tokens below the root (node 0).
+    probs: [m, V] processed draft distributions, row i = the one node i's children were
+        drawn from, for every node with children (the first m nodes; for a chain of k
+        tokens, row i drew token i + 1); None when the tokens are deterministic (n-gram
+        lookup, temperature 0): they then count as probability 1.
+    replacement: how sibling candidates were drawn (i.i.d. or without replacement); the
+        verifier checks it matches the rule it needs. None: no siblings were sampled.
+    """
+
+    tree: TokenTree
+    probs: torch.Tensor | None = None
+    forward_calls: int = 0  # draft model forward passes spent on it
+    replacement: bool | None = None
+
+    @classmethod
+    def chain(
+        cls,
+        root: int,
+        tokens: list[int],
+        probs: torch.Tensor | None = None,
+        forward_calls: int = 0,
+    ) -> Proposal:
+        tree = TokenTree([int(root), *map(int, tokens)], list(range(-1, len(tokens))))
+        return cls(tree, probs, forward_calls)
+
+    @property
+    def depth(self) -> int:
+        """Drafted positions (levels): what acceptance rates count, for chains and trees."""
+        return self.tree.depth
+
+    @property
+    def is_chain(self) -> bool:
+        return len(self.tree) == self.tree.depth + 1
+
+    @property
+    def tokens(self) -> list[int]:
+        """The drafted tokens in node order (for a chain: the draft, in order)."""
+        return self.tree.tokens[1:]
+
+    def tokens_on(self, path: list[int]) -> list[int]:
+        return [self.tree.tokens[i] for i in path]
+
+    def target_inputs(
+        self, root_position: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(tokens, positions, mask) for the target's one pass over root + drafted nodes; a
+        chain needs neither positions nor a mask (the cache's own order is causal)."""
+        if self.is_chain:
+            return torch.tensor(self.tree.tokens, dtype=torch.long), None, None
+        return self.tree.flatten(root_position)

@@ -1,0 +1,93 @@
+"""`auto`: cost-aware drafting, the default method (draft/auto.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaspec.errors import InputError
+from adaspec.methods.params import check, param
+from adaspec.methods.registry import Method, Models
+
+SOURCES = ("ngram", "draft")
+
+
+@dataclass(frozen=True)
+class AutoParams:
+    use: str = param(
+        "ngram+draft", "what a step may propose besides nothing: ngram+draft | ngram | draft"
+    )
+    k_max: int = param(16, "most tokens one step may propose")
+    n_max: int = param(4, "longest n-gram to match")
+    n_min: int = param(1, "shortest n-gram to match")
+    profile: str = param(
+        "",
+        "cost profile: a JSON file, or 'flat' (simulated GPU-like costs); default: this "
+        "machine's, measured on first use and cached",
+    )
+    disco: str = param(
+        "",
+        "a DISCO artifact (adaspec disco tune): its classifier estimates draft tokens' "
+        "acceptance (default: running per-confidence-bucket rates)",
+    )
+    verify: str = param(
+        "auto",
+        "verifier: auto (greedy at T=0, speculative above) | greedy | speculative | mcss | "
+        "mcss-wor | mcns",
+    )
+
+    def __post_init__(self) -> None:
+        from adaspec.verify import verifier_names
+
+        use = self.sources
+        check(bool(use) and all(u in SOURCES for u in use) and len(set(use)) == len(use),
+              "use must be ngram+draft, ngram or draft")
+        check(self.k_max >= 1, "k_max must be >= 1")
+        check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
+        check(self.verify in verifier_names(),
+              f"unknown verifier {self.verify!r}; use one of {verifier_names()}")
+        if self.disco and "draft" not in use:
+            raise InputError("disco= estimates draft-model tokens; it needs use=draft or "
+                             "use=ngram+draft")
+
+    @property
+    def sources(self) -> list[str]:
+        return self.use.split("+")
+
+
+def _build(params: AutoParams, models: Models, text: str):
+    from adaspec.control.static import StaticLength
+    from adaspec.draft.auto import AutoDrafter
+    from adaspec.draft.model import ModelDrafter
+    from adaspec.engine.loop import Engine
+
+    use = params.sources
+    if "draft" in use and models.draft is None:
+        raise InputError(f"method {text!r} needs a draft model (--draft), or use=ngram")
+    model = ModelDrafter(models.draft) if "draft" in use and models.draft is not None else None
+    profile = models.cost_profile(params.profile, with_draft=model is not None)
+    disco = None
+    if params.disco:
+        from adaspec.control.disco_artifact import DiscoArtifact
+
+        disco = DiscoArtifact.load(params.disco)
+        disco.check_pair(models.target.name, models.draft.name)  # type: ignore[union-attr]
+    drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
+                          k_max=params.k_max, use_ngram="ngram" in use)
+    return Engine(
+        models.target,
+        models.tokenizer,
+        drafter=drafter,
+        controller=StaticLength(params.k_max),  # the drafter prices every length itself
+        verifier=params.verify,
+        eos_token_ids=models.eos_token_ids,
+    )
+
+
+METHOD = Method(
+    "auto",
+    "cost-aware: each step proposes nothing, an n-gram or a draft-model continuation, "
+    "whichever gives the most expected tokens per second under this machine's cost profile",
+    AutoParams,
+    _build,
+    needs_draft=lambda params: "draft" in params.sources,
+)

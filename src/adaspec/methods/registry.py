@@ -1,0 +1,80 @@
+"""The method registry: what a method string's name selects.
+
+A method is a name, a summary, a typed parameter class and a `build` that turns the params
+and the loaded models into an engine. Adding one (a new drafter, say) is one module that
+defines its `METHOD`, plus its line in `BUILTIN`; nothing else dispatches on method names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from adaspec.registry import Registry
+
+if TYPE_CHECKING:
+    from adaspec.backends.base import ModelBackend
+    from adaspec.cost.profile import CostProfile
+    from adaspec.engine.loop import TextGenerator
+
+# The built-in methods, in the order `adaspec methods` and the README list them:
+# "module:attribute" of each Method.
+BUILTIN = (
+    "adaspec.methods.plain:METHOD",
+    "adaspec.methods.draft:METHOD",
+    "adaspec.methods.ngram:METHOD",
+    "adaspec.methods.auto:METHOD",
+    "adaspec.methods.router:METHOD",
+)
+
+
+@dataclass
+class Models:
+    """The loaded models a method builds on, and the cost profile that prices cost-aware
+    steps (None: the method's profile=..., else this machine's, measured once and cached)."""
+
+    target: ModelBackend
+    tokenizer: Any
+    draft: ModelBackend | None = None
+    eos_token_ids: list[int] | None = None
+    profile: CostProfile | None = None
+
+    def cost_profile(self, path: str = "", with_draft: bool = True) -> CostProfile:
+        if self.profile is not None:
+            return self.profile
+        from adaspec.cost.cache import profile_for
+        from adaspec.cost.profile import load_profile
+
+        if path:
+            return load_profile(path)
+        return profile_for(self.target, self.draft if with_draft else None, self.tokenizer)
+
+
+def _never(params: Any) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    params: type  # a frozen dataclass of typed parameters (methods.params)
+    build: Callable[[Any, Models, str], TextGenerator] | None  # (params, models, text)
+    needs_draft: Callable[[Any], bool] = _never  # reads the draft model's backend
+    positional: str | None = None  # `name:VALUE` sets this parameter (router:PATH)
+    # Bench-only reference methods (the lab's): not adaspec engines, run by `adaspec bench`.
+    reference: bool = False
+    other_weights: bool = False  # runs other weights than the target's (compared, not checked)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def _load_builtin() -> None:
+    for entry in BUILTIN:
+        module, _, attr = entry.partition(":")
+        method = getattr(importlib.import_module(module), attr)
+        METHODS.register(method.name, method)
+
+
+METHODS: Registry[Method] = Registry("method", loader=_load_builtin)
