@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.lab.disco.compare import HEURISTIC, ORACLE, Arm
+from adaspec.lab.disco.compare import HEURISTIC, ORACLE
 from adaspec.lab.disco.disco_report import (
+    Arm,
     _in_domain_table,
     _mean_of_suites,
     _measured_table,

@@ -110,7 +110,8 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
     drafter = ModelTreeDrafter(draft, (3, 2, 2))
     drafter.start(context)
     params = SamplingParams(1.0)
-    proposal = drafter.propose(context, 3, StaticLength(3), params, torch.Generator().manual_seed(1), replacement)
+    generator = torch.Generator().manual_seed(1)
+    proposal = drafter.propose(context, 3, StaticLength(3), params, generator, replacement)
     tree = proposal.tree
     assert proposal.forward_calls == 3 and len(tree) == 1 + 3 + 6 + 12
     assert proposal.probs is not None and proposal.probs.shape[0] == 1 + 3 + 6

@@ -254,9 +254,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from adaspec.control.disco_artifact import DiscoArtifact
     from adaspec.errors import InputError
     from adaspec.lab.disco.dataset import DiscoData
-    from adaspec.lab.disco.simulate import Costs
+    from adaspec.lab.disco.simulate import ORACLE_CAP, Costs
     from adaspec.lab.disco.train_classifier import select
-    from adaspec.lab.disco.tune import ORACLE_CAP, measure_step_costs, measured_run, tune_artifact
+    from adaspec.lab.disco.tune import measure_step_costs, measured_run, tune_artifact
 
     art = DiscoArtifact.load(args.artifact)
     data = DiscoData.load(args.data)

@@ -140,7 +140,7 @@ def _suites(text: str):
 def run_collect(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.lab.router.collect import CollectConfig, collect
-    from adaspec.lab.router.dataset import training_prompts
+    from adaspec.lab.router.collection import training_prompts
     from adaspec.methods.spec import parse_method
     from adaspec.route.arms import parse_arms
 
@@ -200,7 +200,7 @@ def _cost(args: argparse.Namespace):
 
 
 def _training_data(args: argparse.Namespace, profile):
-    from adaspec.lab.router.dataset import load_collection
+    from adaspec.lab.router.collection import load_collection
 
     data = load_collection(args.data)
     return data.with_profile(profile) if profile is not None else data

@@ -13,26 +13,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.errors import InputError
 from adaspec.lab.bench.suites import Prompt, load_suite
 from adaspec.lab.disco.dataset import DiscoData, Sample
-from adaspec.lab.disco.tune import ORACLE_CAP
+from adaspec.lab.disco.disco_report import Arm
+from adaspec.lab.disco.simulate import ORACLE_CAP
 
 HEURISTIC = "draft:ctrl=heuristic,k=4"  # the project's default schedule
 ORACLE = f"draft:ctrl=oracle,k_max={ORACLE_CAP}"  # capped like every tuned length
 STATIC_SWEEP = tuple(range(1, 9))
-
-
-@dataclass(frozen=True)
-class Arm:
-    label: str
-    method: str
-    family: str  # ar | static | confidence | disco | disco-cost | heuristic | oracle | sweep
-    artifact: str | None = None  # label of the artifact whose tuning it comes from
 
 
 def artifact_label(art: DiscoArtifact) -> str:
@@ -162,7 +155,7 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
     from adaspec.backends.load import load_backends
     from adaspec.lab.bench.machine import describe_machine
     from adaspec.lab.bench.runner import BenchConfig, BenchRunner, check_out
-    from adaspec.lab.disco.disco_report import disco_report, to_markdown
+    from adaspec.lab.disco.disco_report import disco_report, to_markdown  # noqa: I001
 
     if args.resume and args.overwrite:
         raise InputError("--resume and --overwrite exclude each other")

@@ -9,13 +9,30 @@ teacher-forced hits with the per-forward costs measured while tuning.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.lab.bench.report import SCOPES, method_entry, row_key
 from adaspec.lab.disco.dataset import DiscoData, Sample
-from adaspec.lab.disco.simulate import Costs, SimResult, best_schedule, price_run
+from adaspec.lab.disco.simulate import (
+    DEFAULT_SL_MAXES,
+    ORACLE_CAP,
+    Costs,
+    SimResult,
+    best_schedule,
+    price_run,
+)
 from adaspec.lab.disco.train_classifier import classification_metrics
-from adaspec.lab.disco.tune import DEFAULT_SL_MAXES, ORACLE_CAP, evaluate
+from adaspec.lab.disco.tune import evaluate
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    method: str
+    family: str  # ar | static | confidence | disco | disco-cost | heuristic | oracle | sweep
+    artifact: str | None = None  # label of the artifact whose tuning it comes from
+
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -139,8 +156,6 @@ def _in_domain_table(
     """All suites at once, each suite's prompts run with the static k, confidence rule and
     DISCO tuned on that suite (the comparison the issue asks for "on average"); None when a
     suite has no artifact of its own."""
-    from adaspec.lab.disco.compare import Arm
-
     virtual: list[Arm] = []
     relabelled: list[dict] = []
     families = ["static", "confidence", "disco"]

@@ -34,6 +34,10 @@ from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.errors import InputError
 
+DEFAULT_SL_MAXES = tuple(range(1, 9))  # the static k = 1..8
+ORACLE_CAP = max(DEFAULT_SL_MAXES)  # the oracle drafts at most as much as any tuned setting
+
+
 NEVER_STOP = -1.0  # a threshold no score falls below: the static schedule
 
 

@@ -17,7 +17,7 @@ from adaspec.control.disco_classifier import (
 from adaspec.control.disco_features import FeatureSpec
 from adaspec.errors import InputError
 from adaspec.lab.disco.dataset import DiscoData, Sample, rows
-from adaspec.lab.disco.tune import DEFAULT_SL_MAXES
+from adaspec.lab.disco.simulate import DEFAULT_SL_MAXES
 
 UNTUNED_TAU = 0.5  # the classifier's own decision boundary, until `adaspec disco tune`
 

@@ -17,11 +17,17 @@ from adaspec.control.disco_classifier import DiscoClassifier
 from adaspec.control.disco_features import FeatureSpec, assemble
 from adaspec.errors import InputError
 from adaspec.lab.disco.dataset import Sample
-from adaspec.lab.disco.simulate import NEVER_STOP, Costs, SimResult, measure_costs, simulate_all
+from adaspec.lab.disco.simulate import (
+    DEFAULT_SL_MAXES,
+    NEVER_STOP,
+    ORACLE_CAP,
+    Costs,
+    SimResult,
+    measure_costs,
+    simulate_all,
+)
 
 DEFAULT_TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
-DEFAULT_SL_MAXES = tuple(range(1, 9))  # the static k = 1..8
-ORACLE_CAP = max(DEFAULT_SL_MAXES)  # the oracle drafts at most as much as any tuned setting
 
 
 @torch.inference_mode()

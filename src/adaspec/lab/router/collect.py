@@ -23,7 +23,7 @@ from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
-from adaspec.lab.router.dataset import META, RUNS, STATES, read_states
+from adaspec.lab.router.collection import META, RUNS, STATES, read_states
 from adaspec.route.arms import arm_parameters, check_arms, count_parameters
 from adaspec.route.router import build_arm_engines, prompt_state
 

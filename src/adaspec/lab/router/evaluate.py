@@ -19,7 +19,7 @@ import torch
 
 from adaspec.errors import InputError
 from adaspec.lab.bench.report import OVERALL, summarize
-from adaspec.lab.router.dataset import RouterData
+from adaspec.lab.router.collection import RouterData
 from adaspec.lab.router.train_policy import train_artifact
 from adaspec.route.policy import RouterPolicy, TrainConfig
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from adaspec.errors import InputError
 from adaspec.lab.bench.report import OVERALL
 from adaspec.lab.bench.runner import RESULTS, read_rows
-from adaspec.lab.router.dataset import load_collection, load_data
+from adaspec.lab.router.collection import load_collection, load_data
 from adaspec.lab.router.evaluate import (
     MEAN,
     ORACLE,

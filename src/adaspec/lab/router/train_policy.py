@@ -7,7 +7,7 @@ from collections import Counter
 import torch
 
 from adaspec.errors import InputError
-from adaspec.lab.router.dataset import RouterData
+from adaspec.lab.router.collection import RouterData
 from adaspec.lab.router.reward import DEFAULT_COST, rewards
 from adaspec.route.artifact import RouterArtifact
 from adaspec.route.policy import TrainConfig, train_policy
