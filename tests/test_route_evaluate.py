@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from adaspec.errors import InputError
-from adaspec.lab.router.dataset import RouterData
+from adaspec.lab.router.collection import RouterData
 from adaspec.lab.router.evaluate import (
     alpha_sweep,
     cross_validate,

@@ -10,7 +10,7 @@ import pytest
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.engine.token_tree import AutoBranching
 from adaspec.errors import InputError
-from adaspec.lab.router.dataset import RouterData
+from adaspec.lab.router.collection import RouterData
 from adaspec.lab.router.evaluate import proxy_vs_truth
 from adaspec.lab.router.reward import priced_decode_ms, rewards
 from adaspec.lab.router.train_policy import data_rewards, train_artifact

@@ -11,7 +11,7 @@ from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.router.collect import record_states
-from adaspec.lab.router.dataset import load_collection
+from adaspec.lab.router.collection import load_collection
 from adaspec.lab.router.router_report import RETRAINED, label, to_markdown, write_report
 from adaspec.lab.router.train_policy import train_artifact
 from adaspec.route.artifact import save_artifact
