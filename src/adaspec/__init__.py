@@ -1,7 +1,48 @@
-"""adaspec: adaptive speculative decoding with output exactly the target model's."""
+"""adaspec: adaptive speculative decoding with output exactly the target model's.
+
+    from adaspec import load_engine
+    engine = load_engine()              # method "auto", the built-in pair, the fastest runtime
+    print(engine.generate("Reverse a linked list in Python.").text)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import AdaspecError, InputError, ModelStoreError
 
-__all__ = ["AdaspecError", "InputError", "ModelStoreError", "SamplingParams"]
+if TYPE_CHECKING:
+    from adaspec.engine.build import build_engine, load_engine
+    from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+
+# Loaded on first use, so `import adaspec` stays cheap.
+_LAZY = {
+    "load_engine": "adaspec.engine.build",
+    "build_engine": "adaspec.engine.build",
+    "Engine": "adaspec.engine.loop",
+    "GenerationResult": "adaspec.engine.loop",
+    "StreamChunk": "adaspec.engine.loop",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'adaspec' has no attribute {name!r}")
+
+
+__all__ = [
+    "AdaspecError",
+    "Engine",
+    "GenerationResult",
+    "InputError",
+    "ModelStoreError",
+    "SamplingParams",
+    "StreamChunk",
+    "build_engine",
+    "load_engine",
+]
 __version__ = "0.1.0"

@@ -28,15 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_disco_parser(sub)
     add_router_parser(sub)
     methods = sub.add_parser("methods", help="list decoding methods and their parameters")
+    methods.add_argument("--markdown", action="store_true",
+                         help="the README's tables of methods, controllers and verifiers")
     methods.set_defaults(func=_cmd_methods)
     return parser
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     from adaspec.lab.bench.references import REFERENCE_METHODS
-    from adaspec.methods.spec import describe_methods
+    from adaspec.methods.spec import describe_methods, methods_markdown
 
-    print(describe_methods(extra=REFERENCE_METHODS))
+    print(methods_markdown() if args.markdown else describe_methods(extra=REFERENCE_METHODS))
     return 0
 
 

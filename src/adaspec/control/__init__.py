@@ -48,7 +48,8 @@ CONTROLLERS.register("confidence", ControllerKind(
     lambda p, _: ConfidenceLength(p.threshold if p.threshold >= 0 else HF_DEFAULT_THRESHOLD, p.k),
     reads_draft=True, summary="stop below a top draft probability"))
 CONTROLLERS.register("disco", ControllerKind(
-    _disco, reads_draft=True, summary="a trained classifier of acceptance (DISCO)"))
+    _disco, reads_draft=True,
+    summary="DISCO: a trained acceptance classifier stops the draft ([disco.md](docs/disco.md))"))
 CONTROLLERS.register("oracle", ControllerKind(
     lambda p, _: OracleLength(k_max=p.k_max), reads_draft=True,
     summary="the length the target would accept (measurement only)"))

@@ -90,4 +90,5 @@ METHOD = Method(
     AutoParams,
     _build,
     needs_draft=lambda params: "draft" in params.sources,
+    doc="docs/auto.md",
 )

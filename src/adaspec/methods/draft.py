@@ -134,8 +134,10 @@ def _build(params: DraftParams, models: Models, text: str):
 
 METHOD = Method(
     "draft",
-    "the draft model proposes tokens autoregressively",
+    "the draft model proposes tokens autoregressively: a chain of k, or a token tree "
+    "(tree=4x2x2x1 or auto; [mcsd.md](docs/mcsd.md))",
     DraftParams,
     _build,
     needs_draft=lambda params: True,
+    doc="docs/draft.md",
 )

@@ -44,4 +44,5 @@ METHOD = Method(
     "prompt lookup: propose what followed the last match of the context's final n-gram",
     NgramParams,
     _build,
+    doc="docs/ngram.md",
 )

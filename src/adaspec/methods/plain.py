@@ -14,5 +14,9 @@ def _build(params: NoParams, models: Models, text: str):
 
 
 METHOD = Method(
-    "ar", "plain target decoding through the same loop (the baseline)", NoParams, _build
+    "ar",
+    "plain target decoding through the same loop (the baseline)",
+    NoParams,
+    _build,
+    doc="docs/exactness.md",
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adaspec.registry import Registry
@@ -67,7 +67,7 @@ class Method:
     # Bench-only reference methods (the lab's): not adaspec engines, run by `adaspec bench`.
     reference: bool = False
     other_weights: bool = False  # runs other weights than the target's (compared, not checked)
-    notes: dict[str, str] = field(default_factory=dict)
+    doc: str = ""  # the docs page that explains it (relative to the repository root)
 
 
 def _load_builtin() -> None:

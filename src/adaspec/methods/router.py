@@ -51,4 +51,5 @@ METHOD = Method(
     _build,
     needs_draft=_needs_draft,
     positional="artifact",
+    doc="docs/router.md",
 )

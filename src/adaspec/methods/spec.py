@@ -139,3 +139,31 @@ def describe_methods(extra: Registry[Method] | None = None) -> str:
         for key, kind, default, help_ in fields_of(method.params):
             lines.append(f"    {key}={default!s:<8} ({kind.__name__}) {help_}")
     return "\n".join(lines)
+
+
+def methods_markdown() -> str:
+    """The README's tables of methods, length controllers and verifiers, generated from
+    their registries (`adaspec methods --markdown`; a test keeps the README equal to it)."""
+    from adaspec.control import CONTROLLERS
+    from adaspec.verify import VERIFIERS
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| method | what it does | parameters (default) |", "| --- | --- | --- |"]
+    for name, method in METHODS.items():
+        params = ", ".join(f"`{key}={default}`" for key, _, default, _ in fields_of(method.params))
+        doc = f" ([{method.doc.removeprefix('docs/')}]({method.doc}))" if method.doc else ""
+        lines.append(f"| `{name}` | {cell(method.summary)}{doc} | {params or 'none'} |")
+    lines += ["", "| `ctrl=` | length controller |", "| --- | --- |"]
+    for name, kind in CONTROLLERS.items():
+        needs = " (draft model only)" if kind.reads_draft else ""
+        lines.append(f"| `{name}` | {cell(kind.summary)}{needs} |")
+    lines += ["", "| `verify=` | verifier |", "| --- | --- |",
+              "| `auto` | greedy at temperature 0; above it, speculative (chains) or mcss-wor "
+              "(trees) |"]
+    for name, factory in VERIFIERS.items():
+        verifier = factory()
+        scope = "chains and trees" if verifier.walks_trees else "chains"
+        lines.append(f"| `{name}` | {cell(verifier.summary)} ({scope}) |")
+    return "\n".join(lines)

@@ -32,6 +32,7 @@ class Verifier(ABC):
     root -> node i (raw logits for a greedy verifier: only the argmax matters)."""
 
     name: str
+    summary: str = ""
     walks_trees: bool = True  # False: verifies chains only
     greedy: bool = False  # reads only the argmax: exact at temperature 0 only
     replacement: bool = False  # how the drafter should draw sibling candidates for it

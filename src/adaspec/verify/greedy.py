@@ -23,6 +23,7 @@ class GreedyVerifier(Verifier):
 
     name = "greedy"
     greedy = True
+    summary = "follow the target's argmax; exact at temperature 0 only"
 
     def verify(
         self,

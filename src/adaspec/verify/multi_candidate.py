@@ -244,6 +244,7 @@ class MCSSVerifier(TreeWalkVerifier):
     """MCSS with replacement (Algorithm 1): candidates are i.i.d. draws from q."""
 
     name = "mcss"
+    summary = "multi-candidate speculative sampling, candidates drawn i.i.d. (Algorithm 1)"
     replacement = True
     needs_matching_draws = True
 
@@ -256,6 +257,7 @@ class MCSSWithoutReplacementVerifier(TreeWalkVerifier):
     earlier ones."""
 
     name = "mcss-wor"
+    summary = "multi-candidate speculative sampling, candidates drawn without replacement"
     replacement = False
     needs_matching_draws = True
 
@@ -268,6 +270,7 @@ class MCNSVerifier(TreeWalkVerifier):
     best, so the drafter draws them without replacement."""
 
     name = "mcns"
+    summary = "naive multi-candidate: draw from p, follow the candidate equal to it"
     replacement = False
 
     def step(self, candidates, q, p, generator):

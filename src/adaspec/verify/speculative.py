@@ -109,6 +109,7 @@ class SpeculativeSampler(Verifier):
 
     name = "speculative"
     walks_trees = False
+    summary = "speculative sampling: accept with min(1, p/q), correct from max(0, p - q)"
 
     def verify(
         self,
