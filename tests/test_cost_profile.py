@@ -42,7 +42,6 @@ def test_step_price_adds_draft_forwards_verification_and_overhead():
         overhead_ms=1.5,
     )
     assert profile.step_ms(drafted=2, draft_forwards=2) == pytest.approx(2 * 10 + 60 + 1.5)
-    assert profile.marginal_verify_ms(1) == pytest.approx(10)
 
 
 def test_json_round_trip_and_atomic_save(tmp_path):

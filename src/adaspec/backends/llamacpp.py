@@ -105,7 +105,7 @@ def import_llama() -> type:
 
 
 @contextmanager
-def _model_params(extra_buffers: bool) -> Iterator[None]:
+def model_params_with_extra_buffers(extra_buffers: bool) -> Iterator[None]:
     """`Llama()` takes no `use_extra_bufts` argument: set it in the default model parameters
     it starts from, for the duration of one load."""
     from llama_cpp import llama_cpp as lib
@@ -132,7 +132,7 @@ def load_llama(gguf: str | Path, n_ctx: int, n_threads: int):
 
     extra = os.environ.get(EXTRA_BUFFERS_ENV) == "1"
     try:
-        with _model_params(extra):
+        with model_params_with_extra_buffers(extra):
             llm = llama(
                 model_path=str(gguf),
                 n_ctx=n_ctx,

@@ -121,10 +121,6 @@ class CostProfile:
             return None
         return 1000 * size / (self.bandwidth_gbs * 1e9)
 
-    def marginal_verify_ms(self, drafted: int, context: int | None = None) -> float:
-        """What verifying one more drafted token adds to a step that verifies `drafted`."""
-        return self.target_ms(drafted + 2, context) - self.target_ms(drafted + 1, context)
-
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -70,7 +70,8 @@ def _build(params: AutoParams, models: Models, text: str):
         from adaspec.control.disco_artifact import DiscoArtifact
 
         disco = DiscoArtifact.load(params.disco)
-        disco.check_pair(models.target.name, models.draft.name)  # type: ignore[union-attr]
+        assert models.draft is not None  # disco= needs use=draft, checked above
+        disco.check_pair(models.target.name, models.draft.name)
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
                           k_max=params.k_max, use_ngram="ngram" in use)
     return Engine(

@@ -114,7 +114,8 @@ def _build(params: DraftParams, models: Models, text: str):
         drafter = ModelDrafter(draft)
         controller = CONTROLLERS[params.ctrl].build(params, profile)
     elif isinstance(tree, AutoBranching):
-        drafter = AutoTreeDrafter(draft, profile, tree.max_nodes)  # type: ignore[arg-type]
+        assert profile is not None  # tree=auto prices its steps
+        drafter = AutoTreeDrafter(draft, profile, tree.max_nodes)
         controller = StaticLength(tree.max_depth)  # the drafter picks a shape this deep
     else:
         drafter = ModelTreeDrafter(draft, tree)

@@ -34,10 +34,10 @@ from adaspec.backends.llamacpp import (
     DEFAULT_CONTEXT,
     EXTRA_BUFFERS_ENV,
     LlamaCppUnavailable,
-    _model_params,
     gguf_file,
     import_llama,
     load_llama,
+    model_params_with_extra_buffers,
 )
 from adaspec.engine.metrics import RequestStats
 from adaspec.errors import InputError
@@ -287,7 +287,7 @@ class SpeculativeDecoder:
         LlamaDraftModel.register(GgufDraft)
         self.llm = None  # free the old context before allocating the new one
         try:
-            with _model_params(os.environ.get(EXTRA_BUFFERS_ENV) == "1"):
+            with model_params_with_extra_buffers(os.environ.get(EXTRA_BUFFERS_ENV) == "1"):
                 llm = llama(
                     model_path=str(self.gguf),
                     n_ctx=n_ctx,
