@@ -97,6 +97,43 @@ def test_disco_refuses_another_pair(target, draft, tmp_path):
     assert (engine.controller.tau, engine.controller.sl_max) == (0.3, 2)
 
 
+P_ACCEPT = 0.6  # what constant_classifier(P_ACCEPT) says after every drafted token
+
+
+@pytest.mark.parametrize(
+    "artifact_tau, threshold, keeps",
+    [(0.5, 0.7, False), (0.7, 0.5, True), (0.5, 0.61, False), (0.7, 0.59, True)],
+)
+def test_disco_threshold_overrides_the_artifacts_tau(
+    tmp_path, target_model, artifact_tau, threshold, keeps
+):
+    """The acceptance probability (0.6) lies between the artifact's tau and `threshold=`:
+    the override decides, on either side of the boundary. Reading the artifact's tau
+    instead would flip every decision here."""
+    path = tmp_path / "disco.pt"
+    artifact(constant_classifier(P_ACCEPT), tau=artifact_tau, sl_max=5).save(path)
+    direct = DiscoLength.from_file(str(path), tau=threshold)
+    direct.start()
+    direct.max_tokens()
+    logits = torch.randn(64)
+    assert direct.keep_drafting(0, logits) is keeps
+    assert direct.last_probability == pytest.approx(P_ACCEPT, abs=1e-5)
+    # no override: the artifact's tau decides, the other way
+    assert DiscoLength.from_file(str(path)).keep_drafting(0, logits) is (not keeps)
+
+    # Through a built engine; the target as its own draft accepts everything, so only the
+    # controller ends a draft: every step but the budget-cut last drafts one token when it
+    # stops, SL_max when it keeps on.
+    target = TorchBackend(target_model, name="tiny-target")
+    twin = TorchBackend(copy.deepcopy(target_model), name="tiny-draft")
+    engine = build_engine(
+        f"draft:ctrl=disco,disco={path},threshold={threshold}", target, None, twin, []
+    )
+    steps = engine.generate(PROMPTS[1], max_new_tokens=25).stats.steps
+    assert len(steps) > 2
+    assert {d for d, _ in steps[:-1]} == {5 if keeps else 1}
+
+
 def test_confidence_rule():
     c = ConfidenceLength(threshold=0.5, k=7)
     assert c.max_tokens() == 7
