@@ -72,6 +72,50 @@ def test_policy_pick_changes_the_drafter(arms, target, index, arm):
     assert kinds.get(arm, s.draft_calls > 0)
 
 
+def final_state(model, prompt: list[int]) -> torch.Tensor:
+    """The target's true final (normed) hidden state of the prompt's last token."""
+    with torch.no_grad():
+        return model.model(torch.tensor([prompt])).last_hidden_state[0, -1].float()
+
+
+def separating_policy(a: torch.Tensor, b: torch.Tensor, n_arms: int, arm_a: int, arm_b: int):
+    """A policy whose argmax is `arm_a` for state `a` and `arm_b` for state `b`: its first
+    unit reads where the state lies along a - b, and the output layer turns that sign into
+    the arm."""
+    policy = RouterPolicy(a.numel(), n_arms, hidden=8)
+    w = a - b
+    with torch.no_grad():
+        for p in policy.net.parameters():
+            p.zero_()
+        policy.net[0].weight[0] = 4 * w / w.dot(w)
+        policy.net[0].bias[0] = -4 * w.dot((a + b) / 2) / w.dot(w)
+        policy.net[2].weight[0, 0] = 3.0
+        policy.net[4].weight[arm_a, 0] = 10.0
+        policy.net[4].weight[arm_b, 0] = -10.0
+    return policy
+
+
+def test_the_pick_follows_the_prompts_final_hidden_state(arms, target, target_model):
+    """Two prompts ending in the same token (equal embeddings, different final states): a
+    policy that separates their final states sends them to different arms. Reading any other
+    layer (the embeddings at layer 0 are equal for both) would give the wrong state."""
+    prompts = [[5, 9, 13, 2], [17, 3, 40, 2]]
+    states = [final_state(target_model, p) for p in prompts]
+    names = list(ARMS)
+    policy = separating_policy(*states, len(ARMS), arm_a=1, arm_b=2)
+    expected = [names[policy.choose(s)] for s in states]
+    assert expected == ["ngram", "draft:k=4"]  # the policy does separate the true states
+    router = RouterEngine(arms, policy)
+    results, seen = [], []
+    for prompt in prompts:
+        results.append(router.generate(prompt, max_new_tokens=12))
+        seen.append(router.last_state)
+    assert [r.stats.route for r in results] == expected
+    for prompt, res, state, got in zip(prompts, results, states, seen, strict=True):
+        torch.testing.assert_close(got, state, atol=1e-5, rtol=1e-5)
+        assert res.token_ids == reference_greedy(target_model, prompt, 12)
+
+
 def test_decision_and_its_time_are_in_the_stats(arms, target):
     router = RouterEngine(arms, fixed_policy(target.hidden_size, len(ARMS), 1))
     res = router.generate(PROMPTS[0], max_new_tokens=8)
