@@ -1,5 +1,6 @@
 """The exactness classifier: a divergence at a near-tie of the reference's top two logits is
-numerics, anything wider is a bug; the tolerance is the target runtime's own."""
+numerics, anything wider is a bug; the tolerance is the target runtime's own. Both branches
+are also reached through the bench runner's comparison."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.control.static import StaticLength
+from adaspec.draft.model import ModelDrafter
+from adaspec.engine.loop import Engine
 from adaspec.lab.bench.exactness import classify, first_difference
+from adaspec.lab.bench.runner import BenchConfig, BenchRunner
+from adaspec.lab.bench.suites import Prompt
+from tests.test_bench_runner import AcceptEverything
+
+BENCH_PROMPTS = [Prompt("t/0", "code", "def add(a, b):"), Prompt("t/1", "code", "for i in x:")]
 
 
 class GapBackend(ModelBackend):
@@ -63,3 +72,36 @@ def test_equal_outputs_are_not_a_divergence_and_early_stops_are_judged():
     assert first_difference([1, 2, 3], [1, 2]) == 2
     div = classify(GapBackend(3.0), [3], [1, 2, 3], [1, 2])  # one stopped early
     assert div is not None and div.index == 2 and div.kind == "bug"
+
+
+def _broken_run(tmp_path, target, draft, tokenizer, name: str) -> tuple[dict, list[str]]:
+    """The bench runner on a method that keeps every drafted token: its output parts from
+    plain decoding's, and the runner's comparison classifies where."""
+    broken = Engine(target, tokenizer, drafter=ModelDrafter(draft), controller=StaticLength(3),
+                    verifier=AcceptEverything(), eos_token_ids=[0])
+    messages: list[str] = []
+    config = BenchConfig(methods=["broken"], max_new_tokens=12, out=str(tmp_path / name))
+    runner = BenchRunner(config, target, tokenizer, draft, eos_token_ids=[0],
+                         engines={"broken": broken}, progress=False, log=messages.append)
+    return runner.run(BENCH_PROMPTS)["exactness"], messages
+
+
+def test_the_bench_runner_reaches_both_branches(tmp_path, target, draft, tokenizer):
+    """Through the runner's comparison, not `classify` alone: the same divergences are bugs
+    under the target runtime's tolerance when their top-2 gap is wider, ties when it is not."""
+    ex, messages = _broken_run(tmp_path, target, draft, tokenizer, "default")
+    gaps = [d["gap"] for d in ex["divergences"]]
+    assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 2, 0)
+    assert min(gaps) > target.tie_tolerance
+    assert sum("BUG" in m for m in messages) == 2
+
+    target.tie_tolerance = max(gaps)  # a runtime this coarse: each gap is within one ulp
+    ex, messages = _broken_run(tmp_path, target, draft, tokenizer, "coarse")
+    assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 0, 2)
+    assert [d["gap"] for d in ex["divergences"]] == pytest.approx(gaps)
+    assert sum("numerical tie" in m for m in messages) == 2
+    assert not any("BUG" in m for m in messages)
+
+    target.tie_tolerance = min(gaps) - 1e-3  # just below the narrowest gap: bugs again
+    ex, _ = _broken_run(tmp_path, target, draft, tokenizer, "below")
+    assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 2, 0)
