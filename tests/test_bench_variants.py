@@ -8,10 +8,12 @@ import copy
 import pytest
 
 from adaspec.backends.torch_backend import TorchBackend
+from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
 from adaspec.lab.bench.suites import Prompt
 from adaspec.store.quant import QuantLinear, quantize_model
+from tests.conftest import tiny_model
 
 PROMPTS = [Prompt("t/0", "code", "def add(a, b):"), Prompt("t/1", "code", "for i in range(9):")]
 
@@ -58,19 +60,33 @@ def test_variants_run_on_quantized_models_and_are_exact(
     assert set(summary["methods"]) >= {"ar", "ar@int8", "draft:k=3@int8/int8", "ngram"}
 
 
-def test_a_wrong_variant_output_is_caught(tmp_path, target, draft, tokenizer, target_model):
-    """The exactness check compares a variant with its own baseline: a method on the float
-    target labelled as int8 differs from int8 plain decoding only where int8 changes the
-    output, and the check is against `ar@int8`, not `ar`."""
+def test_a_wrong_variant_output_is_caught(tmp_path, target, draft, tokenizer):
+    """The exactness check compares a variant with its own baseline: `ngram@int8` run on the
+    float target (a wrong variant) reproduces `ar`, and is caught against `ar@int8`."""
 
     def loader(role: str, quant: str) -> TorchBackend:
-        model = copy.deepcopy(target_model)
+        model = tiny_model(seed=3)  # an int8 target whose plain decoding parts from the float's
         quantize_model(model, quant)
-        return TorchBackend(model, name="q")
+        return TorchBackend(model, name=f"tiny-{role}-{quant}")
 
-    runner = _runner(tmp_path, target, draft, tokenizer, ["ngram@int8"], loader)
+    messages: list[str] = []
+    config = BenchConfig(methods=["ngram@int8"], max_new_tokens=12, out=str(tmp_path / "out"))
+    runner = BenchRunner(config, target, tokenizer, draft, eos_token_ids=[0], progress=False,
+                         load_variant=loader, log=messages.append)
     assert runner.baseline_of("ngram@int8") == "ar@int8"
     assert runner.baseline_of("ngram") == "ar"
+    runner.engines["ngram@int8"] = build_engine("ngram", target, tokenizer, None, [0])  # wrong
+    summary = runner.run(PROMPTS)
+    by = {(r["prompt_id"], r["method"]): r for r in runner.rows}
+    for p in PROMPTS:
+        ar, base, wrong = (by[(p.id, m)] for m in ("ar", "ar@int8", "ngram@int8"))
+        assert ar["token_ids"] != base["token_ids"]  # the two targets do decode differently
+        assert wrong["token_ids"] == ar["token_ids"]  # so the float run is the wrong one
+        assert wrong["exactness_checked"] and wrong["divergence"]["kind"] == "bug"
+    ex = summary["exactness"]
+    assert (ex["differs"], ex["bugs"]) == (len(PROMPTS), len(PROMPTS))
+    assert {d["method"] for d in ex["divergences"]} == {"ngram@int8"}
+    assert sum("ngram@int8 differs from ar@int8" in m for m in messages) == len(PROMPTS)
 
 
 def test_variant_without_loader_is_a_clear_error(tmp_path, target, draft, tokenizer):
