@@ -16,7 +16,6 @@ candidates the way the verifier needs, and emits what it verified.
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -168,35 +167,3 @@ def test_sampling_matches_plain_decoding(pair, method, params, max_new, broken):
     assert_exact(fits, method)
     if spy is not None:  # the drafter drew every tree's siblings as the verifier needs
         assert spy.seen and set(spy.seen) == {spy.replacement}
-
-
-# ---------------------------------------------------------------------------------------------
-# The earlier total-variation helpers, still used by tests/test_auto.py and
-# tests/test_restricted_head.py (token 2 and 3 marginals, 2000 requests, bound about 0.08).
-
-SAMPLES = 2000
-BOUND = 0.5 * math.sqrt(V / SAMPLES) + math.sqrt(math.log(1e4) / (2 * SAMPLES))
-
-
-def exact_marginals(model, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact distributions of generated tokens 2 and 3 (marginalised over the others)."""
-    law = exact_law(model, params, 3).view(V, V, V).float()
-    return law.sum((0, 2)), law.sum((0, 1))
-
-
-def empirical(engine, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, float]:
-    second = torch.zeros(V)
-    third = torch.zeros(V)
-    accepted = drafted = 0
-    for seed in range(SAMPLES):
-        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed)
-        res = engine.generate(PROMPT, max_new_tokens=4, sampling=p)
-        second[res.token_ids[1]] += 1
-        third[res.token_ids[2]] += 1
-        accepted += res.stats.accepted
-        drafted += res.stats.drafted
-    return second / SAMPLES, third / SAMPLES, accepted / drafted
-
-
-def tv(p: torch.Tensor, q: torch.Tensor) -> float:
-    return 0.5 * float((p - q).abs().sum())
