@@ -1,6 +1,6 @@
 """The oracle speculation length, for the bench: draft exactly the tokens the target will
 accept. It needs to know, for the request at hand, where the draft's greedy token equals the
-target's greedy output (teacher-forced hits, `bench.theory.teacher_forced_hits`); the bench
+target's greedy output (teacher-forced hits, `lab.bench.theory.teacher_forced_hits`); the bench
 hands them over with `set_hits` before each request, from plain decoding's output."""
 
 from __future__ import annotations

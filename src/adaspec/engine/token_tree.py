@@ -43,7 +43,7 @@ CANDIDATE_SHAPES: tuple[tuple[int, ...], ...] = (
 # Rank 1 agrees about 60% of the time for a small draft of the same family; a second
 # candidate catches about a third of the misses, further ones fewer and fewer (top-2 covers
 # 74%, top-4 82%, top-8 88%). A running estimate per request replaces them as steps are
-# verified (`draft.tree.AutoTreeDrafter`).
+# verified (`draft.model_tree.AutoTreeDrafter`).
 DEFAULT_RANK_RATES = (0.6, 0.35, 0.2, 0.15, 0.1, 0.08, 0.06, 0.05)
 
 
@@ -133,7 +133,7 @@ def expected_tokens(branching: Sequence[int], rates: Sequence[float]) -> float:
 def tree_step_ms(
     branching: Sequence[int], profile: CostProfile, context: int | None = None
 ) -> float:
-    """What one tree step costs under `profile`, as `draft.tree.ModelTreeDrafter` runs it:
+    """What one tree step costs under `profile`, as `draft.model_tree.ModelTreeDrafter` runs it:
     one draft forward for the root, one per further level over that level's nodes, then
     one target pass over every node and the root, plus the loop's overhead."""
     ms = profile.target_ms(tree_node_count(branching) + 1, context) + profile.overhead_ms

@@ -1,6 +1,6 @@
 """`adaspec disco bench`: DISCO and the issue's baselines on the test split, in ONE bench run
 (the same process, prompts and loaded models, methods alternating prompt by prompt), then
-the DISCO report (`disco.report`) beside the bench's own summary.
+the DISCO report (`lab.disco.disco_report`) beside the bench's own summary.
 
 Arms: plain decoding; per tuned artifact, the best static k, the confidence rule and DISCO
 (all three tuned on that artifact's validation split) and optionally DISCO's cost rule
@@ -11,7 +11,6 @@ prompts is the transfer measurement.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +21,7 @@ from adaspec.lab.bench.suites import Prompt, load_suite
 from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.disco_report import Arm
 from adaspec.lab.disco.simulate import ORACLE_CAP
+from adaspec.store.atomic import write_json, write_text
 
 HEURISTIC = "draft:ctrl=heuristic,k=4"  # the project's default schedule
 ORACLE = f"draft:ctrl=oracle,k_max={ORACLE_CAP}"  # capped like every tuned length
@@ -208,8 +208,8 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
         data,
     )
     report["arms"] = [asdict(a) for a in arms]
-    (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(to_markdown(report), encoding="utf-8")
+    write_json(out / "summary.json", report)
+    write_text(out / "summary.md", to_markdown(report))
     print(to_markdown(report))
     if summary["exactness"]["bugs"]:
         log("disco bench: EXACTNESS FAILURE (see bench/summary.md)")

@@ -2,7 +2,7 @@
 the static-to-oracle gap DISCO closes, F1 of the classifier beside the best static length,
 transfer between suites, and what the latency simulation predicted on the same test split.
 
-Measured = the bench rows of one run. Simulated = `disco.simulate` on the test split's
+Measured = the bench rows of one run. Simulated = `lab.disco.simulate` on the test split's
 teacher-forced hits with the per-forward costs measured while tuning.
 """
 
