@@ -12,7 +12,7 @@ may see (a prefix of the cache for a chain, the gathered context + ancestors for
 verification is bit-identical to plain decoding of the same target.
 
 Cost: one small attention call per query row and layer (a block of 8 rows on the 1.5B
-target adds 8 x 28 of them), measured by `benchmarks/fastcpu_forward.py`. Prompt prefill is
+target adds 8 x 28 of them), measured by `experiments/fastcpu_forward.py`. Prompt prefill is
 the same for plain and speculative decoding, so it keeps the batched kernel
 (`batched_attention()`).
 """
