@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from adaspec.errors import InputError
+from adaspec.store.atomic import write_json
 
 FORMAT = 1
 # The formula of a GPU-like machine: verification almost free up to 16 tokens.
@@ -154,15 +155,7 @@ class CostProfile:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a temporary file renamed over the target)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+        return write_json(path, self.to_dict(), indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostProfile:

@@ -13,6 +13,7 @@ import torch
 
 from adaspec.errors import InputError
 from adaspec.route.policy import RouterPolicy
+from adaspec.store.atomic import atomic_open
 
 FORMAT = "adaspec-router/1"
 _TRAIN_HINT = "train one with `adaspec router train`"
@@ -61,7 +62,6 @@ class RouterArtifact:
 
 def save_artifact(artifact: RouterArtifact, path: str | os.PathLike) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "format": FORMAT,
         "arms": dict(artifact.arms),
@@ -73,9 +73,8 @@ def save_artifact(artifact: RouterArtifact, path: str | os.PathLike) -> Path:
         "state_dict": artifact.policy.state_dict(),
         "info": artifact.info,
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:  # a killed run leaves the old file, never half of one
+        torch.save(blob, f)
     return path
 
 

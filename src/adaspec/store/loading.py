@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,14 +24,15 @@ import torch
 
 from adaspec.errors import ModelStoreError
 from adaspec.store.assembly import (
+    MARKER,
     assemble,
     cached_sha256,
     check_gguf_magic,
     ensure_free_space,
     models_dir,
-    pid_alive,
     sha256_file,
 )
+from adaspec.store.atomic import atomic_dir, clean_stale
 from adaspec.store.catalog import (
     DRAFT_DEFAULT,
     REGISTRY,
@@ -52,7 +53,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "float": "float32",
                   "fp16": "float16", "half": "float16"}
-MARKER = "adaspec.json"
 CACHE_FORMAT = 1
 WEIGHTS = "model.safetensors"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -154,14 +154,28 @@ def _cache_is_current(cache: Path, source_sha: str, dtype: str) -> bool:
     )
 
 
+def _rebuild_hint(cache: Path, marker: Mapping[str, Any] | None) -> str:
+    """How to rebuild a damaged cache: `prepare --force` on the source the marker names."""
+    marker = marker or {}
+    name, source = marker.get("name"), marker.get("source")
+    arg = name if name in get_registry(None) else source
+    if not isinstance(arg, str) or not arg:
+        return f"delete {cache} and rerun `adaspec models prepare`"
+    arg = shlex.quote(arg)
+    dtype = marker.get("dtype")
+    opt = f" --dtype {dtype}" if isinstance(dtype, str) and dtype != "bfloat16" else ""
+    return (f"rebuild it with `adaspec models prepare {arg}{opt} --force` "
+            f"(or delete {cache} and rerun `adaspec models prepare {arg}{opt}`)")
+
+
 def verify_cache_dir(cache: Path, *, expected_source_sha: str | None = None,
                      rehash: bool = True, progress: bool | None = None) -> dict[str, Any]:
     """Check a safetensors cache against its marker (sizes; sha256 too if `rehash`).
 
     Returns the marker; raises ModelStoreError naming the file and the fix.
     """
-    fix = f"delete {cache} and rerun `adaspec models prepare`"
     marker = _read_marker(cache)
+    fix = _rebuild_hint(cache, marker)
     if marker is None or marker.get("format") != CACHE_FORMAT:
         raise ModelStoreError(f"{cache} has no valid {MARKER} (incomplete cache): {fix}")
     if expected_source_sha is not None and marker.get("source_sha256") != expected_source_sha:
@@ -268,16 +282,6 @@ def _clean_config(model: Any, torch_dtype: torch.dtype) -> Any:
     return config
 
 
-def _clean_stale_dirs(parent: Path, stem: str) -> None:
-    for tmp in parent.glob(f".{stem}.tmp-*"):
-        try:
-            pid = int(tmp.name.rsplit("-", 2)[-2])
-        except (ValueError, IndexError):
-            continue
-        if not pid_alive(pid):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def write_cache(model: Any, tokenizer: Any, cache: Path, *, dtype: str,
                 marker: Mapping[str, Any]) -> Path:
     """Write model + tokenizer as a loadable directory at `cache`, atomically.
@@ -289,13 +293,11 @@ def write_cache(model: Any, tokenizer: Any, cache: Path, *, dtype: str,
 
     torch_dtype = DTYPES[dtype]
     cache.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale_dirs(cache.parent, cache.name)
+    clean_stale(cache)  # a killed run's temp directory before counting free space
     state = dense_state_dict(model, torch_dtype)
     need = sum(t.numel() * t.element_size() for t in state.values())
     ensure_free_space(cache.parent, need, f"cache {cache.name}")
-    tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}-{time.time_ns()}")
-    try:
-        tmp.mkdir()
+    with atomic_dir(cache) as tmp:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         del state
         _clean_config(model, torch_dtype).save_pretrained(str(tmp))
@@ -309,24 +311,7 @@ def write_cache(model: Any, tokenizer: Any, cache: Path, *, dtype: str,
         files = {WEIGHTS: {"size": weights.stat().st_size, "sha256": sha256_file(weights)}}
         full = {**marker, "format": CACHE_FORMAT, "dtype": dtype, "files": files}
         (tmp / MARKER).write_text(json.dumps(full, indent=2) + "\n")
-        _replace_dir(tmp, cache)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return cache
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Rename a finished directory into place, moving any old one aside first."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}-{time.time_ns()}")
-        os.replace(final, old)
-    try:
-        os.replace(tmp, final)
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- prepare / load

@@ -8,15 +8,13 @@ from pathlib import Path
 import torch
 
 from adaspec.errors import InputError
+from adaspec.store.atomic import atomic_open
 
 
 def save_payload(payload: dict, path: str | Path) -> None:
     """Write atomically: a killed run never leaves half a file under the real name."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
+    with atomic_open(path, "wb") as f:
+        torch.save(payload, f)
 
 
 def load_payload(path: str | Path, fmt: str, what: str) -> dict:

@@ -10,18 +10,19 @@ Linear layers.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from adaspec.errors import ModelStoreError
-from adaspec.store.assembly import ensure_free_space, models_dir, sha256_file
-from adaspec.store.loading import MARKER, LoadedModel, _clean_stale_dirs, _replace_dir
+from adaspec.store.assembly import MARKER, ensure_free_space, models_dir, sha256_file
+from adaspec.store.atomic import atomic_dir, clean_stale
 from adaspec.store.quant import check_quant, load_quantized_state, quantize_model
+
+if TYPE_CHECKING:  # loading imports this module (lazily) to quantize what it loads
+    from adaspec.store.loading import LoadedModel
 
 QUANT_FORMAT = 1
 QUANT_WEIGHTS = "quantized.safetensors"
@@ -77,20 +78,14 @@ def _write(cache: Path, flat: dict[str, torch.Tensor], marker: dict[str, Any]) -
     from safetensors.torch import save_file
 
     cache.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale_dirs(cache.parent, cache.name)
+    clean_stale(cache)  # a killed run's temp directory before counting free space
     need = sum(t.numel() * t.element_size() for t in flat.values())
     ensure_free_space(cache.parent, need, f"quantized cache {cache.name}")
-    tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}-{time.time_ns()}")
-    try:
-        tmp.mkdir()
+    with atomic_dir(cache) as tmp:
         weights = tmp / QUANT_WEIGHTS
         save_file({k: v.contiguous() for k, v in flat.items()}, str(weights))
         files = {QUANT_WEIGHTS: {"size": weights.stat().st_size, "sha256": sha256_file(weights)}}
         (tmp / MARKER).write_text(json.dumps({**marker, "files": files}, indent=2) + "\n")
-        _replace_dir(tmp, cache)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def verify_quant_cache(cache: Path) -> dict[str, Any]:

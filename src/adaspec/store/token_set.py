@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from adaspec.errors import InputError, ModelStoreError
 from adaspec.store.assembly import models_dir, sha256_file
+from adaspec.store.atomic import write_json
 
 FORMAT = 1
 COUNTED_METHODS = ("ar", "llamacpp")  # plain decoding of the target: its real outputs
@@ -153,7 +153,6 @@ def top_tokens(
 def save_token_set(token_set: TokenSet) -> Path:
     """Write atomically; the file carries the provenance and the ids' sha256."""
     path = token_set_path(token_set.draft, token_set.size)
-    path.parent.mkdir(parents=True, exist_ok=True)
     ids = list(token_set.token_ids)
     body = {
         "format": FORMAT,
@@ -164,10 +163,7 @@ def save_token_set(token_set: TokenSet) -> Path:
         "provenance": token_set.provenance,
         "token_ids": ids,
     }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_json(path, body, indent=1)
 
 
 def load_token_set(draft: str, size: int, vocab_size: int | None = None) -> TokenSet:
