@@ -145,6 +145,8 @@ def plot_profiles(profiles: list, png: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    from adaspec.store.atomic import atomic_open
+
+    with atomic_open(png, "wb") as f:  # a killed run leaves the old plot or the new one
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)

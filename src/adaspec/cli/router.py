@@ -11,7 +11,6 @@ adaspec router report --train router-data --bench bench-results/x --features rou
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -167,8 +166,6 @@ def run_collect(args: argparse.Namespace) -> int:
 
 
 def run_features(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from adaspec.cli.bench import load_prompts
     from adaspec.engine.build import build_engine
     from adaspec.lab.router.collect import record_states
@@ -278,7 +275,9 @@ def run_cv(args: argparse.Namespace) -> int:
     rows = cross_validate(data, alphas, args.cost, config, args.folds)
     _print_cv(rows, len(data), args.cost, config.epochs)
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        from adaspec.store.atomic import write_json
+
+        write_json(args.out, rows)
     return 0
 
 

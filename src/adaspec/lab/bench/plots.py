@@ -11,6 +11,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from adaspec.engine.metrics import RequestStats  # noqa: E402
 from adaspec.lab.bench.report import OVERALL  # noqa: E402
+from adaspec.store.atomic import atomic_open  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    """A PNG written atomically (a killed run leaves the old plot or the new one)."""
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
 
 
 def acceptance_by_position(steps: list[tuple[int, int]]) -> tuple[list[float], list[int]]:
@@ -41,7 +48,7 @@ def plot_speedup(summary: dict, path: Path) -> bool:
     ax.set_title("Speedup per category")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
     return True
 
@@ -66,7 +73,7 @@ def plot_acceptance(rows: list[dict], methods: list[str], path: Path) -> bool:
     ax.set_title("Acceptance by draft position")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
     return True
 
@@ -118,7 +125,7 @@ def plot_mat(rows: list[dict], methods: list[str], path: Path) -> bool:
     right.set_ylabel("prompts")
     right.set_title("MAT per prompt")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
     return True
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from adaspec.cost.profile import CostProfile
 from adaspec.errors import InputError
+from adaspec.store.atomic import write_text
 
 RESULTS = "results.jsonl"
 
@@ -166,8 +167,5 @@ def write_replay(results: str | Path, profile: CostProfile, name: str) -> tuple[
     slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
     md = to_markdown(report)
     for suffix, text in ((".json", json.dumps(report, indent=1) + "\n"), (".md", md)):
-        path = folder / f"replay-{slug}{suffix}"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_text(folder / f"replay-{slug}{suffix}", text)
     return folder / f"replay-{slug}.md", md

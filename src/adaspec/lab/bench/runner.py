@@ -13,7 +13,6 @@ back as the assistant message before turn t + 1; a row sums its stats over the t
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from adaspec.lab.bench.report import row_key, summarize, to_markdown
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits
 from adaspec.methods.spec import MethodSpec
+from adaspec.store.atomic import trim_torn_tail, write_text
 
 RESULTS = "results.jsonl"
 METHOD_ORDERS = ("rotate", "fixed")  # BenchConfig.method_order
@@ -150,12 +150,6 @@ def read_rows(path: Path) -> tuple[list[dict], int]:
             else:
                 broken += 1
     return rows, broken
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def check_out(config: BenchConfig) -> None:
@@ -467,8 +461,11 @@ class BenchRunner:
         results = self.out / RESULTS
         run_file = self.out / RUN_FILE
         settings = {k: getattr(self.config, k) for k in RESUME_KEYS}
+        # a last row cut off by a kill: dropped (or, whole but for its newline, completed)
+        # so the next append starts a line of its own
+        torn = trim_torn_tail(results) if self.config.resume else 0
         rows, broken = read_rows(results)
-        if rows or broken:
+        if rows or broken or torn:
             if self.config.resume:
                 if run_file.exists():
                     before = json.loads(run_file.read_text()).get("settings", {})
@@ -483,9 +480,10 @@ class BenchRunner:
                             f"cannot resume {results}: settings differ ({what}); use the same "
                             "settings or another --out"
                         )
-                if broken:  # a line cut off by a killed run: keep only whole rows
-                    _write_atomic(results, "".join(json.dumps(r) + "\n" for r in rows))
-                    self.log(f"resume: dropped {broken} incomplete line(s) from {results}")
+                if broken:  # a broken line within the file: keep only whole rows
+                    write_text(results, "".join(json.dumps(r) + "\n" for r in rows))
+                if broken or torn:
+                    self.log(f"resume: dropped {broken + torn} incomplete line(s) from {results}")
             elif self.config.overwrite:
                 results.unlink()
                 rows = []
@@ -496,7 +494,7 @@ class BenchRunner:
                 )
         self.rows = rows
         self.by_key = {(r["prompt_id"], r["method"], int(r.get("repeat", 0))): r for r in rows}
-        _write_atomic(
+        write_text(
             run_file,
             json.dumps({"settings": settings, "config": asdict(self.config)}, indent=2) + "\n",
         )
@@ -646,8 +644,8 @@ class BenchRunner:
         return summary
 
     def save_summary(self, summary: dict) -> None:
-        _write_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        _write_atomic(self.out / "summary.md", to_markdown(summary))
+        write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_text(self.out / "summary.md", to_markdown(summary))
 
 
 def _split(tokens: list[int], lengths: list[int] | None) -> list[list[int]]:

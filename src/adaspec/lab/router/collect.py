@@ -26,6 +26,7 @@ from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.router.collection import META, RUNS, STATES, read_states
 from adaspec.route.arms import arm_parameters, check_arms, count_parameters
 from adaspec.route.router import build_arm_engines, prompt_state
+from adaspec.store.atomic import trim_torn_tail, write_json
 
 # Settings that change what a collected row means: a resumed collection must match them.
 MATCH_KEYS = ("arms", "target", "draft", "dtype", "quant", "max_new_tokens", "sample_temperature")
@@ -71,6 +72,8 @@ def record_states(
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
+    if trim_torn_tail(out / STATES):  # a row cut off by a kill: the next append starts clean
+        print(f"adaspec: dropped 1 incomplete line from {out / STATES}", file=sys.stderr)
     done = read_states(out)
     todo = [p for p in prompts if p.id not in done]
     target = engine.target
@@ -136,7 +139,7 @@ def collect(
     out.mkdir(parents=True, exist_ok=True)
     if config.overwrite and (out / STATES).exists():
         (out / STATES).unlink()
-    (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    write_json(out / META, meta)
 
     engines = build_arm_engines(config.arms, target, tokenizer, draft, eos_token_ids)
     custom = {name: e for name, e in engines.items() if name != config.arms[name]}

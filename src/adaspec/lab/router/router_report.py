@@ -8,7 +8,6 @@ router features`) for replaying other policies on the measured test runs.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +34,7 @@ from adaspec.lab.router.train_policy import train_artifact
 from adaspec.methods.spec import parse_method
 from adaspec.route.artifact import load_artifact
 from adaspec.route.policy import TrainConfig
+from adaspec.store.atomic import atomic_open, write_json, write_text
 
 if TYPE_CHECKING:
     from adaspec.cost.profile import CostProfile
@@ -364,7 +364,8 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as f:  # a killed run leaves the old plot or the new one
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
     return str(path)
 
@@ -387,6 +388,6 @@ def write_report(
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     rep["plots"] = write_plots(rep, folder)
-    (folder / "report.json").write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
-    (folder / "report.md").write_text(to_markdown(rep), encoding="utf-8")
+    write_json(folder / "report.json", rep)
+    write_text(folder / "report.md", to_markdown(rep))
     return folder
