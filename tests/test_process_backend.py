@@ -13,14 +13,18 @@ from adaspec.backends.process_backend import ProcessBackend
 from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 
-from .test_bench_llamacpp import _smollm_gguf
+from .conftest import smollm_gguf
+
+# Every test runs llama.cpp (in a child, and in-process to compare); without llama-cpp-python
+# even the failure to load would be that package's absence, not the one under test.
+pytestmark = pytest.mark.needs("llama_cpp")
 
 IDS = torch.tensor([1604, 3987, 46477, 24, 94, 727])
 
 
 @pytest.fixture(scope="module")
 def pair():
-    gguf = _smollm_gguf()
+    gguf = smollm_gguf()
     local = LlamaCppBackend(gguf, n_threads=1, name="smollm", n_ctx=512)
     child = ProcessBackend(LlamaCppBackend, gguf, 1, "smollm", 512)
     yield gguf, local, child

