@@ -13,7 +13,7 @@ setup:
 
 test:
 	$(VENV)/bin/ruff check src tests experiments
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs  # -rs: each skipped test with its reason (a missing extra)
 
 lint:
 	$(VENV)/bin/ruff check src tests experiments
