@@ -30,10 +30,23 @@ def generate_args(model_dirs, *extra: str) -> list[str]:
     ]
 
 
+def greedy_text(model_dir: str, prompt: str, n: int) -> str:
+    """Plain greedy decoding of the raw prompt, straight from Hugging Face (no adaspec)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.test_engine import reference_greedy
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    return tok.decode(reference_greedy(model, ids, n), skip_special_tokens=True)
+
+
 def test_generate_prints_answer_and_one_stats_line(capsys, model_dirs):
     code, out, err = run(capsys, *generate_args(model_dirs, "--method", "draft:k=3"))
     assert code == 0
-    assert out.strip()
+    assert out.rstrip("\n") == greedy_text(model_dirs[0], "def add(a, b):", 12)
     stats = [line for line in err.splitlines() if line.startswith("[draft:k=3]")]
     assert len(stats) == 1
     for field in ("12 new tokens", "tokens/s", "target calls", "MAT", "acceptance"):
