@@ -250,7 +250,10 @@ def test_cli_bench_end_to_end(tmp_path, capsys, model_dirs, questions, monkeypat
     # a second run into the same folder needs --resume (checked before loading models)
     assert main(argv) == 2
     assert "--resume" in capsys.readouterr().err
+    rows = (out / "results.jsonl").read_text()
+    assert len(rows.splitlines()) == 2 * 3  # one row per (prompt, method), turns summed
     assert main([*argv, "--resume"]) == 0
+    assert (out / "results.jsonl").read_text() == rows  # a finished run: nothing runs again
 
 
 @pytest.mark.parametrize(

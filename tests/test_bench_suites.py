@@ -121,7 +121,7 @@ def test_sharegpt_first_human_turn(tmp_path):
         ("sharegpt/d", "Second [question] {x}"),
         ("sharegpt/e", "Third"),
     ]
-    assert len(sharegpt(limit=2, path=path)) == 2
+    assert [p.id for p in sharegpt(limit=2, path=path)] == ["sharegpt/a", "sharegpt/d"]
 
 
 def test_sharegpt_missing_package_names_the_pip_command(monkeypatch):
