@@ -20,6 +20,7 @@ class Divergence:
     index: int  # first differing generated token
     gap: float  # reference top-1 minus top-2 logit there
     kind: str  # "tie" or "bug"
+    tolerance: float = TIE_TOLERANCE  # the largest gap judged a tie (the runtime's noise)
 
 
 def first_difference(reference: list[int], output: list[int]) -> int | None:
@@ -51,4 +52,5 @@ def classify(
     logits = target.prefill(torch.tensor(prompt_ids + reference[:index])).logits[-1].float()
     top2 = torch.topk(logits, 2).values
     gap = float(top2[0] - top2[1])
-    return Divergence(index=index, gap=gap, kind="tie" if gap <= tolerance else "bug")
+    kind = "tie" if gap <= tolerance else "bug"
+    return Divergence(index=index, gap=gap, kind=kind, tolerance=tolerance)

@@ -27,7 +27,7 @@ from adaspec.engine.loop import Engine
 from adaspec.engine.metrics import RequestStats
 from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.lab.bench.exactness import classify, first_difference
+from adaspec.lab.bench.exactness import TIE_TOLERANCE, classify, first_difference
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
 from adaspec.lab.bench.references import parse_bench_method
@@ -615,6 +615,7 @@ class BenchRunner:
             self.methods,
             target_bytes=getattr(self.target, "bytes_per_forward", None),
             theory_methods=self.draft_methods() if self.greedy else (),
+            tie_tolerance=float(getattr(self.target, "tie_tolerance", TIE_TOLERANCE)),
         )
         summary["config"] = {
             **asdict(self.config),
