@@ -38,10 +38,17 @@ class GenerationResult:
     prompt_ids: list[int] = field(default_factory=list)
 
 
+# How a token came out of a step: a drafted token the target accepted, the target's own token
+# after a rejected draft (correction) or after a fully accepted one (bonus), or a step that
+# drafted nothing (plain). The first token, from the prefill, is plain.
+ACCEPTED, CORRECTION, BONUS, PLAIN = "accepted", "correction", "bonus", "plain"
+
+
 @dataclass
 class StreamChunk:
     text: str  # newly final text (held back while it could still be part of a stop string)
     token_ids: list[int]  # tokens accepted in this step
+    sources: list[str] = field(default_factory=list)  # per token: ACCEPTED | CORRECTION | ...
 
 
 class TextGenerator(ABC):
@@ -214,6 +221,7 @@ class Engine(TextGenerator):
         context = prompt_ids + [first]
         generated: list[int] = []
         step_tokens = [first]
+        step_sources = [PLAIN]
         finish = None
         while True:
             # Emit this step's tokens, honouring EOS, the token budget and stop strings.
@@ -234,7 +242,8 @@ class Engine(TextGenerator):
                 emitted = emitted[: max(0, len(emitted) - (len(generated) - kept))]
                 del generated[kept:]
             if piece or emitted:
-                yield StreamChunk(text=piece, token_ids=emitted)
+                yield StreamChunk(text=piece, token_ids=emitted,
+                                  sources=step_sources[: len(emitted)])
             if finish is not None:
                 break
 
@@ -248,7 +257,9 @@ class Engine(TextGenerator):
             k = min(
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
-            step_tokens = self._step(context, k, sampling, generator, verifier, stats)
+            step_tokens, step_sources = self._step(
+                context, k, sampling, generator, verifier, stats
+            )
             context = context + step_tokens
 
         stats.new_tokens = len(generated)
@@ -269,9 +280,10 @@ class Engine(TextGenerator):
         generator: torch.Generator,
         verifier: Verifier,
         stats: RequestStats,
-    ) -> list[int]:
+    ) -> tuple[list[int], list[str]]:
         """Propose at most k levels below the last token, score root + proposal in one target
-        pass, verify, roll both caches back to the accepted path; the accepted tokens."""
+        pass, verify, roll both caches back to the accepted path; the accepted tokens and how
+        each came out."""
         root = len(context) - 1  # cache index and position of the last token
         proposal = Proposal.chain(context[-1], [])
         if self.drafter is not None and k > 0:
@@ -305,7 +317,10 @@ class Engine(TextGenerator):
             t0 = time.perf_counter()
             self.drafter.commit(context + accepted, verdict.path)
             stats.draft_time += time.perf_counter() - t0
-        return accepted
+        last = PLAIN if not proposal.depth else (
+            BONUS if verdict.accepted == proposal.depth else CORRECTION
+        )
+        return accepted, [ACCEPTED] * verdict.accepted + [last]
 
     @staticmethod
     def _verify(proposal, logits, sampling, generator, verifier):
