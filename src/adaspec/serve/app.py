@@ -1,0 +1,352 @@
+"""The FastAPI app: the OpenAI-compatible routes, /health, /metrics and the playground.
+
+`create_app(config)` loads the models when the app starts (its lifespan);
+`create_app(config, instance)` serves models already loaded (tests, Ray replicas).
+A handler checks everything it can before the request waits in the queue (fields, method
+string, prompt length), so bad input gets its 400 at once and never reaches the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from adaspec.engine.sampling import SamplingParams
+from adaspec.errors import InputError
+from adaspec.methods.registry import METHODS
+from adaspec.serve import auth, errors, responses
+from adaspec.serve.config import ServeConfig
+from adaspec.serve.errors import ServeError
+from adaspec.serve.instance import ModelInstance
+from adaspec.serve.metrics import CONTENT_TYPE, ServeMetrics
+from adaspec.serve.scheduler import CHUNK, DONE, ERROR, Event, Job, Scheduler
+from adaspec.serve.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    ModelCard,
+    ModelList,
+)
+
+log = logging.getLogger("adaspec.serve")
+
+PLAYGROUND = "playground"
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/")
+TIMEOUT_GRACE = 0.25  # the worker stops a late job between steps; the handler waits this more
+
+
+class ServeState:
+    """What the routes share: the config, the models, the scheduler and the metrics."""
+
+    def __init__(self, config: ServeConfig, instance: ModelInstance | None) -> None:
+        self.config = config
+        self.instance = instance
+        self.scheduler: Scheduler | None = None
+        self.metrics = ServeMetrics(
+            queue_depth=lambda: self.scheduler.queue_depth if self.scheduler else 0,
+            busy=lambda: float(self.scheduler.busy) if self.scheduler else 0.0,
+        )
+        self.model = config.served_name()
+        self.created = responses.now()
+
+    def start(self, instance: ModelInstance) -> Scheduler:
+        self.instance = instance
+        if self.scheduler is None:
+            self.scheduler = Scheduler(instance, self.config.max_queue, self.metrics)
+        self.scheduler.start()
+        return self.scheduler
+
+    def ready(self) -> tuple[ModelInstance, Scheduler]:
+        if self.instance is None or self.scheduler is None:
+            raise ServeError(503, "the models are still loading", type="server_error",
+                             code="loading", headers={"Retry-After": "5"})
+        return self.instance, self.scheduler
+
+
+class GuardMiddleware:
+    """Pure ASGI (it leaves `receive` alone, so disconnects reach the handlers): the API key
+    check, and the request counter by endpoint and status."""
+
+    def __init__(self, app: ASGIApp, state: ServeState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"
+        counted = False
+
+        async def counting_send(message: Message) -> None:
+            nonlocal counted
+            if message["type"] == "http.response.start" and not counted:
+                counted = True
+                self.state.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        try:
+            auth.check(Request(scope), self.state.config.api_key)
+        except ServeError as exc:
+            await error_response(exc)(scope, receive, counting_send)
+            return
+        await self.app(scope, receive, counting_send)
+
+
+def error_response(exc: ServeError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def create_app(config: ServeConfig, instance: ModelInstance | None = None) -> FastAPI:
+    state = ServeState(config, instance)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = state.instance is None
+        loaded = state.instance or await run_in_threadpool(ModelInstance.load, config)
+        scheduler = state.start(loaded)
+        try:
+            yield
+        finally:
+            scheduler.stop()
+            if owned:
+                loaded.close()
+
+    app = FastAPI(title="adaspec", version="0.1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
+    app.state.adaspec = state
+    app.add_middleware(GuardMiddleware, state=state)
+
+    @app.exception_handler(ServeError)
+    async def _serve_error(request: Request, exc: ServeError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = errors.validation_message(list(exc.errors()))
+        return error_response(errors.bad_request(message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = f"no route {request.method} {request.url.path}" \
+            if exc.status_code in (404, 405) else str(exc.detail)
+        return error_response(ServeError(exc.status_code, message, type=kind))
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(ServeError(500, "internal server error", type="server_error"))
+
+    # ------------------------------------------------------------------ routes
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await generate(state, request, body, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await generate(state, request, body, chat=False)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return ModelList(data=[ModelCard(id=state.model, created=state.created)]).model_dump()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        inst, sched = state.instance, state.scheduler
+        draining = sched is not None and sched.draining
+        body: dict[str, Any] = {
+            "status": "draining" if draining else ("ok" if sched else "loading"),
+            "model": state.model,
+            "method": inst.default_method if inst else config.method,
+            "methods": METHODS.names(),
+            "concurrency": 1,
+            "note": "the loaded models decode one request at a time (one KV cache each); "
+                    "others wait in a FIFO queue of at most max_queue, then get 429",
+            "timeout": config.timeout,
+            "auth": bool(config.api_key),
+        }
+        if inst is not None:
+            body.update(target=inst.target.name,
+                        draft=inst.draft.name if inst.draft is not None else None,
+                        max_context=inst.max_context)
+        if sched is not None:
+            body.update(sched.health())
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> FileResponse:
+        return FileResponse(_playground_dir() + "/index.html")
+
+    app.mount("/playground", StaticFiles(packages=[("adaspec.serve", PLAYGROUND)]),
+              name="playground")
+    return app
+
+
+def _playground_dir() -> str:
+    from importlib.resources import files
+
+    return str(files("adaspec.serve") / PLAYGROUND)
+
+
+# ---------------------------------------------------------------------- generation
+async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job:
+    """Check a request and turn it into a job; every problem is a ServeError (400/404)."""
+    instance, _ = state.ready()
+    if body.model and body.model != state.model:
+        raise ServeError(404, f"model {body.model!r} is not served here; this server serves "
+                         f"{state.model!r} (GET /v1/models)", type="not_found_error",
+                         param="model", code="model_not_found")
+    method = instance.default_method
+    if body.method is not None:
+        try:
+            method = instance.check_method(body.method).text
+        except InputError as exc:
+            raise errors.bad_request(str(exc), param="method") from None
+    try:
+        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.seed)
+    except InputError as exc:
+        raise errors.bad_request(str(exc)) from None
+    field = "messages" if chat else "prompt"
+    try:
+        if isinstance(body, ChatCompletionRequest):
+            prompt: Any = body.chat_turns()
+        else:
+            assert isinstance(body, CompletionRequest)
+            prompt = body.prompt_input()
+        ids = await run_in_threadpool(instance.encode, prompt, chat)
+    except (InputError, ValueError) as exc:
+        raise errors.bad_request(str(exc), param=field) from None
+    room = instance.max_context - len(ids)
+    budget = body.token_budget()
+    if budget is None:
+        budget = min(state.config.default_max_tokens, room)
+    if budget < 1 or len(ids) + budget > instance.max_context:
+        raise errors.bad_request(
+            f"context too long: the prompt has {len(ids)} tokens and max_tokens is "
+            f"{body.token_budget() or budget}, more than the context window of "
+            f"{instance.max_context} tokens; shorten the prompt or lower max_tokens",
+            param=field)
+    return Job(ids, budget, sampling, body.stop_list(), method, state.config.timeout,
+               token_sources=body.token_sources)
+
+
+async def next_event(job: Job, scheduler: Scheduler) -> Event:
+    """The job's next event; at the deadline, the job is cancelled and a 504 raised."""
+    left = job.deadline - time.monotonic() + TIMEOUT_GRACE
+    try:
+        return await asyncio.wait_for(job.events.get(), timeout=max(0.01, left))
+    except TimeoutError:
+        scheduler.cancel(job)
+        raise errors.timed_out(job.timeout) from None
+
+
+async def watch_disconnect(request: Request, scheduler: Scheduler, job: Job) -> None:
+    """Cancel the job as soon as the client disconnects (the worker stops within a step)."""
+    try:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                scheduler.cancel(job)
+                return
+    except Exception:  # the connection is gone in some other way: nothing to watch
+        return
+
+
+async def generate(state: ServeState, request: Request, body: GenerationRequest,
+                   chat: bool) -> Response:
+    job = await prepare(state, body, chat)
+    _, scheduler = state.ready()
+    scheduler.submit(job)  # 429 / 503 raised here
+    watcher = asyncio.create_task(watch_disconnect(request, scheduler, job))
+    handed_over = False
+    try:
+        first = await next_event(job, scheduler)
+        if first.kind == ERROR:
+            assert first.error is not None
+            raise first.error
+        rid, created = responses.new_id(chat), responses.now()
+        if body.stream:
+            handed_over = True
+            return StreamingResponse(
+                stream_events(state, scheduler, job, first, body, chat, rid, created, watcher),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        event = first
+        while event.kind == CHUNK:
+            event = await next_event(job, scheduler)
+        if event.kind == ERROR:
+            assert event.error is not None
+            raise event.error
+        assert event.result is not None
+        use = responses.usage(event.result, job.method, job.queue_time())
+        build = responses.chat_completion if chat else responses.completion
+        return JSONResponse(build(rid, created, state.model, event.result, use))
+    finally:
+        if not handed_over:
+            watcher.cancel()
+            scheduler.cancel(job)
+
+
+async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first: Event,
+                        body: GenerationRequest, chat: bool, rid: str, created: int,
+                        watcher: asyncio.Task) -> AsyncIterator[bytes]:
+    """Server-sent events: the chunks, a last chunk with finish_reason and usage, the
+    usage-only chunk if stream_options.include_usage asked for it, then [DONE]. An error
+    after the stream began is one `data: {"error": ...}` event, and the stream ends."""
+    model = state.model
+    try:
+        if chat:
+            yield responses.sse(responses.chunk(True, rid, created, model, role=True, text=""))
+        event = first
+        while True:
+            if event.kind == CHUNK:
+                assert event.chunk is not None
+                tokens = None
+                if event.pieces is not None:
+                    tokens = [[p, s] for p, s in zip(event.pieces, event.chunk.sources,
+                                                     strict=False)]
+                if event.chunk.text or tokens:
+                    yield responses.sse(responses.chunk(chat, rid, created, model,
+                                                        text=event.chunk.text, tokens=tokens))
+            elif event.kind == DONE:
+                assert event.result is not None
+                use = responses.usage(event.result, job.method, job.queue_time())
+                finish = responses.FINISH[event.result.finish_reason]
+                yield responses.sse(responses.chunk(
+                    chat, rid, created, model, text=None if chat else "",
+                    finish_reason=finish, use=use))
+                if body.include_usage():
+                    yield responses.sse(responses.chunk(chat, rid, created, model, use=use,
+                                                        no_choice=True))
+                yield responses.DONE_EVENT
+                return
+            else:
+                assert event.error is not None
+                yield responses.sse(event.error.body())
+                return
+            try:
+                event = await next_event(job, scheduler)
+            except ServeError as exc:
+                event = Event(ERROR, error=exc)
+    finally:
+        watcher.cancel()
+        scheduler.cancel(job)

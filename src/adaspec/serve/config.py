@@ -1,0 +1,34 @@
+"""What `adaspec serve` was started with: the models, the default method and the limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaspec.methods.spec import DEFAULT_METHOD
+from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+
+API_KEY_ENV = "ADASPEC_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    method: str = DEFAULT_METHOD  # a request's `method` field overrides it
+    target: str = TARGET_DEFAULT
+    draft: str | None = DRAFT_DEFAULT
+    dtype: str = "bfloat16"
+    quant: str = "auto"
+    draft_quant: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queue: int = 16  # requests waiting behind the one being decoded; more get 429
+    timeout: float = 600.0  # seconds from arrival to the last token; then 504 (or an error event)
+    api_key: str | None = None
+    model_name: str | None = None  # the id /v1/models lists (default: the target's name)
+    default_max_tokens: int = 512  # when a request gives no max_tokens (capped by the context)
+    drain_timeout: float | None = None  # SIGTERM: wait this long for in-flight requests
+    max_engines: int = 16  # engines kept built, one per method string (least recently used go)
+
+    def served_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        return self.target.rstrip("/").rsplit("/", 1)[-1]

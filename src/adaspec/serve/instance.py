@@ -1,0 +1,106 @@
+"""One model instance: the loaded target (and draft) and an engine per method string.
+
+The backends load once; engines are cheap to build, so each method string a request names
+gets its own, kept in a small least-recently-used cache. All engines share the backends'
+KV caches, so only one request may decode at a time (the scheduler's worker sees to it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from adaspec.backends.base import ModelBackend
+from adaspec.engine.loop import TextGenerator
+from adaspec.errors import InputError
+from adaspec.methods.spec import MethodSpec, parse_method
+from adaspec.serve.config import ServeConfig
+
+
+class ModelInstance:
+    def __init__(
+        self,
+        target: ModelBackend,
+        tokenizer,
+        draft: ModelBackend | None,
+        eos_token_ids: list[int] | None,
+        default_method: str,
+        max_engines: int = 16,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.draft = draft
+        self.eos_token_ids = eos_token_ids
+        self.default_method = parse_method(default_method).text
+        self.max_engines = max(1, max_engines)
+        self._engines: OrderedDict[str, TextGenerator] = OrderedDict()
+        self._lock = threading.Lock()
+        # the default engine is built now: a bad --method fails at startup, and a cost-aware
+        # method measures its profile before the first request, not during it
+        self.default_engine = self.engine(self.default_method)
+
+    @classmethod
+    def load(cls, config: ServeConfig) -> ModelInstance:
+        """Load the configured pair (a method's own `@int8/int4` wins over --quant)."""
+        from adaspec.backends.load import load_backends
+
+        spec = parse_method(config.method)
+        needs_draft = spec.needs_draft_model()
+        if needs_draft and not config.draft:
+            raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
+        target, tokenizer, draft, eos = load_backends(
+            config.target, config.draft if needs_draft or config.draft else None,
+            config.dtype, spec.quant or config.quant, spec.draft_quant or config.draft_quant,
+        )
+        return cls(target, tokenizer, draft, eos, config.method, config.max_engines)
+
+    @property
+    def max_context(self) -> int:
+        return self.default_engine.max_context
+
+    def check_method(self, text: str) -> MethodSpec:
+        """Parse a request's method string; every mistake is a one-line InputError."""
+        spec = parse_method(text)
+        if spec.quant or spec.draft_quant:
+            raise InputError(
+                f"method {spec.text!r}: the weights are fixed when the server starts "
+                "(--quant, --draft-quant); drop the '@...' part"
+            )
+        if spec.needs_draft_model() and self.draft is None:
+            raise InputError(f"method {spec.text!r} needs a draft model, and this server "
+                             "runs without one (start it with --draft)")
+        return spec
+
+    def engine(self, method: str) -> TextGenerator:
+        """The engine of a method string (built on first use; call from the worker only:
+        building a cost-aware method may measure the models)."""
+        from adaspec.engine.build import build_engine
+
+        with self._lock:
+            engine = self._engines.get(method)
+            if engine is not None:
+                self._engines.move_to_end(method)
+                return engine
+        spec = parse_method(method) if method == getattr(self, "default_method", None) \
+            else self.check_method(method)
+        engine = build_engine(spec, self.target, self.tokenizer, self.draft,
+                              eos_token_ids=self.eos_token_ids)
+        with self._lock:
+            self._engines[method] = engine
+            while len(self._engines) > self.max_engines:
+                oldest = next(iter(self._engines))
+                if oldest == self.default_method:
+                    self._engines.move_to_end(oldest)
+                    oldest = next(iter(self._engines))
+                del self._engines[oldest]
+        return engine
+
+    def encode(self, prompt, chat: bool) -> list[int]:
+        """Token ids of a prompt (text, token ids or chat turns): the tokenizer only."""
+        return self.default_engine.encode_prompt(prompt, chat=chat)
+
+    def close(self) -> None:
+        for backend in (self.draft, self.target):
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()

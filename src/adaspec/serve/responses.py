@@ -1,0 +1,112 @@
+"""Response bodies and server-sent events in the OpenAI shapes, from the engine's results."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from adaspec.engine.loop import GenerationResult
+from adaspec.serve.schema import (
+    ChatChoice,
+    ChatCompletion,
+    ChatResponseMessage,
+    Completion,
+    CompletionChoice,
+    SpeculationStats,
+    Usage,
+)
+
+# the engine's reasons -> OpenAI's: an end-of-sequence token and a stop string both "stop"
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(result: GenerationResult, method: str, queue_time: float) -> Usage:
+    s = result.stats
+    return Usage(
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.new_tokens,
+        total_tokens=s.prompt_tokens + s.new_tokens,
+        speculation=SpeculationStats(
+            method=method,
+            target_calls=s.target_calls,
+            draft_calls=s.draft_calls,
+            drafted=s.drafted,
+            accepted=s.accepted,
+            acceptance_rate=round(s.acceptance_rate, 4),
+            mean_accepted_tokens=round(s.mean_accepted_tokens, 4),
+            tokens_per_s=round(s.tokens_per_s, 3),
+            decode_tokens_per_s=round(s.decode_tokens_per_s, 3),
+            queue_time=round(queue_time, 4),
+            time_to_first_token=round(s.prefill_time, 4),
+            draft_time=round(s.draft_time, 4),
+            verify_time=round(s.verify_time, 4),
+            other_time=round(s.other_time, 4),
+            wall_time=round(s.wall_time, 4),
+            route=s.route,
+        ),
+    )
+
+
+def chat_completion(rid: str, created: int, model: str, result: GenerationResult,
+                    use: Usage) -> dict[str, Any]:
+    return ChatCompletion(
+        id=rid, created=created, model=model, usage=use,
+        choices=[ChatChoice(message=ChatResponseMessage(content=result.text),
+                            finish_reason=FINISH[result.finish_reason])],
+    ).model_dump()
+
+
+def completion(rid: str, created: int, model: str, result: GenerationResult,
+               use: Usage) -> dict[str, Any]:
+    return Completion(
+        id=rid, created=created, model=model, usage=use,
+        choices=[CompletionChoice(text=result.text,
+                                  finish_reason=FINISH[result.finish_reason])],
+    ).model_dump()
+
+
+def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = None,
+          role: bool = False, finish_reason: str | None = None, use: Usage | None = None,
+          tokens: list[list[str]] | None = None, no_choice: bool = False) -> dict[str, Any]:
+    """One streamed chunk. `tokens` ([piece, source] per token) is adaspec's extra for the
+    playground; `no_choice` is the usage-only chunk of stream_options.include_usage."""
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+    }
+    if no_choice:
+        body["choices"] = []
+    elif chat:
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+                            "finish_reason": finish_reason}]
+    else:
+        body["choices"] = [{"index": 0, "text": text or "", "logprobs": None,
+                            "finish_reason": finish_reason}]
+    if use is not None:
+        body["usage"] = use.model_dump()
+    if tokens is not None:
+        body["adaspec"] = {"tokens": tokens}
+    return body
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

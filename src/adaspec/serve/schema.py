@@ -1,0 +1,301 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic v2).
+
+Requests accept the OpenAI fields plus three of adaspec's own: `top_k`, `method` (a method
+string, as on the command line) and `token_sources` (stream each token's text and how it was
+produced; the playground uses it). An OpenAI field adaspec cannot honour (n > 1, logprobs,
+penalties, tools, ...) is refused with a message naming it; a misspelt field is refused too,
+rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+StrictInt = Annotated[int, Field(strict=True)]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # name, tool_call_id, ...: not used
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"message content of type {part.type!r} is not supported: "
+                                 "this server reads text only")
+        return "".join(part.text or "" for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """The fields chat and text completions share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None  # the newer OpenAI name of max_tokens
+    temperature: float = 1.0  # OpenAI's default; 0 is greedy
+    top_p: float = 1.0
+    top_k: StrictInt = 0  # extra: 0 disables it
+    seed: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    method: str | None = None  # extra: a method string (default: the server's --method)
+    token_sources: bool = False  # extra: stream chunks carry each token's text and source
+
+    # OpenAI fields refused unless left at their neutral value, then accounting hints that
+    # change nothing here
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    @field_validator("max_tokens", "max_completion_tokens")
+    @classmethod
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be an integer >= 1, got {v}")
+        return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if not v >= 0 or v == float("inf"):
+            raise ValueError(f"must be a finite number >= 0 (0 is greedy), got {v}")
+        return v
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"must be in (0, 1], got {v}")
+        return v
+
+    @field_validator("top_k", "seed")
+    @classmethod
+    def _non_negative(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:
+            raise ValueError(f"must be an integer >= 0, got {v}")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"only n=1 is supported (one answer per request), got {v}")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        if len(stops) > 16:
+            raise ValueError(f"at most 16 stop strings, got {len(stops)}")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> GenerationRequest:
+        refused = {
+            "logprobs": self.logprobs not in (None, False, 0),
+            "top_logprobs": self.top_logprobs not in (None, 0),
+            "presence_penalty": self.presence_penalty not in (None, 0),
+            "frequency_penalty": self.frequency_penalty not in (None, 0),
+            "logit_bias": bool(self.logit_bias),
+        }
+        for name, bad in refused.items():
+            if bad:
+                raise ValueError(f"{name} is not supported by adaspec serve; leave it unset")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage]
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    reasoning_effort: str | None = None
+    prediction: Any = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, v: list[ChatMessage]) -> list[ChatMessage]:
+        if not v:
+            raise ValueError("give at least one message")
+        return v
+
+    @model_validator(mode="after")
+    def _no_tools(self) -> ChatCompletionRequest:
+        if self.tools or self.functions:
+            raise ValueError("tools and functions are not supported by adaspec serve")
+        if self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
+            raise ValueError("tool_choice is not supported by adaspec serve")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format other than text is not supported")
+        if self.modalities and list(self.modalities) != ["text"]:
+            raise ValueError("only the text modality is supported")
+        return self
+
+    def chat_turns(self) -> list[dict[str, str]]:
+        """The messages as {"role", "content"} dicts for the chat template (`developer`
+        is OpenAI's newer name of the system role)."""
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in self.messages
+        ]
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[StrictInt]
+    echo: bool = False
+    best_of: StrictInt | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt is empty")
+            if isinstance(v[0], str) and len(v) != 1:
+                raise ValueError(f"one prompt per request is supported, got {len(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _completion_extras(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo is not supported by adaspec serve")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of > 1 is not supported by adaspec serve")
+        if self.suffix:
+            raise ValueError("suffix is not supported by adaspec serve")
+        return self
+
+    def prompt_input(self) -> str | list[int]:
+        """A text, or token ids."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if isinstance(self.prompt[0], str):
+            return self.prompt[0]  # type: ignore[return-value]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------- responses
+class SpeculationStats(BaseModel):
+    """How the request was decoded: `usage.speculation` in every response."""
+
+    method: str
+    target_calls: int  # target forward passes, the prompt's prefill included
+    draft_calls: int
+    drafted: int  # draft tokens sent to verification
+    accepted: int  # draft tokens the target accepted
+    acceptance_rate: float
+    mean_accepted_tokens: float  # new tokens per target call (1.0 for plain decoding)
+    tokens_per_s: float  # new tokens over the decoding wall time
+    decode_tokens_per_s: float  # the same, the first token (prefill) left out
+    queue_time: float  # seconds waiting for the model (in the queue)
+    time_to_first_token: float  # seconds of the prompt's prefill (queue time excluded)
+    draft_time: float
+    verify_time: float
+    other_time: float
+    wall_time: float  # seconds of decoding (queue time excluded)
+    route: str | None = None  # the method a router picked
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    speculation: SpeculationStats | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "adaspec"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,465 @@
+"""`adaspec serve` on loopback with tiny models: the official openai client against a live
+server (uvicorn in a thread), SSE framing, stop strings, seeds, the queue's 429, cancellation
+on disconnect, timeouts, the API key, bad input, metrics, and SIGTERM drain (a subprocess).
+
+Helpers here (`served_instance`, `live_server`, `SlowBackend`) serve the other
+tests/test_serve_*.py files too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+httpx = pytest.importorskip("httpx", reason="needs httpx: pip install -e '.[serve]'")
+import uvicorn  # noqa: E402
+
+from adaspec.backends.load import load_backends  # noqa: E402
+from adaspec.serve.app import create_app  # noqa: E402
+from adaspec.serve.config import ServeConfig  # noqa: E402
+from adaspec.serve.instance import ModelInstance  # noqa: E402
+
+MODEL = "tiny"
+METHOD = "draft:k=3"
+PROMPT = "def add(a, b):"
+REPO = Path(__file__).resolve().parents[1]
+
+
+class SlowBackend:
+    """A backend whose forward passes take at least `delay` seconds: long enough requests
+    to queue behind, disconnect from and time out, on a model that is otherwise instant."""
+
+    def __init__(self, inner, delay: float = 0.0) -> None:
+        self._inner = inner
+        self.delay = delay
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def forward(self, *args, **kwargs):
+        if self.delay:
+            time.sleep(self.delay)
+        return self._inner.forward(*args, **kwargs)
+
+    def prefill(self, tokens, hidden_layer=None):
+        self._inner.reset()
+        return self.forward(tokens, hidden_layer=hidden_layer)
+
+
+def served_instance(target_dir: str, draft_dir: str | None, method: str = METHOD
+                    ) -> ModelInstance:
+    target, tokenizer, draft, eos = load_backends(target_dir, draft_dir, "float32", "none",
+                                                  "none")
+    return ModelInstance(SlowBackend(target), tokenizer, draft, eos, method)
+
+
+@contextmanager
+def live_server(instance: ModelInstance, **config) -> Iterator[str]:
+    """A uvicorn server in a thread on a free loopback port; yields its base URL."""
+    cfg = ServeConfig(**{"method": instance.default_method, "target": MODEL, "draft": None,
+                         "port": 0, **config})
+    server = uvicorn.Server(uvicorn.Config(create_app(cfg, instance), host="127.0.0.1",
+                                           port=0, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def slowed(instance: ModelInstance, delay: float) -> Iterator[None]:
+    instance.target.delay = delay
+    try:
+        yield
+    finally:
+        instance.target.delay = 0.0
+
+
+def wait_until(check, timeout: float = 5.0, every: float = 0.01) -> float:
+    """Seconds until check() held (fails after `timeout`)."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, "condition not reached in time"
+        time.sleep(every)
+    return time.monotonic() - start
+
+
+def health(base: str) -> dict:
+    return httpx.get(base + "/health").json()
+
+
+def sse_events(response) -> list[str]:
+    """The `data:` payloads of an SSE response, checking the framing on the way."""
+    events = []
+    for block in response.text.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        events.append(block[len("data: "):])
+    assert response.text.endswith("\n\n")
+    return events
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v
+                                           for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+@pytest.fixture(scope="module")
+def instance(model_dirs):
+    inst = served_instance(*model_dirs)
+    yield inst
+    inst.close()
+
+
+@pytest.fixture(scope="module")
+def base(instance):
+    with live_server(instance) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base):
+    openai = pytest.importorskip("openai", reason="needs the openai client: "
+                                 "pip install -e '.[serve]'")
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+
+def library_text(instance: ModelInstance, prompt, n: int, chat: bool, **sampling) -> str:
+    from adaspec.engine.sampling import SamplingParams
+
+    engine = instance.engine(METHOD)
+    return engine.generate(prompt, n, SamplingParams(**sampling), chat=chat).text
+
+
+# ---------------------------------------------------------------------- the openai client
+def test_greedy_completion_equals_adaspec_generate(client, model_dirs, capsys, monkeypatch,
+                                                   tmp_path):
+    from adaspec.cli import main
+
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path))
+    target, draft = model_dirs
+    assert main(["generate", PROMPT, "--target", target, "--draft", draft, "--dtype",
+                 "float32", "--raw", "--max-new-tokens", "16", "--method", METHOD]) == 0
+    cli_text = capsys.readouterr().out[:-1]  # the answer, then one newline
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0)
+    assert out.choices[0].text == cli_text
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 16
+    spec = out.usage.model_extra["speculation"]
+    assert spec["method"] == METHOD and spec["target_calls"] >= 1
+    assert spec["drafted"] >= spec["accepted"] >= 0
+
+
+def test_chat_streaming_and_not_give_the_library_text(client, instance):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+    expected = library_text(instance, messages, 20, chat=True)
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20,
+                                         temperature=0)
+    assert out.object == "chat.completion"
+    assert out.choices[0].message.content == expected
+    assert out.choices[0].message.role == "assistant"
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 20
+
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+
+def test_completion_streaming_gives_the_same_text(client, instance):
+    expected = library_text(instance, PROMPT, 12, chat=False)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_strings_end_the_answer_before_them(client, instance):
+    full = library_text(instance, PROMPT, 30, chat=False)
+    stop = full[6:9]
+    assert stop.strip() and stop in full
+    cut = full[: full.index(stop)]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0,
+                                    stop=[stop, "never-seen"])
+    assert out.choices[0].text == cut
+    assert out.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30,
+                                            temperature=0, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_seed_reproduces_a_sampled_answer(client):
+    def sample(seed: int) -> str:
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24,
+                                          temperature=1.5, top_p=0.95, seed=seed,
+                                          extra_body={"top_k": 40}).choices[0].text
+
+    first = sample(7)
+    assert sample(7) == first
+    assert len({first, sample(8), sample(9), sample(10)}) > 1  # the seed matters
+
+
+def test_a_request_may_choose_its_method(client):
+    outs = {m: client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10,
+                                         temperature=0, extra_body={"method": m})
+            for m in ("ar", "ngram:k=4", "draft:k=2")}
+    assert len({o.choices[0].text for o in outs.values()}) == 1  # exact: the target's text
+    assert outs["ar"].usage.model_extra["speculation"]["drafted"] == 0
+    assert outs["draft:k=2"].usage.model_extra["speculation"]["method"] == "draft:k=2"
+
+
+def test_models_and_health(client, base):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    info = health(base)
+    assert info["status"] == "ok" and info["concurrency"] == 1
+    assert "one request at a time" in info["note"]
+    assert info["method"] == METHOD and "draft" in info["methods"]
+
+
+# ---------------------------------------------------------------------- SSE framing
+def test_sse_framing(base):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 15, "temperature": 0, "stream": True, "token_sources": True}
+    r = httpx.post(base + "/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and len(c["choices"]) == 1
+               for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == 15
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    tokens = [t for c in chunks for t in c.get("adaspec", {}).get("tokens", [])]
+    assert len(tokens) == 15
+    assert {source for _, source in tokens} <= {"accepted", "correction", "bonus", "plain"}
+    assert tokens[0][1] == "plain"  # the prefill's token
+
+
+# ---------------------------------------------------------------------- bad input
+BAD = [
+    ({"prompt": PROMPT, "max_tokens": -1}, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+    ({"prompt": PROMPT, "temperature": -0.5}, "temperature"),
+    ({"prompt": PROMPT, "n": 2}, "n"),
+    ({"prompt": PROMPT, "top_p": 0}, "top_p"),
+    ({"prompt": PROMPT, "method": "warp:k=3"}, "method"),
+    ({"prompt": PROMPT, "method": "draft:k=0"}, "method"),
+    ({"prompt": PROMPT, "method": "draft:k=3@int8"}, "method"),
+    ({"prompt": PROMPT, "maxtokens": 5}, "maxtokens"),
+    ({"prompt": PROMPT, "logprobs": 2}, None),
+    ({"prompt": PROMPT, "stop": [""]}, "stop"),
+    ({"prompt": "x" * 300, "max_tokens": 5}, "prompt"),
+    ({"prompt": PROMPT, "max_tokens": 250}, "prompt"),
+    ({"prompt": "   "}, "prompt"),
+    ({}, "prompt"),
+]
+
+
+def test_every_bad_input_gets_its_error_and_others_are_not_disturbed(base, instance):
+    with slowed(instance, 0.01), ThreadPoolExecutor(1) as pool:
+        good = pool.submit(httpx.post, base + "/v1/completions", timeout=30,
+                           json={"prompt": PROMPT, "max_tokens": 60, "temperature": 0})
+        wait_until(lambda: health(base)["busy"])
+        for body, param in BAD:
+            r = httpx.post(base + "/v1/completions", json=body)
+            assert r.status_code == 400, (body, r.text)
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and err["message"], body
+            assert "\n" not in err["message"]
+            if param:
+                assert err["param"] == param, (body, err)
+        assert health(base)["busy"], "the good request should still be decoding"
+        answer = good.result()
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["completion_tokens"] == 60
+
+
+def test_malformed_json_unknown_model_and_routes(base):
+    r = httpx.post(base + "/v1/chat/completions", content=b'{"messages": [',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/chat/completions", json={"messages": "hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(base + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "hi"}], "tools": [{}]})
+    assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", json={"model": "gpt-4", "prompt": PROMPT})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.get(base + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
+    assert r.status_code == 200
+
+
+# ---------------------------------------------------------------------- queue and faults
+def test_a_full_queue_answers_429_with_retry_after(instance):
+    with live_server(instance, max_queue=1) as url, slowed(instance, 0.02), \
+            ThreadPoolExecutor(2) as pool:
+        body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+        running = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=30)
+        wait_until(lambda: health(url)["busy"])
+        queued = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=30)
+        wait_until(lambda: health(url)["queue_depth"] == 1)
+        r = httpx.post(url + "/v1/completions", json=body)
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert running.result().status_code == 200 and queued.result().status_code == 200
+        assert metric(url, "adaspec_requests_total", status="429") == 1
+
+
+def test_a_disconnect_cancels_within_a_step_and_frees_the_model(base, instance):
+    delay = 0.05
+    with slowed(instance, delay):
+        body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert health(base)["busy"]
+        gone = time.monotonic()  # closed after one chunk of 200: about 10 s of work left
+        freed = wait_until(lambda: not health(base)["busy"], timeout=3)
+        assert freed < 5 * delay + 0.5, f"the model was busy {freed:.2f} s after the disconnect"
+
+        # a non-streaming client that gives up is cancelled as well
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(base + "/v1/completions", timeout=0.3,
+                       json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0})
+        wait_until(lambda: not health(base)["busy"], timeout=3)
+    assert time.monotonic() - gone < 4
+    assert metric(base, "adaspec_generations_total", outcome="cancelled") >= 2
+    r = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 5})
+    assert r.status_code == 200
+
+
+def test_a_request_past_its_timeout_is_stopped(instance):
+    with live_server(instance, timeout=0.4) as url, slowed(instance, 0.02):
+        t0 = time.monotonic()
+        r = httpx.post(url + "/v1/completions", timeout=10,
+                       json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0})
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert time.monotonic() - t0 < 1.5
+        r = httpx.post(url + "/v1/completions", timeout=10,
+                       json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0,
+                             "stream": True})
+        events = sse_events(r)
+        assert "timeout" in json.loads(events[-1])["error"]["code"]
+        wait_until(lambda: not health(url)["busy"], timeout=2)
+        r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert r.status_code == 200
+
+
+def test_an_api_key_is_required_when_set(instance, monkeypatch):
+    openai = pytest.importorskip("openai")
+    with live_server(instance, api_key="s3cret") as url:
+        bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3)
+        assert httpx.post(url + "/v1/completions", json={"prompt": PROMPT}).status_code == 401
+        assert httpx.get(url + "/metrics").status_code == 401
+        assert httpx.get(url + "/v1/models").status_code == 401
+        assert httpx.get(url + "/health").status_code == 200  # liveness stays open
+        good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).choices
+        r = httpx.get(url + "/v1/models", headers={"X-API-Key": "s3cret"})
+        assert r.status_code == 200
+
+
+def test_metrics_count_requests_tokens_and_time_to_first_token(base):
+    before = metric(base, "adaspec_generated_tokens_total")
+    httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 7,
+                                               "temperature": 0})
+    assert metric(base, "adaspec_generated_tokens_total") == before + 7
+    text = httpx.get(base + "/metrics").text
+    for name in ("adaspec_requests_total", "adaspec_queue_depth", "adaspec_busy",
+                 "adaspec_time_to_first_token_seconds_bucket", "adaspec_tokens_per_second",
+                 "adaspec_accepted_tokens_total", "adaspec_drafted_tokens_total",
+                 "adaspec_acceptance_rate", "adaspec_queue_wait_seconds"):
+        assert name in text, name
+    assert metric(base, "adaspec_time_to_first_token_seconds_count", method="draft") >= 1
+
+
+# ---------------------------------------------------------------------- the command
+def test_serve_rejects_bad_flags_in_one_line(capsys):
+    from adaspec.cli import main
+
+    assert main(["serve", "--max-queue", "-1"]) == 2
+    assert main(["serve", "--method", "warp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("adaspec: error: ") for line in err)
+
+
+def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(model_dirs, tmp_path):
+    """The real command in a subprocess: it prints where it listens; after SIGTERM the
+    requests in flight (one decoding, others queued) all finish, new connections are
+    refused, and the process exits 0."""
+    target, draft = model_dirs
+    env = {**os.environ, "ADASPEC_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaspec", "serve", "--target", target, "--draft", draft,
+         "--dtype", "float32", "--quant", "none", "--draft-quant", "none", "--method", "ar",
+         "--port", "0", "--model-name", MODEL, "--log-level", "warning"],
+        stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "listening on" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, line
+            line = proc.stderr.readline()
+        url = line.split("listening on ")[1].split()[0]
+        assert url.startswith("http://127.0.0.1:")
+        body = {"prompt": PROMPT, "max_tokens": 240, "temperature": 0}
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=60)
+                       for _ in range(4)]
+            wait_until(lambda: health(url)["queue_depth"] >= 2, timeout=20)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(url + "/health")
+            answers = [f.result() for f in futures]
+        assert [a.status_code for a in answers] == [200] * 4
+        assert all(a.json()["usage"]["completion_tokens"] == 240 for a in answers)
+        assert proc.wait(timeout=30) == 0
+        assert "shutting down" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
