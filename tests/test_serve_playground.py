@@ -1,0 +1,105 @@
+"""The playground page in a real headless browser (Debian's chromium, driven by selenium):
+type a prompt, generate against a live server on a tiny model, and see the answer stream in
+as tokens coloured by how they were produced, with the stats filled in. A screenshot is kept
+under pytest's tmp dir (its path is printed; `pytest -s` shows it)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+webdriver = pytest.importorskip("selenium.webdriver",
+                                reason="needs selenium: pip install -e '.[dev]'")
+
+from adaspec.backends.torch_backend import TorchBackend  # noqa: E402
+from adaspec.serve.instance import ModelInstance  # noqa: E402
+
+from .conftest import CharTokenizer  # noqa: E402
+from .test_serve import SlowBackend, live_server  # noqa: E402
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("needs a headless browser: apt-get install chromium chromium-driver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,860"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def char_instance(target_model):
+    """A tiny target whose draft is a copy of itself (every draft accepted, so runs of
+    accepted tokens end in a bonus), slowed a little so the answer visibly streams."""
+    target = SlowBackend(TorchBackend(target_model, name="tiny-target"), delay=0.01)
+    draft = TorchBackend(target_model, name="tiny-draft")
+    return ModelInstance(target, CharTokenizer(), draft, [0], "draft:k=3")
+
+
+def test_the_playground_streams_coloured_tokens_and_stats(browser, char_instance, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    n = 40
+    expected = char_instance.engine("draft:k=3").generate("def add(a, b):", n).text
+    with live_server(char_instance) as url:
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 20)
+        wait.until(lambda d: "default method draft:k=3" in d.find_element(By.ID, "server").text)
+        prompt = browser.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys("def add(a, b):")
+        tokens = browser.find_element(By.ID, "max-tokens")
+        tokens.clear()
+        tokens.send_keys(str(n))
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda d: d.find_element(By.ID, "status").text == "done")
+
+        spans = browser.find_elements(By.CSS_SELECTOR, "#output span.tok")
+        sources = [s.get_attribute("class").split()[1] for s in spans]
+        assert len(spans) == n
+        assert sources[0] == "plain"
+        assert {"accepted", "bonus"} <= set(sources)
+        assert browser.find_element(By.ID, "output").get_attribute("textContent") == expected
+        colours = {s.value_of_css_property("background-color") for s in spans}
+        assert len(colours) >= 3  # plain, accepted and bonus each have their own colour
+
+        stat = {name: browser.find_element(By.ID, "stat-" + name).text
+                for name in ("tokens", "tps", "ttft", "steps", "mat", "acceptance", "finish")}
+        assert stat["tokens"] == str(n)
+        assert stat["finish"] == "length"
+        assert stat["acceptance"].startswith("100.0%")
+        assert float(stat["tps"]) > 0 and float(stat["mat"]) > 1
+        assert int(stat["steps"]) < n  # speculation: fewer target calls than tokens
+        assert "draft:k=3: prefill" in browser.find_element(By.ID, "stat-split").text
+
+        shot = tmp_path / "playground.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        print(f"playground screenshot: {shot}")
+
+
+def test_the_playground_shows_an_error_message(browser, char_instance):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with live_server(char_instance) as url:
+        browser.get(url + "/")
+        method = browser.find_element(By.ID, "method")
+        method.send_keys("warp:k=2")
+        browser.find_element(By.ID, "generate").click()
+        wait = WebDriverWait(browser, 20)
+        wait.until(lambda d: "unknown method" in d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "status").get_attribute("class") == "error"
