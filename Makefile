@@ -8,7 +8,7 @@ setup:
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,bench,models,llamacpp]'
+	$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray]'
 	$(VENV)/bin/adaspec models prepare
 
 test:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -178,6 +179,7 @@ def create_app(config: ServeConfig, instance: ModelInstance | None = None) -> Fa
                     "others wait in a FIFO queue of at most max_queue, then get 429",
             "timeout": config.timeout,
             "auth": bool(config.api_key),
+            "pid": os.getpid(),  # tells replicas apart behind a proxy
         }
         if inst is not None:
             body.update(target=inst.target.name,
