@@ -1,0 +1,488 @@
+"""Behaviour of the decode path that mutation testing (`make mutation`, docs/mutation.md)
+found no test checking: each test here kills mutants that survived the rest of the suite,
+by asserting what the code is for (defaults, messages users read, cache bookkeeping on
+paths the engine rarely takes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.control.static import StaticLength
+from adaspec.draft.model import ModelDrafter
+from adaspec.engine.sampling import SamplingParams
+from adaspec.errors import InputError
+from tests.toy_models import greedy_next, toy_model
+
+V = 64
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return toy_model(seed=0)
+
+
+def assert_cache_is_prefill(backend: TorchBackend, model, tokens: list[int]) -> None:
+    assert backend.cache_len == len(tokens)
+    fresh = TorchBackend(model)
+    fresh.prefill(torch.tensor(tokens))
+    for got, want in zip(backend._layers(), fresh._layers(), strict=True):
+        torch.testing.assert_close(got.keys, want.keys, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.values, want.values, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------- control/static
+
+
+def test_static_length_default_and_bad_values():
+    assert StaticLength().max_tokens() == 4
+    assert StaticLength(7).max_tokens() == 7
+    for bad in (0, -2, 2.0, "3"):
+        with pytest.raises(InputError, match=r"speculation length k must be an integer >= 1"):
+            StaticLength(bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- draft/model
+
+
+def test_chain_draft_refeeds_the_last_token_when_the_whole_context_is_cached(toy):
+    """The auto drafter can verify fewer tokens than it drafted; when the target's bonus
+    token is the draft's next one, the draft cache already holds the whole new context.
+    The draft must then drop the last cached token and feed it again (its logits give the
+    first draft), cache and token list alike."""
+    backend = TorchBackend(toy)
+    drafter = ModelDrafter(backend)
+    context = [4, 9, 33, 20, 2, 51]
+    drafter.start(context)
+    drafter.step(context[len(context) - 1:])  # now every context token is cached
+    assert drafter.cached_len == len(context) == backend.cache_len
+    proposal = drafter.propose(context, 2, StaticLength(2), SamplingParams(), None)
+    first = greedy_next(toy, context)
+    assert proposal.tokens == [first, greedy_next(toy, [*context, first])]
+    assert proposal.forward_calls == 2
+    assert drafter.cached_len == len(context) + 1
+    assert_cache_is_prefill(backend, toy, [*context, first])
+
+
+# ------------------------------------------------------------------------- engine/sampling
+
+
+def test_sample_draws_from_the_vector():
+    from adaspec.engine.sampling import sample
+
+    gen = torch.Generator().manual_seed(0)
+    assert sample(torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0]), gen) == 3
+    draws = [sample(torch.tensor([0.0, 0.5, 0.0, 0.5]), gen) for _ in range(200)]
+    assert set(draws) == {1, 3}
+
+
+def test_tiny_temperature_shifts_each_row_by_its_own_maximum():
+    """At a temperature so small that logit gaps / t overflow, each row is still one-hot on
+    its own argmax: the shift before dividing is per row (a shared shift leaves a row whose
+    maximum is below the other's all -inf, i.e. NaN)."""
+    from adaspec.engine.sampling import process_logits
+
+    logits = torch.tensor([[1000.0, 0.0, -5.0], [0.0, 3.0, -2.0]])
+    probs = process_logits(logits, SamplingParams(temperature=1e-30))
+    assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+
+
+# ----------------------------------------------------------------------------- engine/text
+
+
+class Chars:
+    """One token per character."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize("text,stop,through", [
+    ("Xbcdef", ["X"], 1),  # the stop string is the first token
+    ("abXYcd", ["XY"], 4),  # completes in the middle of a step's tokens
+    ("xabab" + "c", ["ab"], 3),  # a second occurrence later: the first one counts
+    ("abcdef", ["zz", "cd"], 4),
+])
+def test_tokens_through_stop(text, stop, through):
+    """A step can emit several tokens at once; the stop string's first occurrence may
+    complete before the last of them: the output keeps exactly the tokens through it."""
+    from adaspec.engine.text import TextAssembler
+
+    asm = TextAssembler(Chars(), stop)
+    piece, hit = asm.push(ids(text), final=False)
+    assert hit
+    cut = min(text.find(s) for s in stop if s in text)
+    assert piece == text[:cut]
+    assert asm.tokens_through_stop(ids(text)) == through
+    assert asm.final_text(ids(text)) == text[:cut]
+
+
+# -------------------------------------------------------------------------- engine/loop
+
+
+def test_eos_ids_come_from_the_tokenizer(toy):
+    from adaspec.engine.loop import Engine
+
+    class Tok:
+        eos_token_id = 5
+        adaspec_eos_token_ids = [7, 9]
+
+    class NoEos:
+        eos_token_id = None
+        adaspec_eos_token_ids = None
+
+    target = TorchBackend(toy)
+    assert Engine(target, Tok()).eos_token_ids == {5, 7, 9}
+    assert Engine(target, NoEos()).eos_token_ids == set()
+    assert Engine(target, None).eos_token_ids == set()
+    assert Engine(target, Tok(), eos_token_ids=[3]).eos_token_ids == {3}
+    assert all(isinstance(t, int) for t in Engine(target, Tok()).eos_token_ids)
+
+
+# ----------------------------------------------------------------------- engine/token_tree
+
+
+def _profile(draft_ms_by_context: tuple[float, float], target_ms: float = 10.0):
+    from adaspec.cost.profile import CostProfile, Curve
+
+    sizes = [1, 64]
+    target = Curve(sizes, [0, 1000], [[target_ms, target_ms], [target_ms, target_ms]])
+    lo, hi = draft_ms_by_context
+    draft = Curve(sizes, [0, 1000], [[lo, lo], [hi, hi]])
+    return CostProfile(target=target, draft=draft, overhead_ms=0.5)
+
+
+def test_tree_step_ms_prices_every_forward_at_the_context():
+    from adaspec.engine.token_tree import tree_step_ms
+
+    profile = _profile((1.0, 7.0))
+    # target pass + overhead + root's draft forward + one draft forward per inner level
+    assert tree_step_ms((2, 2, 1), profile, 0) == pytest.approx(10 + 0.5 + 3 * 1.0)
+    assert tree_step_ms((2, 2, 1), profile, 1000) == pytest.approx(10 + 0.5 + 3 * 7.0)
+    assert tree_step_ms((), profile, 1000) == pytest.approx(10.5)
+
+
+def test_choose_branching_reads_costs_at_the_context():
+    """A draft that is cheap on short contexts and dear on long ones: deep shapes pay at
+    the start, the smallest one later."""
+    from adaspec.engine.token_tree import choose_branching
+
+    profile = _profile((0.01, 500.0))
+    assert len(choose_branching(profile, context=0)) > 1
+    assert choose_branching(profile, context=1000) == (1,)
+
+
+def test_choose_branching_breaks_ties_by_fewer_nodes_and_keeps_the_node_limit():
+    from adaspec.engine.token_tree import AutoBranching, choose_branching
+
+    flat = _profile((1.0, 1.0))
+    # a sure first candidate: both shapes expect 3 tokens at the same (flat) price
+    assert choose_branching(flat, (1.0,), [(2, 1), (1, 1)]) == (1, 1)
+    assert choose_branching(flat, (1.0,), [(1, 1), (2, 1)]) == (1, 1)
+    assert choose_branching(flat, (0.5,), [(2, 2)], max_nodes=6) == (2, 2)  # 6 nodes: fits
+    with pytest.raises(InputError, match="no candidate tree fits"):
+        choose_branching(flat, (0.5,), [(2, 2)], max_nodes=5)
+    assert AutoBranching(2).candidates() == [(1,), (1, 1)]
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "  "}],
+    [{"role": "user"}],  # no content at all
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],
+])
+def test_an_empty_chat_turn_is_refused(toy, messages):
+    from adaspec.engine.loop import Engine
+
+    class Tok:
+        eos_token_id = 0
+        chat_template = None
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) % V for c in text]
+
+    engine = Engine(TorchBackend(toy), Tok())
+    with pytest.raises(InputError, match="a chat message is empty"):
+        engine.encode_prompt(messages)
+    assert engine.encode_prompt([{"role": "user", "content": "ab"}]) == [97 % V, 98 % V]
+
+
+def test_top_p_one_keeps_every_token():
+    """top_p = 1 truncates nothing, not even tokens whose probability is below float
+    rounding of the mass before them (the support is what speculative sampling divides by)."""
+    from adaspec.engine.sampling import process_logits
+
+    probs = process_logits(torch.tensor([0.0, -20.0, -20.0]), SamplingParams(1.0, top_p=1.0))
+    assert bool((probs > 0).all())
+
+
+def test_top_p_drops_a_token_whose_preceding_mass_reaches_p_exactly():
+    from adaspec.engine.sampling import process_logits
+
+    logits = torch.tensor([0.5, 0.25, 0.25]).log()
+    probs = process_logits(logits, SamplingParams(1.0, top_p=0.5))
+    assert probs.tolist() == [1.0, 0.0, 0.0]
+    probs = process_logits(logits, SamplingParams(1.0, top_p=0.75))
+    assert probs[2] == 0 and probs[1] > 0
+
+
+# ------------------------------------------------------------------ control/confidence
+
+
+def test_confidence_controller_bounds_and_rule():
+    from adaspec.control.confidence import HF_DEFAULT_THRESHOLD, ConfidenceLength
+
+    default = ConfidenceLength()
+    assert default.max_tokens() == 8 and default.threshold == HF_DEFAULT_THRESHOLD == 0.4
+    assert ConfidenceLength(0.0, 1).max_tokens() == 1  # both ends of the ranges are valid
+    assert ConfidenceLength(1.0).threshold == 1.0
+    with pytest.raises(InputError, match=r"confidence threshold must be in \[0, 1\], got 1.5"):
+        ConfidenceLength(1.5)
+    with pytest.raises(InputError, match="confidence schedule needs k >= 1, got 0"):
+        ConfidenceLength(0.4, 0)
+    with pytest.raises(InputError, match=r"ctrl=confidence needs a drafter with a distribution"):
+        default.keep_drafting(0, None)
+    # top probability exactly at the threshold keeps drafting
+    half = torch.tensor([0.0, 0.0]).log_softmax(-1)  # top probability 0.5
+    assert ConfidenceLength(0.5).keep_drafting(0, half)
+    assert not ConfidenceLength(0.51).keep_drafting(0, half)
+
+
+# ----------------------------------------------------------------------- control/disco
+
+
+def test_disco_from_file_passes_every_setting(tmp_path):
+    from adaspec.control.disco import DiscoLength
+    from tests.cost_helpers import steep
+    from tests.disco_helpers import artifact, constant_classifier
+
+    path = tmp_path / "disco.json"
+    artifact(constant_classifier(0.9)).save(path)
+    profile = steep()
+    ctrl = DiscoLength.from_file(str(path), 0.3, 5, "cost", profile, "mean")
+    assert (ctrl.tau, ctrl.sl_max, ctrl.stop, ctrl.guess) == (0.3, 5, "cost", "mean")
+    assert ctrl.profile is profile
+    with pytest.raises(InputError, match=r"ctrl=disco needs disco=PATH, an artifact from"):
+        DiscoLength.from_file("")
+
+
+def test_disco_cost_rule_reads_the_tuned_cap_and_guess():
+    from adaspec.control.disco import COST_SL_MAX, DiscoLength, tuned_cost_rule
+    from tests.cost_helpers import steep
+    from tests.disco_helpers import artifact, constant_classifier
+
+    art = artifact(constant_classifier(0.9), sl_max=6)
+    assert tuned_cost_rule(art) == {}
+    assert DiscoLength(art, stop="cost", profile=steep()).sl_max == COST_SL_MAX == 8
+    art.tuning = {"best": {"disco-cost": {"sl_max": 3, "guess": "mean"}}}
+    assert tuned_cost_rule(art) == {"sl_max": 3, "guess": "mean"}
+    ctrl = DiscoLength(art, stop="cost", profile=steep())
+    assert (ctrl.sl_max, ctrl.guess) == (3, "mean")
+    assert DiscoLength(art).sl_max == 6  # stop=tau: the artifact's own SL_max
+    art.tuning = {"best": None}
+    assert tuned_cost_rule(art) == {}
+
+
+# --------------------------------------------------------------------- control/heuristic
+
+
+def test_heuristic_controller_defaults_and_bounds():
+    from adaspec.control.heuristic import HeuristicLength
+
+    ctrl = HeuristicLength()
+    assert (ctrl.max_tokens(), ctrl.k_max) == (4, 16)
+    assert HeuristicLength(3, 3).max_tokens() == 3  # k == k_max is allowed
+    with pytest.raises(InputError, match=r"heuristic schedule needs 1 <= k <= k_max, got k=5"):
+        HeuristicLength(5, 4)
+
+
+# ------------------------------------------------------------------------ control/oracle
+
+
+def test_oracle_run_stops_at_the_end_of_the_reference():
+    from adaspec.control.oracle import OracleLength
+
+    assert OracleLength().k_max == 64
+    o = OracleLength(k_max=10)
+    with pytest.raises(InputError) as err:
+        o.start()
+    assert str(err.value) == (
+        "ctrl=oracle needs the target's reference output, which only the bench has "
+        "(adaspec bench / adaspec disco bench run it after `ar`)")
+    o.set_hits([True, True, True, True])  # every reference token after the first hits
+    o.start()
+    assert o.max_tokens() == 3  # tokens 1..3: the reference ends there
+    o.update(3, 3)
+    assert o.max_tokens() == 0
+
+
+def test_oracle_k_max_bounds():
+    from adaspec.control.oracle import OracleLength
+
+    assert OracleLength(1).k_max == 1
+    with pytest.raises(InputError, match="oracle needs k_max >= 1, got 0"):
+        OracleLength(0)
+
+
+# ------------------------------------------------------------ draft/model_tree (tree=auto)
+
+
+def _context_profile(short_draft_ms: float, long_draft_ms: float, long: int = 8):
+    """A flat target; a draft whose forwards cost `short_draft_ms` at context 0 and
+    `long_draft_ms` from `long` tokens on."""
+    from adaspec.cost.profile import CostProfile, Curve
+
+    target = Curve([1, 64], [0, long], [[10.0, 10.0], [10.0, 10.0]])
+    draft = Curve([1, 64], [0, long],
+                  [[short_draft_ms, short_draft_ms], [long_draft_ms, long_draft_ms]])
+    return CostProfile(target=target, draft=draft)
+
+
+def test_auto_tree_shape_is_bounded_by_the_step_and_priced_at_the_context(toy):
+    from adaspec.draft.model_tree import AutoTreeDrafter
+
+    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 500.0))
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # past the profile's long context: drafts are dear
+    drafter.start(ctx)
+    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    assert drafter.branching == (1,) and proposal.depth == 1
+    drafter.commit([*ctx, 0], [])
+    cheap = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
+    cheap.start(ctx)
+    for limit in (2, 3):  # cheap drafts: as deep as the step allows, wide first levels
+        proposal = cheap.propose(ctx, limit, StaticLength(limit), SamplingParams(), None)
+        assert proposal.depth == limit == len(cheap.branching)
+        assert len(proposal.tree) - 1 > len(ctx)  # more nodes than context tokens
+        cheap.commit([*ctx, 0], [])
+    assert sum(cheap.shapes.values()) == 2 and all(n == 1 for n in cheap.shapes.values())
+    cheap.propose(ctx, 3, StaticLength(3), SamplingParams(), None)
+    assert cheap.shapes[cheap.branching] == 2
+
+
+def test_auto_tree_draws_siblings_as_asked(toy):
+    from adaspec.draft.model_tree import AutoTreeDrafter
+
+    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
+    ctx = [3, 1, 4, 1, 5]
+    params = SamplingParams(1.0)
+    gen = torch.Generator().manual_seed(0)
+    drafter.start(ctx)
+    assert drafter.propose(ctx, 2, StaticLength(2), params, gen).replacement is False
+    drafter.commit([*ctx, 0], [])
+    assert drafter.propose(ctx, 2, StaticLength(2), params, gen, True).replacement is True
+
+
+def test_auto_tree_learns_per_rank_with_a_short_prior(toy):
+    """Ranks past the prior's last entry share its estimate."""
+    from adaspec.draft.model_tree import AutoTreeDrafter
+
+    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01),
+                              prior=(0.6, 0.3))
+    drafter.candidates = [(4, 1)]
+    ctx = [3, 1, 4, 1, 5]
+    drafter.start(ctx)
+    proposal = drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)
+    assert drafter.branching == (4, 1) and len(proposal.tree) == 9
+    drafter.commit([*ctx, 63], [])  # all four candidates missed
+    first, rest = drafter.rank_rates
+    assert (first.trials, first.successes) == (1, 0)
+    assert (rest.trials, rest.successes) == (3, 0)
+
+
+def test_auto_tree_counts_each_level_it_reached(toy):
+    """Path [2, 5] through a 2x2x1 tree: level 1 hit at rank 2 (rank 1 missed), level 2 hit
+    at rank 1, level 3 missed (its one candidate)."""
+    from adaspec.draft.model_tree import AutoTreeDrafter
+
+    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
+    assert drafter.branching == drafter.candidates[0] == (1,)
+    assert drafter.shapes == {}
+    drafter.candidates = [(2, 2, 1)]
+    ctx = [9, 8, 7, 6]
+    drafter.start(ctx)
+    proposal = drafter.propose(ctx, 3, StaticLength(3), SamplingParams(), None)
+    tree = proposal.tree
+    assert tree.children[0] == [1, 2] and tree.children[2] == [5, 6]
+    drafter.commit([*ctx, tree.tokens[2], tree.tokens[5], 0], [2, 5])
+    counts = [(r.trials, r.successes) for r in drafter.rank_rates[:3]]
+    assert counts == [(3, 1), (1, 1), (0, 0)]
+
+
+def test_auto_tree_needs_a_draft_cost(toy):
+    from adaspec.cost.profile import CostProfile, Curve
+    from adaspec.draft.model_tree import AutoTreeDrafter
+
+    no_draft = CostProfile(target=Curve([1], [0], [[1.0]]))
+    with pytest.raises(InputError) as err:
+        AutoTreeDrafter(TorchBackend(toy), no_draft)
+    assert str(err.value) == ("tree=auto prices draft forwards: it needs a cost profile that "
+                              "measured the draft (adaspec profile, with a draft model)")
+
+
+def test_disco_settings_bounds_and_messages():
+    from adaspec.control.disco import DiscoLength
+    from tests.disco_helpers import artifact, constant_classifier
+
+    art = artifact(constant_classifier(0.9))
+    assert DiscoLength(art, tau=0.0).tau == 0.0 and DiscoLength(art, tau=1.0).tau == 1.0
+    with pytest.raises(InputError) as err:
+        DiscoLength(art, stop="never")
+    assert str(err.value) == "DISCO stop rule 'never': use one of tau, cost"
+
+
+def test_disco_cost_rule_guesses_the_requests_mean():
+    """stop=cost, guess=mean: each decision is the shared cost rule's, with the mean of
+    this request's probabilities as the guess; a new request starts a new mean."""
+    from adaspec.control.disco import DiscoLength
+    from adaspec.cost.rule import cost_keeps_drafting
+    from tests.cost_helpers import steep
+    from tests.disco_helpers import artifact, constant_classifier
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    for p in (0.35, 0.5, 0.62, 0.8):
+        ctrl = DiscoLength(artifact(constant_classifier(p)), stop="cost", profile=steep(),
+                           guess="mean", sl_max=6)
+        for _request in range(2):
+            ctrl.start()
+            ctrl.max_tokens()
+            seen: list[float] = []
+            for pos in range(4):
+                got = ctrl.keep_drafting(pos, logits)
+                q = ctrl.last_probability
+                seen.append(q)
+                want = cost_keeps_drafting(seen, sum(seen) / len(seen), ctrl.step_ms, 6)
+                assert got == want, (p, pos)
+                if not got:
+                    break
+
+
+def test_disco_rejects_bad_settings_with_the_fix():
+    from adaspec.control.disco import DiscoLength
+    from tests.cost_helpers import steep
+    from tests.disco_helpers import artifact, constant_classifier
+
+    art = artifact(constant_classifier(0.9))
+    with pytest.raises(InputError) as err:
+        DiscoLength(art, tau=1.5)
+    assert str(err.value) == "DISCO threshold tau must be in [0, 1], got 1.5"
+    with pytest.raises(InputError) as err:
+        DiscoLength(art, sl_max=0)
+    assert str(err.value) == "DISCO sl_max must be >= 1, got 0"
+    assert DiscoLength(art, sl_max=1).max_tokens() == 1
+    with pytest.raises(InputError) as err:
+        DiscoLength(art, stop="cost", profile=steep(), guess="median")
+    assert str(err.value) == "DISCO guess 'median': use one of last, mean"
+
+
+def test_disco_tau_rule_ignores_the_cost_rules_tuning():
+    from adaspec.control.disco import DiscoLength
+    from tests.disco_helpers import artifact, constant_classifier
+
+    art = artifact(constant_classifier(0.9), sl_max=6)
+    art.tuning = {"best": {"disco-cost": {"sl_max": 3, "guess": "mean"}}}
+    ctrl = DiscoLength(art)
+    assert (ctrl.sl_max, ctrl.guess, ctrl.step_ms) == (6, "last", [])
