@@ -247,7 +247,7 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
             f"{instance.max_context} tokens; shorten the prompt or lower max_tokens",
             param=field)
     return Job(ids, budget, sampling, body.stop_list(), method, state.config.timeout,
-               token_sources=body.token_sources)
+               token_sources=body.token_sources, stream=body.stream)
 
 
 async def next_event(job: Job, scheduler: Scheduler) -> Event:

@@ -47,7 +47,7 @@ class Job:
 
     def __init__(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: list[str], method: str, timeout: float,
-                 token_sources: bool = False) -> None:
+                 token_sources: bool = False, stream: bool = True) -> None:
         self.id = uuid.uuid4().hex[:24]
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
@@ -55,6 +55,7 @@ class Job:
         self.stop = stop
         self.method = method
         self.token_sources = token_sources
+        self.stream = stream  # False: no chunk events, only the result (less work per step)
         self.timeout = timeout
         self.arrived = time.monotonic()
         self.deadline = self.arrived + timeout
@@ -195,8 +196,9 @@ class Scheduler:
                 if isinstance(item, StreamChunk):
                     if job.first_token is None and item.token_ids:
                         job.first_token = time.monotonic()
-                    cut = [pieces.push(t) for t in item.token_ids] if pieces else None
-                    job.put(Event(CHUNK, chunk=item, pieces=cut))
+                    if job.stream:
+                        cut = [pieces.push(t) for t in item.token_ids] if pieces else None
+                        job.put(Event(CHUNK, chunk=item, pieces=cut))
                 else:
                     self._finished(job, item)
                     return
