@@ -312,6 +312,30 @@ def test_every_bad_input_gets_its_error_and_others_are_not_disturbed(base, insta
     assert answer.json()["usage"]["completion_tokens"] == 60
 
 
+def test_token_pieces_rebuild_the_text_across_multibyte_characters():
+    from adaspec.serve.pieces import TokenPieces
+
+    from .conftest import bpe_tokenizer
+
+    tok = bpe_tokenizer()
+    text = "déf añadir(a, b): return a + b  # ✓ 😀 ok"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text.encode()) // 4  # byte-level pieces: some split a character
+    cut = TokenPieces(tok)
+    pieces = [cut.push(t) for t in ids]
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert "" in pieces  # a token ending inside a character gives its text to the next one
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_a_body_over_the_limit_gets_413(base):
+    from adaspec.serve.app import MAX_BODY
+
+    r = httpx.post(base + "/v1/completions", content=b" " * (MAX_BODY + 1),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "error" in r.json()
+
+
 def test_malformed_json_unknown_model_and_routes(base):
     r = httpx.post(base + "/v1/chat/completions", content=b'{"messages": [',
                    headers={"content-type": "application/json"})
@@ -363,8 +387,18 @@ def test_a_disconnect_cancels_within_a_step_and_frees_the_model(base, instance):
             httpx.post(base + "/v1/completions", timeout=0.3,
                        json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0})
         wait_until(lambda: not health(base)["busy"], timeout=3)
-    assert time.monotonic() - gone < 4
-    assert metric(base, "adaspec_generations_total", outcome="cancelled") >= 2
+        # a client that gives up while its request waits in the queue leaves the queue
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(httpx.post, base + "/v1/completions", timeout=30,
+                                  json={"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
+            wait_until(lambda: health(base)["busy"])
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(base + "/v1/completions", timeout=0.3,
+                           json={"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
+            wait_until(lambda: health(base)["queue_depth"] == 0, timeout=1)
+            assert health(base)["busy"] and running.result().status_code == 200
+    assert time.monotonic() - gone < 6
+    assert metric(base, "adaspec_generations_total", outcome="cancelled") >= 3
     r = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 5})
     assert r.status_code == 200
 

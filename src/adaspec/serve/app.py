@@ -46,6 +46,7 @@ log = logging.getLogger("adaspec.serve")
 PLAYGROUND = "playground"
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/")
 TIMEOUT_GRACE = 0.25  # the worker stops a late job between steps; the handler waits this more
+MAX_BODY = 16 * 1024 * 1024  # bytes of a request body (by its Content-Length); more: 413
 
 
 class ServeState:
@@ -78,7 +79,7 @@ class ServeState:
 
 class GuardMiddleware:
     """Pure ASGI (it leaves `receive` alone, so disconnects reach the handlers): the API key
-    check, and the request counter by endpoint and status."""
+    check, the body size limit, and the request counter by endpoint and status."""
 
     def __init__(self, app: ASGIApp, state: ServeState) -> None:
         self.app = app
@@ -100,7 +101,11 @@ class GuardMiddleware:
             await send(message)
 
         try:
-            auth.check(Request(scope), self.state.config.api_key)
+            request = Request(scope)
+            auth.check(request, self.state.config.api_key)
+            length = request.headers.get("content-length", "0")
+            if length.isdigit() and int(length) > MAX_BODY:
+                raise ServeError(413, f"request body over {MAX_BODY // (1024 * 1024)} MiB")
         except ServeError as exc:
             await error_response(exc)(scope, receive, counting_send)
             return

@@ -54,13 +54,20 @@ def run_ray(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0) -
     import ray
     from ray import serve
 
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
-             log_to_driver=False)
+    from adaspec.errors import InputError
+
+    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
     serve.start(http_options={"host": config.host, "port": config.port})
     print(f"adaspec serve: starting {replicas} Ray Serve replica(s), each loading "
           f"{config.target} ...", file=sys.stderr, flush=True)
-    serve.run(build_deployment(config, replicas, cpus_per_replica), name=APP_NAME,
-              route_prefix="/")
+    try:
+        serve.run(build_deployment(config, replicas, cpus_per_replica), name=APP_NAME,
+                  route_prefix="/")
+    except RuntimeError as exc:
+        serve.shutdown()
+        ray.shutdown()
+        raise InputError(f"Ray Serve could not start the replicas ({exc}); the replicas' "
+                         "errors are printed above (prefixed by Ray)") from None
     url = f"http://{config.host}:{config.port}"
     print(f"adaspec serve: listening on {url} through Ray Serve ({replicas} replica(s); "
           f"OpenAI base_url {url}/v1, playground {url}/, model {config.served_name()!r}, "

@@ -57,6 +57,8 @@ def run(config: ServeConfig, instance: ModelInstance | None = None,
 
     def draining() -> None:
         if state.scheduler is not None:
+            if state.scheduler.draining:
+                return
             state.scheduler.draining = True
         print("adaspec serve: shutting down; finishing the requests in flight", file=sys.stderr,
               flush=True)
