@@ -486,3 +486,132 @@ def test_disco_tau_rule_ignores_the_cost_rules_tuning():
     art.tuning = {"best": {"disco-cost": {"sl_max": 3, "guess": "mean"}}}
     ctrl = DiscoLength(art)
     assert (ctrl.sl_max, ctrl.guess, ctrl.step_ms) == (6, "last", [])
+
+
+def test_disco_cost_rule_prices_each_length_and_needs_a_draft_profile():
+    from adaspec.control.disco import DiscoLength
+    from adaspec.cost.profile import CostProfile, Curve
+    from tests.cost_helpers import steep
+    from tests.disco_helpers import artifact, constant_classifier
+
+    art = artifact(constant_classifier(0.9))
+    profile = steep()  # target 34 + 10 (n - 1) ms, draft 15 ms a token
+    ctrl = DiscoLength(art, stop="cost", profile=profile, sl_max=3)
+    assert ctrl.last_probability is None
+    # n drafted tokens: n draft forwards + a verification of n + 1 tokens
+    assert ctrl.step_ms == pytest.approx([34 + 10 * n + 15 * n for n in range(4)])
+    with pytest.raises(InputError) as err:
+        DiscoLength(art, stop="cost")
+    assert str(err.value) == ("DISCO's stop=cost prices each step with a cost profile: "
+                              "give profile=FILE|flat, or build it with build_engine")
+    with pytest.raises(InputError) as err:
+        DiscoLength(art, stop="cost", profile=CostProfile(target=Curve([1], [0], [[1.0]])))
+    assert str(err.value) == ("DISCO's stop=cost needs a cost profile that measured the "
+                              "draft (adaspec profile, with a draft model)")
+
+
+# ------------------------------------------------------------------------------ draft/auto
+
+
+class CountingBackend(TorchBackend):
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.prefills = 0
+
+    def prefill(self, tokens, hidden_layer=None):
+        self.prefills += 1
+        return super().prefill(tokens, hidden_layer)
+
+
+def _cheap_draft_profile():
+    from adaspec.cost.profile import CostProfile, Curve
+
+    sizes = list(range(1, 17))
+    return CostProfile(target=Curve(sizes, [0], [[40.0 + 0.1 * n for n in sizes]]),
+                       draft=Curve([1, 2, 4], [0], [[2.0, 2.0, 2.0]]),
+                       draft_prefill_tokens_per_s=1e5)
+
+
+def test_auto_draft_samples_from_the_draft_and_starts_it_once(toy):
+    """auto drafting with the model at temperature 1: each token is drawn from the
+    processed draft distribution after its prefix (the rows it hands the verifier), one
+    forward per token, at most the step's limit; the draft prefills once per request and
+    its confidence buckets learn from the verified outcome."""
+    from adaspec.draft.auto import AutoDrafter
+
+    backend = CountingBackend(toy)
+    drafter = AutoDrafter(_cheap_draft_profile(), ModelDrafter(backend), use_ngram=False)
+    ctx = [5, 17, 42, 8, 33]
+    params = SamplingParams(1.0)
+    drafter.start(ctx)
+    for step in range(2):
+        gen = torch.Generator().manual_seed(step)
+        proposal = drafter.propose(ctx, 4, StaticLength(4), params, gen)
+        tokens = proposal.tokens
+        assert 1 <= len(tokens) <= 4 and drafter.choices.draft == 2 * step + 1
+        assert proposal.forward_calls == len(tokens)
+        assert proposal.probs is not None and proposal.probs.shape == (len(tokens), V)
+        for i, tok in enumerate(tokens):
+            with torch.no_grad():
+                logits = toy(torch.tensor([ctx + tokens[:i]])).logits[0, -1]
+            want = torch.softmax(logits.float(), -1)
+            torch.testing.assert_close(proposal.probs[i], want, rtol=1e-4, atol=1e-6)
+            assert want[tok] > 0
+        # same seed, same draws, after rolling the draft back (the verdict of none
+        # accepted may shorten the draft)
+        drafter.commit(ctx, [])
+        same = drafter.propose(ctx, 4, StaticLength(4), params,
+                               torch.Generator().manual_seed(step))
+        assert same.tokens and same.tokens == tokens[: len(same.tokens)]
+        tokens = same.tokens
+        before = [r.trials for r in drafter.draft_rates]
+        drafter.commit([*ctx, tokens[0], 0], [1])  # the first token accepted
+        trials = [r.trials - b for r, b in zip(drafter.draft_rates, before, strict=True)]
+        assert sum(trials) == min(2, len(tokens))
+        ctx = [*ctx, tokens[0], 0]
+    assert backend.prefills == 1
+
+
+def test_tree_children_draws_are_reproducible_from_the_generator():
+    from adaspec.draft.model_tree import draw_children
+
+    probs = torch.softmax(torch.randn(3, 20, generator=torch.Generator().manual_seed(0)), -1)
+    for replacement in (True, False):
+        a = draw_children(probs, 4, torch.Generator().manual_seed(5), replacement)
+        b = draw_children(probs, 4, torch.Generator().manual_seed(5), replacement)
+        c = draw_children(probs, 4, torch.Generator().manual_seed(6), replacement)
+        assert a == b != c
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_tree_children_never_take_a_zero_probability_token_at_the_edges(monkeypatch,
+                                                                        replacement):
+    """The inverse-CDF draws at their extreme uniforms (0, and 1 as rounding can make
+    u * total): never a token without mass, on either side of the support."""
+    from adaspec.draft import model_tree
+
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0]])
+    real_rand = torch.rand
+    for edge in (0.0, 1.0):
+        def rand(*shape, generator=None, dtype=None, _edge=edge, **kw):
+            return torch.full(shape, _edge, dtype=dtype or torch.float32)
+
+        monkeypatch.setattr(model_tree.torch, "rand", rand)
+        kids = model_tree.draw_children(probs, 2, None, replacement)[0]
+        monkeypatch.setattr(model_tree.torch, "rand", real_rand)
+        assert kids and all(probs[0, k] > 0 for k in kids), (edge, kids)
+
+
+def test_sample_rows_never_take_a_zero_probability_token_at_the_edges(monkeypatch):
+    from adaspec.engine import sampling
+
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]])
+    real_rand = torch.rand
+    for edge in (0.0, 1.0):
+        def rand(*shape, generator=None, dtype=None, device=None, _edge=edge, **kw):
+            return torch.full(shape, _edge, dtype=dtype or torch.float32)
+
+        monkeypatch.setattr(sampling.torch, "rand", rand)
+        got = sampling.sample_rows(probs, None).tolist()
+        monkeypatch.setattr(sampling.torch, "rand", real_rand)
+        assert got == ([1, 3] if edge == 0.0 else [2, 3]), edge

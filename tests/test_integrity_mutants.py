@@ -268,3 +268,26 @@ def test_replace_dir_raises_the_rename_error_when_the_old_copy_cannot_go_back(tm
     with pytest.raises(OSError, match="No space left"):
         atomic.replace_dir(new, final)
     assert len(calls) == 3
+
+
+def test_write_json_is_indented_with_a_final_newline(tmp_path):
+    path = tmp_path / "a.json"
+    atomic.write_json(path, {"a": [1]})
+    assert path.read_text() == '{\n  "a": [\n    1\n  ]\n}\n'
+    atomic.write_json(path, {"a": 1}, indent=None)
+    assert path.read_text() == '{"a": 1}\n'
+
+
+def test_trim_torn_tail_on_an_empty_file_and_across_read_blocks(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert atomic.trim_torn_tail(empty) == 0 and empty.read_bytes() == b""
+    # a torn last line longer than one read block, after a first (empty) line
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"\n" + b"x" * (1 << 16))
+    assert atomic.trim_torn_tail(big) == 1
+    assert big.read_bytes() == b"\n"
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b'{"a": 1}\n{"b": 2}')
+    assert atomic.trim_torn_tail(whole) == 0
+    assert whole.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
