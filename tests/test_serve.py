@@ -415,7 +415,17 @@ def test_a_request_past_its_timeout_is_stopped(instance):
                              "stream": True})
         events = sse_events(r)
         assert "timeout" in json.loads(events[-1])["error"]["code"]
+        # one decoding and one waiting behind it: both stop at their deadline
+        body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0}
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=10)
+            wait_until(lambda: health(url)["busy"])
+            t0 = time.monotonic()
+            queued = httpx.post(url + "/v1/completions", json=body, timeout=10)
+            assert queued.status_code == 504 and time.monotonic() - t0 < 1.5
+            assert running.result().status_code == 504
         wait_until(lambda: not health(url)["busy"], timeout=2)
+        assert metric(url, "adaspec_generations_total", outcome="timeout") == 4
         r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
         assert r.status_code == 200
 

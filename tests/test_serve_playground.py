@@ -103,3 +103,24 @@ def test_the_playground_shows_an_error_message(browser, char_instance):
         wait = WebDriverWait(browser, 20)
         wait.until(lambda d: "unknown method" in d.find_element(By.ID, "status").text)
         assert browser.find_element(By.ID, "status").get_attribute("class") == "error"
+
+
+def test_the_playground_sends_the_api_key(browser, char_instance):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with live_server(char_instance, api_key="s3cret") as url:
+        browser.get(url + "/")  # the page itself needs no key
+        wait = WebDriverWait(browser, 20)
+        key = browser.find_element(By.ID, "api-key")
+        wait.until(lambda d: key.is_displayed())
+        browser.find_element(By.ID, "prompt").clear()
+        browser.find_element(By.ID, "prompt").send_keys("def f(x):")  # the tokenizer's letters
+        browser.find_element(By.ID, "max-tokens").clear()
+        browser.find_element(By.ID, "max-tokens").send_keys("8")
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda d: "API key" in d.find_element(By.ID, "status").text)
+        key.send_keys("s3cret")
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda d: d.find_element(By.ID, "status").text == "done")
+        assert browser.find_element(By.ID, "stat-tokens").text == "8"

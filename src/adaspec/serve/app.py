@@ -238,9 +238,15 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
         else:
             assert isinstance(body, CompletionRequest)
             prompt = body.prompt_input()
-        ids = await run_in_threadpool(instance.encode, prompt, chat)
-    except (InputError, ValueError) as exc:
+    except ValueError as exc:
         raise errors.bad_request(str(exc), param=field) from None
+    try:
+        ids = await run_in_threadpool(instance.encode, prompt, chat)
+    except InputError as exc:
+        raise errors.bad_request(str(exc), param=field) from None
+    except (ValueError, KeyError, TypeError) as exc:  # the tokenizer's own complaint
+        raise errors.bad_request(f"the {field} could not be tokenized: {exc}",
+                                 param=field) from None
     room = instance.max_context - len(ids)
     budget = body.token_budget()
     if budget is None:
@@ -261,7 +267,7 @@ async def next_event(job: Job, scheduler: Scheduler) -> Event:
     try:
         return await asyncio.wait_for(job.events.get(), timeout=max(0.01, left))
     except TimeoutError:
-        scheduler.cancel(job)
+        scheduler.cancel(job, reason="timeout")
         raise errors.timed_out(job.timeout) from None
 
 

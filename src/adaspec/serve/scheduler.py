@@ -64,6 +64,7 @@ class Job:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self._cancelled = threading.Event()
+        self.cancel_reason = "cancelled"  # or "timeout": the metrics' outcome label
 
     @property
     def cancelled(self) -> bool:
@@ -122,10 +123,12 @@ class Scheduler:
             self._waiting.append(job)
             self._cond.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client is gone: drop the job if it waits, stop it at the next step if it runs."""
+    def cancel(self, job: Job, reason: str = "cancelled") -> None:
+        """The client is gone (or its time is up): drop the job if it waits, stop it at the
+        next step if it runs."""
         if job.cancelled:
             return
+        job.cancel_reason = reason
         job._cancelled.set()
         with self._cond:
             try:
@@ -134,7 +137,7 @@ class Scheduler:
                 return  # running (the worker ends it) or done
         job.put(Event(ERROR, error=errors.client_gone()))
         if self.metrics:
-            self.metrics.ended_early(job.method, "cancelled")
+            self.metrics.ended_early(job.method, reason)
 
     def retry_after(self, ahead: int) -> int:
         """Seconds until a place is likely free: recent service time times the jobs ahead."""
@@ -175,7 +178,7 @@ class Scheduler:
 
     def _serve(self, job: Job) -> None:
         if job.cancelled:  # cancelled between leaving the queue and starting
-            self._end(job, "cancelled", errors.client_gone())
+            self._end(job, job.cancel_reason, errors.client_gone())
             return
         job.started = time.monotonic()
         if self.metrics:
@@ -203,7 +206,7 @@ class Scheduler:
                     self._finished(job, item)
                     return
                 if job.cancelled:
-                    self._end(job, "cancelled", errors.client_gone())
+                    self._end(job, job.cancel_reason, errors.client_gone())
                     return
                 if time.monotonic() > job.deadline:
                     self._end(job, "timeout", errors.timed_out(job.timeout))
