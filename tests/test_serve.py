@@ -336,6 +336,18 @@ def test_a_body_over_the_limit_gets_413(base):
     assert r.status_code == 413 and "error" in r.json()
 
 
+def test_a_server_without_a_draft_refuses_methods_that_need_one(model_dirs):
+    inst = served_instance(model_dirs[0], None, method="ngram:k=4")
+    with live_server(inst) as url:
+        r = httpx.post(url + "/v1/completions",
+                       json={"prompt": PROMPT, "max_tokens": 4, "method": "draft:k=2"})
+        assert r.status_code == 400 and "needs a draft model" in r.json()["error"]["message"]
+        r = httpx.post(url + "/v1/completions",
+                       json={"prompt": PROMPT, "max_tokens": 4, "method": "ar"})
+        assert r.status_code == 200
+        assert health(url)["draft"] is None
+
+
 def test_malformed_json_unknown_model_and_routes(base):
     r = httpx.post(base + "/v1/chat/completions", content=b'{"messages": [',
                    headers={"content-type": "application/json"})

@@ -1,7 +1,7 @@
 """The playground page in a real headless browser (Debian's chromium, driven by selenium):
 type a prompt, generate against a live server on a tiny model, and see the answer stream in
 as tokens coloured by how they were produced, with the stats filled in. A screenshot is kept
-under pytest's tmp dir (its path is printed; `pytest -s` shows it)."""
+under pytest's tmp dir; its path is printed."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def char_instance(target_model):
     return ModelInstance(target, CharTokenizer(), draft, [0], "draft:k=3")
 
 
-def test_the_playground_streams_coloured_tokens_and_stats(browser, char_instance, tmp_path):
+def test_the_playground_streams_coloured_tokens_and_stats(browser, char_instance, tmp_path,
+                                                          capsys):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -88,7 +89,8 @@ def test_the_playground_streams_coloured_tokens_and_stats(browser, char_instance
         shot = tmp_path / "playground.png"
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
-        print(f"playground screenshot: {shot}")
+        with capsys.disabled():  # shown even when pytest captures output
+            print(f"\nplayground screenshot: {shot}")
 
 
 def test_the_playground_shows_an_error_message(browser, char_instance):
