@@ -16,6 +16,10 @@ from adaspec.errors import InputError
 from adaspec.methods.spec import MethodSpec, parse_method
 from adaspec.serve.config import ServeConfig
 
+# method parameters that name files on the server's disk: a request may not set them (it
+# could make the server read any file); the server's own --method may
+FILE_PARAMS = ("artifact", "disco", "profile")
+
 
 class ModelInstance:
     def __init__(
@@ -65,6 +69,13 @@ class ModelInstance:
             raise InputError(
                 f"method {spec.text!r}: the weights are fixed when the server starts "
                 "(--quant, --draft-quant); drop the '@...' part"
+            )
+        named = [k for k in FILE_PARAMS if spec.settings().get(k)]
+        if named and spec.text != getattr(self, "default_method", None):
+            raise InputError(
+                f"method {spec.text!r}: {', '.join(k + '=' for k in named)} names a file; "
+                "methods that read files are chosen when the server starts (--method), "
+                "not per request"
             )
         if spec.needs_draft_model() and self.draft is None:
             raise InputError(f"method {spec.text!r} needs a draft model, and this server "
