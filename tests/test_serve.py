@@ -132,8 +132,16 @@ def metric(base: str, name: str, **labels: str) -> float:
     return total
 
 
+@pytest.fixture(scope="module", autouse=True)
+def adaspec_home(tmp_path_factory):
+    """Caches and profiles of this module's runs go to a temporary home."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADASPEC_HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
 @pytest.fixture(scope="module")
-def instance(model_dirs):
+def instance(model_dirs, adaspec_home):
     inst = served_instance(*model_dirs)
     yield inst
     inst.close()
@@ -160,11 +168,9 @@ def library_text(instance: ModelInstance, prompt, n: int, chat: bool, **sampling
 
 
 # ---------------------------------------------------------------------- the openai client
-def test_greedy_completion_equals_adaspec_generate(client, model_dirs, capsys, monkeypatch,
-                                                   tmp_path):
+def test_greedy_completion_equals_adaspec_generate(client, model_dirs, capsys):
     from adaspec.cli import main
 
-    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path))
     target, draft = model_dirs
     assert main(["generate", PROMPT, "--target", target, "--draft", draft, "--dtype",
                  "float32", "--raw", "--max-new-tokens", "16", "--method", METHOD]) == 0
@@ -485,12 +491,12 @@ def test_serve_rejects_bad_flags_in_one_line(capsys):
     assert len(err) == 2 and all(line.startswith("adaspec: error: ") for line in err)
 
 
-def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(model_dirs, tmp_path):
+def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(model_dirs):
     """The real command in a subprocess: it prints where it listens; after SIGTERM the
     requests in flight (one decoding, others queued) all finish, new connections are
     refused, and the process exits 0."""
     target, draft = model_dirs
-    env = {**os.environ, "ADASPEC_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # ADASPEC_HOME: the module's
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaspec", "serve", "--target", target, "--draft", draft,
          "--dtype", "float32", "--quant", "none", "--draft-quant", "none", "--method", "ar",
