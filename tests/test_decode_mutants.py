@@ -564,10 +564,11 @@ def test_auto_draft_samples_from_the_draft_and_starts_it_once(toy):
                                torch.Generator().manual_seed(step))
         assert same.tokens and same.tokens == tokens[: len(same.tokens)]
         tokens = same.tokens
-        before = [r.trials for r in drafter.draft_rates]
+        before = [(r.trials, r.successes) for r in drafter.draft_rates]
         drafter.commit([*ctx, tokens[0], 0], [1])  # the first token accepted
-        trials = [r.trials - b for r, b in zip(drafter.draft_rates, before, strict=True)]
-        assert sum(trials) == min(2, len(tokens))
+        trials = [r.trials - b for r, (b, _) in zip(drafter.draft_rates, before, strict=True)]
+        hits = [r.successes - h for r, (_, h) in zip(drafter.draft_rates, before, strict=True)]
+        assert sum(trials) == min(2, len(tokens)) and sum(hits) == 1
         ctx = [*ctx, tokens[0], 0]
     assert backend.prefills == 1
 
@@ -615,3 +616,111 @@ def test_sample_rows_never_take_a_zero_probability_token_at_the_edges(monkeypatc
         got = sampling.sample_rows(probs, None).tolist()
         monkeypatch.setattr(sampling.torch, "rand", real_rand)
         assert got == ([1, 3] if edge == 0.0 else [2, 3]), edge
+
+
+def test_chat_turns_go_through_the_chat_template(toy):
+    from adaspec.engine.loop import Engine
+
+    class Encoding(dict):
+        pass
+
+    class ChatTok:
+        eos_token_id = 0
+        chat_template = "{{ messages }}"
+
+        def __init__(self, as_encoding: bool) -> None:
+            self.calls: list[tuple] = []
+            self.as_encoding = as_encoding
+
+        def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
+            self.calls.append((messages, add_generation_prompt, tokenize))
+            ids = [1, 2, len(messages)]
+            return Encoding(input_ids=ids) if self.as_encoding else ids
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) % V for c in text]
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                {"role": "user", "content": "ab"}]
+    for as_encoding in (False, True):
+        tok = ChatTok(as_encoding)
+        engine = Engine(TorchBackend(toy), tok)
+        assert engine.encode_prompt(messages) == [1, 2, 3]
+        assert tok.calls == [(messages, True, True)]
+        assert engine.encode_prompt("ab") == [1, 2, 1]  # a text prompt is one user turn
+    # chat=False: the turns' text, one per line, without the template
+    assert engine.encode_prompt(messages, chat=False) == [ord(c) % V for c in "hi\nyo\nab"]
+    with pytest.raises(InputError) as err:
+        Engine(TorchBackend(toy), None).encode_prompt(messages)
+    assert str(err.value) == "this engine has no tokenizer: pass the prompt as token ids"
+    with pytest.raises(InputError) as err:
+        engine.encode_prompt([{"role": "user", "content": " "}])
+    assert str(err.value) == "a chat message is empty: every turn needs some text"
+
+
+def test_auto_credits_ngram_steps_to_their_match_length():
+    from adaspec.draft.auto import AutoDrafter
+
+    cheap = _cheap_draft_profile()
+    drafter = AutoDrafter(cheap, None, use_ngram=True)
+    ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
+    drafter.start(ctx)
+    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    assert drafter.choices.ngram == 1 and proposal.tokens == [9, 10, 11, 7][: proposal.depth]
+    match = drafter._last.match
+    before = {m: (r.trials, r.successes) for m, r in drafter.ngram_rates.items()}
+    drafter.commit([*ctx, proposal.tokens[0], 5], [1])  # one accepted, then a correction
+    after = {m: (r.trials, r.successes) for m, r in drafter.ngram_rates.items()}
+    key = min(match, 4)
+    assert after[key] == (before[key][0] + min(2, proposal.depth), before[key][1] + 1)
+    assert all(after[m] == before[m] for m in after if m != key)
+
+
+# ------------------------------------------------------------------- verify/speculative
+
+
+def test_speculative_sample_checks_shapes_and_ids():
+    from adaspec.verify.speculative import speculative_sample
+
+    tokens = torch.tensor([[1, 2]])
+    p = torch.full((1, 3, 4), 0.25)
+    q = torch.full((1, 2, 4), 0.25)
+    with pytest.raises(InputError) as err:
+        speculative_sample(tokens, q, p[0], None)
+    assert str(err.value) == "target_probs must be [B, k + 1, V] = [1, 3, V], got [3, 4]"
+    with pytest.raises(InputError) as err:
+        speculative_sample(tokens, q, p[:, :2], None)
+    assert str(err.value) == "target_probs must be [B, k + 1, V] = [1, 3, V], got [1, 2, 4]"
+    with pytest.raises(InputError) as err:
+        speculative_sample(tokens, q[:, :1], p, None)
+    assert str(err.value) == "draft_probs must be [B, k, V] = [1, 2, V] or None, got [1, 1, 4]"
+    with pytest.raises(InputError) as err:
+        speculative_sample(tokens, q[0], p, None)
+    assert str(err.value) == "draft_probs must be [B, k, V] = [1, 2, V] or None, got [2, 4]"
+    with pytest.raises(InputError, match=r"draft token ids must be in \[0, 4\), got \[\[1, 4\]\]"):
+        speculative_sample(torch.tensor([[1, 4]]), q, p, None)
+    accepted, nxt = speculative_sample(tokens.int(), q, p, torch.Generator().manual_seed(0))
+    assert accepted.dtype == nxt.dtype == torch.long
+    accepted, nxt = speculative_sample(torch.zeros(1, 0, dtype=torch.long), None, p[:, :1], None)
+    assert accepted.tolist() == [0] and accepted.dtype == nxt.dtype == torch.long
+
+
+def test_speculative_sample_pads_a_vocabulary_one_short():
+    from adaspec.verify.speculative import speculative_sample
+
+    p = torch.tensor([[[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]]])  # target V = 4
+    q = torch.tensor([[[1.0, 0.0, 0.0]]])  # draft V = 3, drafted token 0
+    accepted, nxt = speculative_sample(torch.tensor([[0]]), q, p, torch.Generator())
+    assert accepted.tolist() == [0] and nxt.tolist() == [3]
+
+
+def test_a_token_the_target_forbids_is_rejected_even_at_u_zero(monkeypatch):
+    from adaspec.verify import speculative
+
+    p = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])
+    monkeypatch.setattr(speculative.torch, "rand",
+                        lambda *shape, generator=None, dtype=None, device=None: torch.zeros(
+                            shape, dtype=dtype))
+    for q in (None, torch.tensor([[[1.0, 0.0]]])):
+        accepted, _ = speculative.speculative_sample(torch.tensor([[0]]), q, p, None)
+        assert accepted.tolist() == [0]

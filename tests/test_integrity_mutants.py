@@ -291,3 +291,22 @@ def test_trim_torn_tail_on_an_empty_file_and_across_read_blocks(tmp_path):
     whole.write_bytes(b'{"a": 1}\n{"b": 2}')
     assert atomic.trim_torn_tail(whole) == 0
     assert whole.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+
+
+def test_clean_stale_tolerates_a_leftover_that_vanished(tmp_path, monkeypatch):
+    """Another process may remove a dead writer's temp file between the listing and the
+    removal: that is not an error."""
+    final = tmp_path / "out.json"
+    gone = tmp_path / ".out.json.tmp-999999999-abc"
+    gone.write_text("x")
+    real_glob = Path.glob
+
+    def glob_then_vanish(self, pattern):
+        found = list(real_glob(self, pattern))
+        for p in found:
+            p.unlink()
+        return iter(found)
+
+    monkeypatch.setattr(Path, "glob", glob_then_vanish)
+    atomic.clean_stale(final)  # no error
+    assert not gone.exists()
