@@ -5,9 +5,12 @@ under pytest's tmp dir; its path is printed."""
 
 from __future__ import annotations
 
+import copy
+import re
 import shutil
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 webdriver = pytest.importorskip("selenium.webdriver",
@@ -41,10 +44,16 @@ def browser():
 
 @pytest.fixture
 def char_instance(target_model):
-    """A tiny target whose draft is a copy of itself (every draft accepted, so runs of
-    accepted tokens end in a bonus), slowed a little so the answer visibly streams."""
+    """A tiny target (one character per token) whose draft is a noisy copy of it: most
+    drafts are accepted, some corrected, so every colour shows. Slowed a little so the
+    answer visibly streams."""
+    draft_model = copy.deepcopy(target_model)
+    with torch.no_grad():
+        head = draft_model.get_output_embeddings().weight
+        noise = torch.randn(head.shape, generator=torch.Generator().manual_seed(1))
+        head.add_(noise * 0.7 * head.std())
     target = SlowBackend(TorchBackend(target_model, name="tiny-target"), delay=0.01)
-    draft = TorchBackend(target_model, name="tiny-draft")
+    draft = TorchBackend(draft_model, name="tiny-draft")
     return ModelInstance(target, CharTokenizer(), draft, [0], "draft:k=3")
 
 
@@ -72,16 +81,19 @@ def test_the_playground_streams_coloured_tokens_and_stats(browser, char_instance
         sources = [s.get_attribute("class").split()[1] for s in spans]
         assert len(spans) == n
         assert sources[0] == "plain"
-        assert {"accepted", "bonus"} <= set(sources)
+        assert set(sources) == {"plain", "accepted", "correction", "bonus"}
         assert browser.find_element(By.ID, "output").get_attribute("textContent") == expected
         colours = {s.value_of_css_property("background-color") for s in spans}
-        assert len(colours) >= 3  # plain, accepted and bonus each have their own colour
+        assert len(colours) == 4  # each source its own colour
 
         stat = {name: browser.find_element(By.ID, "stat-" + name).text
                 for name in ("tokens", "tps", "ttft", "steps", "mat", "acceptance", "finish")}
         assert stat["tokens"] == str(n)
         assert stat["finish"] == "length"
-        assert stat["acceptance"].startswith("100.0%")
+        accepted, drafted = map(int, re.search(r"\((\d+)/(\d+)\)", stat["acceptance"]).groups())
+        assert 0 < accepted < drafted
+        assert stat["acceptance"].startswith(f"{100 * accepted / drafted:.1f}%")
+        assert int(browser.find_element(By.ID, "stat-accepted").text) == accepted
         assert float(stat["tps"]) > 0 and float(stat["mat"]) > 1
         assert int(stat["steps"]) < n  # speculation: fewer target calls than tokens
         assert "draft:k=3: prefill" in browser.find_element(By.ID, "stat-split").text
