@@ -366,6 +366,17 @@ def test_malformed_json_unknown_model_and_routes(base):
     r = httpx.post(base + "/v1/chat/completions",
                    json={"messages": [{"role": "user", "content": "hi"}], "tools": [{}]})
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+             "max_tokens": 6, "temperature": 0}
+    plain = {**parts, "messages": [{"role": "user", "content": PROMPT}]}
+    r = httpx.post(base + "/v1/chat/completions", json=parts)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == httpx.post(
+        base + "/v1/chat/completions", json=plain).json()["choices"][0]["message"]["content"]
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    r = httpx.post(base + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": [image]}]})
+    assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", json={"model": "gpt-4", "prompt": PROMPT})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = httpx.get(base + "/v1/nothing")
