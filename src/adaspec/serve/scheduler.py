@@ -22,7 +22,7 @@ from typing import Any
 
 from adaspec.engine.loop import GenerationResult, StreamChunk
 from adaspec.engine.sampling import SamplingParams
-from adaspec.errors import InputError
+from adaspec.errors import AdaspecError, InputError
 from adaspec.serve import errors
 from adaspec.serve.instance import ModelInstance
 from adaspec.serve.metrics import ServeMetrics
@@ -168,8 +168,8 @@ class Scheduler:
                 self._serve(job)
             except Exception:  # never let one request kill the worker
                 log.exception("request %s failed", job.id)
-                job.put(Event(ERROR, error=errors.ServeError(
-                    500, "internal error while decoding", type="server_error")))
+                self._end(job, "error", errors.ServeError(
+                    500, "internal error while decoding", type="server_error"))
             finally:
                 with self._cond:
                     self._current = None
@@ -188,7 +188,7 @@ class Scheduler:
             return
         try:
             engine = self.instance.engine(job.method)
-        except InputError as exc:
+        except AdaspecError as exc:  # a method its parts cannot be built for (missing file...)
             self._end(job, "error", errors.bad_request(str(exc), param="method"))
             return
         stream = engine.stream(job.prompt_ids, job.max_tokens, job.sampling, job.stop,
