@@ -724,3 +724,51 @@ def test_a_token_the_target_forbids_is_rejected_even_at_u_zero(monkeypatch):
     for q in (None, torch.tensor([[[1.0, 0.0]]])):
         accepted, _ = speculative.speculative_sample(torch.tensor([[0]]), q, p, None)
         assert accepted.tolist() == [0]
+
+
+def test_auto_prices_the_draft_catch_up(toy):
+    """Before the draft model has started, a step that would use it pays its prompt
+    prefill spread over START_HORIZON steps (at the profile's prefill rate, else 1000 tokens
+    per s); after, the first forward's extra tokens (those accepted since its last step),
+    at the context length."""
+    from adaspec.cost.profile import CostProfile, Curve
+    from adaspec.draft.auto import START_HORIZON, AutoDrafter
+
+    draft_curve = Curve([1, 8], [0, 20], [[1.0, 8.0], [3.0, 24.0]])  # 1 ms a token, x3 at 20
+    profile = CostProfile(target=Curve([1, 16], [0], [[10.0, 10.5]]), draft=draft_curve,
+                          draft_prefill_tokens_per_s=2000.0)
+    ctx = list(range(1, 21))
+    drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
+    drafter.start(ctx)
+    assert drafter._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 2000.0 / START_HORIZON)
+    default_rate = AutoDrafter(CostProfile(target=profile.target, draft=draft_curve),
+                               ModelDrafter(TorchBackend(toy)), use_ngram=False)
+    default_rate.start(ctx)
+    assert default_rate._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 1000.0 / START_HORIZON)
+    drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)  # starts the draft
+    drafter.commit(ctx, [])
+    cached = drafter.model.cached_len
+    longer = ctx + [3, 4, 5]  # three tokens beyond what the draft holds
+    pending = len(longer) - cached
+    assert pending >= 2
+    assert drafter._catch_up_ms(longer) == pytest.approx(3.0 * pending - 3.0)
+
+
+def test_auto_plain_step_when_nothing_pays_or_nothing_may_be_drafted(toy):
+    from adaspec.cost.profile import CostProfile, Curve
+    from adaspec.draft.auto import AutoDrafter
+
+    sizes = list(range(1, 17))
+    steep = CostProfile(target=Curve(sizes, [0], [[40.0 * n for n in sizes]]),
+                        draft=Curve([1], [0], [[40.0]]), draft_prefill_tokens_per_s=1e5)
+    ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
+    drafter = AutoDrafter(steep, ModelDrafter(TorchBackend(toy)))
+    drafter.start(ctx)
+    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    assert proposal.depth == 0 and drafter.choices.plain == 1
+    assert drafter.choices.ngram == drafter.choices.draft == 0
+    cheap = AutoDrafter(_cheap_draft_profile(), ModelDrafter(TorchBackend(toy)))
+    cheap.start(ctx)
+    assert cheap.propose(ctx, 0, StaticLength(1), SamplingParams(), None).depth == 0
+    assert cheap.choices.plain == 1
+    assert cheap.propose(ctx, 4, StaticLength(4), SamplingParams(), None).depth > 0
