@@ -772,3 +772,41 @@ def test_auto_plain_step_when_nothing_pays_or_nothing_may_be_drafted(toy):
     assert cheap.propose(ctx, 0, StaticLength(1), SamplingParams(), None).depth == 0
     assert cheap.choices.plain == 1
     assert cheap.propose(ctx, 4, StaticLength(4), SamplingParams(), None).depth > 0
+
+
+@pytest.mark.parametrize("dear", ["verification", "draft"])
+def test_auto_prices_at_the_context_length(toy, dear):
+    """Costs that depend on the context: cheap on short contexts, dear past 20 tokens (the
+    target's verification or the draft's forwards). auto drafts on a short context and
+    decodes plainly on a long one: every price is read at the context's length."""
+    from adaspec.cost.profile import CostProfile, Curve
+    from adaspec.draft.auto import AutoDrafter
+
+    sizes, contexts = [1, 16], [0, 10, 20]  # cheap up to 10 tokens of context, dear from 20
+    cheap_target, dear_target = [40.0, 41.5], [40.0, 40.0 + 40.0 * 15]
+    cheap_draft, dear_draft = [2.0, 2.0 * 16], [400.0, 400.0 * 16]
+    last_target = dear_target if dear == "verification" else cheap_target
+    last_draft = dear_draft if dear == "draft" else cheap_draft
+    target = Curve(sizes, contexts, [cheap_target, cheap_target, last_target])
+    draft = Curve(sizes, contexts, [cheap_draft, cheap_draft, last_draft])
+    profile = CostProfile(target=target, draft=draft, draft_prefill_tokens_per_s=1e6)
+    short, long = [3, 1, 4, 1, 5], list(range(1, 31))
+    for ctx, drafts in ((short, True), (long, False)):
+        drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
+        drafter.start(ctx)
+        proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+        assert (proposal.depth > 0) == drafts, (dear, len(ctx))
+        assert drafter.choices.draft == int(drafts) and drafter.choices.plain == int(not drafts)
+
+
+def test_auto_bucket_priors_and_defaults():
+    from adaspec.draft.auto import CONFIDENCE_EDGES, AutoDrafter, _bucket_of, _bucket_prior
+
+    assert _bucket_prior(0) == pytest.approx(0.9 * 0.3 / 2)
+    assert _bucket_prior(1) == pytest.approx(0.9 * (0.3 + 0.5) / 2)
+    assert _bucket_prior(len(CONFIDENCE_EDGES)) == pytest.approx(0.9 * (0.98 + 1.0) / 2)
+    assert [_bucket_of(c) for c in (0.0, 0.3, 0.49, 0.5, 0.98, 1.0)] == [0, 1, 1, 2, 7, 7]
+    drafter = AutoDrafter(_cheap_draft_profile())
+    assert drafter.k_max == 16 and drafter.ngram is not None
+    assert (drafter.ngram.n_max, drafter.ngram.n_min) == (4, 1)
+    assert AutoDrafter(_cheap_draft_profile(), n_max=3, n_min=2).ngram.n_min == 2
