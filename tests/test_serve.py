@@ -526,7 +526,9 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(model_dirs):
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=60)
                        for _ in range(4)]
-            wait_until(lambda: health(url)["queue_depth"] >= 2, timeout=20)
+            # all four in: one decoding, three queued (a request arriving after SIGTERM
+            # would rightly get 503)
+            wait_until(lambda: health(url)["queue_depth"] == 3, timeout=20)
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.2)
             with pytest.raises(httpx.ConnectError):
