@@ -70,7 +70,7 @@ _E = {
         19: "precision: float32 uniforms", 36: "searchsorted's default is right=False",
         43: "precision: float32 remainder", 50: "sum(+1) on [f, V] is sum(-1)",
         60: "cumsum(+1) on [f, V] is cumsum(-1)", 66: "precision: float32 uniforms",
-        70: "precision: float32 uniforms",
+        70: "precision: float32 uniforms", 94: "searchsorted's default is right=False",
         28: "u / total = u * total for rows that sum to 1 (the input contract), up to rounding",
     },
     "draft.ngram.xǁNgramDrafterǁpropose": {1: "an n-gram chain never reads `replacement`"},

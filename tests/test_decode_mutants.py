@@ -244,8 +244,9 @@ def test_confidence_controller_bounds_and_rule():
         ConfidenceLength(1.5)
     with pytest.raises(InputError, match="confidence schedule needs k >= 1, got 0"):
         ConfidenceLength(0.4, 0)
-    with pytest.raises(InputError, match=r"ctrl=confidence needs a drafter with a distribution"):
+    with pytest.raises(InputError) as err:
         default.keep_drafting(0, None)
+    assert str(err.value) == "ctrl=confidence needs a drafter with a distribution (draft:...)"
     # top probability exactly at the threshold keeps drafting
     half = torch.tensor([0.0, 0.0]).log_softmax(-1)  # top probability 0.5
     assert ConfidenceLength(0.5).keep_drafting(0, half)
@@ -266,8 +267,10 @@ def test_disco_from_file_passes_every_setting(tmp_path):
     ctrl = DiscoLength.from_file(str(path), 0.3, 5, "cost", profile, "mean")
     assert (ctrl.tau, ctrl.sl_max, ctrl.stop, ctrl.guess) == (0.3, 5, "cost", "mean")
     assert ctrl.profile is profile
-    with pytest.raises(InputError, match=r"ctrl=disco needs disco=PATH, an artifact from"):
+    with pytest.raises(InputError) as err:
         DiscoLength.from_file("")
+    assert str(err.value) == (
+        "ctrl=disco needs disco=PATH, an artifact from `adaspec disco train` / `tune`")
 
 
 def test_disco_cost_rule_reads_the_tuned_cap_and_guess():
@@ -443,7 +446,7 @@ def test_disco_cost_rule_guesses_the_requests_mean():
     from tests.disco_helpers import artifact, constant_classifier
 
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
-    for p in (0.35, 0.5, 0.62, 0.8):
+    for p in (0.35, 0.5, 0.62, 0.8, 0.92):  # 0.92: the first guess decides the first stop
         ctrl = DiscoLength(artifact(constant_classifier(p)), stop="cost", profile=steep(),
                            guess="mean", sl_max=6)
         for _request in range(2):
@@ -810,3 +813,16 @@ def test_auto_bucket_priors_and_defaults():
     assert drafter.k_max == 16 and drafter.ngram is not None
     assert (drafter.ngram.n_max, drafter.ngram.n_min) == (4, 1)
     assert AutoDrafter(_cheap_draft_profile(), n_max=3, n_min=2).ngram.n_min == 2
+
+
+def test_text_leaves_special_tokens_out():
+    from adaspec.engine.text import TextAssembler
+
+    class WithSpecials:
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join("<eos>" if i == 0 and not skip_special_tokens else
+                           "" if i == 0 else chr(i) for i in ids)
+
+    asm = TextAssembler(WithSpecials(), [])
+    assert asm.push([104, 0, 105], final=True) == ("hi", False)
+    assert asm.final_text([104, 0, 105]) == "hi"

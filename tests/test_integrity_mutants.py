@@ -310,3 +310,26 @@ def test_clean_stale_tolerates_a_leftover_that_vanished(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "glob", glob_then_vanish)
     atomic.clean_stale(final)  # no error
     assert not gone.exists()
+
+
+def test_reusing_an_assembled_file_shows_the_rehash_when_asked(tmp_path, monkeypatch, capsys):
+    spec, _ = fake_model(tmp_path, monkeypatch)
+    path = assembly.assemble(spec.name, registry={spec.name: spec}, progress=False)
+    os.utime(path, ns=(1, 1))  # the remembered hash no longer applies: it is re-hashed
+    capsys.readouterr()
+    assert assembly.assemble(spec.name, registry={spec.name: spec}, progress=True) == path
+    assert f"sha256 {path.name}:" in capsys.readouterr().err
+
+
+def test_a_dead_writers_leftover_that_cannot_be_removed_does_not_fail_the_write(
+        tmp_path, monkeypatch):
+    final = tmp_path / "cache"
+    stuck = tmp_path / ".cache.tmp-999999999-abc"
+    (stuck / "sub").mkdir(parents=True)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "rmdir", refuse)
+    atomic.clean_stale(final)  # no error: the leftover stays
+    assert stuck.exists()
