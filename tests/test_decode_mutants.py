@@ -826,3 +826,48 @@ def test_text_leaves_special_tokens_out():
     asm = TextAssembler(WithSpecials(), [])
     assert asm.push([104, 0, 105], final=True) == ("hi", False)
     assert asm.final_text([104, 0, 105]) == "hi"
+
+
+def test_auto_bookkeeping_across_steps(toy):
+    from adaspec.cost.profile import CostProfile
+    from adaspec.draft.auto import AutoDrafter, AutoStats
+
+    with pytest.raises(InputError) as err:
+        AutoDrafter(CostProfile(target=_cheap_draft_profile().target),
+                    ModelDrafter(TorchBackend(toy)))
+    assert str(err.value) == ("method auto with a draft model needs a cost profile that "
+                              "measured the draft (adaspec profile --draft ...)")
+    ngram_only = AutoDrafter(_cheap_draft_profile(), None)
+    assert ngram_only.choices == AutoStats()
+    ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
+    ngram_only.start(ctx)
+    one = ngram_only.propose(ctx, 1, StaticLength(1), SamplingParams(), None)
+    assert one.tokens == [9] and ngram_only.choices.ngram == 1  # a one-token step pays too
+    ngram_only.commit([*ctx, 9, 10], [1])
+    ngram_only.propose([*ctx, 9, 10], 4, StaticLength(4), SamplingParams(), None)
+    assert ngram_only.choices.ngram == 2
+    # the draft model's cache follows every verdict, not only the next proposal
+    drafter = AutoDrafter(_cheap_draft_profile(), ModelDrafter(TorchBackend(toy)),
+                          use_ngram=False)
+    short = [3, 1, 4, 1, 5]
+    drafter.start(short)
+    proposal = drafter.propose(short, 4, StaticLength(4), SamplingParams(), None)
+    assert proposal.depth >= 2
+    drafter.commit([*short, 0], [])
+    assert drafter.model.cached_len == len(short)
+
+
+def test_auto_best_length_is_geometric():
+    """Expected tokens of n drafts at per-token acceptance r: 1 + r + r^2 + ... + r^n."""
+    from adaspec.cost.profile import CostProfile, Curve
+    from adaspec.draft.auto import AutoDrafter
+
+    sizes = list(range(1, 17))
+    profile = CostProfile(target=Curve(sizes, [0], [[40.0 + 10.0 * (n - 1) for n in sizes]]),
+                          draft=Curve([1], [0], [[1.0]]))
+    drafter = AutoDrafter(profile, None)
+    n, value = drafter._best_length(0.5, 4, 0.0, 0.0, 0)
+    assert n == 1 and value == pytest.approx(1.5 / 50.0)
+    n, value = drafter._best_length(0.9, 4, 0.0, 0.0, 0)
+    want = max(range(5), key=lambda k: sum(0.9 ** i for i in range(k + 1)) / (40 + 10 * k))
+    assert n == want
