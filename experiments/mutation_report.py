@@ -74,7 +74,31 @@ _E = {
         28: "u / total = u * total for rows that sum to 1 (the input contract), up to rounding",
     },
     "draft.ngram.xǁNgramDrafterǁpropose": {1: "an n-gram chain never reads `replacement`"},
-    "draft.auto.xǁAutoDrafterǁpropose": {1: "auto proposes chains: `replacement` unused"},
+    "draft.auto.xǁAutoDrafterǁpropose": {
+        1: "auto proposes chains: `replacement` unused",
+        16: "the plain option has n = 0, which takes the plain branch whatever its label",
+        17: "the plain option has n = 0, which takes the plain branch whatever its label",
+        18: "kind 'plain' takes the plain branch whatever its n",
+        77: "a draft option under another label still falls through to the draft branch",
+        78: "a draft option under another label still falls through to the draft branch",
+        81: "max over (value, kind, n) tuples: ties go to 'plain' first either way",
+        83: "max over (value, kind, n) tuples: ties go to 'plain' first either way",
+        86: "an option with n = 0 ties with plain, which max picks first",
+        112: "Choice.start is never read", 116: "Choice.start is never read",
+    },
+    "draft.auto.xǁAutoDrafterǁcommit": {
+        10: "NgramDrafter.commit ignores the path (it syncs to the context)",
+        13: "no draft model means it never started",
+        16: "ModelDrafter.commit ignores the path (it syncs to the context)",
+    },
+    "draft.auto.xǁAutoDrafterǁstart": {
+        2: "the engine never commits before a proposal, which sets _last",
+        3: "_model_started is only read for truthiness",
+    },
+    "draft.auto.xǁAutoDrafterǁ__init__": {
+        25: "start() resets it before any use", 26: "start() resets it before any use",
+        27: "start() resets it before any use",
+    },
     "verify.multi_candidate.xǁMCSSVerifierǁstep": {10: "mcss_step's default is replacement=True"},
     "verify.speculative.xǁSpeculativeSamplerǁverify": {
         18: "torch.tensor of Python ints is int64 already", 21: "ditto (dtype inferred int64)",

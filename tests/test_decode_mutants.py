@@ -871,3 +871,17 @@ def test_auto_best_length_is_geometric():
     n, value = drafter._best_length(0.9, 4, 0.0, 0.0, 0)
     want = max(range(5), key=lambda k: sum(0.9 ** i for i in range(k + 1)) / (40 + 10 * k))
     assert n == want
+
+
+def test_auto_with_long_ngrams_prices_them_as_length_four():
+    """Matches longer than 4 tokens (n_max > 4) share the estimate of length 4."""
+    from adaspec.draft.auto import AutoDrafter
+
+    drafter = AutoDrafter(_cheap_draft_profile(), None, n_max=6)
+    ctx = [7, 8, 9, 10, 11, 12, 13] * 3 + [7, 8, 9, 10, 11, 12]
+    drafter.start(ctx)
+    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    assert proposal.tokens[:1] == [13] and drafter._last.match >= 5
+    before = drafter.ngram_rates[4].trials
+    drafter.commit([*ctx, 13, 7], [1])
+    assert drafter.ngram_rates[4].trials > before
