@@ -74,6 +74,33 @@ _E = {
         28: "u / total = u * total for rows that sum to 1 (the input contract), up to rounding",
     },
     "draft.ngram.xǁNgramDrafterǁpropose": {1: "an n-gram chain never reads `replacement`"},
+    "draft.model_tree.xǁModelTreeDrafterǁstart": {
+        6: '_tree = "": a commit before any proposal has no fed nodes to read from it',
+    },
+    "draft.model_tree.xǁModelTreeDrafterǁpropose": {44: "logits are [n, V]: shape[+1] is V"},
+    "draft.model_tree.xǁModelTreeDrafterǁ_accept_path": {
+        9: "always compacting: keeping a prefix of the cache is the same cut",
+        25: "torch.tensor of Python ints is int64 already",
+    },
+    "verify.multi_candidate.x_mcss_step": {
+        16: "precision: float32 uniforms", 21: "precision: float32 uniforms",
+    },
+    "verify.multi_candidate.x__follow": {26: "every reader tests choice < 0 / >= 0, not -1"},
+    "verify.multi_candidate.xǁMCSSWithoutReplacementVerifierǁstep": {
+        5: "replacement=None is falsy, as False",
+    },
+    "verify.multi_candidate.xǁMCNSVerifierǁstep": {2: "mcns_step never reads q"},
+    "store.atomic.x_temp_path": {6: "13 hex digits instead of 12: names stay unique"},
+    "store.atomic.x_write_text": {
+        2: '"UTF-8" names the same codec', 5: "atomic_open defaults text to utf-8",
+        7: 'atomic_open\'s default mode is "w"', 8: "atomic_open defaults text to utf-8",
+    },
+    "store.atomic.x_trim_torn_tail": {
+        18: "read() at the last byte returns that byte", 19: "read(2) at the last byte: 1 byte",
+        33: "read block size 128 KiB: the same lines found", 34: "read block size 128 KiB",
+        39: "reading to the end from an earlier block adds only bytes without a newline",
+        57: "whole is only read for truthiness",
+    },
     "draft.auto.xǁAutoDrafterǁpropose": {
         1: "auto proposes chains: `replacement` unused",
         16: "the plain option has n = 0, which takes the plain branch whatever its label",
@@ -111,6 +138,8 @@ _E = {
         58: "precision: target rows kept float32 while the draft's are float64 (mixed inputs)",
         67: "precision: draft rows kept in their own float dtype",
         69: "CPU: device=None", 71: "CPU: default device", 83: "CPU: device=None",
+        70: "int32 ids index and gather as int64 ones in this torch",
+        72: "int32 ids index and gather as int64 ones in this torch",
         85: "CPU: default device", 96: "CPU: device=None", 99: "CPU: default device",
         114: "precision: float32 uniforms", 115: "CPU: device=None",
         119: "precision: float32 uniforms", 120: "CPU: default device",
@@ -132,11 +161,6 @@ _E = {
     "store.atomic.x_replace_dir": {
         10: 'old = "": shutil.rmtree("", ignore_errors=True) in `finally` does nothing',
         32: 'old = "" after the put-back: the same no-op rmtree',
-    },
-    "store.atomic.x_trim_torn_tail": {
-        18: "read() at the last byte returns that byte", 19: "read(2) at the last byte: 1 byte",
-        33: "read block size 128 KiB: the same lines found", 34: "read block size 128 KiB",
-        39: "reading to the end from an earlier block adds only bytes without a newline",
     },
     "store.assembly.x__hash_record_path": {4: "a 21-character key: still one record per path"},
     "store.assembly.x__stat_key": {4: "the record file is already per path"},

@@ -885,3 +885,25 @@ def test_auto_with_long_ngrams_prices_them_as_length_four():
     before = drafter.ngram_rates[4].trials
     drafter.commit([*ctx, 13, 7], [1])
     assert drafter.ngram_rates[4].trials > before
+
+
+def test_bad_tree_config_names_the_format():
+    from adaspec.engine.token_tree import parse_branching
+
+    with pytest.raises(InputError) as err:
+        parse_branching("4x-2")
+    assert str(err.value) == ("tree config '4x-2': '-2' is not a positive integer; write the "
+                              "branching per level separated by 'x', e.g. 4x2x2x1")
+
+
+def test_mcss_never_accepts_a_candidate_the_target_forbids(monkeypatch):
+    """u < r(x) / q(x) with r(x) = 0 rejects even at u = 0."""
+    from adaspec.verify import multi_candidate as mc
+
+    monkeypatch.setattr(mc.torch, "rand", lambda *shape, generator=None, dtype=None,
+                        device=None: torch.zeros(shape, dtype=dtype))
+    p = torch.tensor([[0.0, 1.0, 0.0]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])
+    for replacement in (True, False):
+        choice, token = mc.mcss_step(torch.tensor([[0]]), q, p, None, replacement=replacement)
+        assert choice.tolist() == [-1] and token.tolist() == [1]

@@ -333,3 +333,37 @@ def test_a_dead_writers_leftover_that_cannot_be_removed_does_not_fail_the_write(
     monkeypatch.setattr(os, "rmdir", refuse)
     atomic.clean_stale(final)  # no error: the leftover stays
     assert stuck.exists()
+
+
+def test_clean_stale_never_promotes_a_temp_file_and_restores_one_old_copy(tmp_path):
+    """A dead writer's temp file is removed, never renamed onto the missing final file; of
+    old copies moved aside (a kill between replace_dir's renames) one is put back and the
+    rest removed."""
+    final = tmp_path / "cache"
+    tmp = tmp_path / ".cache.tmp-999999999-aaa"
+    tmp.write_text("half-written")
+    atomic.clean_stale(final)
+    assert not final.exists() and not tmp.exists()
+    for tag in ("bbb", "ccc"):
+        old = tmp_path / f".cache.old-999999999-{tag}"
+        old.mkdir()
+        (old / "f").write_text(tag)
+    atomic.clean_stale(final)
+    assert final.is_dir() and (final / "f").read_text() in ("bbb", "ccc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_replace_dir_succeeds_when_the_old_copy_cannot_be_removed(tmp_path, monkeypatch):
+    final = tmp_path / "cache"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "a.bin").write_bytes(b"a")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "rmdir", refuse)
+    atomic.replace_dir(new, final)  # the new copy is in place: no error
+    assert (final / "a.bin").read_bytes() == b"a"
