@@ -55,6 +55,20 @@ _E = {
         4: "the extra check at n = 1 decodes the empty prefix, which holds no (non-empty) stop",
     },
     "engine.token_tree.x_choose_branching": {3: "c[:None] is c"},
+    "engine.loop.xǁEngineǁdecode": {
+        101: "a request's draft_time is 0 until the draft starts: = and += agree",
+    },
+    "engine.proposal.xǁProposalǁtarget_inputs": {
+        2: "torch.tensor of Python ints is int64 already",
+    },
+    "engine.text.xǁTextAssemblerǁ__init__": {
+        10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",
+    },
+    "draft.model.xǁModelDrafterǁpropose": {17: "the greedy branch never reads probs"},
+    "verify.multi_candidate.x__check_step_args": {
+        24: "precision: mixed float32/float64 inputs kept in their own dtypes",
+        44: "q is [B, V]: shape[+1] is its last dim",
+    },
     "draft.model_tree.xǁAutoTreeDrafterǁ_observe": {
         12: "the level below the tree's depth has no children: the loop breaks there anyway",
         15: "break -> return: nothing follows the loop",

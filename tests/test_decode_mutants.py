@@ -120,6 +120,7 @@ def test_tokens_through_stop(text, stop, through):
     assert piece == text[:cut]
     assert asm.tokens_through_stop(ids(text)) == through
     assert asm.final_text(ids(text)) == text[:cut]
+    assert asm.push(ids(text), final=True) == ("", False)  # the same stop: no new hit
 
 
 # -------------------------------------------------------------------------- engine/loop
@@ -147,11 +148,13 @@ def test_eos_ids_come_from_the_tokenizer(toy):
 # ----------------------------------------------------------------------- engine/token_tree
 
 
-def _profile(draft_ms_by_context: tuple[float, float], target_ms: float = 10.0):
+def _profile(draft_ms_by_context: tuple[float, float], target_ms: float = 10.0,
+             long_target_ms: float | None = None):
     from adaspec.cost.profile import CostProfile, Curve
 
     sizes = [1, 64]
-    target = Curve(sizes, [0, 1000], [[target_ms, target_ms], [target_ms, target_ms]])
+    far = target_ms if long_target_ms is None else long_target_ms
+    target = Curve(sizes, [0, 1000], [[target_ms, target_ms], [far, far]])
     lo, hi = draft_ms_by_context
     draft = Curve(sizes, [0, 1000], [[lo, lo], [hi, hi]])
     return CostProfile(target=target, draft=draft, overhead_ms=0.5)
@@ -160,11 +163,11 @@ def _profile(draft_ms_by_context: tuple[float, float], target_ms: float = 10.0):
 def test_tree_step_ms_prices_every_forward_at_the_context():
     from adaspec.engine.token_tree import tree_step_ms
 
-    profile = _profile((1.0, 7.0))
+    profile = _profile((1.0, 7.0), long_target_ms=30.0)
     # target pass + overhead + root's draft forward + one draft forward per inner level
     assert tree_step_ms((2, 2, 1), profile, 0) == pytest.approx(10 + 0.5 + 3 * 1.0)
-    assert tree_step_ms((2, 2, 1), profile, 1000) == pytest.approx(10 + 0.5 + 3 * 7.0)
-    assert tree_step_ms((), profile, 1000) == pytest.approx(10.5)
+    assert tree_step_ms((2, 2, 1), profile, 1000) == pytest.approx(30 + 0.5 + 3 * 7.0)
+    assert tree_step_ms((), profile, 1000) == pytest.approx(30.5)
 
 
 def test_choose_branching_reads_costs_at_the_context():
@@ -907,3 +910,76 @@ def test_mcss_never_accepts_a_candidate_the_target_forbids(monkeypatch):
     for replacement in (True, False):
         choice, token = mc.mcss_step(torch.tensor([[0]]), q, p, None, replacement=replacement)
         assert choice.tolist() == [-1] and token.tolist() == [1]
+
+
+def test_a_prefix_ending_inside_a_character_is_not_kept_as_decoded():
+    """Decoding reuses the text of a long enough prefix, but not one that ends in the middle
+    of a multi-byte character (its text ends in U+FFFD until the next byte arrives)."""
+    from adaspec.engine.text import TextAssembler
+
+    class Bytes:
+        def decode(self, ids, skip_special_tokens=True):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    asm = TextAssembler(Bytes(), [])
+    head = list(b"a" * (TextAssembler.STABLE_EVERY - 1)) + [0xC3]  # the first byte of "é"
+    asm.push(head, final=False)
+    assert asm.final_text([*head, 0xA9, 0x21]) == "a" * (TextAssembler.STABLE_EVERY - 1) + "é!"
+
+
+def test_too_long_a_request_says_how_to_fit(toy):
+    from adaspec.engine.loop import Engine
+
+    engine = Engine(TorchBackend(toy), None, max_context=10)
+    with pytest.raises(InputError) as err:
+        engine.generate([1, 2, 3, 4], max_new_tokens=7)
+    assert str(err.value) == ("context too long: prompt has 4 tokens + max_new_tokens 7 = 11 > "
+                              "context window 10; shorten the prompt or lower max_new_tokens")
+
+
+def test_token_tree_errors_and_mask_type():
+    from adaspec.engine.token_tree import TokenTree
+
+    with pytest.raises(ValueError) as err:
+        TokenTree([1, 2], [0, 0])
+    assert str(err.value) == "a tree needs a root (parent -1) and one parent per token"
+    tree = TokenTree([1, 2, 3], [-1, 0, 0])
+    assert tree.ancestor_mask().dtype == torch.bool
+
+
+def test_verifier_mismatch_messages_name_the_fix():
+    from adaspec import verify
+    from adaspec.engine.proposal import Proposal
+    from adaspec.engine.token_tree import TokenTree
+
+    with pytest.raises(InputError) as err:
+        verify.choose("greedy", trees=False, greedy=False)
+    assert str(err.value) == (
+        "the greedy verifier only keeps the output exact at temperature 0; use "
+        "verify=speculative or mcss or mcss-wor or mcns (or leave verify unset) for "
+        "temperature > 0")
+    tree = TokenTree([0, 1, 2], [-1, 0, 0])
+    probs = torch.full((1, 3), 1 / 3)
+    for name, drawn, wanted, flag in (("mcss", "without", "with", False),
+                                      ("mcss-wor", "with", "without", True)):
+        proposal = Proposal(tree, probs, replacement=flag)
+        with pytest.raises(InputError) as err:
+            verify.VERIFIERS[name]().check(proposal, torch.full((3, 3), 1 / 3))
+        assert str(err.value) == (
+            f"verifier {name!r} needs sibling candidates drawn {wanted} replacement; "
+            f"this proposal's were drawn {drawn}")
+
+
+def test_time_spent_routing_is_not_counted_as_prefill(toy):
+    """A router hands the engine its stats with route_time already spent: the prefill time
+    is the prefill's own, and the wall time includes the routing."""
+    from adaspec.engine.loop import Engine, GenerationResult
+    from adaspec.engine.metrics import RequestStats
+
+    engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
+    stats = RequestStats(prompt_tokens=3, route_time=5.0)
+    out = list(engine.decode([1, 2, 3], 3, SamplingParams(), [], stats=stats))
+    result = out[-1]
+    assert isinstance(result, GenerationResult)
+    assert 0 <= result.stats.prefill_time < 1.0
+    assert result.stats.wall_time >= 5.0
