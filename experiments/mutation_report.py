@@ -55,6 +55,7 @@ _E = {
         4: "the extra check at n = 1 decodes the empty prefix, which holds no (non-empty) stop",
     },
     "engine.token_tree.x_choose_branching": {3: "c[:None] is c"},
+    "engine.loop.x__eos_ids": {16: "getattr(..., None) or [] is [] as getattr(..., []) or []"},
     "engine.loop.xǁEngineǁdecode": {
         101: "a request's draft_time is 0 until the draft starts: = and += agree",
     },

@@ -84,7 +84,7 @@ def test_tiny_temperature_shifts_each_row_by_its_own_maximum():
     from adaspec.engine.sampling import process_logits
 
     logits = torch.tensor([[1000.0, 0.0, -5.0], [0.0, 3.0, -2.0]])
-    probs = process_logits(logits, SamplingParams(temperature=1e-30))
+    probs = process_logits(logits, SamplingParams(temperature=1e-36))  # 1000 / t overflows
     assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
 
 
@@ -137,7 +137,13 @@ def test_eos_ids_come_from_the_tokenizer(toy):
         eos_token_id = None
         adaspec_eos_token_ids = None
 
+    class Bare:  # no eos_token_id, no extra ids, no chat template
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) % V for c in text]
+
     target = TorchBackend(toy)
+    assert Engine(target, Bare()).eos_token_ids == set()
+    assert Engine(target, Bare()).encode_prompt("ab") == [97 % V, 98 % V]
     assert Engine(target, Tok()).eos_token_ids == {5, 7, 9}
     assert Engine(target, NoEos()).eos_token_ids == set()
     assert Engine(target, None).eos_token_ids == set()
