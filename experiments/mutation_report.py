@@ -93,14 +93,32 @@ _E = {
         6: '_tree = "": a commit before any proposal has no fed nodes to read from it',
     },
     "draft.model_tree.xǁModelTreeDrafterǁpropose": {44: "logits are [n, V]: shape[+1] is V"},
+    "draft.model_tree.xǁModelTreeDrafterǁ__init__": {
+        6: "start() sets _fed before any proposal", 7: "start() sets _fed before any proposal",
+    },
+    "draft.ngram.xǁNgramDrafterǁ_sync": {
+        3: "a context equal to the indexed tokens is rebuilt from scratch: same index, slower",
+    },
+    "engine.text.xǁTextAssemblerǁfinal_text": {4: "text[:None] is text"},
+    "engine.token_tree.xǁTokenTreeǁpositions": {5: "torch.tensor of Python ints is int64"},
+    "engine.token_tree.xǁTokenTreeǁflatten": {2: "torch.tensor of Python ints is int64"},
     "draft.model_tree.xǁModelTreeDrafterǁ_accept_path": {
         9: "always compacting: keeping a prefix of the cache is the same cut",
         25: "torch.tensor of Python ints is int64 already",
     },
     "verify.multi_candidate.x_mcss_step": {
         16: "precision: float32 uniforms", 21: "precision: float32 uniforms",
+        26: "torch.full with an int fill is int64",
+        128: "q_i updated after the last candidate is never read",
     },
-    "verify.multi_candidate.x__follow": {26: "every reader tests choice < 0 / >= 0, not -1"},
+    "verify.multi_candidate.x__follow": {
+        9: "every reader tests choice < 0 / >= 0, not -1",
+        26: "every reader tests choice < 0 / >= 0, not -1",
+    },
+    "verify.multi_candidate.xǁTreeWalkVerifierǁwalk_regular": {
+        36: "torch.full with an int fill is int64",
+        54: "after the last level every walk has stopped: the loop breaks",
+    },
     "verify.multi_candidate.xǁMCSSWithoutReplacementVerifierǁstep": {
         5: "replacement=None is falsy, as False",
     },

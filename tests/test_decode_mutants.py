@@ -989,3 +989,45 @@ def test_time_spent_routing_is_not_counted_as_prefill(toy):
     assert isinstance(result, GenerationResult)
     assert 0 <= result.stats.prefill_time < 1.0
     assert result.stats.wall_time >= 5.0
+
+
+def test_small_edges_of_the_decode_helpers(toy):
+    """Edges the engine's own calls never reach, each with the documented result."""
+    from adaspec.draft.model_tree import ModelTreeDrafter
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.sampling import argmax
+    from adaspec.engine.token_tree import AutoBranching, TokenTree, parse_branching
+    from adaspec.verify import MCSSVerifier
+    from adaspec.verify import multi_candidate as mc
+
+    drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
+    drafter.start([1, 2, 3])
+    assert drafter.propose([1, 2, 3], 0, StaticLength(1), SamplingParams(), None).depth == 0
+
+    class WithBos:
+        chat_template = None
+        eos_token_id = 0
+
+        def encode(self, text, add_special_tokens=False):
+            return ([63] if add_special_tokens else []) + [ord(c) % V for c in text]
+
+    assert Engine(TorchBackend(toy), WithBos()).encode_prompt("ab") == [97 % V, 98 % V]
+    grad = torch.tensor([0.1, 0.9, 0.3], requires_grad=True)
+    assert int(argmax(grad)) == 1
+    assert parse_branching("auto", 1) == AutoBranching(1)
+    with pytest.raises(InputError) as err:
+        parse_branching("auto", 0)
+    assert str(err.value) == "tree=auto needs max_nodes >= 1, got 0"
+    with pytest.raises(ValueError):
+        TokenTree.root(5).add_level([0, 0], [1])  # one parent per token
+    p = torch.full((1, 4), 0.25)
+    with pytest.raises(InputError) as err:
+        mc.mcss_step(torch.tensor([[1]]), torch.full((2, 4), 0.25), p, None)
+    assert str(err.value) == "q must be [B, V] like p, got [2, 4]"
+    with pytest.raises(InputError, match=r"candidate token ids must be in \[0, 4\)"):
+        mc.mcss_step(torch.tensor([[4]]), None, p, None)
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5, 6]])  # a 2x2 tree: the target wants token 9
+    target = torch.zeros(1, 7, 10)
+    target[..., 9] = 1.0
+    path, accepted, nxt = MCSSVerifier().walk_regular((2, 2), tokens, None, target, None)
+    assert path.tolist() == [[-1, -1]] and accepted.tolist() == [0] and nxt.tolist() == [9]
