@@ -312,6 +312,16 @@ def equivalent_list(results: dict[str, dict[str, str]]) -> str:
     return "\n".join(lines) or "(none)"
 
 
+def open_survivors(results: dict[str, dict[str, str]]) -> str:
+    """Survivors not judged equivalent, counted per function: the tests still missing."""
+    from collections import Counter as C
+
+    per = C(m.removeprefix("adaspec.").rsplit("__mutmut_", 1)[0]
+            for statuses in results.values() for m, s in statuses.items()
+            if s in ("survived", "no tests") and m not in EQUIVALENT)
+    return "\n".join(f"- `{f}`: {n}" for f, n in sorted(per.items())) or "(none)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", type=Path, help="replace the scores block of this page")
@@ -335,8 +345,9 @@ def main() -> int:
     if args.survivors:
         print("\n".join(survivors(results)))
         return 0
-    block = (table(results) + "\n\nSurvivors judged equivalent:\n\n"
-             + equivalent_list(results))
+    block = (table(results) + "\n\nSurvivors not killed yet (no test tells them apart; "
+             "`mutmut show NAME`), per function:\n\n" + open_survivors(results)
+             + "\n\nSurvivors judged equivalent:\n\n" + equivalent_list(results))
     if args.write is None:
         print(block)
         return 0
