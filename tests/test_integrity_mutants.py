@@ -264,10 +264,16 @@ def test_replace_dir_raises_the_rename_error_when_the_old_copy_cannot_go_back(tm
             return real_replace(src, dst)  # the old copy goes aside
         raise OSError(28, "No space left on device")  # the new one and the put-back fail
 
+    (final / "weights").write_text("old")
     monkeypatch.setattr(atomic.os, "replace", replace)
     with pytest.raises(OSError, match="No space left"):
         atomic.replace_dir(new, final)
     assert len(calls) == 3
+    # neither rename worked: the old copy must still be on disk, aside (clean_stale puts it
+    # back once this process is gone), never deleted
+    assert not final.exists()
+    aside = list(tmp_path.glob(".cache.old-*"))
+    assert len(aside) == 1 and (aside[0] / "weights").read_text() == "old"
 
 
 def test_write_json_is_indented_with_a_final_newline(tmp_path):

@@ -209,11 +209,10 @@ def replace_dir(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> N
         if old is not None:  # put the old copy back rather than leave nothing
             with contextlib.suppress(OSError):
                 os.replace(old, final)
-                old = None
+        # If even that failed, the old copy stays aside: `clean_stale` restores it later.
         raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    if old is not None:  # the new copy is in place: the old one can go
+        shutil.rmtree(old, ignore_errors=True)
     fsync_dir(final.parent)
 
 
