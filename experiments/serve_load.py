@@ -278,6 +278,10 @@ def load_phase(url: str, model: str, prompts: list[str], clients: int, seconds: 
         "request_tokens_per_s_p50": _pct(rates, 50), "request_tokens_per_s_p95": _pct(rates, 95),
         "rss_mb_start": round(rss[0], 1), "rss_mb_end": round(rss[-1], 1),
         "rss_mb_max": round(max(rss), 1),
+        # sampled through the run: growth that stops after the first requests is warm-up
+        # (engines, profile, allocator pools); growth that goes on is a leak
+        "rss_mb_series": [round(r, 1) for r in rss],
+        "rss_mb_after_first_minute": round(rss[min(len(rss) - 1, max(1, len(rss) // 10))], 1),
     }
 
 
@@ -350,7 +354,9 @@ def summary_md(run: dict) -> str:
         f"{f(load['request_tokens_per_s_p95'])} |",
         "",
         f"Server RSS (process tree): {load['rss_mb_start']} MB at start, "
-        f"{load['rss_mb_end']} MB at the end, {load['rss_mb_max']} MB at most.",
+        f"{load['rss_mb_end']} MB at the end, {load['rss_mb_max']} MB at most; "
+        f"{load.get('rss_mb_after_first_minute', 'n/a')} MB a tenth of the way in (warm-up "
+        "before it, steady growth after it).",
         "",
     ]
     if load["errors"]:
