@@ -118,15 +118,24 @@ def test_the_pick_follows_the_prompts_final_hidden_state(arms, target, target_mo
         assert res.token_ids == reference_greedy(target_model, prompt, 12)
 
 
-def test_decision_and_its_time_are_in_the_stats(arms, target):
+def test_decision_and_its_time_are_in_the_stats(arms, target, monkeypatch):
     """A policy that takes 0.2 s to choose: the time shows as route_time, inside the request's
-    wall time, and in no other part (other_time is only the remainder, so it is not summed)."""
+    wall time, and in no other part (other_time is only the remainder, so it is not summed).
+    The clock is a fake one (1 us per reading, plus the policy's 0.2 s), so nothing here
+    depends on how fast the machine is."""
     policy = fixed_policy(target.hidden_size, len(ARMS), 1)
     choose = policy.choose
     pause = 0.2
+    clock = [0.0]
+
+    def fake_perf_counter() -> float:
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(time, "perf_counter", fake_perf_counter)
 
     def slow_choose(*args, **kwargs):
-        time.sleep(pause)
+        clock[0] += pause
         return choose(*args, **kwargs)
 
     policy.choose = slow_choose
