@@ -227,8 +227,15 @@ def load_phase(url: str, model: str, prompts: list[str], clients: int, seconds: 
     rng = random.Random(seed)
     outcomes: list[Outcome] = []
     sent = 0
+    rss_cold = server.rss_mb()
+    # warm-up before the baseline: the first requests of each kind build engine state,
+    # profile caches and allocator pools once; growth after them is what a leak looks like
+    with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0)) as client:
+        for stream, temperature in ((False, 0.0), (True, 0.7)):
+            request(client, url, prompts[0], max_tokens, stream, temperature, model)
     end = time.monotonic() + seconds
     rss: list[float] = [server.rss_mb()]
+    rss_at: list[float] = [time.monotonic()]
 
     def client_loop() -> None:
         nonlocal sent
@@ -249,6 +256,7 @@ def load_phase(url: str, model: str, prompts: list[str], clients: int, seconds: 
         while time.monotonic() < end:
             time.sleep(min(5.0, max(0.5, seconds / 20)))
             rss.append(server.rss_mb())
+            rss_at.append(time.monotonic())
 
     threads = [threading.Thread(target=client_loop) for _ in range(clients)]
     sampler = threading.Thread(target=sample_rss, daemon=True)
@@ -260,6 +268,7 @@ def load_phase(url: str, model: str, prompts: list[str], clients: int, seconds: 
         t.join()
     elapsed = time.monotonic() - t0
     rss.append(server.rss_mb())
+    rss_at.append(time.monotonic())
     done = [o for o in outcomes if o.ok]
     ttft = [o.ttft for o in done if o.ttft is not None]
     server_ttft = [o.server_ttft for o in done if o.server_ttft is not None]
@@ -276,13 +285,28 @@ def load_phase(url: str, model: str, prompts: list[str], clients: int, seconds: 
         "ttft_stream_p50": _pct(ttft, 50), "ttft_stream_p95": _pct(ttft, 95),
         "ttft_server_p50": _pct(server_ttft, 50), "ttft_server_p95": _pct(server_ttft, 95),
         "request_tokens_per_s_p50": _pct(rates, 50), "request_tokens_per_s_p95": _pct(rates, 95),
+        "rss_mb_cold": round(rss_cold, 1),
         "rss_mb_start": round(rss[0], 1), "rss_mb_end": round(rss[-1], 1),
+        "rss_mb_growth": round(rss[-1] - rss[0], 1),
+        "rss_mb_per_minute_second_half": _slope_per_minute(rss_at[len(rss) // 2:],
+                                                           rss[len(rss) // 2:]),
         "rss_mb_max": round(max(rss), 1),
         # sampled through the run: growth that stops after the first requests is warm-up
         # (engines, profile, allocator pools); growth that goes on is a leak
         "rss_mb_series": [round(r, 1) for r in rss],
         "rss_mb_after_first_minute": round(rss[min(len(rss) - 1, max(1, len(rss) // 10))], 1),
     }
+
+
+def _slope_per_minute(times: list[float], samples: list[float]) -> float | None:
+    """Least-squares slope of RSS samples over their times, in MB per minute."""
+    n = len(samples)
+    if n < 3:
+        return None
+    xs = [(t - times[0]) / 60 for t in times]
+    mx, my = sum(xs) / n, sum(samples) / n
+    den = sum((x - mx) ** 2 for x in xs)
+    return round(sum((x - mx) * (y - my) for x, y in zip(xs, samples, strict=True)) / den, 2)
 
 
 def http_overhead_phase(url: str, model: str, prompts: list[str], max_tokens: int
@@ -353,10 +377,13 @@ def summary_md(run: dict) -> str:
         f"| tokens/s per request (client latency) | {f(load['request_tokens_per_s_p50'])} | "
         f"{f(load['request_tokens_per_s_p95'])} |",
         "",
-        f"Server RSS (process tree): {load['rss_mb_start']} MB at start, "
-        f"{load['rss_mb_end']} MB at the end, {load['rss_mb_max']} MB at most; "
-        f"{load.get('rss_mb_after_first_minute', 'n/a')} MB a tenth of the way in (warm-up "
-        "before it, steady growth after it).",
+        f"Server RSS (process tree): {load.get('rss_mb_cold', 'n/a')} MB idle, "
+        f"{load['rss_mb_start']} MB after two warm-up requests (the baseline), "
+        f"{load['rss_mb_end']} MB at the end ({load.get('rss_mb_growth', 'n/a')} MB growth), "
+        f"{load['rss_mb_max']} MB at most; "
+        f"{load.get('rss_mb_after_first_minute', 'n/a')} MB a tenth of the way in; "
+        f"slope over the second half {load.get('rss_mb_per_minute_second_half', 'n/a')} "
+        "MB/min.",
         "",
     ]
     if load["errors"]:
