@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from adaspec.errors import InputError
+from adaspec.lab.bench.suites import training_prompts
 from adaspec.lab.router.collection import (
     RUNS,
     STATES,
     load_collection,
     read_states,
-    training_prompts,
 )
 from tests.route_helpers import ARMS, TRAIN, make_collection
 

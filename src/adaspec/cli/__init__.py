@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaspec.cli.models import add_models_parser
     from adaspec.cli.profile import add_profile_parser
     from adaspec.cli.router import add_router_parser
+    from adaspec.cli.s2d import add_s2d_parser
     from adaspec.cli.serve import add_serve_parser
 
     parser = argparse.ArgumentParser(
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_disco_parser(sub)
     add_router_parser(sub)
+    add_s2d_parser(sub)
     add_serve_parser(sub)
     methods = sub.add_parser("methods", help="list decoding methods and their parameters")
     methods.add_argument("--markdown", action="store_true",

@@ -138,8 +138,8 @@ def _suites(text: str):
 
 def run_collect(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
+    from adaspec.lab.bench.suites import training_prompts
     from adaspec.lab.router.collect import CollectConfig, collect
-    from adaspec.lab.router.collection import training_prompts
     from adaspec.methods.spec import parse_method
     from adaspec.route.arms import parse_arms
 

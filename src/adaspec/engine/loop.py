@@ -293,6 +293,8 @@ class Engine(TextGenerator):
             )
             stats.draft_time += time.perf_counter() - t0
             stats.draft_calls += proposal.forward_calls
+            for part, n in (proposal.drafted_by or {}).items():
+                stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
             if proposal.depth > k:
                 raise RuntimeError(f"drafter {self.drafter.name!r} proposed {proposal.depth} "
                                    f"levels, more than the {k} asked")

@@ -21,6 +21,8 @@ class RequestStats:
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
     route: str | None = None  # the drafter a router picked, if any
     route_time: float = 0.0
+    # drafted tokens per part of the drafter that produced them (S2D: "exit 6": n), if any
+    drafted_by: dict[str, int] = field(default_factory=dict)
 
     @property
     def other_time(self) -> float:

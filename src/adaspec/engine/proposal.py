@@ -29,6 +29,8 @@ class Proposal:
     probs: torch.Tensor | None = None
     forward_calls: int = 0  # draft model forward passes spent on it
     replacement: bool | None = None
+    # drafted tokens per part of the drafter that produced them (S2D: per exit), if it says
+    drafted_by: dict[str, int] | None = None
 
     @classmethod
     def chain(
@@ -37,9 +39,10 @@ class Proposal:
         tokens: list[int],
         probs: torch.Tensor | None = None,
         forward_calls: int = 0,
+        drafted_by: dict[str, int] | None = None,
     ) -> Proposal:
         tree = TokenTree([int(root), *map(int, tokens)], list(range(-1, len(tokens))))
-        return cls(tree, probs, forward_calls)
+        return cls(tree, probs, forward_calls, drafted_by=drafted_by)
 
     @property
     def depth(self) -> int:

@@ -79,10 +79,13 @@ class ChainParams:
     )
 
     def __post_init__(self) -> None:
+        check(self.k >= 1, "k must be >= 1")
+        self.check_ctrl_and_verify()
+
+    def check_ctrl_and_verify(self) -> None:
         from adaspec.control import CONTROLLERS
         from adaspec.verify import verifier_names
 
-        check(self.k >= 1, "k must be >= 1")
         if self.ctrl not in CONTROLLERS:
             raise InputError(
                 f"unknown length controller {self.ctrl!r}; use one of {CONTROLLERS.names()}"

@@ -27,6 +27,7 @@ BUILTIN = (
     "adaspec.methods.ngram:METHOD",
     "adaspec.methods.auto:METHOD",
     "adaspec.methods.router:METHOD",
+    "adaspec.methods.s2d:METHOD",
 )
 
 

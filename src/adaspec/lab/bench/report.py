@@ -116,6 +116,12 @@ def method_entry(
         alpha=per_token_alpha(steps),  # type: ignore[arg-type]
         mean_draft_length=_ratio(sum(s[0] for s in steps), len(steps)),
     )
+    drafted_by: dict[str, int] = {}  # drafted tokens per part of the drafter (S2D exits)
+    for r in rows:
+        for part, n in (r.get("drafted_by") or {}).items():
+            drafted_by[part] = drafted_by.get(part, 0) + n
+    if drafted_by:
+        entry["drafted_by"] = drafted_by
     parts = {
         k: sum(r.get(k, 0.0) for r in rows) for k in ("prefill_time", "draft_time", "verify_time")
     }

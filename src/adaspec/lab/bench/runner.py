@@ -362,6 +362,7 @@ class BenchRunner:
         steps: list[list[int]] = []
         finish: list[str] = []
         routes: list[str] = []  # the arm a router picked, per turn
+        drafted_by: dict[str, int] = {}  # drafted tokens per part of the drafter (S2D exits)
         prompt_turn_ids: list[list[int]] = []
         for _ in prompt.all_turns:
             ids = self.turn_prompt_ids(prompt, answers)
@@ -374,6 +375,8 @@ class BenchRunner:
             for k in _SUM_FIELDS:
                 total[k] += getattr(stats, k)
             steps += [[int(d), int(a)] for d, a in stats.steps]
+            for part, n in stats.drafted_by.items():
+                drafted_by[part] = drafted_by.get(part, 0) + n
         wall, tokens = total["wall_time"], total["new_tokens"]
         row = {
             "prompt_id": prompt.id,
@@ -398,6 +401,7 @@ class BenchRunner:
             "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "ms_per_token": 1000 * wall / tokens if tokens else 0.0,
             "steps": steps,
+            "drafted_by": drafted_by,
         }
         if routes:
             row["route"] = routes

@@ -352,3 +352,25 @@ def load_suite(
     if name not in SUITES:
         raise InputError(f"unknown suite {name!r}; known suites: {', '.join(SUITES)}")
     return SUITES[name](limit=limit, path=path)
+
+
+# Suites the bench tests on: training (router, S2D) takes each category's second half, so
+# the bench's first prompts of these suites stay held out.
+HELD_OUT_SUITES = ("humaneval", "wmt", "spec-bench")
+
+
+def training_prompts(suites: list[tuple[str, int | None]]) -> list[Prompt]:
+    """Training prompts: the second half of each held-out suite's categories, the start of
+    any other suite (ShareGPT), `limit` per category."""
+    out: list[Prompt] = []
+    for name, limit in suites:
+        if name not in HELD_OUT_SUITES:
+            out += load_suite(name, limit)
+            continue
+        by_cat: dict[str, list[Prompt]] = {}
+        for p in load_suite(name, None):
+            by_cat.setdefault(p.category, []).append(p)
+        for rows in by_cat.values():
+            half = rows[len(rows) // 2 :]
+            out += half if limit is None else half[:limit]
+    return out

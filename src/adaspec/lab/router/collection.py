@@ -19,7 +19,6 @@ import numpy as np
 from adaspec.errors import InputError
 from adaspec.lab.bench.report import decode_seconds
 from adaspec.lab.bench.runner import RESULTS, read_rows
-from adaspec.lab.bench.suites import Prompt, load_suite
 from adaspec.lab.router.reward import COSTS, priced_decode_ms, rouge_l
 from adaspec.methods.spec import parse_method
 
@@ -29,28 +28,6 @@ if TYPE_CHECKING:
 META = "collect.json"
 STATES = "states.jsonl"
 RUNS = "runs"
-# Suites the router is tested on: training takes each category's second half, so the bench's
-# first prompts of these suites stay held out.
-HELD_OUT_SUITES = ("humaneval", "wmt", "spec-bench")
-
-
-def training_prompts(suites: list[tuple[str, int | None]]) -> list[Prompt]:
-    """Training prompts: the second half of each held-out suite's categories, the start of
-    any other suite (ShareGPT), `limit` per category."""
-    out: list[Prompt] = []
-    for name, limit in suites:
-        if name not in HELD_OUT_SUITES:
-            out += load_suite(name, limit)
-            continue
-        by_cat: dict[str, list[Prompt]] = {}
-        for p in load_suite(name, None):
-            by_cat.setdefault(p.category, []).append(p)
-        for rows in by_cat.values():
-            half = rows[len(rows) // 2 :]
-            out += half if limit is None else half[:limit]
-    return out
-
-
 def read_states(folder: str | Path) -> dict[str, dict]:
     """prompt id -> states.jsonl row (the last one wins; a line cut off by a kill is skipped)."""
     path = Path(folder) / STATES

@@ -1,0 +1,160 @@
+"""`adaspec s2d`: build a sorted early-exit draft (S2D) and tune its exits per target.
+
+adaspec s2d data --target qwen2.5-coder-1.5b-instruct          # the target's greedy outputs
+adaspec s2d train --data DATA --name s2d-soft                  # SoFT (--mode sft: baseline)
+adaspec s2d extract --data DATA --name s2d-untrained           # the untrained extraction
+adaspec s2d tune s2d-soft --target qwen2.5-coder-1.5b-instruct --data DATA
+adaspec generate "..." --method s2d:s2d-soft
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from adaspec.cli.model_options import add_model_options
+
+
+def _exits(text: str) -> tuple[int, ...]:
+    try:
+        exits = tuple(int(e) for e in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"exits must be layer counts like 6,9,12: {text!r}"
+                                         ) from None
+    if not exits or list(exits) != sorted(set(exits)) or exits[0] < 1:
+        raise argparse.ArgumentTypeError(f"exits must ascend from >= 1: {text!r}")
+    return exits
+
+
+def _artifact_out(args: argparse.Namespace) -> str:
+    from adaspec.draft.s2d_artifact import s2d_home
+
+    return args.out or str(s2d_home() / args.name)
+
+
+def default_data_dir(target: str) -> Path:
+    from adaspec.draft.s2d_artifact import s2d_home
+    from adaspec.store.loading import source_name
+
+    return s2d_home() / "data" / source_name(target)
+
+
+def add_s2d_parser(sub: argparse._SubParsersAction) -> None:
+    from adaspec.lab.s2d.data import DEFAULT_SUITES
+    from adaspec.lab.s2d.train import TrainConfig
+
+    d = TrainConfig(data="", out="")
+    p = sub.add_parser("s2d", help="S2D: build, train and tune a sorted early-exit draft",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = p.add_subparsers(dest="s2d_command", required=True)
+
+    c = s.add_parser("data", help="the target's greedy outputs on training prompts")
+    add_model_options(c, draft=True)
+    c.add_argument("--method", default="auto",
+                   help="the exact engine that decodes (greedy: the target's own output)")
+    c.add_argument("--suite", default=DEFAULT_SUITES,
+                   help=f"training suites NAME:LIMIT (the second half of the bench's suites; "
+                   f"default {DEFAULT_SUITES})")
+    c.add_argument("--max-new-tokens", type=int, default=96)
+    c.add_argument("--val-fraction", type=float, default=0.1)
+    c.add_argument("--only-val", action="store_true",
+                   help="only the validation prompts (for tuning thresholds on another target)")
+    c.add_argument("--out", default=None,
+                   help="folder (default $ADASPEC_HOME/s2d/data/TARGET); an interrupted run "
+                   "resumes")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=run_data)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--data", required=True, help="folder from `adaspec s2d data`")
+        q.add_argument("--source", default=d.source,
+                       help=f"model whose first layers become the draft (default {d.source})")
+        q.add_argument("--exits", type=_exits, default=d.exits,
+                       help="layer counts of the sub-models (default "
+                       f"{','.join(map(str, d.exits))})")
+        q.add_argument("--kept-tokens", type=int, default=d.kept_tokens,
+                       help="rows of the output head: the most frequent tokens of the "
+                       f"training data (0: all; default {d.kept_tokens})")
+        q.add_argument("--name", default=None, help="artifact name under $ADASPEC_HOME/s2d")
+        q.add_argument("--out", default=None, help="artifact folder (instead of --name)")
+
+    e = s.add_parser("extract", help="save the untrained sorted draft (a baseline)")
+    common(e)
+    e.set_defaults(func=run_extract)
+
+    t = s.add_parser("train", help="SoFT: fine-tune every exit at once (or --mode sft)")
+    common(t)
+    t.add_argument("--mode", choices=("soft", "sft"), default=d.mode,
+                   help="soft: sum of every exit's loss; sft: the last exit's only")
+    t.add_argument("--epochs", type=float, default=d.epochs)
+    t.add_argument("--lr", type=float, default=d.lr)
+    t.add_argument("--accumulate", type=int, default=d.accumulate,
+                   help="sequences per optimizer step")
+    t.add_argument("--max-tokens", type=int, default=d.max_tokens,
+                   help="longest training sequence (prompt tail + output)")
+    t.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=run_train)
+
+    from adaspec.lab.s2d.tune import add_tune_arguments
+
+    u = s.add_parser("tune", help="per-target thresholds from a grid on validation prompts")
+    add_tune_arguments(u)
+
+
+def _need_name(args: argparse.Namespace) -> None:
+    from adaspec.errors import InputError
+
+    if not args.out and not args.name:
+        raise InputError("give the artifact a --name (under $ADASPEC_HOME/s2d) or an --out")
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from adaspec.cli.bench import parse_suites
+    from adaspec.engine.build import load_engine
+    from adaspec.errors import InputError
+    from adaspec.lab.s2d.data import collect, split_of, training_prompt_pairs
+
+    pairs = training_prompt_pairs(parse_suites(args.suite, None, False))
+    if args.only_val:
+        pairs = [(s, p) for s, p in pairs if split_of(p.id, args.val_fraction) == "val"]
+    if not pairs:
+        raise InputError("no training prompts selected: check --suite")
+    out = args.out or str(default_data_dir(args.target))
+    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.quant,
+                         args.draft_quant)
+    print(f"adaspec s2d data: {len(pairs)} prompts, greedy, {args.max_new_tokens} new tokens "
+          f"-> {out}", file=sys.stderr)
+    collect(pairs, engine, str(getattr(engine, "target", engine).name), out,
+            args.max_new_tokens, args.method, args.val_fraction, progress=not args.no_progress)
+    print(f"adaspec s2d data: done; train with `adaspec s2d train --data {out} --name NAME`",
+          file=sys.stderr)
+    return 0
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    from adaspec.lab.s2d.train import extract_only
+
+    _need_name(args)
+    out = extract_only(args.source, args.exits, args.data, args.kept_tokens, _artifact_out(args))
+    print(f"adaspec s2d extract: {out}", file=sys.stderr)
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from adaspec.lab.s2d.train import TrainConfig, train
+
+    _need_name(args)
+    cfg = TrainConfig(
+        data=args.data, out=_artifact_out(args), source=args.source, exits=args.exits,
+        mode=args.mode, kept_tokens=args.kept_tokens, epochs=args.epochs, lr=args.lr,
+        accumulate=args.accumulate, max_tokens=args.max_tokens,
+        checkpoint_every=args.checkpoint_every, seed=args.seed,
+    )
+    out = train(cfg, resume=not args.restart, progress=not args.no_progress)
+    print(f"adaspec s2d train: {out}; tune it with `adaspec s2d tune {out} --target T "
+          "--data DATA`", file=sys.stderr)
+    return 0

@@ -1,0 +1,1 @@
+"""S2D in the lab: training data, SoFT training, threshold tuning, reports."""

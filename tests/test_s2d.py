@@ -1,0 +1,231 @@
+"""S2D: the sorted draft is its source model's first layers, each exit a true sub-model
+(lazy deeper-layer fill gives the keys/values the full-depth model computes), the artifact
+round-trips, and speculative sampling with exits stays exact end to end."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.draft import s2d_artifact
+from adaspec.draft.s2d import S2DDrafter
+from adaspec.draft.sorted_model import ExitState, SortedConfig, SortedDraftLM
+from adaspec.engine.build import build_engine
+from adaspec.engine.loop import Engine
+from adaspec.engine.proposal import Proposal
+from adaspec.engine.sampling import SamplingParams
+from adaspec.errors import InputError
+from adaspec.methods.spec import parse_method
+from adaspec.store.atomic import write_json
+
+from .conftest import tiny_model
+from .stats_helpers import assert_caught, assert_exact
+from .test_engine_sampling import V, check, first_tokens
+
+
+def save_source(root, model):
+    model.save_pretrained(root)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A random 4-layer Qwen2 with random norms (so layer order matters) on disk."""
+    model = tiny_model(vocab=64, layers=4, hidden=32, seed=3, random_norms=True)
+    return model, save_source(tmp_path_factory.mktemp("source"), model)
+
+
+def test_extracted_draft_is_the_source_model_at_its_last_exit(source):
+    model, path = source
+    draft, record = s2d_artifact.extract(path, (2, 4))
+    ids = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids, output_hidden_states=True)
+        hidden = draft.exit_hidden(ids)
+        logits = draft.full_logits(draft.head_logits(hidden[-1]))
+    torch.testing.assert_close(logits, ref.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(hidden[0], ref.hidden_states[2], rtol=0, atol=1e-5)
+    assert record["layers"] == 4 and len(record["sha256"]) == 64
+
+
+def test_exits_beyond_the_source_are_refused(source):
+    with pytest.raises(InputError, match="has 4 layers"):
+        s2d_artifact.extract(source[1], (2, 6))
+
+
+def _teacher_forced(draft: SortedDraftLM, ids: list[int], exit_index: int) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = draft.exit_hidden(torch.tensor([ids]))[exit_index]
+        return draft.head_logits(hidden)[0, -1]
+
+
+def test_lazy_fill_matches_full_depth_through_feeds_and_rollbacks(source):
+    """Random feeds with random exits and random truncations: every answer is the
+    teacher-forced sub-model's logits for the prefix, so deeper layers were filled exactly."""
+    draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
+    state = ExitState(draft)
+    rng = random.Random(0)
+    seq: list[int] = []
+    exits_seen = set()
+    for _ in range(60):
+        if seq and rng.random() < 0.2:
+            keep = rng.randrange(0, len(seq))
+            state.truncate(keep)
+            del seq[keep:]
+        new = [rng.randrange(64) for _ in range(rng.choice((1, 1, 1, 3)))]
+        thresholds = tuple(rng.choice((0.0, 1.1)) for _ in range(2)) + (0.0,)
+        exit_index, small = state.feed(new, thresholds)
+        seq += new
+        exits_seen.add(exit_index)
+        expected = next(i for i, t in enumerate(thresholds) if t == 0.0)
+        assert exit_index == expected
+        torch.testing.assert_close(small, _teacher_forced(draft, seq, exit_index),
+                                   rtol=0, atol=2e-5)
+        assert state.total == len(seq) and state.done[0] == len(seq)
+    assert exits_seen == {0, 1, 2}
+
+
+def test_a_single_exit_runs_only_its_layers(source):
+    draft, _ = s2d_artifact.extract(source[1], (2, 4))
+    state = ExitState(draft, (2,))
+    exit_index, small = state.feed([5, 6, 7], ())
+    assert exit_index == 0 and state.layers_run == 3 * 2
+    torch.testing.assert_close(small, _teacher_forced(draft, [5, 6, 7], 0), rtol=0, atol=1e-5)
+
+
+def test_artifact_round_trip_keeps_trained_weights_and_refuses_other_sources(source, tmp_path):
+    model, path = source
+    token_ids = torch.arange(0, 64, 2)
+    draft, record = s2d_artifact.extract(path, (2, 4), token_ids)
+    with torch.no_grad():
+        draft.layers[0].mlp.up_proj.weight.add_(0.5)  # "trained"
+    s2d_artifact.save(draft, tmp_path / "art", {"source": record, "name": "t"})
+    loaded, manifest = s2d_artifact.load(tmp_path / "art")
+    assert manifest["kept_tokens"] == 32 and manifest["frozen"] == ["embed_tokens", "lm_head"]
+    for (k, a), (_, b) in zip(draft.state_dict().items(), loaded.state_dict().items(),
+                              strict=True):
+        assert torch.equal(a, b), k
+    logits = loaded.full_logits(loaded.head_logits(torch.randn(32)))
+    assert torch.isinf(logits[1::2]).all() and torch.isfinite(logits[0::2]).all()
+    # the frozen tensors come from the source model: other weights there are refused
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    save_source(tmp_path / "src2", model)
+    manifest["source"]["name"] = str(tmp_path / "src2")
+    write_json(tmp_path / "art" / "manifest.json", manifest)
+    with pytest.raises(InputError, match="sha256"):
+        s2d_artifact.load(tmp_path / "art")
+
+
+def test_method_string_checks_before_loading():
+    with pytest.raises(InputError, match="thresholds must be numbers"):
+        parse_method("s2d:x,thresholds=0.5/high")
+    with pytest.raises(InputError, match="in \\[0, 1\\]"):
+        parse_method("s2d:x,thresholds=1.5")
+    with pytest.raises(InputError, match="ctrl=static or ctrl=heuristic"):
+        parse_method("s2d:x,ctrl=oracle")
+    with pytest.raises(InputError, match="no thresholds"):
+        parse_method("s2d:x,exit=2,thresholds=0.5")
+    assert parse_method("s2d:x,thresholds=0.5/0.7").params.threshold_values == (0.5, 0.7)
+
+
+def test_missing_artifact_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="no S2D artifact"):
+        s2d_artifact.resolve(tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling exactness: the verifier must see the q of the exit that drew the token.
+
+
+class QOfLastExit(S2DDrafter):
+    """Draws each token from its exit but hands the verifier the deepest exit's q."""
+
+    def propose(self, context, max_tokens, controller, params, generator, replacement=False):
+        proposal = super().propose(context, max_tokens, controller, params, generator,
+                                   replacement)
+        if proposal.probs is None:
+            return proposal
+        from adaspec.engine.sampling import process_logits
+
+        rows = []
+        for i in range(proposal.depth):
+            prefix = context + proposal.tokens[:i]
+            rows.append(process_logits(
+                self.model.full_logits(_teacher_forced(self.model, prefix, -1)), params))
+        return Proposal.chain(context[-1], proposal.tokens, torch.stack(rows),
+                              forward_calls=proposal.forward_calls)
+
+
+@pytest.fixture(scope="module")
+def sampling_pair(tmp_path_factory):
+    """An 8-token target and a sorted draft from a different 4-layer model, exits 1 and 4,
+    its deeper layers scaled up ("trained") so the exits disagree (mean total variation
+    0.42): using the wrong exit's q is then visible."""
+    root = tmp_path_factory.mktemp("s2d")
+    target = tiny_model(vocab=V, seed=5, sharpen=6.0)
+    src = tiny_model(vocab=V, seed=8, layers=4, sharpen=12.0, random_norms=True)
+    draft, record = s2d_artifact.extract(save_source(root / "src", src), (1, 4))
+    with torch.no_grad():
+        for layer in draft.layers[1:]:
+            layer.mlp.down_proj.weight.mul_(10.0)
+    s2d_artifact.save(draft, root / "art", {"source": record, "name": "tiny"})
+    return target, str(root / "art")
+
+
+PARAMS = SamplingParams(1.0, top_k=6)
+
+
+@pytest.mark.parametrize("broken", [None, QOfLastExit], ids=["s2d", "s2d-q-of-last-exit"])
+def test_sampling_with_exits_matches_plain_decoding(sampling_pair, broken):
+    target, artifact = sampling_pair
+    engine = build_engine(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
+                          TorchBackend(target), None, None, [])
+    drafter = engine.drafter
+    assert isinstance(drafter, S2DDrafter)
+    if broken is not None:
+        drafter = broken(drafter.model, (0.45,))
+        engine = Engine(engine.target, None, drafter=drafter, controller=engine.controller,
+                        verifier=engine.verifier, eos_token_ids=[])
+    used: dict[str, int] = {}
+    orig = drafter.propose
+
+    def counting(*args, **kwargs):
+        proposal = orig(*args, **kwargs)
+        for part, n in (proposal.drafted_by or {}).items():
+            used[part] = used.get(part, 0) + n
+        return proposal
+
+    drafter.propose = counting  # type: ignore[method-assign]
+    cells, acceptance = first_tokens(engine, PARAMS, 5)
+    fits = check(cells, target, PARAMS)
+    if broken is not None:
+        assert_caught(fits, "q of the last exit")
+        return
+    assert set(used) == {"exit 1", "exit 4"} and min(used.values()) > 300  # both exits drafted
+    assert 0.05 < acceptance < 0.95
+    assert_exact(fits, "s2d")
+
+
+def test_greedy_s2d_equals_plain_decoding_and_reports_exit_usage(sampling_pair):
+    target, artifact = sampling_pair
+    backend = TorchBackend(target)
+    plain = build_engine("ar", backend, None, None, [])
+    s2d = build_engine(f"s2d:{artifact},k=4,thresholds=0.45,dtype=float32",
+                       TorchBackend(target), None, None, [])
+    exits: set[str] = set()
+    for prompt in ([1, 2, 3], [4, 4, 4, 4], [7, 0, 1, 6, 2]):
+        ref = plain.generate(prompt, max_new_tokens=40)
+        out = s2d.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == ref.token_ids
+        assert sum(out.stats.drafted_by.values()) == out.stats.drafted
+        exits |= {k for k, v in out.stats.drafted_by.items() if v}
+    assert exits == {"exit 1", "exit 4"}
+
+
+def test_config_checks_exits():
+    with pytest.raises(ValueError, match="ascending"):
+        SortedConfig(16, 8, 16, 2, 1, 1e-6, 1e4, (4, 2))
