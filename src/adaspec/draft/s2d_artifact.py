@@ -178,6 +178,21 @@ def load(path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float3
     return model.to(dtype).eval(), manifest
 
 
+def load_for_drafting(path_or_name: str | os.PathLike[str], weights: str = "bfloat16"
+                      ) -> tuple[SortedDraftLM, dict]:
+    """The artifact ready to draft: `weights` is a dtype (bfloat16, float32) or a weight-only
+    quantization of the Linear layers over bf16 (int8, int4; store/quant.py)."""
+    from adaspec.store.quant import quantize_model
+
+    if weights in ("int8", "int4"):
+        model, manifest = load(path_or_name, torch.bfloat16)
+        quantize_model(model, weights)
+        return model.eval(), manifest
+    if weights not in ("bfloat16", "float32"):
+        raise InputError(f"unknown sorted-draft weights {weights!r}")
+    return load(path_or_name, getattr(torch, weights))
+
+
 def tuned_for(manifest: dict, target: str) -> dict | None:
     """What `adaspec s2d tune` stored for this target (thresholds, k, predictions), if any."""
     return (manifest.get("thresholds") or {}).get(target)

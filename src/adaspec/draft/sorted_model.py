@@ -125,16 +125,14 @@ class Attention(nn.Module):
             k = torch.cat((past[0], k), dim=-2)
             v = torch.cat((past[1], v), dim=-2)
         total = k.shape[-2]
-        groups = self.heads // self.kv_heads
-        kk = k.repeat_interleave(groups, dim=1) if groups > 1 else k
-        vv = v.repeat_interleave(groups, dim=1) if groups > 1 else v
+        gqa = self.heads != self.kv_heads  # grouped heads read shared keys, not copies
         if n == 1:
-            out = F.scaled_dot_product_attention(q, kk, vv)
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         elif total == n:
-            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
-            out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
         return self.o_proj(out), (k, v)
 

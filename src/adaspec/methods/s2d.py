@@ -12,7 +12,7 @@ from adaspec.methods.registry import Method, Models
 
 DEFAULT_THRESHOLD = 0.8  # when the artifact has none tuned for this target
 DEFAULT_K = 4
-DTYPES = ("bfloat16", "float32")
+DTYPES = ("bfloat16", "float32", "int8", "int4")  # int8/int4: weight-only, over bf16
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,9 @@ class S2DParams(ChainParams):
     )
     exit: int = param(0, "draft with this one exit only (its layer count; 0: every exit, "
                          "early-exit by thresholds)")
-    dtype: str = param("bfloat16", f"weights of the sorted draft: {' | '.join(DTYPES)}")
+    dtype: str = param("", "weights of the sorted draft: bfloat16 | float32 | int8 | int4 "
+                           "(weight-only quantized Linear layers); default: the ones `adaspec s2d "
+                           "tune` priced for this target, else bfloat16")
 
     def __post_init__(self) -> None:
         check(self.k >= 0, "k must be >= 1, or 0 for the tuned k")
@@ -37,7 +39,7 @@ class S2DParams(ChainParams):
         check(self.ctrl in ("static", "heuristic"),
               "s2d takes ctrl=static or ctrl=heuristic (its exits already adapt per token)")
         check(self.exit >= 0, "exit must be a layer count >= 1, or 0 for every exit")
-        check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}")
+        check(not self.dtype or self.dtype in DTYPES, f"dtype must be one of {DTYPES}")
         check(not (self.exit and self.thresholds), "exit=N uses one exit: no thresholds")
         _ = self.threshold_values  # parses: a bad list raises here
 
@@ -70,25 +72,28 @@ def choose_exits(exits: tuple[int, ...], exit: int, given: tuple[float, ...] | N
 
 
 def _build(params: S2DParams, models: Models, text: str):
-    import torch
-
     from adaspec.control import CONTROLLERS
     from adaspec.draft import s2d_artifact
     from adaspec.draft.s2d import S2DDrafter
     from adaspec.engine.loop import Engine
 
-    model, manifest = s2d_artifact.load(params.artifact, getattr(torch, params.dtype))
+    manifest = s2d_artifact.read_manifest(s2d_artifact.resolve(params.artifact))
+    tuned = s2d_artifact.tuned_for(manifest, models.target.name)
+    weights = params.dtype or str((tuned or {}).get("draft_weights", "bfloat16"))
+    model, manifest = s2d_artifact.load_for_drafting(params.artifact, weights)
     if model.config.vocab_size != models.target.vocab_size:
         raise InputError(
             f"the sorted draft {params.artifact!r} has a {model.config.vocab_size}-token "
             f"vocabulary, the target {models.target.name!r} {models.target.vocab_size}: they "
             "must share the tokenizer"
         )
-    tuned = s2d_artifact.tuned_for(manifest, models.target.name)
     stored = None if tuned is None else tuple(float(t) for t in tuned["thresholds"])
     exits, thresholds = choose_exits(model.config.exits, params.exit,
                                      params.threshold_values, stored)
-    k = params.k or int((tuned or {}).get("k", DEFAULT_K))
+    tuned = tuned or {}
+    if params.exit:  # the k tuned for that exit alone
+        tuned = (tuned.get("single_exit_predicted") or {}).get(f"exit {params.exit}", {})
+    k = params.k or int(tuned.get("k", DEFAULT_K))
     return Engine(
         models.target,
         models.tokenizer,
@@ -102,7 +107,7 @@ def _build(params: S2DParams, models: Models, text: str):
 METHOD = Method(
     "s2d",
     "a sorted draft with early exits (S2D): each token from the first sub-model confident "
-    "enough; thresholds tuned per target ([s2d.md](docs/s2d.md))",
+    "enough; thresholds and k tuned per target",
     S2DParams,
     _build,
     positional="artifact",

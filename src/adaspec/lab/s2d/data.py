@@ -110,7 +110,8 @@ def collect(
     with rows_path.open("a", encoding="utf-8") as f:
         bar = tqdm(todo, desc=f"s2d data ({target_name})", disable=not progress, unit="prompt")
         for suite, prompt in bar:
-            ids = engine.encode_prompt(prompt.text)[-max_prompt_tokens:]
+            room = min(max_prompt_tokens, engine.max_context - max_new_tokens)
+            ids = engine.encode_prompt(prompt.text)[-max(1, room):]
             res = engine.generate(ids, max_new_tokens=max_new_tokens)
             row = Row(prompt.id, suite, prompt.category, split_of(prompt.id, val_fraction),
                       list(ids), list(res.token_ids))

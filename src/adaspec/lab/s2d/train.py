@@ -165,7 +165,7 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
             loss = sum(w * v for w, v in zip(weights, losses, strict=True) if w)
             (loss / cfg.accumulate).backward()
             for j, v in enumerate(losses):
-                sums[j] += float(v) / cfg.accumulate
+                sums[j] += float(v.detach()) / cfg.accumulate
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -214,7 +214,9 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="prices the target's verification (default: this machine's, measured "
                    "once and cached); a formula is simulated and is stored as such")
     p.add_argument("--limit", type=int, default=None, help="validation rows to use")
-    p.add_argument("--dtype-draft", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--draft-weights", default="bfloat16",
+                   choices=("bfloat16", "float32", "int8", "int4"),
+                   help="the sorted draft's weights, as the method's dtype= (default bfloat16)")
     p.add_argument("--report", default=None, help="also write the whole grid to this JSON")
     p.add_argument("--no-store", action="store_true",
                    help="print the best setting, do not write it to the artifact")
@@ -235,7 +237,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if not ks or min(ks) < 1 or not grid:
         raise InputError("--k needs draft lengths >= 1 and --grid at least one value")
     folder = s2d_artifact.resolve(args.artifact)
-    model, manifest = s2d_artifact.load(folder, getattr(torch, args.dtype_draft))
+    model, manifest = s2d_artifact.load_for_drafting(folder, args.draft_weights)
     meta = read_meta(args.data)
     rows = [r for r in read_rows(args.data) if r.split == "val" and r.output]
     if not rows:
@@ -244,7 +246,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if meta["target"] != target.name:
         raise InputError(f"{args.data} holds {meta['target']}'s outputs, not {target.name}'s")
     profile = load_profile(args.profile) if args.profile else profile_for(target, None)
-    print(f"s2d tune: measuring the exits' costs on this machine ({args.dtype_draft})",
+    print(f"s2d tune: measuring the exits' costs on this machine ({args.draft_weights})",
           file=sys.stderr)
     costs = measure_exit_costs(model)
     traces = trace_rows(model, rows, args.limit, progress=not args.no_progress)
@@ -270,7 +272,7 @@ def run_tune(args: argparse.Namespace) -> int:
         "single_exit_predicted": {n: {"k": r.k, "speedup": round(r.speedup, 4),
                                       "mean_accepted": round(r.mean_accepted, 4)}
                                   for n, r in single.items()},
-        "exit_costs_ms": asdict(costs), "draft_dtype": args.dtype_draft,
+        "exit_costs_ms": asdict(costs), "draft_weights": args.draft_weights,
         "profile": profile.source, "simulated": profile.simulated,
         "val_rows": len(traces), "data_sha256": meta.get("rows_sha256"),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
