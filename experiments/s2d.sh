@@ -14,8 +14,9 @@ T15=qwen2.5-coder-1.5b-instruct
 T05=qwen2.5-coder-0.5b-instruct
 D15=$H/s2d/data/$T15
 D05=$H/s2d/data/$T05
-W=${WEIGHTS:-int8}          # the sorted draft's weights while drafting
-EPOCHS=${EPOCHS:-1}
+W=${WEIGHTS:-int4}          # the sorted draft's weights while drafting
+EPOCHS=${EPOCHS:-4}
+LR=${LR:-2e-4}
 SUITES=${SUITES:-spec-bench:1,humaneval:3}
 TOKENS=${TOKENS:-64}
 mkdir -p "$OUT"
@@ -26,8 +27,8 @@ $A s2d data --target $T05 --only-val --method ar --max-new-tokens 96
   --out "$OUT/extraction.md"
 
 $A s2d extract --data "$D15" --name s2d-untrained
-$A s2d train --data "$D15" --name s2d-soft --epochs "$EPOCHS" | tee "$OUT/train-soft.txt"
-$A s2d train --data "$D15" --name s2d-sft --mode sft --epochs "$EPOCHS" | tee "$OUT/train-sft.txt"
+$A s2d train --data "$D15" --name s2d-soft --epochs "$EPOCHS" --lr "$LR" | tee "$OUT/train-soft.txt"
+$A s2d train --data "$D15" --name s2d-sft --mode sft --epochs "$EPOCHS" --lr "$LR" | tee "$OUT/train-sft.txt"
 
 for art in s2d-soft s2d-sft s2d-untrained; do
   $A s2d tune $art --target $T15 --data "$D15" --draft-weights "$W" --report "$OUT/tune-$art-1.5b.json"

@@ -22,6 +22,7 @@ from pathlib import Path
 CANDIDATES = [
     ("qwen2.5-coder-0.5b-instruct", (6, 9, 12)),
     ("qwen2.5-coder-0.5b-instruct", (4, 6, 8)),
+    ("qwen2.5-coder-0.5b-instruct", (12, 18, 24)),  # up to the whole 0.5B (a reference)
     ("qwen2.5-coder-1.5b-instruct", (2, 4, 6)),
     ("qwen2.5-coder-1.5b-instruct", (4, 6, 8)),
 ]
@@ -41,8 +42,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--weights", default="int8", choices=("bfloat16", "int8", "int4"))
-    p.add_argument("--kept-tokens", type=int, default=16384)
+    p.add_argument("--weights", default="int4", choices=("bfloat16", "int8", "int4"))
+    p.add_argument("--kept-tokens", type=int, default=32768)
     p.add_argument("--limit", type=int, default=24, help="validation rows")
     args = p.parse_args()
 

@@ -144,7 +144,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--run", action="append", default=[], help="NAME=BENCH_FOLDER")
     p.add_argument("--grid", action="append", default=[], help="NAME=TUNE_REPORT.json")
-    p.add_argument("--kept-tokens", type=int, default=16384)
+    p.add_argument("--kept-tokens", type=int, default=32768)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     out = Path(args.out)

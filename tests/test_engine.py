@@ -179,16 +179,20 @@ def test_engine_without_drafter_accepts_plain_engine_construction(target):
     assert len(res.token_ids) == 5
 
 
+PREFILL_PAUSE = 0.05
+
+
 class SlowPrefillBackend(TorchBackend):
-    """A draft whose prompt prefill takes 50 ms more, recording what it was given."""
+    """A draft whose prompt prefill takes 50 ms more on a fake clock (when one is set),
+    recording what it was given."""
 
     prefilled: list[list[int]]
+    clock: list[float] | None = None
 
     def prefill(self, tokens, hidden_layer=None) -> ForwardOutput:
-        import time
-
         self.prefilled.append(tokens.tolist())
-        time.sleep(0.05)
+        if self.clock is not None:
+            self.clock[0] += PREFILL_PAUSE
         return super().prefill(tokens, hidden_layer)
 
 
@@ -199,14 +203,30 @@ def slow_prefill_engine(method: str, target, draft_model) -> tuple[Engine, SlowP
 
 
 @pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])
-def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, method):
+def test_draft_prefill_is_timed_on_its_own(draft_model, target, target_model, method,
+                                           monkeypatch):
+    """On a fake clock (1 us per reading, plus the draft prefill's 50 ms): the prefill shows
+    as draft_prefill_time, inside draft_time, and in no other part of the request."""
+    import time
+
+    clock = [0.0]
+
+    def fake_perf_counter() -> float:
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(time, "perf_counter", fake_perf_counter)
     engine, draft = slow_prefill_engine(method, target, draft_model)
+    draft.clock = clock
     prompt = PROMPTS[2]
     out = engine.generate(prompt, max_new_tokens=12)
     assert out.token_ids == reference_greedy(target_model, prompt, 12)
     assert draft.prefilled == [prompt[:-1]]  # once, at the start, all but the last token
     s = out.stats
-    assert 0.05 <= s.draft_prefill_time <= s.draft_time
+    assert PREFILL_PAUSE <= s.draft_prefill_time <= s.draft_time < s.wall_time
+    assert s.draft_time - s.draft_prefill_time < PREFILL_PAUSE  # the pause counted once
+    assert s.prefill_time < PREFILL_PAUSE and s.verify_time < PREFILL_PAUSE
+    assert s.other_time < PREFILL_PAUSE
     assert s.draft_calls >= 1
 
 

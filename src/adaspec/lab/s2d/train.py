@@ -37,7 +37,7 @@ class TrainConfig:
     source: str = "qwen2.5-coder-0.5b-instruct"
     exits: tuple[int, ...] = (6, 9, 12)
     mode: str = "soft"
-    kept_tokens: int = 16384  # rows of the output head (0: the whole vocabulary)
+    kept_tokens: int = 32768  # rows of the output head (0: the whole vocabulary)
     epochs: float = 1.0
     lr: float = 5e-5
     accumulate: int = 8  # sequences per optimizer step

@@ -264,8 +264,11 @@ def run_tune(args: argparse.Namespace) -> int:
     for name, r in single.items():
         print(f"  {name} alone (k={r.k}): predicted {r.speedup:.2f}x, MAT "
               f"{r.mean_accepted:.2f}", file=sys.stderr)
+    top1 = {f"exit {e}": round(float(torch.cat([t.hits[i] for t in traces]).float().mean()), 4)
+            for i, e in enumerate(exits)}
+    print(f"  top-1 agreement with {target.name}'s outputs per exit: {top1}", file=sys.stderr)
     record = {
-        "thresholds": list(best.thresholds), "k": best.k,
+        "thresholds": list(best.thresholds), "k": best.k, "exit_top1": top1,
         "predicted_speedup": round(best.speedup, 4),
         "predicted_mean_accepted": round(best.mean_accepted, 4),
         "exit_share": [round(s, 4) for s in best.exit_share],
