@@ -36,7 +36,12 @@ def main() -> int:
     from adaspec.draft import s2d_artifact
     from adaspec.lab.s2d.data import read_meta, read_rows
     from adaspec.lab.s2d.train import kept_token_ids
-    from adaspec.lab.s2d.tune import grid_search, measure_exit_costs, simulate, trace_rows
+    from adaspec.lab.s2d.tune import (
+        best_single_exit,
+        grid_search,
+        measure_exit_costs,
+        trace_rows,
+    )
     from adaspec.store.quant import quantize_model
 
     p = argparse.ArgumentParser(description=__doc__)
@@ -63,13 +68,11 @@ def main() -> int:
             quantize_model(model, args.weights)
         costs = measure_exit_costs(model)
         grid = grid_search(traces, exits, costs, profile.target_ms, [1, 2, 3, 4],
-                           [0.3, 0.5, 0.7, 0.9, 1.01])
+                           [0.0, 0.3, 0.5, 0.7, 0.9, 1.01])
         best = max(grid, key=lambda r: r.tokens / r.ms)
         singles = {}
-        for e in exits:
-            th = tuple(0.0 if x == e else 1.01 for x in exits[:-1])
-            r = max((simulate(traces, exits, th, k, costs, profile.target_ms)
-                     for k in (1, 2, 3, 4)), key=lambda r: r.tokens / r.ms)
+        for i, e in enumerate(exits):
+            r = best_single_exit(traces, exits, i, costs, profile.target_ms, (1, 2, 3, 4))
             hit = float(torch.cat([t.hits[exits.index(e)] for t in traces]).float().mean())
             singles[e] = {"k": r.k, "speedup": round(r.speedup, 3),
                           "mean_accepted": round(r.mean_accepted, 3), "top1_match": round(hit, 3),

@@ -229,3 +229,17 @@ def test_greedy_s2d_equals_plain_decoding_and_reports_exit_usage(sampling_pair):
 def test_config_checks_exits():
     with pytest.raises(ValueError, match="ascending"):
         SortedConfig(16, 8, 16, 2, 1, 1e-6, 1e4, (4, 2))
+
+
+def test_prompt_runs_every_reachable_layer_at_start(source):
+    """The prompt prefill is batched through every layer a token can reach; an exit whose
+    threshold is 0 always answers, so the layers after it are never run at all."""
+    draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
+    prompt = [5, 9, 11, 3, 8]
+    drafter = S2DDrafter(draft, (0.5, 0.9))
+    drafter.start(prompt)
+    assert drafter.state.done == [4, 4, 4] and drafter.state.layers_run == 4 * 4
+    shallow = S2DDrafter(draft, (0.5, 0.0))  # exit 2 always answers: layers 3-4 unreachable
+    assert shallow.state.exits == (1, 2) and shallow.thresholds == (0.5, 0.0)
+    shallow.start(prompt)
+    assert shallow.state.layers_run == 4 * 2

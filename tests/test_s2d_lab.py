@@ -66,12 +66,10 @@ def test_data_train_tune_and_decode(capsys, model_dirs, source_dir, tmp_path):
     # training lowered every exit's loss (SoFT trains them all)
     first, last = training["loss_first"], training["loss_last_fifth"]
     assert all(last[k] < first[k] for k in first), (first, last)
-    # the checkpoint resumes: the same command finds the run complete
+    # finished: the checkpoint (optimizer state) is gone, and the same command says so
+    assert not (art / "checkpoint.pt").exists()
     code, out, err = run(capsys, *args)
-    assert code == 0 and "resuming at step" in out + err
-    # other settings with the same checkpoint: refused, nothing overwritten
-    code, _, err = run(capsys, *[a if a != "1e-3" else "2e-3" for a in args])
-    assert code == 2 and "other settings" in err
+    assert code == 0 and "already trained" in out + err
 
     # tune on the validation rows, under a measured-style profile file
     profile = CostProfile.from_formula("linear:target_ms=10,per_token_ms=1")
@@ -87,9 +85,9 @@ def test_data_train_tune_and_decode(capsys, model_dirs, source_dir, tmp_path):
     tuned = s2d_artifact.read_manifest(art)["thresholds"]["target"]
     assert len(tuned["thresholds"]) == 2 and tuned["k"] in (2, 3)
     grid = json.loads((tmp_path / "grid.json").read_text())["grid"]
-    assert len(grid) == 2 * 3 * 3
+    assert len(grid) == 3 * 3  # each threshold setting, with its best k
     best = max(grid, key=lambda g: g["speedup"])
-    assert tuned["predicted_speedup"] == best["speedup"]
+    assert round(tuned["predicted_speedup"], 3) == best["speedup"]
 
     # the tuned artifact drives generation; greedy output equals plain decoding
     base = ["generate", "def add(a, b):", "--target", target, "--quant", "none", "--dtype",
@@ -99,6 +97,38 @@ def test_data_train_tune_and_decode(capsys, model_dirs, source_dir, tmp_path):
     code, spec, err = run(capsys, *base, "--method", f"s2d:{art},dtype=float32")
     assert code == 0, err
     assert spec == plain
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(capsys, model_dirs, source_dir,
+                                                        tmp_path, monkeypatch):
+    from adaspec.lab.s2d import train as train_module
+
+    data = tmp_path / "data"
+    _data(capsys, model_dirs, data)
+    art = tmp_path / "soft"
+    args = ["s2d", "train", "--data", str(data), "--source", source_dir, "--exits", "1,2",
+            "--epochs", "2", "--accumulate", "2", "--checkpoint-every", "1", "--out", str(art),
+            "--no-progress"]
+    real = train_module._checkpoint
+    calls = []
+
+    def killed_after_two(*a, **k):
+        real(*a, **k)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "_checkpoint", killed_after_two)
+    code, _, err = run(capsys, *args)
+    assert code == 130 and (art / "checkpoint.pt").exists()
+    assert not (art / "manifest.json").exists()  # no half-written artifact
+    monkeypatch.setattr(train_module, "_checkpoint", real)
+    # other settings over the checkpoint: refused, the checkpoint kept
+    code, _, err = run(capsys, *[a if a != "2" else "3" for a in args])
+    assert code == 2 and "other settings" in err and (art / "checkpoint.pt").exists()
+    code, out, err = run(capsys, *args)
+    assert code == 0 and "resuming at step 2/" in out + err
+    assert s2d_artifact.read_manifest(art)["training"]["steps"] >= 4
 
 
 def test_sft_trains_the_last_exit_only(capsys, model_dirs, source_dir, tmp_path):
@@ -159,3 +189,23 @@ def test_simulate_counts_accepted_tokens_and_exit_use():
     r = simulate([never], (2, 4), (1.01,), 3, costs, lambda k, ctx: 10.0)
     assert r.target_calls == n and r.mean_accepted == 1.0 and r.exit_share == [0.0, 1.0]
     assert r.speedup < 1.0  # drafting that never lands costs more than plain decoding
+
+
+def test_self_distillation_term_trains_and_is_recorded(capsys, model_dirs, source_dir,
+                                                       tmp_path):
+    data = tmp_path / "data"
+    _data(capsys, model_dirs, data)
+    art = tmp_path / "kd"
+    code, _, err = run(capsys, "s2d", "train", "--data", str(data), "--source", source_dir,
+                       "--exits", "1,2", "--distill", "0.5", "--epochs", "2", "--accumulate",
+                       "2", "--lr", "1e-3", "--out", str(art), "--no-progress")
+    assert code == 0, err
+    training = s2d_artifact.read_manifest(art)["training"]
+    assert training["distill"] == 0.5
+    # the teacher is the source's last layer: the exit at layer 2 of a 4-layer source still
+    # has a KL to close, and training lowered it with the cross-entropy
+    first, last = training["loss_first"], training["loss_last_fifth"]
+    assert all(last[k] < first[k] for k in first), (first, last)
+    code, _, err = run(capsys, "s2d", "train", "--data", str(data), "--source", source_dir,
+                       "--distill", "-1", "--out", str(tmp_path / "bad"), "--no-progress")
+    assert code == 2 and "distill must be >= 0" in err

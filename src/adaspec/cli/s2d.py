@@ -95,6 +95,10 @@ def add_s2d_parser(sub: argparse._SubParsersAction) -> None:
                    help="longest training sequence (prompt tail + output)")
     t.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument("--distill", type=float, default=d.distill,
+                   help="weight of a self-distillation term (KL from the source model's last "
+                   "layer to each exit, every position); 0: the paper's SoFT, cross-entropy "
+                   "on the target's outputs only")
     t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=run_train)
@@ -152,7 +156,7 @@ def run_train(args: argparse.Namespace) -> int:
         data=args.data, out=_artifact_out(args), source=args.source, exits=args.exits,
         mode=args.mode, kept_tokens=args.kept_tokens, epochs=args.epochs, lr=args.lr,
         accumulate=args.accumulate, max_tokens=args.max_tokens,
-        checkpoint_every=args.checkpoint_every, seed=args.seed,
+        checkpoint_every=args.checkpoint_every, seed=args.seed, distill=args.distill,
     )
     out = train(cfg, resume=not args.restart, progress=not args.no_progress)
     print(f"adaspec s2d train: {out}; tune it with `adaspec s2d tune {out} --target T "

@@ -27,6 +27,9 @@ class S2DDrafter(Drafter):
         if len(thresholds) != len(exits) - 1:
             raise ValueError(f"{len(exits)} exits need {len(exits) - 1} thresholds (the last "
                              f"exit always answers), got {len(thresholds)}")
+        # an exit whose threshold is 0 always answers: the exits after it are never reached
+        reach = next((i for i, t in enumerate(thresholds) if t <= 0.0), len(exits) - 1)
+        exits, thresholds = exits[: reach + 1], tuple(thresholds[:reach])
         self.model = model
         self.thresholds = (*thresholds, 0.0)
         self.labels = [f"exit {e}" for e in exits]
@@ -35,12 +38,13 @@ class S2DDrafter(Drafter):
         self._cached: list[int] = []  # tokens the state holds, in order
 
     def start(self, prompt_ids: list[int]) -> None:
-        """Run the prompt but its last token through the smallest sub-model; deeper layers
-        catch up when a token first needs them."""
+        """Run the prompt but its last token through every reachable layer in one batched
+        pass (cheap per token, and timed as the draft's prefill); from there on, deeper
+        layers catch up lazily on the generated tokens that skipped them."""
         self.state.reset()
         head = list(prompt_ids[:-1])
         if head:
-            self.state.append(head)
+            self.state.append(head, full_depth=True)
         self._cached = head
 
     def _sync(self, context: list[int]) -> None:

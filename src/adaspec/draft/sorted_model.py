@@ -268,14 +268,19 @@ class ExitState:
         return h[0]
 
     @torch.inference_mode()
-    def append(self, tokens: list[int]) -> None:
-        """Append `tokens` through the smallest sub-model only (a prompt whose logits are not
-        read); deeper segments run them when a later token first goes deeper."""
+    def append(self, tokens: list[int], full_depth: bool = False) -> None:
+        """Append `tokens` whose logits are not read (a prompt): through every segment
+        (`full_depth`), or through the smallest sub-model only, the deeper segments running
+        them when a later token first goes deeper."""
         x = self.model.embed_tokens(torch.tensor(tokens))
         self.total += len(tokens)
         h = self._run_segment(0, x)
-        if len(self.segments) > 1:
-            self.pending[1] = _cat(self.pending[1], h)
+        for s in range(1, len(self.segments)):
+            if not full_depth:
+                self.pending[s] = _cat(self.pending[s], h)
+                return
+            h = self._run_segment(s, _cat(self.pending[s], h))
+            self.pending[s] = None
 
     @torch.inference_mode()
     def feed(self, tokens: list[int], thresholds: tuple[float, ...]

@@ -45,12 +45,17 @@ class TrainConfig:
     warmup: int = 10  # optimizer steps of linear warm-up, then cosine decay
     checkpoint_every: int = 10
     seed: int = 0
+    # weight of a self-distillation term: KL from the source model's own last layer to each
+    # exit, at every position (prompt included); 0 is the paper's SoFT (cross-entropy only)
+    distill: float = 0.0
 
     def check(self) -> None:
         if self.mode not in MODES:
             raise InputError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.epochs < 0 or self.lr <= 0 or self.accumulate < 1 or self.max_tokens < 8:
             raise InputError("need epochs >= 0, lr > 0, accumulate >= 1, max_tokens >= 8")
+        if self.distill < 0:
+            raise InputError("distill must be >= 0")
         if self.kept_tokens < 0:
             raise InputError("kept_tokens must be >= 0 (0 keeps the whole vocabulary)")
 
@@ -83,17 +88,32 @@ def sequences(rows: list[Row], max_tokens: int) -> list[tuple[list[int], int]]:
     return out
 
 
-def exit_losses(model: SortedDraftLM, ids: list[int], start: int, column: torch.Tensor
+def exit_losses(model: SortedDraftLM, ids: list[int], start: int, column: torch.Tensor,
+                teacher: SortedDraftLM | None = None, distill: float = 0.0
                 ) -> tuple[list[torch.Tensor], int]:
     """Cross-entropy of each exit on the output tokens (positions start.. of `ids`), over
-    the kept tokens; outputs outside the set are left out. (losses, tokens counted)"""
+    the kept tokens; outputs outside the set are left out. With a teacher, plus `distill`
+    times the KL from the teacher's distribution to the exit's at every position.
+    (losses, tokens counted)"""
     x = torch.tensor([ids])
     labels = column[x[0, start:]]  # kept-set column of each output token, -1 outside
     hidden = model.exit_hidden(x[:, :-1])
+    target_logp = None
+    if teacher is not None and distill > 0:
+        with torch.no_grad():
+            t_hidden = teacher.exit_hidden(x[:, :-1])[-1]
+            target_logp = torch.log_softmax(teacher.head_logits(t_hidden[0]).float(), -1)
     losses = []
     for h in hidden:
-        logits = model.head_logits(h[0, start - 1:])
-        losses.append(F.cross_entropy(logits.float(), labels, ignore_index=-1))
+        if target_logp is None:
+            logits = model.head_logits(h[0, start - 1:])
+            losses.append(F.cross_entropy(logits.float(), labels, ignore_index=-1))
+            continue
+        logits = model.head_logits(h[0]).float()
+        ce = F.cross_entropy(logits[start - 1:], labels, ignore_index=-1)
+        kl = F.kl_div(torch.log_softmax(logits, -1), target_logp, log_target=True,
+                      reduction="batchmean")
+        losses.append(ce + distill * kl)
     return losses, int((labels >= 0).sum())
 
 
@@ -109,6 +129,11 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
     from tqdm import tqdm
 
     cfg.check()
+    done = _finished(Path(cfg.out), cfg)
+    if done is not None and resume:
+        print(f"s2d train: {done} is already trained with these settings (--restart to train "
+              "it again)")
+        return done
     meta = read_meta(cfg.data)
     if not meta.get("complete"):
         raise InputError(f"{cfg.data} is not complete: finish `adaspec s2d data` first")
@@ -121,6 +146,13 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
     vocab = int(source_files(cfg.source)[2].vocab_size)
     token_ids = kept_token_ids(rows, cfg.kept_tokens, vocab)
     model, source = s2d_artifact.extract(cfg.source, tuple(cfg.exits), token_ids)
+    teacher = None
+    if cfg.distill > 0:  # the source model itself, every layer, the same head rows
+        from adaspec.draft.s2d_artifact import source_files as _files
+
+        depth = int(_files(cfg.source)[2].num_hidden_layers)
+        teacher, _ = s2d_artifact.extract(cfg.source, (depth,), token_ids, torch.bfloat16)
+        teacher.eval().requires_grad_(False)
     for name, p in model.named_parameters():
         p.requires_grad_(not name.startswith(s2d_artifact.FROZEN))
     column = torch.full((vocab,), -1, dtype=torch.long)
@@ -159,7 +191,8 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
         for i in order[step * cfg.accumulate:(step + 1) * cfg.accumulate]:
             ids, start = seqs[i]
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                losses, counted = exit_losses(model, ids, start, column)
+                losses, counted = exit_losses(model, ids, start, column, teacher,
+                                              cfg.distill)
             if not counted:  # every output token outside the kept set
                 continue
             loss = sum(w * v for w, v in zip(weights, losses, strict=True) if w)
@@ -198,7 +231,21 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
         "thresholds": {},
     }
     s2d_artifact.save(model, out, manifest)
+    ckpt_path.unlink(missing_ok=True)  # the optimizer state is 3x the weights: not kept
     return out
+
+
+def _finished(out: Path, cfg: TrainConfig) -> Path | None:
+    """The artifact folder if a finished run with the same settings is there."""
+    if not (out / s2d_artifact.MANIFEST).is_file() or (out / CHECKPOINT).is_file():
+        return None
+    try:
+        training = s2d_artifact.read_manifest(out).get("training") or {}
+    except InputError:
+        return None
+    same = {k: v for k, v in training.items() if k in asdict(cfg)}
+    mine = {**asdict(cfg), "exits": list(cfg.exits)}
+    return out if same and all(mine[k] == v for k, v in same.items()) else None
 
 
 def _checkpoint(path: Path, model, opt, cfg: TrainConfig, step: int, history: list,

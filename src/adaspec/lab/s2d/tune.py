@@ -24,7 +24,8 @@ from adaspec.cli.model_options import add_model_options
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
 from adaspec.errors import InputError
 
-DEFAULT_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)  # 1.01: never exits there
+# threshold values per exit: 0 always exits there, 1.01 never does
+DEFAULT_GRID = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
 
 
 @dataclass
@@ -160,8 +161,10 @@ def simulate(traces: list[ExitTrace], exits: tuple[int, ...], thresholds: tuple[
         # exit of each position: the first whose confidence reaches its threshold
         exit_at = (tr.conf >= th).int().argmax(0).tolist()
         hit = tr.hits[exit_at, torch.arange(n)].tolist()
+        reach = next((i for i, t in enumerate(thresholds) if t <= 0.0), len(exits) - 1)
         lazy = _Lazy(sizes)
-        lazy.feed(tr.context - 1, 0)  # the prompt prefill (priced apart, as the engine does)
+        lazy.feed(tr.context - 1, reach)  # the prompt prefill, every reachable layer, batched
+        # (timed as the draft's prefill, apart from decoding, as the engine does)
         cached = tr.context - 1
         i = 0  # output tokens emitted so far
         while i < n:
@@ -192,6 +195,15 @@ def simulate(traces: list[ExitTrace], exits: tuple[int, ...], thresholds: tuple[
     return Simulated(tuple(thresholds), k, tokens, ms, plain, calls, [u / total for u in used])
 
 
+def best_single_exit(traces: list[ExitTrace], exits: tuple[int, ...], index: int,
+                     costs: ExitCosts, target_ms, ks) -> Simulated:
+    """Drafting with one exit alone (`s2d:...,exit=N`: only its layers run), at its best k."""
+    alone = [ExitTrace(t.context, t.hits[index:index + 1], t.conf[index:index + 1])
+             for t in traces]
+    return max((simulate(alone, (exits[index],), (), k, costs, target_ms) for k in ks),
+               key=lambda r: r.tokens / r.ms)
+
+
 def grid_search(traces, exits, costs, target_ms, ks, grid) -> list[Simulated]:
     out = []
     for k in ks:
@@ -207,7 +219,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True,
                    help="this target's greedy outputs (`adaspec s2d data --target ...`); "
                    "its validation rows are used")
-    p.add_argument("--k", default="2,3,4,5", help="draft lengths to try (default 2,3,4,5)")
+    p.add_argument("--k", default="1,2,3,4,5", help="draft lengths to try (default 1,2,3,4,5)")
     p.add_argument("--grid", default=",".join(map(str, DEFAULT_GRID)),
                    help="threshold values per exit (1.01: never stop there)")
     p.add_argument("--profile", default=None, metavar="FILE|flat|linear:...",
@@ -253,9 +265,8 @@ def run_tune(args: argparse.Namespace) -> int:
     exits = model.config.exits
     results = grid_search(traces, exits, costs, profile.target_ms, ks, grid)
     best = max(results, key=lambda r: r.tokens / r.ms)
-    single = {f"exit {e}": max((simulate(traces, exits, tuple(
-        0.0 if x == e else 1.01 for x in exits[:-1]), k, costs, profile.target_ms)
-        for k in ks), key=lambda r: r.tokens / r.ms) for e in exits}
+    single = {f"exit {e}": best_single_exit(traces, exits, i, costs, profile.target_ms, ks)
+              for i, e in enumerate(exits)}
     label = " (SIMULATED profile)" if profile.simulated else ""
     print(f"s2d tune{label}: {target.name}: best thresholds {list(best.thresholds)}, k={best.k}: "
           f"predicted {best.speedup:.2f}x over plain decoding, {best.mean_accepted:.2f} "
@@ -281,12 +292,17 @@ def run_tune(args: argparse.Namespace) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     if args.report:
+        per_setting: dict[tuple[float, ...], Simulated] = {}  # the best k of each setting
+        for r in results:
+            kept = per_setting.get(r.thresholds)
+            if kept is None or r.tokens / r.ms > kept.tokens / kept.ms:
+                per_setting[r.thresholds] = r
+        grid = [{"thresholds": list(r.thresholds), "k": r.k, "speedup": round(r.speedup, 3),
+                 "mean_accepted": round(r.mean_accepted, 3),
+                 "exit_share": [round(s, 3) for s in r.exit_share]}
+                for r in per_setting.values()]
         write_json(args.report, {"target": target.name, "exits": list(exits), **record,
-                                 "grid": [{"thresholds": list(r.thresholds), "k": r.k,
-                                           "speedup": round(r.speedup, 4),
-                                           "mean_accepted": round(r.mean_accepted, 4),
-                                           "exit_share": [round(s, 4) for s in r.exit_share]}
-                                          for r in results]})
+                                 "grid": grid}, indent=None)
     if not args.no_store:
         if profile.simulated:
             raise InputError("a simulated profile's thresholds are not stored (they would "
