@@ -17,7 +17,6 @@ D05=$H/s2d/data/$T05
 W=${WEIGHTS:-int4}          # the sorted draft's weights while drafting
 EPOCHS=${EPOCHS:-4}
 LR=${LR:-2e-4}
-SUITES=${SUITES:-spec-bench:1,humaneval:3}
 TOKENS=${TOKENS:-64}
 mkdir -p "$OUT"
 
@@ -27,6 +26,7 @@ $A s2d data --target $T05 --only-val --method ar --max-new-tokens 96
   --out "$OUT/extraction.md"
 
 $A s2d extract --data "$D15" --name s2d-untrained
+$A s2d train --data "$D15" --name s2d-soft-kd --epochs 2 --lr "$LR" --distill 1.0
 $A s2d train --data "$D15" --name s2d-soft --epochs "$EPOCHS" --lr "$LR" | tee "$OUT/train-soft.txt"
 $A s2d train --data "$D15" --name s2d-sft --mode sft --epochs "$EPOCHS" --lr "$LR" | tee "$OUT/train-sft.txt"
 
@@ -36,17 +36,29 @@ for art in s2d-soft s2d-sft s2d-untrained; do
 done
 $A s2d tune s2d-soft --target $T15 --data "$D15" --draft-weights "$W" --profile flat --no-store \
   --report "$OUT/tune-s2d-soft-1.5b-flat.json"
+$A s2d tune s2d-soft-kd --target $T15 --data "$D15" --draft-weights "$W" --no-store \
+  --report "$OUT/tune-s2d-soft-kd.json"
 
-S2D="s2d:s2d-soft,s2d:s2d-soft,exit=6,s2d:s2d-soft,exit=9,s2d:s2d-soft,exit=12"
-BASE="s2d:s2d-sft,exit=12,s2d:s2d-untrained"
-for temp in 0 1; do
-  $A bench --target $T15 --suite "$SUITES" --max-new-tokens "$TOKENS" --temperature $temp \
-    --methods "ar,$S2D,$BASE,draft:k=3" --out "$OUT/bench-1.5b-t$temp" --resume
-  $A bench --target $T05 --suite "$SUITES" --max-new-tokens "$TOKENS" --temperature $temp \
-    --methods "ar,$S2D,$BASE" --out "$OUT/bench-0.5b-t$temp" --resume
-done
+S="spec-bench:1,humaneval:2"
+$A bench --target $T15 --suite "spec-bench:1,humaneval:3" --max-new-tokens "$TOKENS" \
+  --methods "ar,s2d:s2d-soft,s2d:s2d-soft,exit=6,s2d:s2d-soft,exit=9,s2d:s2d-soft,exit=12,s2d:s2d-sft,exit=12,s2d:s2d-untrained,draft:k=3,auto" \
+  --out "$OUT/bench-1.5b-t0" --resume
+$A bench --target $T15 --suite "$S" --max-new-tokens "$TOKENS" \
+  --methods "ar,s2d:s2d-soft,thresholds=0.5/0.8,k=2,s2d:s2d-soft,thresholds=0.8/0.9,k=1" \
+  --out "$OUT/bench-1.5b-t0-mixed" --resume
+$A bench --target $T05 --suite "$S" --max-new-tokens "$TOKENS" \
+  --methods "ar,s2d:s2d-soft,s2d:s2d-soft,exit=12,s2d:s2d-sft,exit=12,s2d:s2d-untrained" \
+  --out "$OUT/bench-0.5b-t0" --resume
+$A bench --target $T15 --suite "$S" --max-new-tokens "$TOKENS" --temperature 1 \
+  --methods "ar,s2d:s2d-soft,s2d:s2d-sft,exit=12,s2d:s2d-untrained,draft:k=3" \
+  --out "$OUT/bench-1.5b-t1" --resume
+$A bench --target $T05 --suite "$S" --max-new-tokens "$TOKENS" --temperature 1 \
+  --methods "ar,s2d:s2d-soft,s2d:s2d-sft,exit=12,s2d:s2d-untrained" \
+  --out "$OUT/bench-0.5b-t1" --resume
 .venv/bin/python experiments/s2d_table.py \
-  --run "1.5B target, greedy=$OUT/bench-1.5b-t0" --run "1.5B target, T=1=$OUT/bench-1.5b-t1" \
-  --run "0.5B target, greedy=$OUT/bench-0.5b-t0" --run "0.5B target, T=1=$OUT/bench-0.5b-t1" \
+  --run "1.5B target, greedy=$OUT/bench-1.5b-t0" \
+  --run "1.5B target, greedy, fixed thresholds (exits mixed)=$OUT/bench-1.5b-t0-mixed" \
+  --run "1.5B target, T=1=$OUT/bench-1.5b-t1" --run "0.5B target, greedy=$OUT/bench-0.5b-t0" \
+  --run "0.5B target, T=1=$OUT/bench-0.5b-t1" \
   --grid "1.5B target=$OUT/tune-s2d-soft-1.5b.json" --grid "0.5B target=$OUT/tune-s2d-soft-0.5b.json" \
-  --grid "1.5B target, flat (SIMULATED)=$OUT/tune-s2d-soft-1.5b-flat.json" --out "$OUT"
+  --out "$OUT"

@@ -38,7 +38,10 @@ def label(method: str) -> str:
         kind = ("SoFT" if "soft" in name else "SFT" if "sft" in name else
                 "untrained" if "untrained" in name else name)
         ex = re.search(r"exit=(\d+)", rest)
-        return f"{kind} draft, " + (f"exit {ex.group(1)} only" if ex else "S2D (tuned exits)")
+        if ex:
+            return f"{kind} draft, exit {ex.group(1)} only"
+        given = rest.strip(",")
+        return f"{kind} draft, S2D ({given})" if given else f"{kind} draft, S2D (tuned exits)"
     if method.startswith("draft"):
         return f"pretrained 0.5B draft (`{method}`)"
     return f"`{method}`"
@@ -151,12 +154,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# S2D, measured (Table 2 form)", ""]
     for item in args.run:
-        name, _, folder = item.partition("=")
+        name, _, folder = item.rpartition("=")  # names may hold "=" (T=1), paths do not
         lines += run_table(name, Path(folder), args.kept_tokens)
     if args.grid:
         lines += ["### Threshold grids (predicted by the tuner, per target)", "",
                   "![threshold grid](threshold_grid.png)", ""]
-        lines += plot_grids(dict(g.split("=", 1) for g in args.grid), out) + [""]
+        lines += plot_grids(dict(g.rsplit("=", 1) for g in args.grid), out) + [""]
     (out / "table.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
