@@ -222,6 +222,7 @@ def test_greedy_s2d_equals_plain_decoding_and_reports_exit_usage(sampling_pair):
         out = s2d.generate(prompt, max_new_tokens=40)
         assert out.token_ids == ref.token_ids
         assert sum(out.stats.drafted_by.values()) == out.stats.drafted
+        assert "drafted by exit" in out.stats.summary_line()
         exits |= {k for k, v in out.stats.drafted_by.items() if v}
     assert exits == {"exit 1", "exit 4"}
 

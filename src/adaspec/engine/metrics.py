@@ -83,9 +83,14 @@ class RequestStats:
         return (self.new_tokens - 1) / decode if decode > 0 and self.new_tokens > 1 else 0.0
 
     def summary_line(self) -> str:
-        return (
+        line = (
             f"{self.new_tokens} new tokens | {self.tokens_per_s:.2f} tokens/s "
             f"(decode {self.decode_tokens_per_s:.2f}) | first token {self.prefill_time:.2f} s | "
             f"{self.target_calls} target calls | MAT {self.mean_accepted_tokens:.2f} | "
             f"acceptance {self.acceptance_rate:.1%} ({self.accepted}/{self.drafted})"
         )
+        total = sum(self.drafted_by.values())
+        if total:  # which part of the drafter drafted (S2D: its exits)
+            line += " | drafted by " + ", ".join(
+                f"{part} {n / total:.0%}" for part, n in self.drafted_by.items())
+        return line
