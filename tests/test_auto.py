@@ -3,14 +3,17 @@ cost profile and the acceptance it observes."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from adaspec.backends.torch_backend import TorchBackend
+from adaspec.control.static import StaticLength
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, RateEstimate
 from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
+from adaspec.engine.sampling import SamplingParams, process_logits, sample
 from adaspec.errors import InputError
 from adaspec.methods.spec import parse_method
 
@@ -173,3 +176,276 @@ def test_a_disco_artifact_for_another_pair_is_refused(target, draft, tmp_path):
     with pytest.raises(InputError):
         build_engine(f"auto:disco={path}", target, None, draft, eos_token_ids=[],
                      profile=flat_profile())
+
+
+# ------------------------------------------------------------------------------------------
+# `auto`'s cost arithmetic, exactly: the tests written against mutmut's survivors in
+# `draft/auto.py` (docs/mutation.md; kept in this file, as mutmut's test selection is part of
+# its configuration). Hand-made cost profiles whose prices depend on the context length (so
+# a price read at the wrong context shows), and a scripted draft model whose confidences set
+# each token's estimated acceptance.
+
+VOCAB = 50
+GREEDY = SamplingParams()
+SIZES = list(range(1, 17))
+
+
+def confident(token: int, confidence: float = 0.99) -> torch.Tensor:
+    """Logits whose argmax is `token` with this top probability."""
+    logits = torch.zeros(VOCAB)
+    logits[token] = math.log(confidence * (VOCAB - 1) / (1 - confidence))
+    return logits
+
+
+class ScriptedDraft:
+    """A draft model stand-in: returns the scripted logits, one row per step."""
+
+    def __init__(self, rows: list[torch.Tensor]) -> None:
+        self.backend = object()
+        self.rows = list(rows)
+        self.steps = 0
+        self.cached_len = 0
+        self.started_with: list[int] | None = None
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.started_with = list(prompt_ids)
+        self.cached_len = len(prompt_ids) - 1
+
+    def pending(self, context: list[int]) -> list[int]:
+        return context[self.cached_len:]
+
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        row = self.rows[min(self.steps, len(self.rows) - 1)]
+        self.steps += 1
+        self.cached_len += len(tokens)
+        return row
+
+    def commit(self, context: list[int], path: list[int]) -> None:
+        pass
+
+
+def two_context_profile(target_rows, draft_rows=None, overhead_ms=0.0) -> CostProfile:
+    """Row 0 prices context length 0, row 1 context length >= 10 (every test context)."""
+    draft = None
+    if draft_rows is not None:
+        draft = Curve(list(range(1, len(draft_rows[0]) + 1)), [0, 10], draft_rows)
+    return CostProfile(target=Curve(SIZES, [0, 10], target_rows), draft=draft,
+                       draft_prefill_tokens_per_s=1e9, overhead_ms=overhead_ms)
+
+
+STEEP = [40.0 * n for n in SIZES]
+FLAT = [40.0 + 0.1 * n for n in SIZES]
+
+
+def drafted(proposal) -> list[int]:
+    return proposal.tree.tokens[1:]
+
+
+def auto_propose(drafter: AutoDrafter, context: list[int], max_tokens: int = 8,
+            params: SamplingParams = GREEDY, generator=None):
+    return drafter.propose(context, max_tokens, StaticLength(max_tokens), params,
+                           generator)
+
+
+# ------------------------------------------------------------------ prices
+def test_verify_ms_is_the_target_forward_plus_the_loop_overhead():
+    drafter = AutoDrafter(two_context_profile([STEEP, FLAT], overhead_ms=5.0))
+    assert drafter._verify_ms(2, 17) == pytest.approx(40.0 + 0.1 * 3 + 5.0)
+    assert drafter._verify_ms(0, 0) == pytest.approx(40.0 + 5.0)
+
+
+def test_best_length_prices_the_plain_step_at_this_context_and_keeps_it_on_a_tie():
+    # Context 17 (row 1): a plain step costs 40 ms, a verification of one token too.
+    rows = [[1.0] * 16, [40.0, 40.0, *[50.0 + n for n in range(14)]]]
+    drafter = AutoDrafter(two_context_profile(rows))
+    # Nothing is accepted: one drafted token is worth exactly the plain step: n = 0 stays.
+    assert drafter._best_length(0.0, 2, 0.0, 0.0, 17) == (0, 1 / 40.0)
+    # the plain step's price is read at the context asked for, not the first measured one
+    assert drafter._best_length(0.0, 2, 0.0, 0.0, 0) == (0, 1 / 1.0)
+
+
+def test_catch_up_is_free_when_only_the_last_token_is_new():
+    profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
+    draft = ScriptedDraft([confident(1)])
+    drafter = AutoDrafter(profile, draft=draft)
+    drafter.start(REPEATING)
+    drafter._model_started = True
+    draft.cached_len = len(REPEATING) - 1  # one token to feed: a plain draft forward
+    assert drafter._catch_up_ms(REPEATING) == 0.0
+    draft.cached_len = len(REPEATING)  # nothing pending still feeds one token
+    assert drafter._catch_up_ms(REPEATING) == 0.0
+    draft.cached_len = len(REPEATING) - 3  # three tokens: 4 ms instead of 2
+    assert drafter._catch_up_ms(REPEATING) == pytest.approx(2.0)
+
+
+# ----------------------------------------------------------------- propose
+def ngram_drafter(rows) -> AutoDrafter:
+    drafter = AutoDrafter(two_context_profile(rows))
+    drafter.start(REPEATING)
+    return drafter
+
+
+def test_the_plain_step_is_priced_at_the_context_length():
+    # At context 0 a plain step would cost 1 ms (worth more than any n-gram at context 17);
+    # at context 17 it costs 40.1 ms, and a verification of the n-gram's tokens barely more.
+    drafter = ngram_drafter([[1.0] * 16, FLAT])
+    p = auto_propose(drafter, REPEATING, max_tokens=3)
+    assert drafted(p) == [9, 10, 11]
+    assert drafter.choices.ngram == 1 and drafter.choices.plain == 0
+
+
+def test_the_ngram_option_is_priced_at_the_context_length():
+    # At context 0 every verified token costs a whole pass: no n-gram would pay there.
+    drafter = ngram_drafter([STEEP, FLAT])
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=3)) == [9, 10, 11]
+    drafter = ngram_drafter([FLAT, STEEP])
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=3)) == []
+    assert drafter.choices.plain == 1
+
+
+def test_an_ngram_costs_nothing_beyond_its_verification():
+    # A plain step 10 ms, verifying one token 14.9 ms: at acceptance 0.5 the n-gram token is
+    # worth 1.5 / 14.9 = 0.1007 tokens/ms, just over the plain step's 0.1. One ms more (to
+    # look it up, or per token) would make it a loss.
+    row = [10.0, 14.9, *[15.0 + n for n in range(14)]]
+    drafter = ngram_drafter([row, row])
+    drafter.ngram_rates = {m: RateEstimate(0.5) for m in (1, 2, 3, 4)}
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [9]
+    assert drafter.choices.ngram == 1
+    # at acceptance 0.45: 1.45 / 14.9 < 0.1, a plain step
+    drafter.ngram_rates = {m: RateEstimate(0.45) for m in (1, 2, 3, 4)}
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == []
+
+
+# ------------------------------------------------------------------ drafts
+# Target: a whole pass per token at context 0, nearly flat at context >= 10. Draft: 100 ms
+# (200 for two tokens) at context 0, 1 ms (50 for two tokens) at context >= 10.
+DRAFT_ROWS = [[100.0, 200.0], [1.0, 50.0]]
+
+
+def draft_drafter(rows: list[torch.Tensor], target_rows=None) -> tuple[AutoDrafter,
+                                                                         ScriptedDraft]:
+    draft = ScriptedDraft(rows)
+    profile = two_context_profile(target_rows or [STEEP, FLAT], DRAFT_ROWS)
+    drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
+    drafter.start(REPEATING)
+    return drafter, draft
+
+
+def test_a_cheap_draft_drafts_to_the_limit_priced_at_the_context_length():
+    # At context 17 a draft token costs 1 ms and a verified one 0.1 ms: with confidences of
+    # 0.99 (estimated acceptance 0.891) every one of the 8 pays. Priced at context 0 (or a
+    # draft forward read as a two-token one, 50 ms) drafting would stop after one token.
+    drafter, draft = draft_drafter([confident(t) for t in range(1, 9)])
+    p = auto_propose(drafter, REPEATING, max_tokens=8)
+    assert drafted(p) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert p.forward_calls == 8 and draft.steps == 8
+    assert drafter.choices.draft == 1
+    assert drafter._last.buckets == [7] * 8
+
+
+def test_a_draft_of_one_token_when_one_is_allowed():
+    drafter, draft = draft_drafter([confident(5)])
+    p = auto_propose(drafter, REPEATING, max_tokens=1)
+    assert drafted(p) == [5] and draft.steps == 1
+    assert drafter.choices.draft == 1
+
+
+def low_tail_drafter(target_rows, low_rate: float):
+    """Three confident draft tokens (acceptance 0.891 each), then an unconfident one whose
+    bucket's acceptance is `low_rate`; the look-ahead guesses 0.9."""
+    rows = [confident(1), confident(2), confident(3), torch.zeros(VOCAB)]
+    drafter, draft = draft_drafter(rows, target_rows)
+    drafter.draft_overall = RateEstimate(0.9)
+    drafter.draft_rates[0] = RateEstimate(low_rate)
+    return drafter, draft
+
+
+def test_a_drafted_token_not_worth_verifying_is_dropped():
+    # Verification 40 ms + 1 ms per token: the fourth token (worth 0.891^3 * 0.01 = 0.007
+    # tokens) is drafted (the look-ahead guessed it at 0.9) but not worth its 1 ms.
+    row = [40.0 + n for n in SIZES]
+    drafter, draft = low_tail_drafter([row, row], 0.01)
+    p = auto_propose(drafter, REPEATING, max_tokens=8)
+    assert draft.steps == 4 and p.forward_calls == 4
+    assert drafted(p) == [1, 2, 3]
+    assert drafter._last.tokens == [1, 2, 3] and drafter._last.buckets == [7, 7, 7]
+
+
+def best_prefix(accept, d1, verify):
+    """The reference: the prefix with the most expected tokens per ms."""
+    values = [1.0]
+    p = 1.0
+    for a in accept:
+        p *= a
+        values.append(values[-1] + p)
+    spent = len(accept) * d1
+    return max(range(len(accept) + 1), key=lambda j: values[j] / (spent + verify(j)))
+
+
+def test_the_verified_prefix_maximizes_expected_tokens_per_ms():
+    # Verification steps up after 3 tokens (a kernel working on blocks of 4 rows): the
+    # fourth token, at 0.891^3 * 0.3 = 0.21 expected tokens, is not worth 12 ms more on a
+    # step of ~4.1 expected tokens for 40 ms; priced without the plain step's token (values
+    # from 2.0) or with the draft's 4 ms spent counted as 4 / d1, the choice differs.
+    row = [30.0, 30.5, 31.0, 31.5, 43.5, *[44.0 + n for n in range(11)]]
+    drafter, draft = low_tail_drafter([row, row], 0.3)
+    p = auto_propose(drafter, REPEATING, max_tokens=8)
+    accept = [0.891, 0.891, 0.891, 0.3][:draft.steps]
+    expected = best_prefix(accept, 1.0, lambda j: row[j])
+    assert drafted(p) == [1, 2, 3, 4][:expected]
+
+
+def test_sampled_draft_tokens_come_from_the_request_generator():
+    rows = [torch.zeros(VOCAB) for _ in range(6)]  # uniform: every token equally likely
+    params = SamplingParams(temperature=1.0)
+    drafter, draft = draft_drafter(rows)
+    drafter.draft_rates = [RateEstimate(0.9) for _ in drafter.draft_rates]
+    drafter.draft_overall = RateEstimate(0.9)
+    torch.manual_seed(1234)  # the global generator is not the one to draw from
+    p = auto_propose(drafter, REPEATING, max_tokens=6, params=params,
+                generator=torch.Generator().manual_seed(7))
+    reference = torch.Generator().manual_seed(7)
+    expected = [sample(process_logits(rows[i], params), reference) for i in range(draft.steps)]
+    assert drafted(p) == expected[:len(drafted(p))]
+    assert len(drafted(p)) >= 4
+
+
+# ------------------------------------------------------------ DISCO estimate
+class FakeClassifier:
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def accept_probability(self, x):
+        self.seen.append(x)
+        return 0.75
+
+
+class FakeDisco:
+    def __init__(self) -> None:
+        self.spec = object()
+        self.classifier = FakeClassifier()
+
+
+def test_disco_features_carry_the_draft_and_generation_positions(monkeypatch):
+    import adaspec.control.disco_features as features
+
+    calls = []
+
+    def fake_assemble(dist, draft_position, generation_position, spec):
+        calls.append((draft_position, generation_position))
+        return torch.tensor([float(draft_position), float(generation_position)])
+
+    monkeypatch.setattr(features, "assemble", fake_assemble)
+    disco = FakeDisco()
+    draft = ScriptedDraft([confident(t) for t in range(1, 5)])
+    profile = two_context_profile([STEEP, FLAT], DRAFT_ROWS)
+    drafter = AutoDrafter(profile, draft=draft, use_ngram=False, disco=disco)
+    drafter.start(REPEATING[:10])  # a 10-token prompt; 7 tokens generated since
+    assert drafter._accept_estimate(confident(1), 7, 2, 17) == 0.75
+    assert calls == [(2, 9)]
+    calls.clear()
+    p = auto_propose(drafter, REPEATING, max_tokens=4)
+    n = draft.steps
+    assert n >= 2 and len(drafted(p)) >= 1
+    assert calls == [(i, 7 + i) for i in range(n)]
