@@ -145,6 +145,20 @@ _E = {
         83: "max over (value, kind, n) tuples: ties go to 'plain' first either way",
         86: "an option with n = 0 ties with plain, which max picks first",
         112: "Choice.start is never read", 116: "Choice.start is never read",
+        19: "ngram_tokens is only read after the n-gram lookup assigns it",
+        20: "match is only read after the n-gram lookup assigns it",
+        21: "match is only read after the n-gram lookup assigns it",
+        24: "lookup_with_match returns no tokens for limit 0 (its index syncs to the context "
+            "at the next lookup anyway)",
+        55: "limit 0: the draft option is (1 / plain price, n = 0), a tie plain wins",
+        88: "the plain option has n = 0, which takes the plain branch whatever its label",
+        89: "the plain option has n = 0, which takes the plain branch whatever its label",
+    },
+    "draft.auto.xǁAutoDrafterǁ_draft": {
+        26: "cost_keeps_drafting looks ahead at most limit - n: step_ms[limit + 1] unread",
+        33: "at limit tokens the cost rule's look-ahead is empty, so the loop breaks there "
+            "(propose never calls _draft with limit 0)",
+        121: "Choice.start is never read", 125: "Choice.start is never read",
     },
     "draft.auto.xǁAutoDrafterǁcommit": {
         10: "NgramDrafter.commit ignores the path (it syncs to the context)",

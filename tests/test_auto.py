@@ -372,28 +372,25 @@ def test_a_drafted_token_not_worth_verifying_is_dropped():
     assert drafter._last.tokens == [1, 2, 3] and drafter._last.buckets == [7, 7, 7]
 
 
-def best_prefix(accept, d1, verify):
-    """The reference: the prefix with the most expected tokens per ms."""
-    values = [1.0]
-    p = 1.0
-    for a in accept:
-        p *= a
-        values.append(values[-1] + p)
-    spent = len(accept) * d1
-    return max(range(len(accept) + 1), key=lambda j: values[j] / (spent + verify(j)))
-
-
 def test_the_verified_prefix_maximizes_expected_tokens_per_ms():
-    # Verification steps up after 3 tokens (a kernel working on blocks of 4 rows): the
-    # fourth token, at 0.891^3 * 0.3 = 0.21 expected tokens, is not worth 12 ms more on a
-    # step of ~4.1 expected tokens for 40 ms; priced without the plain step's token (values
-    # from 2.0) or with the draft's 4 ms spent counted as 4 / d1, the choice differs.
-    row = [30.0, 30.5, 31.0, 31.5, 43.5, *[44.0 + n for n in range(11)]]
-    drafter, draft = low_tail_drafter([row, row], 0.3)
-    p = auto_propose(drafter, REPEATING, max_tokens=8)
-    accept = [0.891, 0.891, 0.891, 0.3][:draft.steps]
-    expected = best_prefix(accept, 1.0, lambda j: row[j])
-    assert drafted(p) == [1, 2, 3, 4][:expected]
+    # Draft forwards 4 ms; verification 41.5 ms for 3 tokens, 45.5 for 4. Acceptance 0.891
+    # for the three confident tokens, 0.4 for the fourth: the expected tokens after the
+    # prefixes of 3 and 4 tokens are 3.392 and 3.675; with the 16 ms of drafting spent
+    # either way, 3.675 / 61.5 = 0.0598 beats 3.392 / 57.5 = 0.0590: all four are verified.
+    # (Counting the plain step's token twice, values from 2.0, or the drafting as 4 / 4 ms,
+    # would verify three.)
+    row = [40.0, 40.5, 41.0, 41.5, 45.5, *[46.0 + n for n in range(11)]]
+    rows = [confident(1), confident(2), confident(3), torch.zeros(VOCAB)]
+    draft = ScriptedDraft(rows)
+    drafter = AutoDrafter(two_context_profile([row, row], [[4.0, 8.0], [4.0, 8.0]]),
+                          draft=draft, use_ngram=False)
+    drafter.start(REPEATING)
+    drafter.draft_overall = RateEstimate(0.9)
+    drafter.draft_rates[0] = RateEstimate(0.4)
+    p = auto_propose(drafter, REPEATING, max_tokens=4)
+    assert draft.steps == 4
+    assert drafted(p) == [1, 2, 3, 0]
+    assert drafter._last.buckets == [7, 7, 7, 0]
 
 
 def test_sampled_draft_tokens_come_from_the_request_generator():
@@ -449,3 +446,16 @@ def test_disco_features_carry_the_draft_and_generation_positions(monkeypatch):
     n = draft.steps
     assert n >= 2 and len(drafted(p)) >= 1
     assert calls == [(i, 7 + i) for i in range(n)]
+
+
+def test_a_plain_step_is_priced_as_one_fed_token():
+    # A noisy measured curve: feeding one token takes 100 ms, two only 30. A one-token draft
+    # (20 ms, estimated acceptance 0.6) is worth 1.6 / 50 = 0.032 tokens/ms, over the plain
+    # step's 1 / 100 (had the plain step been priced as two fed tokens, 1 / 30, it would win).
+    row = [100.0, 30.0, *[30.0 + 0.1 * n for n in range(1, 15)]]
+    draft = ScriptedDraft([confident(4)])
+    profile = two_context_profile([row, row], [[20.0, 40.0], [20.0, 40.0]])
+    drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
+    drafter.start(REPEATING)
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [4]
+    assert drafter.choices.draft == 1 and drafter.choices.plain == 0
