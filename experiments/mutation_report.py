@@ -61,6 +61,7 @@ _E = {
     },
     "engine.proposal.xǁProposalǁtarget_inputs": {
         2: "torch.tensor of Python ints is int64 already",
+        4: "torch.tensor of Python ints is int64 already (dtype left out)",
     },
     "engine.text.xǁTextAssemblerǁ__init__": {
         10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",

@@ -1031,3 +1031,28 @@ def test_small_edges_of_the_decode_helpers(toy):
     target[..., 9] = 1.0
     path, accepted, nxt = MCSSVerifier().walk_regular((2, 2), tokens, None, target, None)
     assert path.tolist() == [[-1, -1]] and accepted.tolist() == [0] and nxt.tolist() == [9]
+
+
+def test_drafted_by_reaches_the_request_stats(target, target_model):
+    """A drafter's per-part counts (S2D: tokens per exit) go through Proposal.chain into the
+    request's stats, summed over steps."""
+    from adaspec.control.static import StaticLength as Static
+    from adaspec.draft.base import Drafter
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.proposal import Proposal
+
+    class Labelled(Drafter):
+        def propose(self, context, max_tokens, controller, params, generator,
+                    replacement=False):
+            tokens = [context[-1]] * max_tokens
+            return Proposal.chain(context[-1], tokens, drafted_by={"part a": 1,
+                                                                   "part b": max_tokens - 1})
+
+    engine = Engine(target, None, drafter=Labelled(), controller=Static(3),
+                    eos_token_ids=[])
+    out = engine.generate([1, 2, 3], max_new_tokens=10)
+    steps = len(out.stats.steps)
+    assert steps >= 1
+    assert set(out.stats.drafted_by) == {"part a", "part b"}
+    assert out.stats.drafted_by["part a"] == steps  # one per step: summed, not replaced
+    assert sum(out.stats.drafted_by.values()) == out.stats.drafted
