@@ -66,7 +66,10 @@ _E = {
     "engine.text.xǁTextAssemblerǁ__init__": {
         10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",
     },
-    "draft.model.xǁModelDrafterǁpropose": {17: "the greedy branch never reads probs"},
+    "draft.model.xǁModelDrafterǁpropose": {
+        1: "a chain drafter never reads `replacement` (it has no siblings to draw)",
+        17: "the greedy branch never reads probs",
+    },
     "verify.multi_candidate.x__check_step_args": {
         24: "precision: mixed float32/float64 inputs kept in their own dtypes",
         44: "q is [B, V]: shape[+1] is its last dim",

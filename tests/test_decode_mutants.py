@@ -1056,3 +1056,37 @@ def test_drafted_by_reaches_the_request_stats(target, target_model):
     assert set(out.stats.drafted_by) == {"part a", "part b"}
     assert out.stats.drafted_by["part a"] == steps  # one per step: summed, not replaced
     assert sum(out.stats.drafted_by.values()) == out.stats.drafted
+
+
+def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
+    """At temperature > 0 a model drafter's proposal carries q: one processed distribution
+    per drafted token, the one it was drawn from (without it the verifier would treat the
+    tokens as certain and accept them with min(1, p), a wrong law)."""
+    from adaspec.engine.sampling import process_logits
+
+    backend = TorchBackend(toy)
+    drafter = ModelDrafter(backend)
+    context = [3, 9, 4, 7, 1]
+    drafter.start(context)
+    params = SamplingParams(0.9, top_k=20)
+    gen = torch.Generator().manual_seed(0)
+    proposal = drafter.propose(context, 3, StaticLength(3), params, gen)
+    assert proposal.depth == 3 and proposal.probs is not None
+    assert proposal.probs.shape == (3, toy.config.vocab_size)
+    fresh = TorchBackend(toy)
+    for i in range(3):
+        prefix = context + proposal.tokens[:i]
+        logits = fresh.prefill(torch.tensor(prefix)).logits[-1]
+        torch.testing.assert_close(proposal.probs[i], process_logits(logits, params),
+                                   rtol=0, atol=1e-5)
+        assert proposal.probs[i][proposal.tokens[i]] > 0
+    # the tokens come from the request's generator: the same seed, the same draft, whatever
+    # the global random state
+    drafts = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        again = ModelDrafter(TorchBackend(toy))
+        again.start(context)
+        drafts.append(again.propose(context, 3, StaticLength(3), params,
+                                    torch.Generator().manual_seed(0)).tokens)
+    assert drafts[0] == drafts[1] == proposal.tokens
