@@ -66,6 +66,12 @@ _E = {
     "engine.text.xǁTextAssemblerǁ__init__": {
         10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",
     },
+    "draft.model.x_roll_back_to_common_prefix": {
+        2: "within a request the cache and the context both start with the prompt's first "
+           "token, so skipping its comparison changes nothing",
+        14: "at n == len(cached) the truncation and the del cut nothing",
+    },
+    "draft.model.xǁModelDrafterǁ__init__": {2: "start() sets _cached before any use"},
     "draft.model.xǁModelDrafterǁpropose": {
         1: "a chain drafter never reads `replacement` (it has no siblings to draw)",
         17: "the greedy branch never reads probs",

@@ -1090,3 +1090,18 @@ def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
         drafts.append(again.propose(context, 3, StaticLength(3), params,
                                     torch.Generator().manual_seed(0)).tokens)
     assert drafts[0] == drafts[1] == proposal.tokens
+
+
+def test_a_two_token_prompt_drafts_from_both_tokens(toy):
+    """After a 2-token prompt the draft cache holds one token; the first draft step must feed
+    after it, not restart the cache (which would drop the first token)."""
+    drafter = ModelDrafter(TorchBackend(toy))
+    context = [11, 5]
+    drafter.start(context)
+    assert drafter.backend.cache_len == 1
+    proposal = drafter.propose(context, 3, StaticLength(3), SamplingParams(0.0), None)
+    expected: list[int] = []
+    for _ in range(3):
+        expected.append(greedy_next(toy, context + expected))
+    assert proposal.tokens == expected
+    assert_cache_is_prefill(drafter.backend, toy, context + expected[:-1])
