@@ -66,6 +66,23 @@ _E = {
     "engine.text.xǁTextAssemblerǁ__init__": {
         10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",
     },
+    "draft.ngram.xǁNgramDrafterǁ__init__": {
+        14: "_reset() sets _tokens before any use", 15: "_reset() sets _index before any use",
+    },
+    "draft.ngram.xǁNgramDrafterǁ_reset": {
+        5: "the extra tables (n below n_min) are filled but never read by the lookup",
+        8: "the extra table (n_max + 1) is filled but never read by the lookup",
+    },
+    "draft.ngram.xǁNgramDrafterǁ_extend": {
+        6: "re-indexing from the start writes each n-gram's latest end again: the same index",
+    },
+    "draft.ngram.xǁNgramDrafterǁ_sync": {
+        3: "an equal context is re-indexed from scratch: the same index, slower",
+        5: "extending by an empty tail changes nothing",
+    },
+    "draft.ngram.xǁNgramDrafterǁpropose": {
+        1: "a chain drafter never reads `replacement` (it has no siblings to draw)",
+    },
     "draft.model.x_roll_back_to_common_prefix": {
         2: "within a request the cache and the context both start with the prompt's first "
            "token, so skipping its comparison changes nothing",

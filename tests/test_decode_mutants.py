@@ -1105,3 +1105,34 @@ def test_a_two_token_prompt_drafts_from_both_tokens(toy):
         expected.append(greedy_next(toy, context + expected))
     assert proposal.tokens == expected
     assert_cache_is_prefill(drafter.backend, toy, context + expected[:-1])
+
+
+def test_ngram_lookup_follows_the_context_it_is_given():
+    """The n-gram index follows the context: extended when the context grows, rebuilt when it
+    diverges (a rejected draft, another request); no match and no room give ([], 0)."""
+    from adaspec.draft.ngram import NgramDrafter
+
+    d = NgramDrafter(n_max=2, n_min=1)
+    d.start([1, 2, 3, 1])
+    assert d.lookup_with_match([1, 2, 3, 1], 2) == ([2, 3], 1)
+    assert d.lookup_with_match([1, 2, 3, 1], 0) == ([], 0)  # no room: nothing, no match
+    assert d.lookup_with_match([1, 2, 3, 1, 2], 3) == ([3, 1, 2], 2)  # grown: 2-gram 1 2
+    # diverged at the third token: the old continuation (3) must be forgotten
+    assert d.lookup_with_match([1, 2, 7, 1, 2], 2) == ([7, 1], 2)
+    # a context with no repeat: no match, length 0
+    assert d.lookup_with_match([4, 5, 6], 2) == ([], 0)
+    # the same context again (not longer): still the same answer, nothing re-indexed wrongly
+    assert d.lookup_with_match([4, 5, 6], 2) == ([], 0)
+    assert d.lookup_with_match([4, 5, 6, 4], 2) == ([5, 6], 1)
+    # the default longest n-gram is 3: the latest 3-gram match wins over an older 4-gram one
+    context = [9, 1, 2, 3, 5, 8, 1, 2, 3, 6, 9, 1, 2, 3]
+    assert NgramDrafter().lookup(context, 1) == [6]
+    assert NgramDrafter(n_max=4).lookup(context, 1) == [5]
+
+
+@pytest.mark.parametrize("n_min, n_max", [(1.5, 3), (1, 2.5), (0, 2), (3, 2)])
+def test_ngram_sizes_are_checked(n_min, n_max):
+    from adaspec.draft.ngram import NgramDrafter
+
+    with pytest.raises(InputError, match="n_min"):
+        NgramDrafter(n_max=n_max, n_min=n_min)
