@@ -76,13 +76,6 @@ _E = {
     "draft.ngram.xǁNgramDrafterǁ_extend": {
         6: "re-indexing from the start writes each n-gram's latest end again: the same index",
     },
-    "draft.ngram.xǁNgramDrafterǁ_sync": {
-        3: "an equal context is re-indexed from scratch: the same index, slower",
-        5: "extending by an empty tail changes nothing",
-    },
-    "draft.ngram.xǁNgramDrafterǁpropose": {
-        1: "a chain drafter never reads `replacement` (it has no siblings to draw)",
-    },
     "draft.model.x_roll_back_to_common_prefix": {
         2: "within a request the cache and the context both start with the prompt's first "
            "token, so skipping its comparison changes nothing",
