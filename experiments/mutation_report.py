@@ -118,6 +118,7 @@ _E = {
     },
     "draft.ngram.xǁNgramDrafterǁ_sync": {
         3: "a context equal to the indexed tokens is rebuilt from scratch: same index, slower",
+        5: "extending by an empty tail changes nothing",
     },
     "engine.text.xǁTextAssemblerǁfinal_text": {4: "text[:None] is text"},
     "engine.token_tree.xǁTokenTreeǁpositions": {5: "torch.tensor of Python ints is int64"},
