@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from adaspec.backends.base import ModelBackend
@@ -10,12 +12,16 @@ from adaspec.draft.base import Drafter
 from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
+if TYPE_CHECKING:
+    from adaspec.draft.sorted_model import ExitState
+
 
 def roll_back_to_common_prefix(
-    backend: ModelBackend, cached: list[int], context: list[int]
+    backend: ModelBackend | ExitState, cached: list[int], context: list[int]
 ) -> None:
-    """Truncate a draft cache (and its token list, in place) to the longest common prefix
-    with `context`: what stays is still valid, only the rest is recomputed."""
+    """Truncate a draft cache (a backend's, or a sorted draft's per-segment state) and its
+    token list, in place, to the longest common prefix with `context`: what stays is still
+    valid, only the rest is recomputed."""
     n = 0
     limit = min(len(cached), len(context))
     while n < limit and cached[n] == context[n]:

@@ -11,6 +11,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.draft.base import Drafter
+from adaspec.draft.model import roll_back_to_common_prefix
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
 from adaspec.engine.proposal import Proposal
 from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
@@ -48,12 +49,7 @@ class S2DDrafter(Drafter):
         self._cached = head
 
     def _sync(self, context: list[int]) -> None:
-        n, limit = 0, min(len(self._cached), len(context))
-        while n < limit and self._cached[n] == context[n]:
-            n += 1
-        if n < len(self._cached):
-            self.state.truncate(n)
-            del self._cached[n:]
+        roll_back_to_common_prefix(self.state, self._cached, context)
 
     def propose(
         self,
