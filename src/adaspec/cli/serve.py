@@ -48,7 +48,51 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="run as a Ray Serve deployment (needs `ray[serve]`)")
     p.add_argument("--replicas", type=int, default=1,
                    help="with --ray: model instances, one per replica (default 1)")
+    add_online_options(p)
     p.set_defaults(func=run_serve)
+
+
+def add_online_options(p: argparse.ArgumentParser) -> None:
+    """Online distillation (OSD, docs/osd.md): shared by `serve` and `osd simulate`."""
+    g = p.add_argument_group("online distillation (docs/osd.md)")
+    g.add_argument("--online-distill", action="store_true",
+                   help="keep distilling the draft on served traffic (needs torch draft "
+                        "weights and a draft-model chain method, e.g. --method draft:k=3 "
+                        "--draft-quant int8)")
+    g.add_argument("--interval", type=int, default=16,
+                   help="requests of a domain between two updates (default 16)")
+    g.add_argument("--loss", default="jsd:0.5",
+                   help="fkl | rkl | jsd[:beta] (default jsd:0.5)")
+    g.add_argument("--sampling", default="teacher", choices=["teacher", "student", "mixed"],
+                   help="train on the served tokens (teacher), on the draft's own "
+                        "continuations scored by the target (student), or both (mixed)")
+    g.add_argument("--osd-layers", type=int, default=2,
+                   help="the draft's last layers that learn (default 2)")
+    g.add_argument("--osd-steps", type=int, default=8, help="optimizer steps per update")
+    g.add_argument("--osd-lr", type=float, default=2e-4, help="learning rate (default 2e-4)")
+    g.add_argument("--osd-top-k", type=int, default=32,
+                   help="target probabilities kept per recorded position (default 32)")
+    g.add_argument("--osd-record", default="rejected", choices=["rejected", "all"],
+                   help="record where the draft missed (default) or every drafted position")
+    g.add_argument("--osd-buffer", type=int, default=4096,
+                   help="recorded positions kept per domain (default 4096)")
+    g.add_argument("--osd-domains", default="shared", choices=["shared", "field", "classifier"],
+                   help="one draft for all (shared), one per request `domain` field, or per "
+                        "domain with a classifier labelling requests that name none")
+    g.add_argument("--osd-dir", default="",
+                   help="where adapters are saved (default $ADASPEC_HOME/osd/<draft>-last<L>)")
+
+
+def online_config(args: argparse.Namespace):
+    """The OnlineConfig of the command line's options (every bad value a one-line error)."""
+    from adaspec.online.distill import DistillConfig
+    from adaspec.online.service import OnlineConfig
+
+    distill = DistillConfig(loss=args.loss, sampling=args.sampling, steps=args.osd_steps,
+                            lr=args.osd_lr)
+    return OnlineConfig(interval=args.interval, buffer=args.osd_buffer, top_k=args.osd_top_k,
+                        record=args.osd_record, layers=args.osd_layers,
+                        domains=args.osd_domains, distill=distill, root=args.osd_dir)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -71,6 +115,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from adaspec.serve.config import ServeConfig
 
+    online = None
+    if args.online_distill:
+        if args.ray:
+            raise InputError("--online-distill runs in one server process; drop --ray")
+        online = online_config(args)
+
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"adaspec serve: warning: listening on {args.host} without an API key "
@@ -80,7 +130,7 @@ def run_serve(args: argparse.Namespace) -> int:
         quant=args.quant, draft_quant=args.draft_quant, host=args.host, port=args.port,
         max_queue=args.max_queue, timeout=args.timeout, api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,
-        drain_timeout=args.drain_timeout,
+        drain_timeout=args.drain_timeout, online=online,
     )
     if args.ray:
         from adaspec.serve.ray_app import run_ray

@@ -165,6 +165,8 @@ class Engine(TextGenerator):
         max_context: int | None = None,
     ) -> None:
         self.target = target
+        # online distillation's hook (online.record.Recorder): sees every verification
+        self.recorder = None
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.controller = controller or StaticLength(4)
@@ -201,6 +203,8 @@ class Engine(TextGenerator):
         """Decode after the prompt. `prefill`: the target already scored the prompt into its
         cache (a router did, to read the prompt's state), with `stats` it started."""
         stats = stats or RequestStats(prompt_tokens=len(prompt_ids))
+        if self.recorder is not None:
+            self.recorder.begin(prompt_ids)
         generator = sampling.generator()
         verifier = self.request_verifier(sampling)
         text_out = TextAssembler(self.tokenizer, stop)
@@ -305,6 +309,8 @@ class Engine(TextGenerator):
         stats.target_calls += 1
         verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
         self._roll_back(root, verdict.path)
+        if self.recorder is not None:
+            self.recorder.step(root, proposal.depth, verdict.path, target_logits)
         stats.verify_time += time.perf_counter() - t0
 
         if proposal.depth:

@@ -190,6 +190,8 @@ def create_app(config: ServeConfig, instance: ModelInstance | None = None) -> Fa
             body.update(target=inst.target.name,
                         draft=inst.draft.name if inst.draft is not None else None,
                         max_context=inst.max_context)
+            if inst.online is not None:
+                body["online_distillation"] = inst.online.status()
         if sched is not None:
             body.update(sched.health())
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
@@ -258,7 +260,7 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
             f"{instance.max_context} tokens; shorten the prompt or lower max_tokens",
             param=field)
     return Job(ids, budget, sampling, body.stop_list(), method, state.config.timeout,
-               token_sources=body.token_sources, stream=body.stream)
+               token_sources=body.token_sources, stream=body.stream, domain=body.domain)
 
 
 async def next_event(job: Job, scheduler: Scheduler) -> Event:

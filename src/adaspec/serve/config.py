@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from adaspec.methods.spec import DEFAULT_METHOD
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
@@ -27,6 +28,7 @@ class ServeConfig:
     default_max_tokens: int = 512  # when a request gives no max_tokens (capped by the context)
     drain_timeout: float | None = None  # SIGTERM: wait this long for in-flight requests
     max_engines: int = 16  # engines kept built, one per method string (least recently used go)
+    online: Any = None  # an online.service.OnlineConfig: distil the draft on served traffic
 
     def served_name(self) -> str:
         if self.model_name:

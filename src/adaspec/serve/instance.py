@@ -42,6 +42,7 @@ class ModelInstance:
         # the default engine is built now: a bad --method fails at startup, and a cost-aware
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
+        self.online = None  # an online.service.OnlineDistiller, see `start_online`
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelInstance:
@@ -56,7 +57,28 @@ class ModelInstance:
             config.target, config.draft if needs_draft or config.draft else None,
             config.dtype, spec.quant or config.quant, spec.draft_quant or config.draft_quant,
         )
-        return cls(target, tokenizer, draft, eos, config.method, config.max_engines)
+        instance = cls(target, tokenizer, draft, eos, config.method, config.max_engines)
+        if config.online is not None:
+            try:
+                instance.start_online(config)
+            except BaseException:
+                instance.close()
+                raise
+        return instance
+
+    def start_online(self, config: ServeConfig) -> None:
+        """Distil the draft on the default method's traffic (--online-distill)."""
+        from torch import nn
+
+        from adaspec.online.service import OnlineDistiller
+
+        model = getattr(self.draft, "model", None)
+        if not isinstance(model, nn.Module):
+            raise InputError("--online-distill trains the draft in torch: give the draft "
+                             "torch weights (--draft-quant int8, int4 or none)")
+        self.online = OnlineDistiller(config.online, model, config.draft or "",
+                                      config.target, config.quant)
+        self.online.attach(self.default_engine)
 
     @property
     def max_context(self) -> int:
@@ -111,6 +133,8 @@ class ModelInstance:
         return self.default_engine.encode_prompt(prompt, chat=chat)
 
     def close(self) -> None:
+        if getattr(self, "online", None) is not None:
+            self.online.close()
         for backend in (self.draft, self.target):
             close = getattr(backend, "close", None)
             if callable(close):

@@ -47,7 +47,8 @@ class Job:
 
     def __init__(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: list[str], method: str, timeout: float,
-                 token_sources: bool = False, stream: bool = True) -> None:
+                 token_sources: bool = False, stream: bool = True,
+                 domain: str | None = None) -> None:
         self.id = uuid.uuid4().hex[:24]
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
@@ -55,6 +56,7 @@ class Job:
         self.stop = stop
         self.method = method
         self.token_sources = token_sources
+        self.domain = domain  # the request's own domain field (online distillation)
         self.stream = stream  # False: no chunk events, only the result (less work per step)
         self.timeout = timeout
         self.arrived = time.monotonic()
@@ -191,6 +193,14 @@ class Scheduler:
         except AdaspecError as exc:  # a method its parts cannot be built for (missing file...)
             self._end(job, "error", errors.bad_request(str(exc), param="method"))
             return
+        online = self.instance.online if job.method == self.instance.default_method else None
+        domain = ""
+        if online is not None:  # between requests: the draft of this request's domain
+            try:
+                domain = online.domain(job.domain, job.prompt_ids)
+                online.before_request(domain)
+            except Exception:  # distillation never fails a request: serve the current draft
+                log.exception("online distillation: the draft swap failed")
         stream = engine.stream(job.prompt_ids, job.max_tokens, job.sampling, job.stop,
                                chat=False)
         pieces = TokenPieces(self.instance.tokenizer) if job.token_sources else None
@@ -203,6 +213,8 @@ class Scheduler:
                         cut = [pieces.push(t) for t in item.token_ids] if pieces else None
                         job.put(Event(CHUNK, chunk=item, pieces=cut))
                 else:
+                    if online is not None:
+                        self._record(online, item, domain)
                     self._finished(job, item)
                     return
                 if job.cancelled:
@@ -215,6 +227,14 @@ class Scheduler:
             self._end(job, "error", errors.bad_request(str(exc)))
         finally:
             stream.close()  # stops the decoding where it is
+
+    @staticmethod
+    def _record(online, result: GenerationResult, domain: str) -> None:
+        try:
+            online.after_request(online.recorder.take(
+                result.token_ids, domain, result.stats.drafted, result.stats.accepted))
+        except Exception:  # distillation never fails a request
+            log.exception("online distillation: recording the request failed")
 
     def _finished(self, job: Job, result: GenerationResult) -> None:
         job.put(Event(DONE, result=result))

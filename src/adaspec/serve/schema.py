@@ -1,7 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic v2).
 
-Requests accept the OpenAI fields plus three of adaspec's own: `top_k`, `method` (a method
-string, as on the command line) and `token_sources` (stream each token's text and how it was
+Requests accept the OpenAI fields plus four of adaspec's own: `top_k`, `method` (a method
+string, as on the command line), `domain` (which online-distilled draft serves it) and
+`token_sources` (stream each token's text and how it was
 produced; the playground uses it). An OpenAI field adaspec cannot honour (n > 1, logprobs,
 penalties, tools, ...) is refused with a message naming it; a misspelt field is refused too,
 rather than silently ignored.
@@ -61,6 +62,8 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: StrictInt = 1
     method: str | None = None  # extra: a method string (default: the server's --method)
+    domain: Annotated[str, Field(min_length=1, max_length=80)] | None = None  # extra: the
+    # request's domain, whose draft serves it under --online-distill --osd-domains field
     token_sources: bool = False  # extra: stream chunks carry each token's text and source
 
     # OpenAI fields refused unless left at their neutral value, then accounting hints that

@@ -335,3 +335,20 @@ def quantized_bytes(model: nn.Module) -> int:
             if mod.bias is not None:
                 total += mod.bias.numel() * mod.bias.element_size()
     return total
+
+
+def requantized(layer: QuantLinear, weight: torch.Tensor) -> QuantLinear:
+    """A quantized layer of the same mode and dtype holding a new float `weight` (a draft's
+    layer after online distillation)."""
+    state = _MODULES[layer.mode].quantize(weight)
+    return _build(layer.mode, state, layer.float_bias(), layer.dtype,
+                  weight if layer.dense is not None else None)
+
+
+def set_linear_weight(model: nn.Module, path: str, weight: torch.Tensor) -> None:
+    """Give the Linear (plain or quantized) at `path` a new float weight, in place."""
+    layer = model.get_submodule(path)
+    if isinstance(layer, QuantLinear):
+        _set_module(model, path, requantized(layer, weight))
+    else:
+        layer.weight.data.copy_(weight.to(layer.weight.dtype))
