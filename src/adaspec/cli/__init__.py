@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaspec.cli.disco import add_disco_parser
     from adaspec.cli.generate import add_generate_parser
     from adaspec.cli.models import add_models_parser
+    from adaspec.cli.osd import add_osd_parser
     from adaspec.cli.profile import add_profile_parser
     from adaspec.cli.router import add_router_parser
     from adaspec.cli.s2d import add_s2d_parser
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_disco_parser(sub)
     add_router_parser(sub)
     add_s2d_parser(sub)
+    add_osd_parser(sub)
     add_serve_parser(sub)
     methods = sub.add_parser("methods", help="list decoding methods and their parameters")
     methods.add_argument("--markdown", action="store_true",

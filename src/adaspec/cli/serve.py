@@ -52,13 +52,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_serve)
 
 
-def add_online_options(p: argparse.ArgumentParser) -> None:
+def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
     """Online distillation (OSD, docs/osd.md): shared by `serve` and `osd simulate`."""
     g = p.add_argument_group("online distillation (docs/osd.md)")
-    g.add_argument("--online-distill", action="store_true",
-                   help="keep distilling the draft on served traffic (needs torch draft "
-                        "weights and a draft-model chain method, e.g. --method draft:k=3 "
-                        "--draft-quant int8)")
+    if switch:
+        g.add_argument("--online-distill", action="store_true",
+                       help="keep distilling the draft on served traffic (needs torch "
+                            "draft weights and a draft-model chain method, e.g. --method "
+                            "draft:k=3 --draft-quant int8)")
     g.add_argument("--interval", type=int, default=16,
                    help="requests of a domain between two updates (default 16)")
     g.add_argument("--loss", default="jsd:0.5",

@@ -88,9 +88,8 @@ class OnlineDistiller:
         self.names = trainable_names(draft_model, cfg.layers)
         self.base = serving_state(draft_model, self.names)
         self.root = Path(cfg.root) if cfg.root else adapters_root(draft_name, cfg.layers)
-        settings = WorkerSettings(draft_name, cfg.layers, cfg.distill, str(self.root),
-                                  target_name, target_quant, cfg.top_k, cfg.tolerance,
-                                  save=cfg.save)
+        self._names = (draft_name, target_name, target_quant)
+        settings = self.worker_settings(cfg)
         self.worker = (InlineWorker(settings, student) if in_process
                        else ProcessWorker(settings))
         self.adapters: dict[str, Adapter] = {}
@@ -105,6 +104,12 @@ class OnlineDistiller:
         self.recorder = Recorder(cfg.top_k, cfg.record)
         self.applied: tuple[str, int] | None = None  # (domain, step) the serving draft holds
         self.history: list[UpdateResult] = []
+        self._engine = None
+
+    def worker_settings(self, cfg: OnlineConfig) -> WorkerSettings:
+        draft, target, quant = self._names
+        return WorkerSettings(draft, cfg.layers, cfg.distill, str(self.root), target, quant,
+                              cfg.top_k, cfg.tolerance, save=cfg.save)
 
     # ------------------------------------------------------------ the engine
     def attach(self, engine) -> None:
@@ -116,6 +121,7 @@ class OnlineDistiller:
                              "torch draft model (for example --method draft:k=3 with "
                              "--draft-quant int8)")
         engine.recorder = self.recorder
+        self._engine = engine
 
     # ------------------------------------------------------------ per request
     def domain(self, requested: str | None, prompt_ids: list[int]) -> str:
@@ -166,9 +172,17 @@ class OnlineDistiller:
             self.adapters[result.domain] = adapter
         return done
 
-    def reset(self) -> None:
-        """Back to the base draft with empty buffers (a new simulation run)."""
-        self.worker.reset()
+    def reset(self, cfg: OnlineConfig | None = None) -> None:
+        """Back to the base draft with empty buffers (a new simulation run), optionally with
+        other settings (the same draft and trained layers)."""
+        if cfg is not None:
+            if cfg.layers != self.cfg.layers:
+                raise InputError("a reset keeps the trained layers")
+            self.cfg = cfg
+            self.recorder = Recorder(cfg.top_k, cfg.record)
+            if self._engine is not None:
+                self._engine.recorder = self.recorder
+        self.worker.reset(self.worker_settings(self.cfg))
         self.adapters.clear()
         self.buffers = DomainBuffers(self.cfg.buffer)
         self.probes.clear()

@@ -81,8 +81,15 @@ class UpdateRunner:
         self.rng = random.Random(settings.distill.seed)
         self._scorer: TargetScorer | None = None
 
-    def reset(self) -> None:
-        """Forget every domain's training (a new simulation run); saved files stay."""
+    def reset(self, settings: WorkerSettings | None = None) -> None:
+        """Forget every domain's training (a new simulation run), optionally with new
+        settings for the same draft; saved files stay, the boundary cache too."""
+        if settings is not None:
+            if (settings.draft, settings.layers) != (self.settings.draft, self.settings.layers):
+                raise InputError("a reset keeps the draft and its trained layers")
+            if settings.distill.sampling != "teacher" and settings.target != self.settings.target:
+                self._scorer = None
+            self.settings = settings
         self.adapters.clear()
         self.optimizers.clear()
         self.rng = random.Random(self.settings.distill.seed)
@@ -175,8 +182,8 @@ class InlineWorker:
         done, self._done = self._done, []
         return done
 
-    def reset(self) -> None:
-        self.runner.reset()
+    def reset(self, settings: WorkerSettings | None = None) -> None:
+        self.runner.reset(settings)
 
     def close(self) -> None:
         pass
@@ -197,7 +204,7 @@ def _child(conn, settings: WorkerSettings) -> None:
         if kind == "stop":
             return
         if kind == "reset":
-            runner.reset()
+            runner.reset(payload)
             continue
         try:
             conn.send(("result", runner.update(payload)))
@@ -221,7 +228,11 @@ class ProcessWorker:
         if not self._conn.poll(timeout):
             self.close()
             raise AdaspecError("the online-distillation worker did not start in time")
-        kind, payload = self._conn.recv()
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:  # the child died without a word (killed, out of memory, crashed)
+            self._proc.join(5)
+            kind, payload = "failed", f"it exited (exit code {self._proc.exitcode})"
         if kind != "ready":
             self.close()
             raise AdaspecError(f"the online-distillation worker failed to start: {payload}")
@@ -253,9 +264,9 @@ class ProcessWorker:
                 log.warning("online update failed: %s", payload)
         return out
 
-    def reset(self) -> None:
+    def reset(self, settings: WorkerSettings | None = None) -> None:
         self.results(wait=True)
-        self._conn.send(("reset", None))
+        self._conn.send(("reset", settings))
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -1,0 +1,138 @@
+"""Online distillation where users meet it: `adaspec serve --online-distill` (the draft
+learns between requests while answers stay the target's) and `adaspec osd simulate` /
+`adaspec osd status` end to end on tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaspec.online.distill import DistillConfig
+from adaspec.online.service import OnlineConfig
+from tests.test_cli import home, run  # noqa: F401 (home: autouse fixture)
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+httpx = pytest.importorskip("httpx", reason="needs httpx: pip install -e '.[serve]'")
+
+from tests.test_serve import (  # noqa: E402
+    METHOD,
+    health,
+    library_text,
+    live_server,
+    served_instance,
+    wait_until,
+)
+
+PROMPTS = {"code": ["def add(a, b):", "class Point:", "for i in range(10):"],
+           "prose": ["The weather today is", "Once upon a time", "My favourite food is"]}
+
+
+def test_serve_distils_between_requests_and_answers_stay_exact(model_dirs, tmp_path):
+    from adaspec.serve.config import ServeConfig
+
+    inst = served_instance(*model_dirs)
+    plain = {p: library_text(inst, p, 10, chat=False, temperature=0.0)
+             for ps in PROMPTS.values() for p in ps}
+    cfg = OnlineConfig(interval=2, layers=1, probe_every=2, domains="field",
+                       distill=DistillConfig(steps=2), root=str(tmp_path / "adapters"),
+                       tolerance=1.0)  # accept every finite update: swaps must happen here
+    inst.start_online(ServeConfig(method=METHOD, online=cfg))
+    try:
+        with live_server(inst) as base:
+            for _ in range(4):
+                for domain, prompts in PROMPTS.items():
+                    for p in prompts:
+                        r = httpx.post(base + "/v1/completions", json={
+                            "model": "tiny", "prompt": p, "max_tokens": 10,
+                            "temperature": 0, "domain": domain}, timeout=60)
+                        assert r.status_code == 200, r.text
+                        assert r.json()["choices"][0]["text"] == plain[p]
+            wait_until(lambda: health(base)["online_distillation"]["updates"] >= 2, 60)
+            status = health(base)["online_distillation"]
+            assert set(status["domains"]) <= {"code", "prose"} and status["domains"]
+            bad = httpx.post(base + "/v1/completions", json={
+                "model": "tiny", "prompt": "x", "max_tokens": 2, "domain": ""})
+            assert bad.status_code == 400 and "domain" in bad.text
+            # after swaps, answers are still the target's
+            for p in PROMPTS["code"]:
+                r = httpx.post(base + "/v1/completions", json={
+                    "model": "tiny", "prompt": p, "max_tokens": 10, "temperature": 0,
+                    "domain": "code"}, timeout=60)
+                assert r.json()["choices"][0]["text"] == plain[p]
+    finally:
+        inst.close()
+    saved = list((tmp_path / "adapters").glob("*/adapter.json"))
+    assert saved and all(json.loads(f.read_text())["step"] >= 2 for f in saved)
+
+
+def test_serve_refuses_online_distillation_without_a_torch_draft(model_dirs):
+    from adaspec.errors import InputError
+    from adaspec.serve.config import ServeConfig
+
+    inst = served_instance(model_dirs[0], None, method="ar")
+    try:
+        with pytest.raises(InputError, match="torch"):
+            inst.start_online(ServeConfig(method="ar", online=OnlineConfig(layers=1)))
+    finally:
+        inst.close()
+
+
+def _data(capsys, model_dirs, out) -> None:
+    target, _ = model_dirs
+    code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
+                       "--quant", "none", "--dtype", "float32", "--suite",
+                       "humaneval:6,wmt:6", "--max-new-tokens", "12", "--out", str(out),
+                       "--no-progress")
+    assert code == 0, err
+
+
+def test_osd_simulate_writes_its_results(capsys, model_dirs, tmp_path):
+    target, draft = model_dirs
+    data = tmp_path / "data"
+    _data(capsys, model_dirs, data)
+    out = tmp_path / "out"
+    code, text, err = run(
+        capsys, "osd", "simulate", "--target", target, "--draft", draft, "--quant", "none",
+        "--dtype", "float32", "--data", str(data), "--blocks", "humaneval,wmt",
+        "--runs", "frozen;online:interval=2,domains=field;offline:0.5", "--osd-layers", "1",
+        "--osd-steps", "2", "--offline-steps", "2", "--inline", "--out", str(out))
+    assert code == 0, err
+    result = json.loads((out / "run.json").read_text())
+    assert [r["spec"] for r in result["runs"]] == [
+        "frozen", "online:interval=2,domains=field", "offline:0.5"]
+    assert [b["suite"] for b in result["blocks"]] == ["humaneval", "wmt"]
+    online = result["runs"][1]
+    assert online["updates"] and {r["domain"] for r in online["requests"]} == {"humaneval",
+                                                                               "wmt"}
+    assert result["runs"][2]["updates"][0]["requests"] == 6
+    assert (out / "rolling_acceptance.png").stat().st_size > 1000
+    assert "SIMULATED" in (out / "summary.md").read_text() and "| frozen |" in text
+    # the target's distributions are computed once and reused
+    assert (out / "target_topk.pt").is_file()
+
+
+@pytest.mark.parametrize("runs, message", [
+    ("frozen;online:loss=kl", "unknown loss"),
+    ("fast", "start with one of"),
+    ("offline:2", "fraction"),
+    ("online:colour=red", "not a setting"),
+])
+def test_osd_simulate_bad_runs_fail_with_one_line(capsys, model_dirs, tmp_path, runs, message):
+    target, draft = model_dirs
+    code, _, err = run(capsys, "osd", "simulate", "--target", target, "--draft", draft,
+                       "--data", str(tmp_path), "--runs", runs, "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_osd_status_lists_saved_adapters(capsys, tmp_path):
+    import torch
+
+    from adaspec.online.adapters import Adapter, save_adapter
+
+    code, out, _ = run(capsys, "osd", "status", "--osd-dir", str(tmp_path))
+    assert code == 0 and "no adapters" in out
+    save_adapter(tmp_path, Adapter("code", 16, 2, {"w": torch.ones(2)},
+                                   {"probe_agreement": 0.5, "loss": "fkl"}))
+    code, out, _ = run(capsys, "osd", "status", "--osd-dir", str(tmp_path))
+    assert code == 0 and "code: 2 updates, 16 steps" in out
