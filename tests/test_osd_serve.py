@@ -37,7 +37,8 @@ def test_serve_distils_between_requests_and_answers_stay_exact(model_dirs, tmp_p
     cfg = OnlineConfig(interval=2, layers=1, probe_every=2, domains="field",
                        distill=DistillConfig(steps=2), root=str(tmp_path / "adapters"),
                        tolerance=1.0)  # accept every finite update: swaps must happen here
-    inst.start_online(ServeConfig(method=METHOD, online=cfg))
+    inst.start_online(ServeConfig(method=METHOD, target=model_dirs[0], draft=model_dirs[1],
+                                  online=cfg))
     try:
         with live_server(inst) as base:
             for _ in range(4):

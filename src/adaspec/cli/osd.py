@@ -80,7 +80,7 @@ def run_status(args: argparse.Namespace) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from adaspec.cli.s2d import default_data_dir
     from adaspec.errors import InputError
-    from adaspec.lab.osd.simulate import default_config, parse_run
+    from adaspec.lab.osd.simulate import default_config, parse_run, run_config
     from adaspec.lab.osd.stream import build_stream
     from adaspec.store.catalog import DRAFT_DEFAULT
 
@@ -90,6 +90,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise InputError(f"--k must be >= 1, got {args.k}")
     cfg = default_config(args)
+    for spec in specs:  # every run's settings are checked before anything loads
+        run_config(cfg, spec)
     draft = args.draft or DRAFT_DEFAULT
     data = Path(args.data) if args.data else default_data_dir(args.target)
     stream, meta = build_stream(data, args.blocks, args.per_block)

@@ -21,7 +21,7 @@ from adaspec.errors import InputError
 from adaspec.online.adapters import Adapter, adapters_root, load_adapter
 from adaspec.online.buffer import DomainBuffers
 from adaspec.online.distill import DistillConfig
-from adaspec.online.domains import DomainChooser
+from adaspec.online.domains import DOMAIN_SOURCES, DomainChooser
 from adaspec.online.record import RECORD_MODES, Recorder, RequestRecord
 from adaspec.online.student import apply_to_serving, trainable_names
 from adaspec.online.worker import (
@@ -53,6 +53,8 @@ class OnlineConfig:
     def __post_init__(self) -> None:
         if self.record not in RECORD_MODES:
             raise InputError(f"record must be one of {RECORD_MODES}, got {self.record!r}")
+        if self.domains not in DOMAIN_SOURCES:
+            raise InputError(f"domains must be one of {DOMAIN_SOURCES}, got {self.domains!r}")
         for name in ("interval", "buffer", "top_k", "layers", "probe_every", "probe"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
