@@ -32,7 +32,7 @@ class DistillConfig:
     sampling: str = "teacher"
     steps: int = 8  # optimizer steps per update
     batch: int = 4  # records per step
-    lr: float = 2e-4
+    lr: float = 1e-5  # measured: 3e-5 and above lowered probe agreement (docs/osd.md)
     max_positions: int = 128  # recorded positions per record and step (a random subset)
     student_tokens: int = 8  # tokens the draft writes per student sample
     seed: int = 0
