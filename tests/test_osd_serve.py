@@ -137,3 +137,35 @@ def test_osd_status_lists_saved_adapters(capsys, tmp_path):
                                    {"probe_agreement": 0.5, "loss": "fkl"}))
     code, out, _ = run(capsys, "osd", "status", "--osd-dir", str(tmp_path))
     assert code == 0 and "code: 2 updates, 16 steps" in out
+
+
+def test_osd_simulate_engine_replay_decodes_exactly_and_measures_recording(
+        capsys, model_dirs, tmp_path):
+    target, draft = model_dirs
+    data = tmp_path / "data"
+    _data(capsys, model_dirs, data)
+    out = tmp_path / "out"
+    code, text, err = run(
+        capsys, "osd", "simulate", "--target", target, "--draft", draft, "--quant", "none",
+        "--draft-quant", "none", "--dtype", "float32", "--data", str(data), "--replay",
+        "engine", "--blocks", "humaneval,wmt", "--overhead-requests", "2", "--runs",
+        "frozen;online:interval=2", "--osd-layers", "1", "--osd-steps", "2", "--inline",
+        "--out", str(out))
+    assert code == 0, err
+    result = json.loads((out / "run.json").read_text())
+    overhead = result["setup"]["recording_overhead"]
+    assert overhead["requests"] == 4 and overhead["tok_s_with"] > 0
+    for r in result["runs"]:  # the engine's output is the target's, frozen or learning
+        assert all(q["exact"] for q in r["requests"]) and len(r["requests"]) == 12
+    assert result["runs"][1]["updates"]
+    assert "outputs equal to the target's" in text and "12/12" in text
+
+
+def test_engine_replay_refuses_a_gguf_draft(capsys, model_dirs, tmp_path):
+    target, draft = model_dirs
+    data = tmp_path / "data"
+    _data(capsys, model_dirs, data)
+    code, _, err = run(capsys, "osd", "simulate", "--target", target, "--draft", draft,
+                       "--data", str(data), "--replay", "engine", "--draft-quant", "ik",
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and "torch" in err

@@ -92,6 +92,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     cfg = default_config(args)
     for spec in specs:  # every run's settings are checked before anything loads
         run_config(cfg, spec)
+    if args.replay == "engine" and args.draft_quant in ("auto", "ik", "gguf"):
+        raise InputError("the engine replay trains the draft in torch: give --draft-quant "
+                         "int8, int4 or none")
     draft = args.draft or DRAFT_DEFAULT
     data = Path(args.data) if args.data else default_data_dir(args.target)
     stream, meta = build_stream(data, args.blocks, args.per_block)
@@ -155,13 +158,9 @@ def _teacher_forced_runs(args, specs, cfg, stream, meta, draft, out):
 
 def _engine_runs(args, specs, cfg, stream, meta, draft):
     from adaspec.engine.build import load_engine
-    from adaspec.errors import InputError
     from adaspec.lab.osd.engine_replay import engine_run, recording_overhead
     from adaspec.online.service import OnlineDistiller
 
-    if args.draft_quant in ("auto", "ik", "gguf"):
-        raise InputError("the engine replay trains the draft in torch: give --draft-quant "
-                         "int8, int4 or none")
     engine = load_engine(f"draft:k={args.k}", target=args.target, draft=draft,
                          dtype=args.dtype, quant=args.quant, draft_quant=args.draft_quant)
     extra: dict = {"draft_quant": args.draft_quant, "target_quant": args.quant}

@@ -107,6 +107,24 @@ def summary(runs: list[RunResult], stream: list[StreamRequest], setup: dict, pro
         cpu = sum(u.get("cpu_seconds", 0.0) for u in run.updates)
         lines.append(f"| {run.spec} | {_fmt(run.acceptance)} | " + " | ".join(cells)
                      + f" | {ok}/{len(run.updates) - ok} | {cpu:.0f} |")
+    if setup.get("replay") == "engine":
+        lines += ["", "## Decoding with the real engine", "",
+                  "| run | tokens/s | outputs equal to the target's | updates | update CPU s "
+                  "| update CPU / run wall time |", "|---|---|---|---|---|---|"]
+        for run in runs:
+            tokens = sum(r.tokens for r in run.requests)
+            secs = sum(r.seconds for r in run.requests)
+            exact = sum(bool(r.exact) for r in run.requests)
+            cpu = sum(u.get("cpu_seconds", 0.0) for u in run.updates)
+            lines.append(f"| {run.spec} | {tokens / secs if secs else float('nan'):.2f} | "
+                         f"{exact}/{len(run.requests)} | {len(run.updates)} | {cpu:.0f} | "
+                         f"{cpu / run.seconds if run.seconds else float('nan'):.0%} |")
+        over = setup.get("recording_overhead")
+        if over:
+            lines += ["", f"Recording (top-{setup['top_k']} where the draft missed): "
+                      f"{over['tok_s_without']:.2f} tokens/s without, {over['tok_s_with']:.2f} "
+                      f"with, over {over['requests']} requests each, alternating: slowdown "
+                      f"{over['slowdown']:+.2%}."]
     lines += ["", "## Speed against plain decoding, from the acceptance", ""]
     profiles = []
     if profile is not None:
@@ -118,9 +136,9 @@ def summary(runs: list[RunResult], stream: list[StreamRequest], setup: dict, pro
     for run in runs:
         lines.append(f"| {run.spec} | "
                      + " | ".join(f"{speed(run, k, p):.2f}x" for _, p in profiles) + " |")
-    if frozen is not None:
+    if frozen is not None and frozen.guesses:  # (the engine replay keeps no guesses)
         last = [r for r in runs if r.spec.startswith("online")][:1]
-        if last:
+        if last and last[0].guesses:
             lines += ["", f"## What the draft learned: top-1 precision / recall of the 10 most "
                       f"frequent output tokens, frozen → {last[0].spec} (whole stream)", "",
                       "| token | count | precision | recall |", "|---|---|---|---|"]
