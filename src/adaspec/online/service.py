@@ -10,6 +10,7 @@ request, and an adapter is loaded whole and checked before it replaces anything.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,7 @@ class OnlineDistiller:
         self.applied: tuple[str, int] | None = None  # (domain, step) the serving draft holds
         self.history: list[UpdateResult] = []
         self._engine = None
+        self._lock = threading.Lock()  # status() is read from the server's event loop
 
     def worker_settings(self, cfg: OnlineConfig) -> WorkerSettings:
         draft, target, quant = self._names
@@ -158,7 +160,8 @@ class OnlineDistiller:
         (swapped in at that domain's next request)."""
         done = self.worker.results(wait=wait)
         for result in done:
-            self.history.append(result)
+            with self._lock:
+                self.history.append(result)
             if not result.accepted:
                 log.info("online update of %s rejected: %s", result.domain, result.reason)
                 continue
@@ -171,7 +174,8 @@ class OnlineDistiller:
             except InputError as exc:  # a torn or changed file: keep the last good draft
                 log.warning("online update of %s not loaded: %s", result.domain, exc)
                 continue
-            self.adapters[result.domain] = adapter
+            with self._lock:
+                self.adapters[result.domain] = adapter
         return done
 
     def reset(self, cfg: OnlineConfig | None = None) -> None:
@@ -198,10 +202,15 @@ class OnlineDistiller:
         self.worker.close()
 
     def status(self) -> dict:
+        with self._lock:
+            return self._status()
+
+    def _status(self) -> dict:
         return {
             "domains": {d: {"step": a.step, "updates": a.updates}
                         for d, a in self.adapters.items()},
             "updates": sum(r.accepted for r in self.history),
             "rejected": sum(not r.accepted for r in self.history),
-            "buffered_positions": {d: b.positions for d, b in self.buffers.buffers.items()},
+            "buffered_positions": {d: b.positions
+                                   for d, b in list(self.buffers.buffers.items())},
         }
