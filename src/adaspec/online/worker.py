@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ class WorkerSettings:
     top_k: int = 32
     tolerance: float = 0.0  # the guard accepts a probe agreement down by at most this
     threads: int = 0  # torch threads (0: leave torch's default)
+    # the worker process's nice value: at 19 it runs on CPU time serving leaves idle (on 2
+    # cores an update at equal priority slowed decoding 2.6x; docs/osd.md)
+    nice: int = 19
     save: bool = True  # False: keep accepted adapters in memory only (ablation runs)
 
 
@@ -190,6 +194,9 @@ class InlineWorker:
 
 
 def _child(conn, settings: WorkerSettings) -> None:
+    if settings.nice:
+        with contextlib.suppress(OSError):
+            os.nice(settings.nice)
     try:
         runner = UpdateRunner(settings)
         conn.send(("ready", None))
