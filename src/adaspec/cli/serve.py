@@ -80,6 +80,9 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
     g.add_argument("--osd-domains", default="shared", choices=["shared", "field", "classifier"],
                    help="one draft for all (shared), one per request `domain` field, or per "
                         "domain with a classifier labelling requests that name none")
+    g.add_argument("--osd-nice", type=int, default=19,
+                   help="the update worker's nice value (default 19: it uses CPU time serving "
+                        "leaves idle; 0: the same priority as serving)")
     g.add_argument("--osd-dir", default="",
                    help="where adapters are saved (default $ADASPEC_HOME/osd/<draft>-last<L>)")
 
@@ -93,7 +96,8 @@ def online_config(args: argparse.Namespace):
                             lr=args.osd_lr)
     return OnlineConfig(interval=args.interval, buffer=args.osd_buffer, top_k=args.osd_top_k,
                         record=args.osd_record, layers=args.osd_layers,
-                        domains=args.osd_domains, distill=distill, root=args.osd_dir)
+                        domains=args.osd_domains, distill=distill, root=args.osd_dir,
+                        nice=args.osd_nice)
 
 
 def run_serve(args: argparse.Namespace) -> int:

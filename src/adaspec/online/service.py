@@ -50,6 +50,7 @@ class OnlineConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     root: str = ""  # adapters folder ("": $ADASPEC_HOME/osd/<draft>-last<layers>)
     save: bool = True
+    nice: int = 19  # the worker process's nice value (0: the same priority as serving)
 
     def __post_init__(self) -> None:
         if self.record not in RECORD_MODES:
@@ -113,7 +114,7 @@ class OnlineDistiller:
     def worker_settings(self, cfg: OnlineConfig) -> WorkerSettings:
         draft, target, quant = self._names
         return WorkerSettings(draft, cfg.layers, cfg.distill, str(self.root), target, quant,
-                              cfg.top_k, cfg.tolerance, save=cfg.save)
+                              cfg.top_k, cfg.tolerance, save=cfg.save, nice=cfg.nice)
 
     # ------------------------------------------------------------ the engine
     def attach(self, engine) -> None:

@@ -230,4 +230,4 @@ def default_config(args) -> OnlineConfig:
         record=args.osd_record, layers=args.osd_layers, domains=args.osd_domains,
         distill=DistillConfig(loss=args.loss, sampling=args.sampling, steps=args.osd_steps,
                               lr=args.osd_lr),
-        root=args.osd_dir, save=False)
+        root=args.osd_dir, save=False, nice=args.osd_nice)
