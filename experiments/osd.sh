@@ -21,12 +21,9 @@ adaspec osd simulate --target $TARGET --draft $DRAFT --profile "$PROFILE" \
   --blocks wmt,sharegpt --per-block 24 --interval 8 \
   --runs "frozen;online:loss=fkl;online:loss=rkl;online:loss=jsd:0.5;online:loss=jsd:0.5,sampling=student;online:loss=jsd:0.5,sampling=mixed" \
   --out "$OUT/ablation"
-# 3. a larger budget per update: every drafted position recorded, 16 steps per update
-mkdir -p "$OUT/stream-budget"
-[ -f "$OUT/stream-budget/target_topk.pt" ] || cp "$OUT/stream/target_topk.pt" "$OUT/stream-budget/"
-adaspec osd simulate --target $TARGET --draft $DRAFT --profile "$PROFILE" --per-block 40 \
-  --interval 8 --runs "frozen;online:record=all,steps=16" --out "$OUT/stream-budget"
-# 4. the real engine: recording overhead, exactness and the CPU the updates take from
+# (the learning-rate choice, tuning/: --blocks wmt,sharegpt --per-block 32 with
+#  --runs "frozen;online:interval=4,lr=...;online:interval=4,lr=...,record=all")
+# 3. the real engine: recording overhead, exactness and the CPU the updates take from
 #    serving, with the update worker at the same priority as serving, then at nice 19
 adaspec osd simulate --target $TARGET --draft $DRAFT --draft-quant int8 --replay engine \
   --profile "$PROFILE" --per-block 4 --interval 4 --overhead-requests 6 --osd-nice 0 \
