@@ -159,13 +159,24 @@ class Scheduler:
 
     # ------------------------------------------------------------ worker side
     def _run(self) -> None:
+        online = getattr(self.instance, "online", None)
+        # with online distillation, an idle worker thread takes finished updates every second
+        # (what /health reports; the swap itself waits for the domain's next request)
+        idle_poll = 1.0 if online is not None else None
         while True:
             with self._cond:
                 while not self._waiting and not self._stopping:
-                    self._cond.wait()
+                    if not self._cond.wait(timeout=idle_poll):
+                        break
                 if self._stopping:
                     return
-                job = self._current = self._waiting.popleft()
+                job = self._current = self._waiting.popleft() if self._waiting else None
+            if job is None:
+                try:
+                    online.collect()
+                except Exception:  # distillation never stops the server
+                    log.exception("online distillation: collecting updates failed")
+                continue
             try:
                 self._serve(job)
             except Exception:  # never let one request kill the worker
