@@ -671,3 +671,21 @@ def test_apply_to_serving_requantizes_an_int8_draft_and_int8_dyn_is_refused():
     quantize_model(dyn, "int8-dyn")
     with pytest.raises(InputError, match="int8-dyn"):
         serving_state(dyn, trainable_names(dyn, 1))
+
+
+def test_an_update_starts_every_interval_requests_or_at_enough_positions(draft_m, records):
+    """`interval` counts a domain's requests; `positions` starts an update as soon as that
+    many new positions are buffered, whichever comes first."""
+    cfg = OnlineConfig(interval=100, positions=0, layers=1, probe_every=2,
+                       distill=DistillConfig(steps=1), save=False)
+    svc = distiller(cfg, copy.deepcopy(draft_m))
+    feed(svc, records[:4])
+    assert not svc.history  # 2 buffered requests: far from 100
+    by_positions = distiller(dataclasses.replace(cfg, positions=1), copy.deepcopy(draft_m))
+    feed(by_positions, records[:4])
+    assert len(by_positions.history) >= 1
+    by_requests = distiller(dataclasses.replace(cfg, interval=1), copy.deepcopy(draft_m))
+    feed(by_requests, records[:4])
+    assert len(by_requests.history) >= 1
+    with pytest.raises(InputError, match="positions"):
+        OnlineConfig(positions=-1)

@@ -78,9 +78,12 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from adaspec.cli.s2d import default_data_dir
+    from adaspec.cli.serve import online_config
     from adaspec.errors import InputError
-    from adaspec.lab.osd.simulate import default_config, parse_run, run_config
+    from adaspec.lab.osd.simulate import parse_run, run_config
     from adaspec.lab.osd.stream import build_stream
     from adaspec.store.catalog import DRAFT_DEFAULT
 
@@ -89,7 +92,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise InputError("--runs names no run")
     if args.k < 1:
         raise InputError(f"--k must be >= 1, got {args.k}")
-    cfg = default_config(args)
+    cfg = replace(online_config(args), save=False)  # a simulation saves no adapters
     for spec in specs:  # every run's settings are checked before anything loads
         run_config(cfg, spec)
     if args.replay == "engine" and args.draft_quant in ("auto", "ik", "gguf"):

@@ -62,6 +62,9 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
                             "draft:k=3 --draft-quant int8)")
     g.add_argument("--interval", type=int, default=16,
                    help="requests of a domain between two updates (default 16)")
+    g.add_argument("--osd-positions", type=int, default=0,
+                   help="also update once a domain has buffered this many new positions "
+                        "(default 0: only every --interval requests)")
     g.add_argument("--loss", default="jsd:0.5",
                    help="fkl | rkl | jsd[:beta] (default jsd:0.5)")
     g.add_argument("--sampling", default="teacher", choices=["teacher", "student", "mixed"],
@@ -94,8 +97,9 @@ def online_config(args: argparse.Namespace):
 
     distill = DistillConfig(loss=args.loss, sampling=args.sampling, steps=args.osd_steps,
                             lr=args.osd_lr)
-    return OnlineConfig(interval=args.interval, buffer=args.osd_buffer, top_k=args.osd_top_k,
-                        record=args.osd_record, layers=args.osd_layers,
+    return OnlineConfig(interval=args.interval, positions=args.osd_positions,
+                        buffer=args.osd_buffer, top_k=args.osd_top_k, record=args.osd_record,
+                        layers=args.osd_layers,
                         domains=args.osd_domains, distill=distill, root=args.osd_dir,
                         nice=args.osd_nice)
 

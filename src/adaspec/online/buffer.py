@@ -17,8 +17,10 @@ class ReplayBuffer:
         self._records: deque[RequestRecord] = deque()
         self.positions = 0
         self.added_since_update = 0  # requests added since the last update started
+        self.positions_since_update = 0  # ... and their recorded positions
 
     def add(self, record: RequestRecord) -> None:
+        self.positions_since_update += len(record)
         if not len(record):
             self.added_since_update += 1
             return
@@ -33,6 +35,10 @@ class ReplayBuffer:
             only.positions = only.positions[cut:]
             only.top_ids, only.top_probs = only.top_ids[cut:], only.top_probs[cut:]
             self.positions = len(only)
+
+    def started_update(self) -> None:
+        self.added_since_update = 0
+        self.positions_since_update = 0
 
     def records(self) -> list[RequestRecord]:
         return list(self._records)

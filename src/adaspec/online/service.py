@@ -39,6 +39,7 @@ log = logging.getLogger("adaspec.online")
 @dataclass(frozen=True)
 class OnlineConfig:
     interval: int = 16  # a domain's requests between updates
+    positions: int = 0  # ... or as soon as this many new positions are buffered (0: off)
     buffer: int = 4096  # recorded positions kept per domain
     top_k: int = 32  # target probabilities kept per position
     record: str = "rejected"  # rejected | all
@@ -57,6 +58,8 @@ class OnlineConfig:
             raise InputError(f"record must be one of {RECORD_MODES}, got {self.record!r}")
         if self.domains not in DOMAIN_SOURCES:
             raise InputError(f"domains must be one of {DOMAIN_SOURCES}, got {self.domains!r}")
+        if self.positions < 0:
+            raise InputError(f"positions must be >= 0 (0: off), got {self.positions}")
         for name in ("interval", "buffer", "top_k", "layers", "probe_every", "probe"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -149,9 +152,10 @@ class OnlineDistiller:
         else:
             self.buffers[domain].add(record)
         buf = self.buffers[domain]
-        if (buf.added_since_update >= self.cfg.interval and buf.positions
-                and self.probes.get(domain) and not self.worker.busy):
-            buf.added_since_update = 0
+        due = buf.added_since_update >= self.cfg.interval or (
+            self.cfg.positions > 0 and buf.positions_since_update >= self.cfg.positions)
+        if due and buf.positions and self.probes.get(domain) and not self.worker.busy:
+            buf.started_update()
             self.worker.submit(UpdateRequest(domain, buf.records(), list(self.probes[domain])))
             if self.wait:
                 self.collect(wait=True)

@@ -19,7 +19,6 @@ import torch
 from adaspec.errors import InputError
 from adaspec.lab.osd.replay import chain_steps, replay_record, target_topk
 from adaspec.lab.osd.stream import StreamRequest
-from adaspec.online.distill import DistillConfig
 from adaspec.online.record import RequestRecord
 from adaspec.online.service import OnlineConfig, OnlineDistiller
 from adaspec.online.worker import UpdateRequest
@@ -222,12 +221,3 @@ def _update_row(u) -> dict:
             "probe_before": u.before, "probe_after": u.after, "loss_first": u.loss_first,
             "loss_last": u.loss_last, "seconds": round(u.seconds, 3),
             "cpu_seconds": round(u.cpu_seconds, 3)}
-
-
-def default_config(args) -> OnlineConfig:
-    return OnlineConfig(
-        interval=args.interval, buffer=args.osd_buffer, top_k=args.osd_top_k,
-        record=args.osd_record, layers=args.osd_layers, domains=args.osd_domains,
-        distill=DistillConfig(loss=args.loss, sampling=args.sampling, steps=args.osd_steps,
-                              lr=args.osd_lr),
-        root=args.osd_dir, save=False, nice=args.osd_nice)
