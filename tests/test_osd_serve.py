@@ -170,3 +170,47 @@ def test_engine_replay_refuses_a_gguf_draft(capsys, model_dirs, tmp_path):
                        "--data", str(data), "--replay", "engine", "--draft-quant", "ik",
                        "--out", str(tmp_path / "o"))
     assert code == 2 and "torch" in err
+
+
+def test_a_domain_that_comes_back_brings_its_next_requests(capsys, model_dirs, tmp_path):
+    from adaspec.errors import InputError
+    from adaspec.lab.osd.stream import blocks_of, build_stream
+
+    data = tmp_path / "data"
+    _data(capsys, model_dirs, data)
+    stream, _ = build_stream(data, "humaneval:2,wmt:3,humaneval:4")
+    assert [(s, b - a) for s, a, b in blocks_of(stream)] == [
+        ("humaneval", 2), ("wmt", 3), ("humaneval", 4)]
+    first, back = stream[:2], stream[5:]
+    assert not {r.prompt_id for r in first} & {r.prompt_id for r in back}
+    # a block without a count takes what is left, capped by per_block
+    rest, _ = build_stream(data, "humaneval:4,humaneval,wmt", per_block=5)
+    assert [(s, b - a) for s, a, b in blocks_of(rest)] == [("humaneval", 6), ("wmt", 5)]
+    with pytest.raises(InputError, match="left of humaneval"):
+        build_stream(data, "humaneval:4,humaneval:3")
+    code, _, err = run(capsys, "osd", "simulate", "--target", model_dirs[0], "--draft",
+                       model_dirs[1], "--data", str(data), "--blocks", "wmt:x",
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and "count" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("tolerance, kind", [(float("inf"), "tie"), (-1.0, "bug")])
+def test_engine_replay_classifies_a_difference_from_the_stored_output(
+        model_dirs, tolerance, kind):
+    """A stored output changed at one token: the replay's output parts from it there, and
+    the target's logit gap against the runtime's tolerance names it a tie or a bug."""
+    from adaspec.engine.build import load_engine
+    from adaspec.lab.osd.engine_replay import engine_run
+    from adaspec.lab.osd.simulate import RunSpec
+    from adaspec.lab.osd.stream import StreamRequest
+
+    target, draft = model_dirs
+    engine = load_engine("draft:k=2", target=target, draft=draft, dtype="float32",
+                         quant="none", draft_quant="none")
+    prompt = [5, 9, 11, 3]
+    out = engine.generate(prompt, max_new_tokens=8).token_ids
+    wrong = out[:4] + [(out[4] + 1) % engine.target.vocab_size] + out[5:]
+    stream = [StreamRequest(0, "a", "x", prompt, out), StreamRequest(1, "b", "x", prompt, wrong)]
+    engine.target.tie_tolerance = tolerance
+    run_ = engine_run(engine, None, stream, 8, RunSpec("frozen", "frozen"), progress=False)
+    assert [(r.exact, r.divergence) for r in run_.requests] == [(True, ""), (False, kind)]

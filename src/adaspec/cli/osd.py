@@ -29,8 +29,11 @@ def add_osd_parser(sub: argparse._SubParsersAction) -> None:
                    help="the target's outputs from `adaspec s2d data` (default: its folder for "
                         "--target)")
     c.add_argument("--blocks", default=DEFAULT_BLOCKS,
-                   help=f"suites in stream order, one block each (default {DEFAULT_BLOCKS})")
-    c.add_argument("--per-block", type=int, default=0, help="requests per block (0: all)")
+                   help="blocks in stream order, SUITE[:N] each; a suite named again continues "
+                        "with its next requests, so a domain can come back (e.g. "
+                        f"wmt:40,humaneval:40,wmt:40; default {DEFAULT_BLOCKS})")
+    c.add_argument("--per-block", type=int, default=0,
+                   help="at most this many requests in a block without its own count (0: all)")
     c.add_argument("--k", type=int, default=3, help="draft tokens per step (default 3)")
     c.add_argument("--runs", default=DEFAULT_RUNS,
                    help="runs separated by ';': frozen, online[:key=value,...] (loss, sampling, "

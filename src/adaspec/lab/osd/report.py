@@ -109,16 +109,22 @@ def summary(runs: list[RunResult], stream: list[StreamRequest], setup: dict, pro
                      + f" | {ok}/{len(run.updates) - ok} | {cpu:.0f} |")
     if setup.get("replay") == "engine":
         lines += ["", "## Decoding with the real engine", "",
-                  "| run | tokens/s | outputs equal to the target's | updates | update CPU s "
-                  "| update CPU / run wall time |", "|---|---|---|---|---|---|"]
+                  "| run | tokens/s | outputs equal to the target's | numerical ties | bugs "
+                  "| updates | update CPU s | update CPU / run wall time |",
+                  "|---|---|---|---|---|---|---|---|"]
         for run in runs:
             tokens = sum(r.tokens for r in run.requests)
             secs = sum(r.seconds for r in run.requests)
             exact = sum(bool(r.exact) for r in run.requests)
+            kinds = Counter(r.divergence for r in run.requests)
             cpu = sum(u.get("cpu_seconds", 0.0) for u in run.updates)
             lines.append(f"| {run.spec} | {tokens / secs if secs else float('nan'):.2f} | "
-                         f"{exact}/{len(run.requests)} | {len(run.updates)} | {cpu:.0f} | "
+                         f"{exact}/{len(run.requests)} | {kinds['tie']} | {kinds['bug']} | "
+                         f"{len(run.updates)} | {cpu:.0f} | "
                          f"{cpu / run.seconds if run.seconds else float('nan'):.0%} |")
+        lines += ["", "A difference from the stored greedy output is a numerical tie when the "
+                  "target's top-2 logits where the two part are within the runtime's kernel "
+                  "noise (docs/exactness.md), a bug otherwise."]
         over = setup.get("recording_overhead")
         if over:
             lines += ["", f"Recording (top-{setup['top_k']} where the draft missed): "

@@ -84,6 +84,7 @@ class RequestResult:
     seconds: float = 0.0  # engine replay: decode wall time
     tokens: int = 0
     exact: bool | None = None  # engine replay: the output is the target's
+    divergence: str = ""  # engine replay, not exact: "tie" (the runtime's noise) or "bug"
 
 
 @dataclass

@@ -25,32 +25,53 @@ class StreamRequest:
         return self.prompt_ids + self.output
 
 
-def build_stream(data: str | Path, blocks: str = DEFAULT_BLOCKS, per_block: int = 0,
-                 repeat: int = 1) -> tuple[list[StreamRequest], dict]:
-    """Requests in blocks of one suite each, in the order `blocks` names them (`repeat`
-    times over); per_block > 0 keeps that many of each suite. Returns (stream, the data's
-    settings)."""
+def parse_blocks(blocks: str) -> list[tuple[str, int]]:
+    """`suite[:N],...` -> [(suite, N)] (N = 0 when not given)."""
+    out: list[tuple[str, int]] = []
+    for part in filter(None, (b.strip() for b in blocks.split(","))):
+        name, _, count = part.partition(":")
+        try:
+            n = int(count) if count else 0
+        except ValueError:
+            raise InputError(f"block {part!r}: the count after ':' must be an integer") from None
+        if n < 0:
+            raise InputError(f"block {part!r}: the count must be >= 0")
+        out.append((name.strip(), n))
+    if not out:
+        raise InputError("--blocks names no suite")
+    return out
+
+
+def build_stream(data: str | Path, blocks: str = DEFAULT_BLOCKS, per_block: int = 0
+                 ) -> tuple[list[StreamRequest], dict]:
+    """Requests in blocks of one suite each, in the order `blocks` names them. A suite named
+    again continues where its last block stopped (a domain that comes back brings new
+    requests, never the same ones again). A block without a count takes what is left of its
+    suite, at most `per_block` when that is set. Returns (stream, the data's settings)."""
     meta = read_meta(data)
     if not meta.get("complete"):
         raise InputError(f"{data} is an unfinished collection: rerun `adaspec s2d data`")
-    rows = read_rows(data)
-    names = [b.strip() for b in blocks.split(",") if b.strip()]
+    plan = parse_blocks(blocks)
     by_suite: dict[str, list] = {}
-    for r in rows:
-        by_suite.setdefault(r.suite, []).append(r)
-    unknown = [n for n in names if n not in by_suite]
+    for r in read_rows(data):
+        if r.output:
+            by_suite.setdefault(r.suite, []).append(r)
+    unknown = sorted({n for n, _ in plan if n not in by_suite})
     if unknown:
         raise InputError(f"no rows of {unknown} in {data} (it has {sorted(by_suite)})")
+    used = dict.fromkeys(by_suite, 0)
     stream: list[StreamRequest] = []
-    for _ in range(max(1, repeat)):
-        for name in names:
-            chosen = sorted(by_suite[name], key=lambda r: r.prompt_id)
-            if per_block > 0:
-                chosen = chosen[:per_block]
-            for r in chosen:
-                if r.output:
-                    stream.append(StreamRequest(len(stream), r.prompt_id, name,
-                                                list(r.prompt_ids), list(r.output)))
+    for name, n in plan:
+        rows = sorted(by_suite[name], key=lambda r: r.prompt_id)[used[name]:]
+        if not rows or n > len(rows):  # an explicit count is a promise
+            raise InputError(f"block {name}:{n or 'all'} wants more requests than {data} has "
+                             f"left of {name} ({len(rows)} of {len(by_suite[name])}): collect "
+                             f"more with `adaspec s2d data --suite {name}:N` or ask for fewer")
+        chosen = rows[: n or per_block or len(rows)]
+        used[name] += len(chosen)
+        for r in chosen:
+            stream.append(StreamRequest(len(stream), r.prompt_id, name, list(r.prompt_ids),
+                                        list(r.output)))
     return stream, meta
 
 
