@@ -9,7 +9,6 @@ and refuses one that does not match, so a half-written draft is never served.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from adaspec.errors import InputError
+from adaspec.store.assembly import sha256_file
 from adaspec.store.atomic import atomic_path, write_json
 
 MANIFEST = "adapter.json"
@@ -45,14 +45,6 @@ class Adapter:
     meta: dict
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save_adapter(root: Path, adapter: Adapter) -> Path:
     from safetensors.torch import save_file
 
@@ -62,7 +54,8 @@ def save_adapter(root: Path, adapter: Adapter) -> Path:
     with atomic_path(folder / name) as tmp:
         save_file({k: v.contiguous() for k, v in adapter.state.items()}, str(tmp))
     manifest = {**adapter.meta, "domain": adapter.domain, "step": adapter.step,
-                "updates": adapter.updates, "file": name, "sha256": _sha256(folder / name)}
+                "updates": adapter.updates, "file": name,
+                "sha256": sha256_file(folder / name, progress=False)}
     write_json(folder / MANIFEST, manifest)
     for old in folder.glob("adapter-*.safetensors"):
         if old.name != name:
@@ -80,7 +73,7 @@ def load_adapter(folder: Path) -> Adapter:
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"{folder / MANIFEST} is unreadable ({exc}): delete {folder} to "
                          "start this domain's draft afresh") from None
-    if not path.is_file() or _sha256(path) != meta.get("sha256"):
+    if not path.is_file() or sha256_file(path, progress=False) != meta.get("sha256"):
         raise InputError(f"{path} does not match the sha256 in {folder / MANIFEST} (a torn "
                          f"or changed file): delete {folder} to start this domain afresh")
     return Adapter(meta["domain"], int(meta["step"]), int(meta.get("updates", 0)),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from adaspec.errors import InputError
 from adaspec.lab.bench.suites import Prompt
+from adaspec.store.assembly import sha256_file
 from adaspec.store.atomic import trim_torn_tail, write_json
 
 ROWS = "outputs.jsonl"
@@ -60,14 +61,6 @@ def read_meta(folder: str | Path) -> dict:
     if not path.is_file():
         raise InputError(f"{path} not found: is {folder} a folder from `adaspec s2d data`?")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def collect(
@@ -128,7 +121,7 @@ def collect(
         "output_tokens": sum(len(r.output) for r in rows),
         "train_rows": sum(r.split == "train" for r in rows),
         "val_rows": sum(r.split == "val" for r in rows),
-        "rows_sha256": sha256_of(rows_path),
+        "rows_sha256": sha256_file(rows_path, progress=False),
     })
     return folder
 
