@@ -8,7 +8,7 @@ setup:
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray]'
+	$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
 	$(VENV)/bin/adaspec models prepare
 
 test:
