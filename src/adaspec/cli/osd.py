@@ -111,7 +111,9 @@ def run_simulate(args: argparse.Namespace) -> int:
              "interval": cfg.interval, "loss": cfg.distill.loss,
              "sampling": cfg.distill.sampling, "layers": cfg.layers,
              "steps_per_update": cfg.distill.steps, "lr": cfg.distill.lr,
-             "record": cfg.record, "top_k": cfg.top_k, "offline_steps": args.offline_steps}
+             "record": cfg.record, "top_k": cfg.top_k}
+    if any(s.kind == "offline" for s in specs):
+        setup["offline_steps"] = args.offline_steps
     profile = None
     if args.profile:
         from adaspec.cost.profile import load_profile
