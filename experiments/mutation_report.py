@@ -64,7 +64,19 @@ _E = {
         4: "torch.tensor of Python ints is int64 already (dtype left out)",
     },
     "engine.text.xǁTextAssemblerǁ__init__": {
+        6: "whole-text decoding gives the same text (slower)",
         10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",
+    },
+    "engine.text.xǁTextAssemblerǁ_text": {
+        15: "the decoded prefix is kept more often; each kept one ends on a whole character",
+        16: "the decoded prefix is kept one token later: the same text",
+    },
+    "engine.text.xǁTextAssemblerǁpush": {
+        29: "text[sent:safe] is empty when safe <= sent",
+        30: "text[sent:safe] is empty when safe == sent",
+    },
+    "engine.text.x__held_back": {
+        23: "s[:n] for n >= len(s) is s, which push has already cut as a stop string",
     },
     "draft.ngram.xǁNgramDrafterǁ__init__": {
         14: "_reset() sets _tokens before any use", 15: "_reset() sets _index before any use",

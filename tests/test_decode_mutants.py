@@ -933,6 +933,68 @@ def test_a_prefix_ending_inside_a_character_is_not_kept_as_decoded():
     assert asm.final_text([*head, 0xA9, 0x21]) == "a" * (TextAssembler.STABLE_EVERY - 1) + "é!"
 
 
+class _Bytes:
+    """UTF-8 bytes as token ids: a multi-byte character split over tokens decodes to U+FFFD
+    until its last byte arrives."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("text, stop, piece", [
+    (b"abc", [], "abc"),  # nothing can still change: everything goes out
+    (b"ab\xc3", [], "ab"),  # the first byte of a 2-byte character waits for the next
+    (b"ab\xe2\x82", [], "ab"),  # two bytes of a 3-byte character: U+FFFD, held back
+    (b"ab\xf0\x9f\x98", [], "ab"),  # three bytes of a 4-byte character
+    (b"ab\xff\xff", [], "ab"),  # every trailing U+FFFD, not only the last
+    (b"abX", ["XYZ"], "ab"),  # the first character of a stop string is held back
+    (b"abXY", ["XYZ"], "ab"),  # ... and its first two
+    (b"aXb", ["XYZ"], "aXb"),  # a stop string's start that did not continue goes out
+])
+def test_a_streamed_piece_holds_back_exactly_what_may_still_change(text, stop, piece):
+    """Not final: the piece is all the text but a trailing partial character or a trailing
+    prefix of a stop string, and the final push sends the rest."""
+    from adaspec.engine.text import TextAssembler
+
+    asm = TextAssembler(_Bytes(), stop)
+    assert asm.push(list(text), final=False) == (piece, False)
+    full = text.decode("utf-8", errors="replace")
+    assert asm.push(list(text), final=True) == (full[len(piece):], False)
+
+
+class _CleanUp:
+    """A tokenizer that rewrites spaces across tokens (" ." -> "."), as Hugging Face's
+    clean_up_tokenization_spaces does: the text of a prefix is not a prefix of the text."""
+
+    clean_up_tokenization_spaces = True
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids)).replace(" .", ".")
+
+
+def test_a_tokenizer_that_rewrites_across_tokens_is_decoded_whole():
+    from adaspec.engine.text import TextAssembler
+
+    asm = TextAssembler(_CleanUp(), [])
+    head = ids("a" * TextAssembler.STABLE_EVERY + " ")
+    asm.push(head, final=False)
+    assert asm.final_text([*head, ord(".")]) == "a" * TextAssembler.STABLE_EVERY + "."
+
+
+def test_decoded_text_follows_the_tokens_when_they_change():
+    """A kept prefix is reused only while the tokens still start with it (tokens_through_stop
+    decodes shorter lists after longer ones)."""
+    from adaspec.engine.text import TextAssembler
+
+    n = TextAssembler.STABLE_EVERY + 4
+    asm = TextAssembler(Chars(), [])
+    asm.push(ids("a" * n), final=False)
+    other = "b" + "a" * (n - 1)
+    assert asm.final_text(ids(other)) == other
+    assert asm.final_text(ids("a" * 3)) == "aaa"
+    assert TextAssembler(None, []).push([1, 2], final=True) == ("", False)
+
+
 def test_too_long_a_request_says_how_to_fit(toy):
     from adaspec.engine.loop import Engine
 
