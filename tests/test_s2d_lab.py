@@ -88,7 +88,8 @@ def test_data_train_tune_and_decode(capsys, model_dirs, source_dir, tmp_path):
     grid = json.loads((tmp_path / "grid.json").read_text())["grid"]
     assert len(grid) == 3 * 3  # each threshold setting, with its best k
     best = max(grid, key=lambda g: g["speedup"])
-    assert round(tuned["predicted_speedup"], 3) == best["speedup"]
+    # the same figure, stored to 4 decimals and reported to 3 (rounding twice can differ)
+    assert tuned["predicted_speedup"] == pytest.approx(best["speedup"], abs=6e-4)
 
     # the tuned artifact drives generation; greedy output equals plain decoding
     base = ["generate", "def add(a, b):", "--target", target, "--quant", "none", "--dtype",
