@@ -28,36 +28,22 @@ bench-core:
 # (git-ignored) for the report and `mutmut browse`.
 MUTMUT := $(VENV)/bin/mutmut
 MUTATION_CHILDREN ?= 1
-MUTATION_GROUPS ?= engine verify control draft integrity auto
-MUTANTS_engine := 'adaspec.engine.loop.*' 'adaspec.engine.proposal.*' \
-	'adaspec.engine.sampling.*' 'adaspec.engine.token_tree.*' 'adaspec.engine.text.*'
-MUTANTS_draft := 'adaspec.draft.model.*' 'adaspec.draft.model_tree.*' 'adaspec.draft.ngram.*' \
-	'adaspec.draft.rates.*' 'adaspec.draft.base.*'
-MUTANTS_auto := 'adaspec.draft.auto.*'
-MUTANTS_verify := 'adaspec.verify.*'
-MUTANTS_control := 'adaspec.control.*'
-# the store's checksums and atomic writes only (not its downloads, conversions or loading)
-MUTANTS_integrity := $(shell $(PY) experiments/mutation_report.py --integrity-globs)
+# groups (GROUPS in experiments/mutation_report.py): engine draft auto s2d verify control
+# integrity (the store's checksums and atomic writes only, not its downloads or conversions)
+MUTATION_GROUPS ?= engine verify control draft auto s2d integrity
 
 mutation:
-	@globs=""; for group in $(MUTATION_GROUPS); do \
-		case $$group in \
-			engine) globs="$$globs $(MUTANTS_engine)";; draft) globs="$$globs $(MUTANTS_draft)";; \
-			verify) globs="$$globs $(MUTANTS_verify)";; control) globs="$$globs $(MUTANTS_control)";; \
-			integrity) globs="$$globs $(MUTANTS_integrity)";; auto) globs="$$globs $(MUTANTS_auto)";; \
-			*) echo "unknown group $$group (groups: engine verify control draft integrity auto)"; \
-			   exit 2;; \
-		esac; \
-	done; \
-	echo "== mutmut: $(MUTATION_GROUPS)"; \
+	@echo "== mutmut: $(MUTATION_GROUPS)"
+	globs="$$($(PY) experiments/mutation_report.py --globs $(MUTATION_GROUPS))" || exit 2; \
 	eval $(MUTMUT) run --max-children $(MUTATION_CHILDREN) $$globs
 	$(MAKE) mutation-report
 
-# Run only the mutants of MUTATION_GROUPS no run has checked yet (after an interrupted run).
+# Run only the mutants of MUTATION_GROUPS no run (here or in the ledger) has checked yet.
 mutation-resume:
 	$(MUTMUT) run --max-children $(MUTATION_CHILDREN) \
 		$$($(PY) experiments/mutation_report.py --unchecked $(MUTATION_GROUPS))
 	$(MAKE) mutation-report
 
+# add this machine's results to the committed ledger, then write the table from it
 mutation-report:
-	$(PY) experiments/mutation_report.py --write docs/mutation.md
+	$(PY) experiments/mutation_report.py --record --write docs/mutation.md

@@ -3,7 +3,8 @@
     python experiments/mutation_report.py                 # print the table
     python experiments/mutation_report.py --write docs/mutation.md
     python experiments/mutation_report.py --survivors     # surviving mutants, one a line
-    python experiments/mutation_report.py --integrity-globs   # the store group's mutant names
+    python experiments/mutation_report.py --record --write docs/mutation.md  # add mutants/ first
+    python experiments/mutation_report.py --globs integrity   # a group's mutant name patterns
     python experiments/mutation_report.py --unchecked engine verify   # not yet run, by group
 
 The decode path counts every mutant of its modules; the store modules count only the
@@ -27,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
+# Every mutant result measured so far, per function and the hash of its code (mutmut's), so
+# runs on different machines and sessions add up: `--record` adds this machine's.
+LEDGER = ROOT / "experiments" / "results" / "mutation" / "ledger.json"
 
 # The store's integrity code: whole atomic.py, the checksum functions of the others.
 INTEGRITY = {
@@ -283,16 +287,85 @@ def function_of(mutant: str) -> str:
                                         else name) if p) or name
 
 
-def load() -> dict[str, dict[str, str]]:
-    """module -> {mutant name: status}."""
-    results: dict[str, dict[str, str]] = {}
+def _module_of(meta: Path) -> str:
+    return ".".join(meta.relative_to(MUTANTS / "src").with_suffix("").with_suffix("").parts)
+
+
+def _split(module: str, mutant: str) -> tuple[str, int]:
+    """'adaspec.engine.text.xǁTǁpush__mutmut_3' -> ('xǁTǁpush', 3)."""
+    function, number = mutant.removeprefix(module + ".").rsplit("__mutmut_", 1)
+    return function, int(number)
+
+
+def local() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """module -> ({mutant: status}, {function: hash}) from this machine's mutants/ folder."""
+    out = {}
     for meta in sorted(MUTANTS.glob("src/**/*.py.meta")):
-        module = ".".join(meta.relative_to(MUTANTS / "src").with_suffix("").with_suffix("")
-                          .parts)
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
-        statuses = {m: STATUS.get(c, f"exit {c}") for m, c in codes.items() if counted(module, m)}
+        module = _module_of(meta)
+        data = json.loads(meta.read_text())
+        statuses = {m: STATUS.get(c, f"exit {c}") for m, c in data["exit_code_by_key"].items()
+                    if counted(module, m)}
         if statuses:
-            results[module] = statuses
+            out[module] = (statuses, data["hash_by_function_name"])
+    return out
+
+
+def read_ledger() -> dict:
+    return json.loads(LEDGER.read_text()) if LEDGER.is_file() else {}
+
+
+def record(found: dict[str, tuple[dict[str, str], dict[str, str]]]) -> int:
+    """Add this machine's checked mutants to the ledger; a function whose code changed
+    (another hash) starts over. Returns how many mutant results were written."""
+    ledger = read_ledger()
+    written = 0
+    for module, (statuses, hashes) in found.items():
+        per_function: dict[str, dict[int, str]] = {}
+        for mutant, status in statuses.items():
+            function, number = _split(module, mutant)
+            per_function.setdefault(function, {})[number] = status
+        for function, numbers in per_function.items():
+            entry = ledger.setdefault(module, {}).get(function)
+            if entry is None or entry["hash"] != hashes.get(function):
+                entry = {"hash": hashes.get(function), "status": {}}
+            old = {n: st for st, ns in entry["status"].items() for n in ns}
+            new = {n: st for n, st in numbers.items() if st != "not checked"}
+            written += len(new)
+            old.update(new)
+            entry["mutants"] = len(numbers)
+            entry["status"] = {st: sorted(n for n, s2 in old.items() if s2 == st)
+                               for st in sorted(set(old.values()))}
+            ledger[module][function] = entry
+    LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(ledger, indent=1, sort_keys=True, ensure_ascii=False)
+    tmp = LEDGER.with_suffix(".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(LEDGER)
+    return written
+
+
+def load() -> dict[str, dict[str, str]]:
+    """module -> {mutant name: status}: this machine's results, and where it has not checked
+    a mutant, the ledger's (if the function's code is the one the ledger measured). With no
+    mutants/ folder the ledger alone gives the table."""
+    ledger = read_ledger()
+    found = local() if MUTANTS.is_dir() else {}
+    results: dict[str, dict[str, str]] = {}
+    for module in sorted(set(found) | set(ledger)):
+        statuses, hashes = found.get(module, ({}, {}))
+        merged = dict(statuses)
+        for function, entry in ledger.get(module, {}).items():
+            if hashes and hashes.get(function) != entry["hash"]:
+                continue  # the code changed since: its old results do not count
+            known = {n: st for st, ns in entry["status"].items() for n in ns}
+            for n in range(1, entry["mutants"] + 1):
+                name = f"{module}.{function}__mutmut_{n}"
+                if not counted(module, name):
+                    continue
+                if merged.get(name, "not checked") == "not checked":
+                    merged[name] = known.get(n, "not checked")
+        if merged:
+            results[module] = dict(sorted(merged.items()))
     return results
 
 
@@ -301,10 +374,21 @@ GROUPS = {
                "engine.text"],
     "draft": ["draft.model", "draft.model_tree", "draft.ngram", "draft.rates", "draft.base"],
     "auto": ["draft.auto"],
+    "s2d": ["draft.s2d", "draft.s2d_artifact", "draft.sorted_model"],
     "verify": ["verify."],
     "control": ["control."],
     "integrity": ["store."],
 }
+
+
+def group_globs(groups: list[str]) -> list[str]:
+    """Mutant name patterns for `mutmut run`: a module's every mutant, or for the store
+    only its integrity functions."""
+    out: list[str] = []
+    for g in groups:
+        out += integrity_globs() if g == "integrity" else [
+            f"adaspec.{p}*" if p.endswith(".") else f"adaspec.{p}.*" for p in GROUPS[g]]
+    return out
 
 
 def in_groups(module: str, groups: list[str]) -> bool:
@@ -373,15 +457,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", type=Path, help="replace the scores block of this page")
     ap.add_argument("--survivors", action="store_true")
-    ap.add_argument("--integrity-globs", action="store_true")
+    ap.add_argument("--record", action="store_true",
+                    help="add this machine's results (mutants/) to the ledger first")
+    ap.add_argument("--globs", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
+                    help="print the mutant name patterns of these groups (for `mutmut run`)")
     ap.add_argument("--unchecked", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
                     help="print the mutants of these groups not run yet (for `mutmut run`)")
     args = ap.parse_args()
-    if args.integrity_globs:
-        print(" ".join(f"'{g}'" for g in integrity_globs()))
+    if args.globs:
+        print(" ".join(f"'{g}'" for g in group_globs(args.globs)))
         return 0
-    if not MUTANTS.is_dir():
-        print("no mutants/ folder: run `make mutation` first", file=sys.stderr)
+    if args.record:
+        if not MUTANTS.is_dir():
+            print("no mutants/ folder: run `make mutation` first", file=sys.stderr)
+            return 1
+        print(f"recorded {record(local())} mutant results in {LEDGER.relative_to(ROOT)}")
+    if not MUTANTS.is_dir() and not LEDGER.is_file():
+        print("no results: run `make mutation` first", file=sys.stderr)
         return 1
     results = load()
     if args.unchecked:

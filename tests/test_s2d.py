@@ -244,3 +244,71 @@ def test_prompt_runs_every_reachable_layer_at_start(source):
     assert shallow.state.exits == (1, 2) and shallow.thresholds == (0.5, 0.0)
     shallow.start(prompt)
     assert shallow.state.layers_run == 4 * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# What mutation testing found unchecked (docs/mutation.md): config reading, tied heads,
+# names under $ADASPEC_HOME, messages.
+
+
+def _hf_config(**fields):
+    from types import SimpleNamespace
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                rms_norm_eps=1e-6)
+    return SimpleNamespace(**{**base, **fields})
+
+
+@pytest.mark.parametrize("fields, theta", [
+    ({"rope_parameters": {"rope_theta": 1e6}}, 1e6),  # transformers 5: only here
+    ({"rope_parameters": {"rope_theta": 1e6}, "rope_theta": 5.0}, 1e6),  # it wins
+    ({"rope_parameters": {"rope_type": "default"}, "rope_theta": 5e5}, 5e5),
+    ({"rope_parameters": None, "rope_theta": 5e5}, 5e5),
+    ({"rope_theta": 5e5}, 5e5),  # older transformers: only the attribute
+    ({}, 10000.0),  # neither: the Qwen2/Llama default
+])
+def test_rope_theta_is_read_where_the_config_keeps_it(fields, theta):
+    cfg = SortedConfig.from_hf(_hf_config(num_key_value_heads=2, **fields), (1, 2))
+    assert cfg.rope_theta == theta and isinstance(cfg.rope_theta, float)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.exits) == (4, 2, (1, 2))
+
+
+def test_kv_heads_default_to_the_attention_heads():
+    assert SortedConfig.from_hf(_hf_config(), (2,)).num_kv_heads == 4
+
+
+def test_a_tied_source_gives_its_embeddings_as_the_head(tmp_path):
+    """A tied model stores no lm_head tensor: the draft's head is the embedding matrix, and
+    the artifact records it so a load reads the same."""
+    model = tiny_model(vocab=64, layers=2, hidden=32, seed=5, tie=True, random_norms=True)
+    path = save_source(tmp_path / "src", model)
+    token_ids = torch.arange(0, 64, 2)
+    draft, record = s2d_artifact.extract(path, (1, 2), token_ids)
+    assert record["tied_head"] is True and record["weights"] == "model.safetensors"
+    torch.testing.assert_close(draft.lm_head.weight,
+                               model.model.embed_tokens.weight[token_ids], rtol=0, atol=0)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits[0, :, token_ids]
+        got = draft.head_logits(draft.exit_hidden(ids)[-1])[0]
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    s2d_artifact.save(draft, tmp_path / "art", {"source": record, "name": "t"})
+    loaded, _ = s2d_artifact.load(tmp_path / "art")
+    assert torch.equal(loaded.lm_head.weight, draft.lm_head.weight)
+
+
+def test_an_artifact_is_found_by_name_under_adaspec_home(source, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    draft, record = s2d_artifact.extract(source[1], (2, 4))
+    # save makes the missing parents (home/s2d/ does not exist yet)
+    folder = s2d_artifact.save(draft, s2d_artifact.s2d_home() / "mine",
+                               {"source": record, "name": "mine"})
+    assert folder == tmp_path / "home" / "s2d" / "mine"
+    assert s2d_artifact.resolve("mine") == folder
+    loaded, manifest = s2d_artifact.load("mine")
+    assert manifest["name"] == "mine" and loaded.config.exits == (2, 4)
+
+
+def test_the_refusal_names_the_deepest_exit_asked_for(source):
+    with pytest.raises(InputError, match=r"the exits \[1, 5, 9\] ask for 9$"):
+        s2d_artifact.extract(source[1], (1, 5, 9))

@@ -327,19 +327,3 @@ class ExitState:
 def confidence(small_logits: torch.Tensor) -> float:
     """Top probability of a distribution given by logits (the exit rule's confidence)."""
     return float(torch.softmax(small_logits.float(), dim=-1).max())
-
-
-def param_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def layer_flops(cfg: SortedConfig) -> int:
-    """Multiply-adds of one decoder layer for one token (weights only)."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2
-    return attn + 3 * h * cfg.intermediate_size
-
-
-def head_flops(cfg: SortedConfig, kept: int) -> int:
-    return cfg.hidden_size * kept
-
