@@ -5,14 +5,16 @@ round-trips, and speculative sampling with exits stays exact end to end."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 import torch
 
 from adaspec.backends.torch_backend import TorchBackend
+from adaspec.control.base import LengthController
 from adaspec.draft import s2d_artifact
 from adaspec.draft.s2d import S2DDrafter
-from adaspec.draft.sorted_model import ExitState, SortedConfig, SortedDraftLM
+from adaspec.draft.sorted_model import ExitState, SortedConfig, SortedDraftLM, confidence
 from adaspec.engine.build import build_engine
 from adaspec.engine.loop import Engine
 from adaspec.engine.proposal import Proposal
@@ -312,3 +314,81 @@ def test_an_artifact_is_found_by_name_under_adaspec_home(source, tmp_path, monke
 def test_the_refusal_names_the_deepest_exit_asked_for(source):
     with pytest.raises(InputError, match=r"the exits \[1, 5, 9\] ask for 9$"):
         s2d_artifact.extract(source[1], (1, 5, 9))
+
+
+class StopAfter(LengthController):
+    """Drafts up to k tokens, stops after position `stop` (None: never); records its calls."""
+
+    def __init__(self, k: int, stop: int | None) -> None:
+        self.k, self.stop, self.calls = k, stop, []
+
+    def max_tokens(self) -> int:
+        return self.k
+
+    def keep_drafting(self, position, draft_logits):
+        self.calls.append((position, draft_logits))
+        return position != self.stop
+
+
+def _exit_rule(draft: SortedDraftLM, ids: list[int], thresholds) -> tuple[int, torch.Tensor]:
+    """The teacher-forced answer: the first exit confident enough, else the last."""
+    with torch.no_grad():
+        for e, h in enumerate(draft.exit_hidden(torch.tensor([ids]))):
+            small = draft.head_logits(h)[0, -1]
+            if e == len(thresholds) - 1 or confidence(small) >= thresholds[e]:
+                return e, draft.full_logits(small)
+    raise AssertionError
+
+
+def test_proposals_follow_the_exit_rule_through_accepts_and_rejections(source):
+    """Greedy proposals over 30 steps of random acceptance (all, none, some, each followed
+    by a correction), k and early stops: every token is the teacher-forced exit rule's, the
+    controller sees each position's full logits, and the exits are counted per proposal."""
+    draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
+    thresholds = (0.5, 0.5)
+    drafter = S2DDrafter(draft, thresholds)
+    rng = random.Random(1)
+    context = [rng.randrange(64) for _ in range(6)]
+    drafter.start(context)
+    exits_seen: Counter = Counter()
+    for _ in range(30):
+        k = rng.choice((1, 3, 4))
+        controller = StopAfter(k, rng.choice((None, None, 0, 1)))
+        proposal = drafter.propose(list(context), k, controller, SamplingParams(0.0), None)
+        tokens = proposal.tokens
+        n = k if controller.stop is None else min(k, controller.stop + 1)
+        assert len(tokens) == n and proposal.forward_calls == n and proposal.probs is None
+        assert [i for i, _ in controller.calls] == list(range(n))
+        expected_by: Counter = Counter()
+        for i, token in enumerate(tokens):
+            e, logits = _exit_rule(draft, context + tokens[:i], (*thresholds, 0.0))
+            expected_by[f"exit {(1, 2, 4)[e]}"] += 1
+            assert token == int(logits.argmax())
+            torch.testing.assert_close(controller.calls[i][1], logits, rtol=0, atol=1e-4)
+        assert proposal.drafted_by == dict(expected_by)
+        exits_seen.update(expected_by)
+        m = rng.randrange(0, n + 1)
+        correction = (tokens[m] + 1) % 64 if m < n else rng.randrange(64)
+        context += tokens[:m] + [correction]
+        drafter.commit(context, list(range(m + 1)))
+    assert set(exits_seen) == {"exit 1", "exit 2", "exit 4"}
+
+
+def test_sampled_proposals_draw_with_the_generator_and_return_each_exits_distribution(source):
+    draft, _ = s2d_artifact.extract(source[1], (1, 4))
+    params = SamplingParams(1.0)
+    drafts = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)  # only the request's generator may decide the draws
+        drafter = S2DDrafter(draft, (0.5,))
+        drafter.start([3, 1, 4, 1, 5])
+        proposal = drafter.propose([3, 1, 4, 1, 5], 4, StopAfter(4, None), params,
+                                   torch.Generator().manual_seed(7))
+        drafts.append(proposal.tokens)
+        context = [3, 1, 4, 1, 5]
+        for i, token in enumerate(proposal.tokens):
+            _, logits = _exit_rule(draft, context, (0.5, 0.0))
+            torch.testing.assert_close(proposal.probs[i], torch.softmax(logits, -1),
+                                       rtol=0, atol=1e-5)
+            context = context + [token]
+    assert drafts[0] == drafts[1]

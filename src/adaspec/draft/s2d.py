@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from adaspec.control.base import LengthController
-from adaspec.draft.base import Drafter
-from adaspec.draft.model import roll_back_to_common_prefix
+from adaspec.draft.model import ModelDrafter
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
 from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
 
-class S2DDrafter(Drafter):
-    """Keeps the sorted draft's per-segment caches in step with the accepted context."""
+class S2DDrafter(ModelDrafter):
+    """A chain drafter whose "backend" is the sorted draft's per-segment state: only the
+    prompt prefill and the forward step differ from a model draft's, and each proposal
+    counts the tokens each exit drafted."""
 
     name = "s2d"
 
@@ -31,12 +30,15 @@ class S2DDrafter(Drafter):
         # an exit whose threshold is 0 always answers: the exits after it are never reached
         reach = next((i for i, t in enumerate(thresholds) if t <= 0.0), len(exits) - 1)
         exits, thresholds = exits[: reach + 1], tuple(thresholds[:reach])
+        super().__init__(ExitState(model, exits))  # type: ignore[arg-type]
         self.model = model
         self.thresholds = (*thresholds, 0.0)
         self.labels = [f"exit {e}" for e in exits]
-        self.state = ExitState(model, exits)
-        self.max_context = 32768
-        self._cached: list[int] = []  # tokens the state holds, in order
+        self._used: dict[str, int] = {}  # tokens per exit in the proposal being drafted
+
+    @property
+    def state(self) -> ExitState:
+        return self.backend  # type: ignore[return-value]
 
     def start(self, prompt_ids: list[int]) -> None:
         """Run the prompt but its last token through every reachable layer in one batched
@@ -48,44 +50,15 @@ class S2DDrafter(Drafter):
             self.state.append(head, full_depth=True)
         self._cached = head
 
-    def _sync(self, context: list[int]) -> None:
-        roll_back_to_common_prefix(self.state, self._cached, context)
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        exit_index, small = self.state.feed(tokens, self.thresholds)
+        self._cached.extend(tokens)
+        label = self.labels[exit_index]
+        self._used[label] = self._used.get(label, 0) + 1
+        return self.model.full_logits(small)
 
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
-        self._sync(context)
-        if len(self._cached) == len(context):  # the last token's logits are needed again
-            self.state.truncate(len(context) - 1)
-            del self._cached[-1:]
-        pending = context[len(self._cached):]
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        used: dict[str, int] = {}
-        for i in range(max_tokens):
-            exit_index, small = self.state.feed(pending, self.thresholds)
-            self._cached.extend(pending)
-            logits = self.model.full_logits(small)
-            if params.greedy:
-                token = int(argmax(logits))
-            else:
-                probs = process_logits(logits, params)
-                token = sample(probs, generator)
-                rows.append(probs)
-            label = self.labels[exit_index]
-            used[label] = used.get(label, 0) + 1
-            tokens.append(token)
-            pending = [token]
-            if not controller.keep_drafting(i, logits):
-                break
-        return Proposal.chain(context[-1], tokens, torch.stack(rows) if rows else None,
-                              forward_calls=len(tokens), drafted_by=used)
-
-    def commit(self, context: list[int], path: list[int]) -> None:
-        self._sync(context)
+    def propose(self, *args, **kwargs) -> Proposal:
+        self._used = {}
+        proposal = super().propose(*args, **kwargs)
+        proposal.drafted_by = self._used
+        return proposal

@@ -231,6 +231,10 @@ class ExitState:
     truncation of each segment.
     """
 
+    # RoPE is computed per position (no table bounds it); the Qwen2.5 sources were trained
+    # to 32k positions, beyond which the draft's guesses would be worthless
+    max_context = 32768
+
     def __init__(self, model: SortedDraftLM, exits: tuple[int, ...] | None = None) -> None:
         """exits: the exits to check (a subset of the model's, ascending; default all): with
         one, the sorted draft runs as a plain draft of that many layers."""
