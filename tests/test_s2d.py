@@ -392,3 +392,40 @@ def test_sampled_proposals_draw_with_the_generator_and_return_each_exits_distrib
                                        rtol=0, atol=1e-5)
             context = context + [token]
     assert drafts[0] == drafts[1]
+
+
+@pytest.mark.parametrize("weights, dtype, linear", [
+    ("bfloat16", torch.bfloat16, torch.nn.Linear),
+    ("float32", torch.float32, torch.nn.Linear),
+    ("int8", torch.bfloat16, "Int8WeightLinear"),
+    ("int4", torch.bfloat16, "Int4WeightLinear"),
+])
+def test_drafting_weights_are_the_ones_asked_for(tmp_path, weights, dtype, linear):
+    wide = tiny_model(vocab=64, layers=2, hidden=128, seed=4, random_norms=True)  # int4: 128
+    draft, record = s2d_artifact.extract(save_source(tmp_path / "src", wide), (1, 2))
+    s2d_artifact.save(draft, tmp_path / "art", {"source": record, "name": "t"})
+    model, manifest = s2d_artifact.load_for_drafting(tmp_path / "art", weights)
+    assert manifest["name"] == "t" and not model.training
+    assert model.embed_tokens.weight.dtype == dtype
+    proj = model.layers[0].mlp.up_proj
+    assert (type(proj) is linear) if isinstance(linear, type) else type(proj).__name__ == linear
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        want = draft.head_logits(draft.exit_hidden(ids)[-1])
+        got = model.head_logits(model.exit_hidden(ids)[-1])
+    assert got.dtype == dtype  # the rotary tables follow the activations' dtype
+    share = {"float32": 1e-6, "bfloat16": 0.03, "int8": 0.06, "int4": 0.3}[weights]
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=share * float(want.abs().max()))
+
+
+def test_unknown_drafting_weights_are_refused(source, tmp_path):
+    with pytest.raises(InputError, match="unknown sorted-draft weights 'fp8'"):
+        s2d_artifact.load_for_drafting(tmp_path, "fp8")
+
+
+def test_tuned_settings_are_found_per_target():
+    manifest = {"thresholds": {"big": {"thresholds": [0.4], "k": 3}}}
+    assert s2d_artifact.tuned_for(manifest, "big") == {"thresholds": [0.4], "k": 3}
+    assert s2d_artifact.tuned_for(manifest, "other") is None
+    assert s2d_artifact.tuned_for({"thresholds": None}, "big") is None
+    assert s2d_artifact.tuned_for({}, "big") is None
