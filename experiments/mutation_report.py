@@ -6,6 +6,7 @@
     python experiments/mutation_report.py --record --write docs/mutation.md  # add mutants/ first
     python experiments/mutation_report.py --globs integrity   # a group's mutant name patterns
     python experiments/mutation_report.py --unchecked engine verify   # not yet run, by group
+    python experiments/mutation_report.py --unchecked engine --sample 0.2 --seed 1  # a sample
 
 The decode path counts every mutant of its modules; the store modules count only the
 integrity functions below (checksums, the hash record, atomic writes), the group `make
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import random
 import re
 import sys
 from collections import Counter
@@ -463,6 +465,10 @@ def main() -> int:
                     help="print the mutant name patterns of these groups (for `mutmut run`)")
     ap.add_argument("--unchecked", nargs="+", choices=sorted(GROUPS), metavar="GROUP",
                     help="print the mutants of these groups not run yet (for `mutmut run`)")
+    ap.add_argument("--sample", type=float, default=1.0, metavar="SHARE",
+                    help="with --unchecked: a random share of each module's unchecked "
+                         "mutants (an unbiased estimate of the score when all cannot run)")
+    ap.add_argument("--seed", type=int, default=0, help="the sample's seed")
     args = ap.parse_args()
     if args.globs:
         print(" ".join(f"'{g}'" for g in group_globs(args.globs)))
@@ -477,9 +483,14 @@ def main() -> int:
         return 1
     results = load()
     if args.unchecked:
-        print(" ".join(m for module, statuses in results.items()
-                       if in_groups(module, args.unchecked)
-                       for m, st in statuses.items() if st == "not checked"))
+        rng = random.Random(args.seed)
+        picked: list[str] = []
+        for module, statuses in results.items():
+            if in_groups(module, args.unchecked):
+                todo = [m for m, st in statuses.items() if st == "not checked"]
+                n = len(todo) if args.sample >= 1 else round(args.sample * len(todo))
+                picked += sorted(rng.sample(todo, n))
+        print(" ".join(picked))
         return 0
     if args.survivors:
         print("\n".join(survivors(results)))
