@@ -139,6 +139,29 @@ _E = {
         5: "extending by an empty tail changes nothing",
     },
     "engine.text.xǁTextAssemblerǁfinal_text": {4: "text[:None] is text"},
+    "draft.s2d.xǁS2DDrafterǁ__init__": {
+        18: "exits[:n] and thresholds[:n] past their ends are the whole tuples either way",
+        33: "propose() sets _used before any step",
+    },
+    "draft.s2d_artifact.x_extract": {
+        41: "bool(None) is False", 47: "transformers configs always set tie_word_embeddings",
+        59: "every key matches (the model's own state names): strict has nothing to refuse",
+        61: "load_state_dict's default is strict=True",
+        62: "every key matches (the model's own state names): strict has nothing to refuse",
+    },
+    "draft.sorted_model.xǁSortedDraftLMǁfull_logits": {13: 'float("-INF") is float("-inf")'},
+    "draft.sorted_model.xǁSortedDraftLMǁexit_hidden": {
+        14: "input_ids are [b, n]: shape[+1] is shape[-1]",
+    },
+    "draft.sorted_model.x__cat": {
+        5: "a hidden state's width is never 0; cat with an empty a gives b anyway",
+        11: "torch.cat's default dim is 0",
+    },
+    "draft.sorted_model.xǁExitStateǁtruncate": {
+        1: "at length == total every segment keeps all it has: nothing to cut",
+        2: "segment 0 runs every position, so its pending is always None and above unread",
+        25: "an empty pending tensor and None are the same to _cat and every reader",
+    },
     "engine.token_tree.xǁTokenTreeǁpositions": {5: "torch.tensor of Python ints is int64"},
     "engine.token_tree.xǁTokenTreeǁflatten": {2: "torch.tensor of Python ints is int64"},
     "draft.model_tree.xǁModelTreeDrafterǁ_accept_path": {

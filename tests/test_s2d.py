@@ -253,6 +253,10 @@ def test_prompt_runs_every_reachable_layer_at_start(source):
 # names under $ADASPEC_HOME, messages.
 
 
+class _Rope:
+    rope_theta = 1.0
+
+
 def _hf_config(**fields):
     from types import SimpleNamespace
 
@@ -268,6 +272,7 @@ def _hf_config(**fields):
     ({"rope_parameters": None, "rope_theta": 5e5}, 5e5),
     ({"rope_theta": 5e5}, 5e5),  # older transformers: only the attribute
     ({}, 10000.0),  # neither: the Qwen2/Llama default
+    ({"rope_parameters": _Rope(), "rope_theta": 5e5}, 5e5),  # not a dict: not read
 ])
 def test_rope_theta_is_read_where_the_config_keeps_it(fields, theta):
     cfg = SortedConfig.from_hf(_hf_config(num_key_value_heads=2, **fields), (1, 2))
@@ -429,3 +434,32 @@ def test_tuned_settings_are_found_per_target():
     assert s2d_artifact.tuned_for(manifest, "other") is None
     assert s2d_artifact.tuned_for({"thresholds": None}, "big") is None
     assert s2d_artifact.tuned_for({}, "big") is None
+
+
+def test_thresholds_must_match_the_exits(source):
+    draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
+    with pytest.raises(ValueError, match=r"^3 exits need 2 thresholds \(the last exit always "
+                                         r"answers\), got 1$"):
+        S2DDrafter(draft, (0.5,))
+
+
+@pytest.mark.parametrize("exits", [(1, 3), (4, 2), (2, 2)])
+def test_an_exit_state_takes_only_ascending_exits_of_its_model(source, exits):
+    draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
+    with pytest.raises(ValueError, match=rf"^exits \[{', '.join(map(str, exits))}\] are not "
+                                         r"ascending exits of the model \(\[1, 2, 4\]\)$"):
+        ExitState(draft, exits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_logits_put_kept_tokens_in_place_and_minus_inf_elsewhere(source, dtype):
+    token_ids = torch.tensor([3, 10, 11, 40])
+    draft, _ = s2d_artifact.extract(source[1], (2, 4), token_ids, dtype=dtype)
+    assert {p.dtype for p in draft.parameters()} == {dtype}
+    small = torch.arange(2 * 3 * 4, dtype=dtype).reshape(2, 3, 4)  # batched rows too
+    full = draft.full_logits(small)
+    assert full.shape == (2, 3, 64) and full.dtype == torch.float32
+    torch.testing.assert_close(full[..., token_ids], small.float(), rtol=0, atol=0)
+    rest = torch.ones(64, dtype=torch.bool)
+    rest[token_ids] = False
+    assert bool(torch.isneginf(full[..., rest]).all())

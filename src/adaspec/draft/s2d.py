@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.control.base import LengthController
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
 from adaspec.engine.proposal import Proposal
+from adaspec.engine.sampling import SamplingParams
 
 
 class S2DDrafter(ModelDrafter):
@@ -57,8 +59,16 @@ class S2DDrafter(ModelDrafter):
         self._used[label] = self._used.get(label, 0) + 1
         return self.model.full_logits(small)
 
-    def propose(self, *args, **kwargs) -> Proposal:
+    def propose(
+        self,
+        context: list[int],
+        max_tokens: int,
+        controller: LengthController,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        replacement: bool = False,
+    ) -> Proposal:
         self._used = {}
-        proposal = super().propose(*args, **kwargs)
+        proposal = super().propose(context, max_tokens, controller, params, generator)
         proposal.drafted_by = self._used
         return proposal

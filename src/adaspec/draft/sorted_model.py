@@ -240,8 +240,7 @@ class ExitState:
         one, the sorted draft runs as a plain draft of that many layers."""
         self.model = model
         exits = tuple(exits or model.config.exits)
-        if not exits or any(e not in model.config.exits for e in exits) or list(exits) != sorted(
-                set(exits)):
+        if any(e not in model.config.exits for e in exits) or list(exits) != sorted(set(exits)):
             raise ValueError(f"exits {list(exits)} are not ascending exits of the model "
                              f"({list(model.config.exits)})")
         self.exits = exits
