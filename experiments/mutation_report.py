@@ -153,6 +153,46 @@ _E = {
     "draft.sorted_model.xǁSortedDraftLMǁexit_hidden": {
         14: "input_ids are [b, n]: shape[+1] is shape[-1]",
     },
+    "draft.sorted_model.x_rope": {
+        9: "an int64 arange over an int is true division: the same float32 values",
+        13: "an int64 arange over an int is true division: the same float32 values",
+        23: "freqs is [n, d/2]: dim +1 is dim -1",
+    },
+    "draft.sorted_model.xǁAttentionǁ__init__": {
+        9: "nn.Linear's default is bias=True",
+        33: "bias=None is falsy: no bias, as bias=False",
+    },
+    "draft.sorted_model.xǁAttentionǁforward": {
+        65: "the past keys and values always have the same length",
+        66: "keys are [b, heads, L, d]: shape[+2] is shape[-2]",
+        67: "an empty past (heads > 0 always) concatenates to k itself",
+        74: "keys are [b, heads, L, d]: dim +2 is dim -2",
+        82: "values are [b, heads, L, d]: dim +2 is dim -2",
+        85: "keys are [b, heads, L, d]: shape[+2] is shape[-2]",
+    },
+    "draft.sorted_model.xǁMLPǁ__init__": {
+        5: "bias=None is falsy: no bias, as bias=False",
+        13: "bias=None is falsy: no bias, as bias=False",
+        21: "bias=None is falsy: no bias, as bias=False",
+    },
+    "draft.sorted_model.xǁSortedDraftLMǁ__init__": {
+        42: "register_buffer's default is persistent=True",
+        49: "bias=None is falsy: no bias, as bias=False",
+    },
+    "draft.s2d_artifact.x_load": {
+        49: "every key matches (the artifact's own names): strict has nothing to refuse",
+        51: "load_state_dict's default is strict=True",
+        52: "every key matches (the artifact's own names): strict has nothing to refuse",
+    },
+    "draft.s2d_artifact.x_read_manifest": {
+        6: "the locale's encoding is UTF-8 on every machine here (C.UTF-8)",
+        8: "encoding names are case-insensitive",
+    },
+    "draft.s2d_artifact.x_source_files": {
+        23: "the folder is local: transformers reads it without the hub either way",
+        25: "the folder is local: transformers reads it without the hub either way",
+        27: "the folder is local: transformers reads it without the hub either way",
+    },
     "draft.sorted_model.x__cat": {
         5: "a hidden state's width is never 0; cat with an empty a gives b anyway",
         11: "torch.cat's default dim is 0",

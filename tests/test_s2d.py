@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,8 +36,13 @@ def save_source(root, model):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A random 4-layer Qwen2 with random norms (so layer order matters) on disk."""
+    """A random 4-layer Qwen2 with random norms (so layer order matters) and random q/k/v
+    biases (a fresh model's are zero, so a draft without them would pass) on disk."""
     model = tiny_model(vocab=64, layers=4, hidden=32, seed=3, random_norms=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
     return model, save_source(tmp_path_factory.mktemp("source"), model)
 
 
@@ -118,7 +124,10 @@ def test_artifact_round_trip_keeps_trained_weights_and_refuses_other_sources(sou
     save_source(tmp_path / "src2", model)
     manifest["source"]["name"] = str(tmp_path / "src2")
     write_json(tmp_path / "art" / "manifest.json", manifest)
-    with pytest.raises(InputError, match="sha256"):
+    old = record["sha256"]
+    new = s2d_artifact.source_files(str(tmp_path / "src2"))[1]
+    with pytest.raises(InputError, match=rf"with sha256 {old[:12]}…, but that model's weights "
+                                         rf"are now {new[:12]}…$"):
         s2d_artifact.load(tmp_path / "art")
 
 
@@ -419,6 +428,9 @@ def test_drafting_weights_are_the_ones_asked_for(tmp_path, weights, dtype, linea
         want = draft.head_logits(draft.exit_hidden(ids)[-1])
         got = model.head_logits(model.exit_hidden(ids)[-1])
     assert got.dtype == dtype  # the rotary tables follow the activations' dtype
+    exit_index, small = ExitState(model).feed([1, 2, 3, 4, 5], (1.1,))  # incremental: same
+    assert exit_index == 1 and small.dtype == dtype
+    torch.testing.assert_close(small.float(), got[0, -1].float(), rtol=0, atol=1e-3)
     share = {"float32": 1e-6, "bfloat16": 0.03, "int8": 0.06, "int4": 0.3}[weights]
     torch.testing.assert_close(got.float(), want, rtol=0, atol=share * float(want.abs().max()))
 
@@ -463,3 +475,83 @@ def test_full_logits_put_kept_tokens_in_place_and_minus_inf_elsewhere(source, dt
     rest = torch.ones(64, dtype=torch.bool)
     rest[token_ids] = False
     assert bool(torch.isneginf(full[..., rest]).all())
+
+
+def test_a_source_missing_a_layer_tensor_is_named(source, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, path = source
+    folder = tmp_path / "broken"
+    model.save_pretrained(folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InputError, match=r"has no tensor 'model.layers.1.mlp.up_proj.weight': "
+                                         r"not a Qwen2-style model$"):
+        s2d_artifact.extract(str(folder), (1, 2))
+
+
+def test_a_source_folder_needs_exactly_one_weights_file(source, tmp_path):
+    source[0].save_pretrained(tmp_path / "two")
+    (tmp_path / "two" / "extra.safetensors").write_bytes(b"")
+    with pytest.raises(InputError, match=r"expected one \.safetensors file in .*two, found 2$"):
+        s2d_artifact.source_files(str(tmp_path / "two"))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"format": "other"}, "is not an S2D artifact of version 1$"),
+    ({"version": 2}, "is not an S2D artifact of version 1$"),
+    (None, "cannot read the S2D manifest .*manifest.json: "),
+])
+def test_a_manifest_of_another_kind_is_refused(tmp_path, change, message):
+    folder = tmp_path / "art"
+    folder.mkdir()
+    if change is None:
+        (folder / "manifest.json").write_text("{torn")
+    else:
+        write_json(folder / "manifest.json", {"format": "adaspec-s2d", "version": 1, **change})
+    with pytest.raises(InputError, match=message):
+        s2d_artifact.read_manifest(folder)
+
+
+def test_a_built_in_source_is_read_from_its_bf16_cache_quietly(source, tmp_path, monkeypatch,
+                                                                capfd):
+    """An artifact pins the sha256 of the source's bfloat16 safetensors cache, so a built-in
+    name is prepared in bfloat16 (another dtype would be another file), without progress
+    bars (extraction and loading report their own)."""
+    from adaspec.store import loading
+
+    asked = []
+
+    def fake_prepare(name, dtype="bfloat16", *, progress=None, **kw):
+        asked.append((name, dtype, progress))
+        return loading.PrepareResult(name, "bfloat16", Path(source[1]), None, True)
+
+    monkeypatch.setattr(loading, "prepare", fake_prepare)
+    weights, sha, config = s2d_artifact.source_files("qwen-like")
+    assert asked == [("qwen-like", "bfloat16", False)]
+    assert weights == Path(source[1]) / "model.safetensors" and len(sha) == 64
+    assert config.num_hidden_layers == 4
+    assert capfd.readouterr().err == ""
+
+
+def test_config_shapes_must_divide():
+    with pytest.raises(ValueError, match="^hidden_size must divide into heads, heads into kv "
+                                         "heads$"):
+        SortedConfig(64, 30, 16, 4, 2, 1e-6, 1e4, (1,))  # 30 % 4
+    with pytest.raises(ValueError, match="heads into kv heads"):
+        SortedConfig(64, 32, 16, 4, 3, 1e-6, 1e4, (1,))  # 4 % 3
+    assert SortedConfig(64, 32, 16, 4, 2, 1e-6, 1e4, (1,)).head_dim == 8
+
+
+@pytest.mark.parametrize("ids", [[], [-1, 3], [0, 1, 70], [70]])
+def test_kept_tokens_must_be_a_non_empty_subset_of_the_vocabulary(ids):
+    cfg = SortedConfig(64, 32, 16, 4, 2, 1e-6, 1e4, (1,))
+    with pytest.raises(ValueError, match=r"^token ids must be a non-empty subset of \[0, 64\)$"):
+        SortedDraftLM(cfg, torch.tensor(ids, dtype=torch.long))
+
+
+def test_one_kept_token_is_a_valid_head():
+    cfg = SortedConfig(64, 32, 16, 4, 2, 1e-6, 1e4, (1,))
+    model = SortedDraftLM(cfg, torch.tensor([63, 63]))
+    assert model.token_ids.tolist() == [63] and model.restricted
