@@ -130,7 +130,19 @@ _E = {
     "draft.model_tree.xǁModelTreeDrafterǁstart": {
         6: '_tree = "": a commit before any proposal has no fed nodes to read from it',
     },
-    "draft.model_tree.xǁModelTreeDrafterǁpropose": {44: "logits are [n, V]: shape[+1] is V"},
+    "draft.model_tree.xǁModelTreeDrafterǁpropose": {
+        44: "logits are [n, V]: shape[+1] is V",
+        95: "the new level's nodes are the tree's last: one column past the end is no column",
+    },
+    "draft.model_tree.xǁModelTreeDrafterǁ_sync": {
+        2: "with nothing fed, a cache as long as the token list is cut to its own length",
+    },
+    "engine.sampling.x_argmax": {
+        1: "CPU: detach() lets the numpy path take a tensor that requires grad (same answer)",
+    },
+    "verify.greedy.xǁGreedyVerifierǁverify": {
+        21: "torch.tensor of Python ints is int64, argmax's dtype",
+    },
     "draft.model_tree.xǁModelTreeDrafterǁ__init__": {
         6: "start() sets _fed before any proposal", 7: "start() sets _fed before any proposal",
     },
@@ -209,8 +221,8 @@ _E = {
         25: "torch.tensor of Python ints is int64 already",
     },
     "verify.multi_candidate.x_mcss_step": {
-        16: "precision: float32 uniforms", 21: "precision: float32 uniforms",
-        26: "torch.full with an int fill is int64",
+        16: "precision: float32 uniforms", 17: "CPU: device=None",
+        21: "precision: float32 uniforms", 26: "torch.full with an int fill is int64",
         128: "q_i updated after the last candidate is never read",
     },
     "verify.multi_candidate.x__follow": {

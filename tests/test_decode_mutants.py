@@ -1198,3 +1198,34 @@ def test_ngram_sizes_are_checked(n_min, n_max):
 
     with pytest.raises(InputError, match="n_min"):
         NgramDrafter(n_max=n_max, n_min=n_min)
+
+
+def test_candidate_shapes_are_named_in_the_error():
+    from adaspec.verify import multi_candidate as mc
+
+    with pytest.raises(InputError) as err:
+        mc.mcss_step(torch.tensor([1, 2]), None, torch.full((1, 4), 0.25), None)
+    assert str(err.value) == "need candidates [B, k] and p [B, V], got [2] and [1, 4]"
+
+
+def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
+    """A proposal never committed (the engine stopped between draft and verify) leaves tree
+    nodes in the draft cache; the next proposal, on the same context or a longer one, drops
+    them and drafts what a fresh drafter drafts."""
+    from adaspec.draft.model_tree import ModelTreeDrafter
+
+    def proposal(drafter, context):
+        return drafter.propose(context, 2, StaticLength(2), SamplingParams(), None).tree
+
+    context = [5, 9, 11, 3, 8]
+    for later in (context, context + [17, 2]):
+        drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
+        drafter.start(context)
+        proposal(drafter, context)
+        got = proposal(drafter, later)
+        fresh = ModelTreeDrafter(TorchBackend(toy), (2, 2))
+        fresh.start(context)
+        want = proposal(fresh, later)
+        assert (got.tokens, got.parents) == (want.tokens, want.parents)
+        drafter.commit(later, [])
+        assert_cache_is_prefill(drafter.backend, toy, later)
