@@ -64,6 +64,7 @@ _E = {
     "engine.loop.x__eos_ids": {16: "getattr(..., None) or [] is [] as getattr(..., []) or []"},
     "engine.loop.xǁEngineǁdecode": {
         101: "a request's draft_time is 0 until the draft starts: = and += agree",
+        46: "drafter_started is only read for truthiness",
     },
     "engine.proposal.xǁProposalǁtarget_inputs": {
         2: "torch.tensor of Python ints is int64 already",
@@ -129,13 +130,17 @@ _E = {
     "draft.ngram.xǁNgramDrafterǁpropose": {1: "an n-gram chain never reads `replacement`"},
     "draft.model_tree.xǁModelTreeDrafterǁstart": {
         6: '_tree = "": a commit before any proposal has no fed nodes to read from it',
+        8: "the first proposal's _sync resets _fed (the cache holds only the prompt then)",
     },
     "draft.model_tree.xǁModelTreeDrafterǁpropose": {
         44: "logits are [n, V]: shape[+1] is V",
+        73: "parents and picks always have the same length: strict has nothing to refuse",
+        106: "the backends cast the tree mask to bool (ones are True either way)",
+        118: "torch.full with an int fill is int64",
         95: "the new level's nodes are the tree's last: one column past the end is no column",
     },
     "draft.model_tree.xǁModelTreeDrafterǁ_sync": {
-        2: "with nothing fed, a cache as long as the token list is cut to its own length",
+        2: "a cache as long as the token list is cut to its own length: nothing",
     },
     "engine.loop.xǁTextGeneratorǁgenerate": {
         3: "stream always ends with a GenerationResult: the sentinel is never returned",
@@ -225,15 +230,19 @@ _E = {
         2: "segment 0 runs every position, so its pending is always None and above unread",
         25: "an empty pending tensor and None are the same to _cat and every reader",
     },
-    "engine.token_tree.xǁTokenTreeǁpositions": {5: "torch.tensor of Python ints is int64"},
+    "engine.token_tree.xǁTokenTreeǁpositions": {
+        3: "torch.tensor of Python ints is int64", 5: "torch.tensor of Python ints is int64",
+    },
     "engine.token_tree.xǁTokenTreeǁflatten": {2: "torch.tensor of Python ints is int64"},
     "draft.model_tree.xǁModelTreeDrafterǁ_accept_path": {
         9: "always compacting: keeping a prefix of the cache is the same cut",
+        10: "compacting (all but an empty path): keeping a prefix of the cache is the same cut",
         25: "torch.tensor of Python ints is int64 already",
     },
     "verify.multi_candidate.x_mcss_step": {
         16: "precision: float32 uniforms", 17: "CPU: device=None",
         21: "precision: float32 uniforms", 26: "torch.full with an int fill is int64",
+        30: "torch.full with an int fill is int64",
         128: "q_i updated after the last candidate is never read",
     },
     "verify.multi_candidate.x__follow": {
@@ -242,6 +251,8 @@ _E = {
     },
     "verify.multi_candidate.xǁTreeWalkVerifierǁwalk_regular": {
         36: "torch.full with an int fill is int64",
+        103: "at the last level there are no candidates, so every walk stops and go is empty; "
+             "an empty go updates nothing",
         54: "after the last level every walk has stopped: the loop breaks",
     },
     "verify.multi_candidate.xǁMCSSWithoutReplacementVerifierǁstep": {

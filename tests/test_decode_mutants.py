@@ -1271,6 +1271,53 @@ def test_prefill_time_keeps_what_a_router_prefill_already_spent(toy):
     backend = TorchBackend(toy)
     engine = Engine(backend, None, eos_token_ids=[])
     prefill = backend.prefill(torch.tensor([1, 2, 3]))
-    stats = RequestStats(prompt_tokens=3, prefill_time=4.0)
+    stats = RequestStats(prompt_tokens=3, prefill_time=4.0, target_calls=1)
     result = list(engine.decode([1, 2, 3], 2, SamplingParams(), [], prefill, stats))[-1]
     assert 4.0 <= result.stats.prefill_time < 5.0
+    assert result.stats.target_calls == 1 + 2  # the router's pass, then one per token
+
+
+def test_the_recorder_sees_every_verification_with_the_targets_logits(toy):
+    """What online distillation learns from: each step's root, depth, path and the target's
+    logits over the drafted tokens."""
+    from adaspec.engine.loop import Engine
+
+    class Recorder:
+        def __init__(self):
+            self.prompts, self.steps = [], []
+
+        def begin(self, prompt_ids):
+            self.prompts.append(list(prompt_ids))
+
+        def step(self, root, depth, path, logits):
+            self.steps.append((root, depth, list(path), logits.shape))
+
+    backend = TorchBackend(toy)
+    engine = Engine(backend, None, drafter=ModelDrafter(TorchBackend(toy)),
+                    controller=StaticLength(3), eos_token_ids=[])
+    engine.recorder = Recorder()
+    result = engine.generate([1, 2, 3], 9)
+    assert engine.recorder.prompts == [[1, 2, 3]]
+    steps = engine.recorder.steps
+    assert len(steps) == result.stats.target_calls - 1 and steps[0][0] == 3
+    # the same model drafts: every draft is accepted, each pass scores root + 3 drafts
+    assert all(depth == 3 and path == [1, 2, 3] and shape == (4, V)
+               for _, depth, path, shape in steps[:-1])
+
+
+def test_the_last_streamed_piece_flushes_text_held_back_for_a_stop_string(toy):
+    """Text that could start a stop string is held back while decoding goes on; when the
+    request ends without the stop string, the last chunk sends it."""
+    from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+
+    engine = Engine(TorchBackend(toy), _ChatTokenizer(), eos_token_ids=[])
+    tokens = engine.generate([1, 2, 3], 6, chat=False).token_ids
+    last = _ChatTokenizer().decode(tokens[-1:])
+    pieces, result = [], None
+    for item in engine.stream([1, 2, 3], 6, stop=[last + "@@"]):
+        if isinstance(item, StreamChunk):
+            pieces.append(item.text)
+        elif isinstance(item, GenerationResult):
+            result = item
+    assert result is not None and result.text.endswith(last)
+    assert "".join(pieces) == result.text

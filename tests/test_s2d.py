@@ -435,6 +435,13 @@ def test_drafting_weights_are_the_ones_asked_for(tmp_path, weights, dtype, linea
     torch.testing.assert_close(got.float(), want, rtol=0, atol=share * float(want.abs().max()))
 
 
+def test_drafting_weights_default_to_bfloat16(source, tmp_path):
+    draft, record = s2d_artifact.extract(source[1], (2, 4))
+    s2d_artifact.save(draft, tmp_path / "art", {"source": record, "name": "t"})
+    model, _ = s2d_artifact.load_for_drafting(tmp_path / "art")
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+
+
 def test_unknown_drafting_weights_are_refused(source, tmp_path):
     with pytest.raises(InputError, match="unknown sorted-draft weights 'fp8'"):
         s2d_artifact.load_for_drafting(tmp_path, "fp8")

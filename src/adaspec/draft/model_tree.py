@@ -98,7 +98,7 @@ class ModelTreeDrafter(Drafter):
 
     def _sync(self, context: list[int]) -> None:
         """Drop tree nodes left in the cache, then roll back to the common prefix."""
-        if self._fed or self.backend.cache_len > len(self._cached):
+        if self.backend.cache_len > len(self._cached):  # fed nodes of an uncommitted tree
             self.backend.truncate(len(self._cached))
             self._fed = 0
             self._tree = None
