@@ -64,6 +64,10 @@ _E = {
     "engine.loop.x__eos_ids": {16: "getattr(..., None) or [] is [] as getattr(..., []) or []"},
     "engine.loop.xǁEngineǁdecode": {
         101: "a request's draft_time is 0 until the draft starts: = and += agree",
+        84: "a stop string is found in the step whose token completes it, so at least one of "
+            "the step's tokens is kept",
+        118: "the request's length check keeps prompt + max_new_tokens within max_context, so "
+             "remaining - 1 is always the tighter bound",
         46: "drafter_started is only read for truthiness",
     },
     "engine.proposal.xǁProposalǁtarget_inputs": {
@@ -140,12 +144,17 @@ _E = {
         95: "the new level's nodes are the tree's last: one column past the end is no column",
     },
     "draft.model_tree.xǁModelTreeDrafterǁ_sync": {
-        2: "a cache as long as the token list is cut to its own length: nothing",
+        1: "at equal lengths nothing was fed: the cut is to the cache's own length, and "
+           "propose sets _tree anew",
+        5: "propose sets _tree before any commit reads it",
     },
     "engine.loop.xǁTextGeneratorǁgenerate": {
         3: "stream always ends with a GenerationResult: the sentinel is never returned",
     },
-    "engine.sampling.x_sample_rows": {15: "precision: float32 uniforms"},
+    "engine.sampling.x_sample_rows": {
+        5: "precision: a float32 CDF", 15: "precision: float32 uniforms",
+        39: "searchsorted's default is right=False",
+    },
     "engine.sampling.x_argmax": {
         1: "CPU: detach() lets the numpy path take a tensor that requires grad (same answer)",
     },
@@ -240,7 +249,7 @@ _E = {
         25: "torch.tensor of Python ints is int64 already",
     },
     "verify.multi_candidate.x_mcss_step": {
-        16: "precision: float32 uniforms", 17: "CPU: device=None",
+        16: "precision: float32 uniforms", 17: "CPU: device=None", 22: "CPU: default device",
         21: "precision: float32 uniforms", 26: "torch.full with an int fill is int64",
         30: "torch.full with an int fill is int64",
         128: "q_i updated after the last candidate is never read",
@@ -514,7 +523,37 @@ def table(results: dict[str, dict[str, str]]) -> str:
         lines.append(row(module.removeprefix("adaspec."), c))
     for group, c in totals.items():
         lines.append(row(f"**{group} (all)**", c))
+    lines.append("")
+    for group in totals:
+        lines.append(estimate(group, results))
     return "\n".join(lines)
+
+
+def estimate(group: str, results: dict[str, dict[str, str]]) -> str:
+    """The group's score over all its mutants, estimated from what was checked: each module's
+    checked mutants are a random sample of it (or all of it), so the modules are strata and
+    the estimate weighs each module's score by its size; 95% interval from the stratified
+    variance with the finite-population correction."""
+    strata = []
+    for module, statuses in results.items():
+        if group_of(module) != group:
+            continue
+        c = Counter(statuses.values())
+        killed = c["killed"] + c["timeout"]
+        n = killed + c["survived"] + c["no tests"] + c["suspicious"] + c["segfault"]
+        strata.append((len(statuses), n, killed))
+    size = sum(N for N, n, _ in strata if n)
+    if not size:
+        return f"- {group}: nothing checked yet"
+    mean = sum(N / size * k / n for N, n, k in strata if n)
+    var = sum((N / size) ** 2 * (k / n) * (1 - k / n) / max(n - 1, 1) * (1 - n / N)
+              for N, n, k in strata if n)
+    unmeasured = sum(N for N, n, _ in strata if not n)
+    tail = (f" ({unmeasured} mutants in modules with none checked are left out)"
+            if unmeasured else "")
+    return (f"- **{group}**, estimated over all {size} mutants of the measured modules: "
+            f"{100 * mean:.1f}% killed, 95% interval {100 * (mean - 1.96 * var ** 0.5):.1f}% "
+            f"to {100 * min(1.0, mean + 1.96 * var ** 0.5):.1f}%{tail}")
 
 
 def row(name: str, c: Counter) -> str:

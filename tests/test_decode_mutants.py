@@ -1218,7 +1218,7 @@ def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
         return drafter.propose(context, 2, StaticLength(2), SamplingParams(), None).tree
 
     context = [5, 9, 11, 3, 8]
-    for later in (context, context + [17, 2]):
+    for later in (context, context + [17, 2], context[:3] + [40]):  # same, longer, diverging
         drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
         drafter.start(context)
         proposal(drafter, context)
@@ -1229,6 +1229,16 @@ def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
         assert (got.tokens, got.parents) == (want.tokens, want.parents)
         drafter.commit(later, [])
         assert_cache_is_prefill(drafter.backend, toy, later)
+    # a one-level proposal feeds no nodes: after the dropped tree, its commit must still know
+    # that nothing was fed
+    drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
+    drafter.start(context)
+    proposal(drafter, context)
+    tree = drafter.propose(context, 1, StaticLength(1), SamplingParams(), None).tree
+    accepted = context + [tree.tokens[1]]
+    drafter.commit(accepted, [1])
+    assert drafter._cached == accepted[: len(drafter._cached)]
+    assert_cache_is_prefill(drafter.backend, toy, drafter._cached)
 
 
 class _ChatTokenizer:
@@ -1321,3 +1331,80 @@ def test_the_last_streamed_piece_flushes_text_held_back_for_a_stop_string(toy):
             result = item
     assert result is not None and result.text.endswith(last)
     assert "".join(pieces) == result.text
+
+
+def test_without_replacement_renormalises_the_draft_for_the_next_sibling():
+    """MCSS without replacement: after candidate 1 (token 2) is rejected, candidate 2 (token 1)
+    is judged against q with token 2 removed and renormalised ([1/3, 2/3, 0]) and the residual
+    r = norm(max(p - q, 0)) = [0.6, 0.4, 0]: accepted with probability min(1, 0.4 / (2/3)) =
+    0.6 (judging it as a given token, r(x) = 0.4, is also exact but accepts less)."""
+    from adaspec.verify import multi_candidate as mc
+
+    n = 20000
+    p = torch.tensor([[0.4, 0.4, 0.2]], dtype=torch.float64).repeat(n, 1)
+    q = torch.tensor([[0.1, 0.2, 0.7]], dtype=torch.float64).repeat(n, 1)
+    cands = torch.tensor([[2, 1]]).repeat(n, 1)
+    choice, token = mc.mcss_step(cands, q, p, torch.Generator().manual_seed(0),
+                                 replacement=False)
+    first, second = (choice == 0).double().mean(), (choice == 1).double().mean()
+    want_first, want_second = 0.2 / 0.7, (1 - 0.2 / 0.7) * 0.6
+    sd = (want_second * (1 - want_second) / n) ** 0.5
+    assert abs(float(first) - want_first) < 5 * sd and abs(float(second) - want_second) < 5 * sd
+
+
+def test_a_sampled_tree_draws_siblings_without_replacement_by_default(toy):
+    from adaspec.draft.model_tree import ModelTreeDrafter
+
+    drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
+    drafter.start([5, 9, 11])
+    proposal = drafter.propose([5, 9, 11], 2, StaticLength(2), SamplingParams(1.0),
+                               torch.Generator().manual_seed(0))
+    assert proposal.replacement is False
+    for kids in proposal.tree.children:
+        tokens = [proposal.tree.tokens[c] for c in kids]
+        assert len(tokens) == len(set(tokens))
+
+
+def test_the_engine_context_is_the_smallest_of_target_draft_and_asked(toy):
+    from adaspec.engine.loop import Engine
+
+    draft = TorchBackend(toy)
+    draft.max_context = 40
+    engine = Engine(TorchBackend(toy), None, drafter=ModelDrafter(draft), eos_token_ids=[])
+    assert engine.max_context == 40
+    assert Engine(TorchBackend(toy), None, drafter=ModelDrafter(draft), eos_token_ids=[],
+                  max_context=30).max_context == 30
+
+
+def test_a_missing_draft_row_for_a_node_with_children_is_named():
+    from adaspec.engine.proposal import Proposal
+    from adaspec.engine.token_tree import TokenTree
+    from adaspec.verify import MCSSVerifier
+
+    tree = TokenTree([0, 1, 2, 3], [-1, 0, 1, 2])  # a chain of 3: nodes 0-2 have children
+    proposal = Proposal(tree, torch.full((2, 4), 0.25))
+    with pytest.raises(InputError) as err:
+        MCSSVerifier().verify(proposal, torch.full((4, 4), 0.25), None)
+    assert str(err.value) == "draft probs have no row for node 2, which has children"
+
+
+def test_decoding_times_add_up_over_steps(toy, monkeypatch):
+    """On a clock that ticks once per reading: verification time sums every step's, and the
+    wall time is the span from the request's start."""
+    import adaspec.engine.loop as loop
+
+    ticks = iter(range(1000, 10**6))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(ticks)))
+    engine = loop.Engine(TorchBackend(toy), None, drafter=ModelDrafter(TorchBackend(toy)),
+                         controller=StaticLength(2), eos_token_ids=[])
+    stats = engine.generate([1, 2, 3], 9).stats
+    steps = stats.target_calls - 1
+    assert steps >= 3 and stats.verify_time >= steps
+    assert stats.verify_time < stats.wall_time < 1000
+
+
+def test_generation_defaults_to_128_new_tokens(toy):
+    from adaspec.engine.loop import Engine
+
+    engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
+    assert len(engine.generate([1, 2, 3]).token_ids) == 128
