@@ -68,6 +68,8 @@ _E = {
             "the step's tokens is kept",
         118: "the request's length check keeps prompt + max_new_tokens within max_context, so "
              "remaining - 1 is always the tighter bound",
+        115: "the request's length check keeps prompt + max_new_tokens within max_context, so "
+             "remaining - 1 is always the tighter bound",
         46: "drafter_started is only read for truthiness",
     },
     "engine.proposal.xǁProposalǁtarget_inputs": {

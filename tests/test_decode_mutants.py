@@ -1070,7 +1070,7 @@ def test_small_edges_of_the_decode_helpers(toy):
         chat_template = None
         eos_token_id = 0
 
-        def encode(self, text, add_special_tokens=False):
+        def encode(self, text, add_special_tokens=True):  # transformers' default: add BOS
             return ([63] if add_special_tokens else []) + [ord(c) % V for c in text]
 
     assert Engine(TorchBackend(toy), WithBos()).encode_prompt("ab") == [97 % V, 98 % V]
@@ -1404,7 +1404,10 @@ def test_decoding_times_add_up_over_steps(toy, monkeypatch):
 
 
 def test_generation_defaults_to_128_new_tokens(toy):
-    from adaspec.engine.loop import Engine
+    from adaspec.engine.loop import Engine, StreamChunk
 
     engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
     assert len(engine.generate([1, 2, 3]).token_ids) == 128
+    streamed = [t for item in engine.stream([1, 2, 3]) if isinstance(item, StreamChunk)
+                for t in item.token_ids]
+    assert len(streamed) == 128
