@@ -155,6 +155,7 @@ _E = {
     },
     "engine.sampling.x_sample_rows": {
         5: "precision: a float32 CDF", 15: "precision: float32 uniforms",
+        16: "CPU: device=None",
         39: "searchsorted's default is right=False",
     },
     "engine.sampling.x_argmax": {

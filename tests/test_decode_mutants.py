@@ -1076,6 +1076,8 @@ def test_small_edges_of_the_decode_helpers(toy):
     assert Engine(TorchBackend(toy), WithBos()).encode_prompt("ab") == [97 % V, 98 % V]
     grad = torch.tensor([0.1, 0.9, 0.3], requires_grad=True)
     assert int(argmax(grad)) == 1
+    rows = torch.tensor([[0.1, 0.9], [0.8, 0.2]], requires_grad=True)
+    assert argmax(rows).tolist() == [1, 0]  # per row, as on the numpy path
     assert parse_branching("auto", 1) == AutoBranching(1)
     with pytest.raises(InputError) as err:
         parse_branching("auto", 0)
@@ -1350,6 +1352,10 @@ def test_without_replacement_renormalises_the_draft_for_the_next_sibling():
     want_first, want_second = 0.2 / 0.7, (1 - 0.2 / 0.7) * 0.6
     sd = (want_second * (1 - want_second) / n) ** 0.5
     assert abs(float(first) - want_first) < 5 * sd and abs(float(second) - want_second) < 5 * sd
+    # by default candidates count as drawn with replacement: q stays as it is, so candidate 2
+    # is accepted with probability min(1, 0.4 / 0.2) = 1 once candidate 1 is rejected
+    choice, _ = mc.mcss_step(cands, q, p, torch.Generator().manual_seed(0))
+    assert abs(float((choice == 1).double().mean()) - (1 - 0.2 / 0.7)) < 5 * sd
 
 
 def test_a_sampled_tree_draws_siblings_without_replacement_by_default(toy):
@@ -1411,3 +1417,31 @@ def test_generation_defaults_to_128_new_tokens(toy):
     streamed = [t for item in engine.stream([1, 2, 3]) if isinstance(item, StreamChunk)
                 for t in item.token_ids]
     assert len(streamed) == 128
+
+
+def test_drafts_stop_at_the_end_of_the_context(toy):
+    """A context window exactly as long as prompt + max_new_tokens: the same model drafting
+    (everything accepted), k = 4: steps draft 4 then 3 (the room left), 7 in all."""
+    from adaspec.engine.loop import Engine
+
+    engine = Engine(TorchBackend(toy), None, drafter=ModelDrafter(TorchBackend(toy)),
+                    controller=StaticLength(4), eos_token_ids=[], max_context=13)
+    stats = engine.generate([1, 2, 3], 10).stats
+    assert stats.steps == [(4, 4), (3, 3)] and stats.drafted == 7
+
+
+def test_a_drafter_that_proposes_more_than_asked_is_named(toy):
+    from adaspec.engine.loop import Engine
+
+    class Greedy(ModelDrafter):
+        name = "greedy-too-long"
+
+        def propose(self, context, max_tokens, controller, params, generator,
+                    replacement=False):
+            return super().propose(context, max_tokens + 1, controller, params, generator)
+
+    engine = Engine(TorchBackend(toy), None, drafter=Greedy(TorchBackend(toy)),
+                    controller=StaticLength(2), eos_token_ids=[])
+    with pytest.raises(RuntimeError) as err:
+        engine.generate([1, 2, 3], 6)
+    assert str(err.value) == "drafter 'greedy-too-long' proposed 3 levels, more than the 2 asked"
