@@ -448,11 +448,22 @@ def record(found: dict[str, tuple[dict[str, str], dict[str, str]]]) -> int:
                                for st in sorted(set(old.values()))}
             ledger[module][function] = entry
     LEDGER.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(ledger, indent=1, sort_keys=True, ensure_ascii=False)
     tmp = LEDGER.with_suffix(".tmp")
-    tmp.write_text(text + "\n")
+    tmp.write_text(_ledger_text(ledger))
     tmp.replace(LEDGER)
     return written
+
+
+def _ledger_text(ledger: dict) -> str:
+    """JSON with one line per function (small diffs when a run adds results)."""
+    def dump(value) -> str:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+    modules = []
+    for module in sorted(ledger):
+        functions = ",\n".join(f"  {dump(f)}: {dump(e)}" for f, e in sorted(ledger[module].items()))
+        modules.append(f" {dump(module)}: {{\n{functions}\n }}")
+    return "{\n" + ",\n".join(modules) + "\n}\n"
 
 
 def load() -> dict[str, dict[str, str]]:
