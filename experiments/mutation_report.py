@@ -23,7 +23,6 @@ import argparse
 import fnmatch
 import json
 import random
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -390,14 +389,6 @@ def counted(module: str, mutant: str) -> bool:
                if g.startswith(module + "."))
 
 
-def function_of(mutant: str) -> str:
-    """'adaspec.engine.loop.xǁEngineǁ_step__mutmut_3' -> 'Engine._step'."""
-    name = mutant.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1]
-    name = name[1:] if name.startswith("x") else name
-    return ".".join(p for p in re.split("ǁ", name.lstrip("_") if name.startswith("_ǁ")
-                                        else name) if p) or name
-
-
 def _module_of(meta: Path) -> str:
     return ".".join(meta.relative_to(MUTANTS / "src").with_suffix("").with_suffix("").parts)
 
@@ -552,9 +543,7 @@ def estimate(group: str, results: dict[str, dict[str, str]]) -> str:
     for module, statuses in results.items():
         if group_of(module) != group:
             continue
-        c = Counter(statuses.values())
-        killed = c["killed"] + c["timeout"]
-        n = killed + c["survived"] + c["no tests"] + c["suspicious"] + c["segfault"]
+        killed, n = _killed_checked(Counter(statuses.values()))
         strata.append((len(statuses), n, killed))
     size = sum(N for N, n, _ in strata if n)
     if not size:
@@ -570,9 +559,13 @@ def estimate(group: str, results: dict[str, dict[str, str]]) -> str:
             f"to {100 * min(1.0, mean + 1.96 * var ** 0.5):.1f}%{tail}")
 
 
-def row(name: str, c: Counter) -> str:
+def _killed_checked(c: Counter) -> tuple[int, int]:
     killed = c["killed"] + c["timeout"]
-    checked = killed + c["survived"] + c["no tests"] + c["suspicious"] + c["segfault"]
+    return killed, killed + c["survived"] + c["no tests"] + c["suspicious"] + c["segfault"]
+
+
+def row(name: str, c: Counter) -> str:
+    killed, checked = _killed_checked(c)
     score = f"{100 * killed / checked:.1f}%" if checked else "-"
     rest = checked - c["equivalent"]
     score_eq = f"{100 * killed / rest:.1f}%" if rest else "-"
@@ -597,9 +590,7 @@ def equivalent_list(results: dict[str, dict[str, str]]) -> str:
 
 def open_survivors(results: dict[str, dict[str, str]]) -> str:
     """Survivors not judged equivalent, counted per function: the tests still missing."""
-    from collections import Counter as C
-
-    per = C(m.removeprefix("adaspec.").rsplit("__mutmut_", 1)[0]
+    per = Counter(m.removeprefix("adaspec.").rsplit("__mutmut_", 1)[0]
             for statuses in results.values() for m, s in statuses.items()
             if s in ("survived", "no tests") and m not in EQUIVALENT)
     return "\n".join(f"- `{f}`: {n}" for f, n in sorted(per.items())) or "(none)"
