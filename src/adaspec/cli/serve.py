@@ -48,6 +48,16 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="run as a Ray Serve deployment (needs `ray[serve]`)")
     p.add_argument("--replicas", type=int, default=1,
                    help="with --ray: model instances, one per replica (default 1)")
+    g = p.add_argument_group("cross-request history (docs/auto.md)")
+    g.add_argument("--history", default="", metavar="PATH|off",
+                   help="where the history methods draft from (auto:use=...+history) is kept: "
+                        "loaded at start, saved every --history-every requests and at exit "
+                        "(default $ADASPEC_HOME/history/<target>.history; off: in memory only)")
+    g.add_argument("--history-every", type=int, default=16,
+                   help="finished requests between two saves of the history (default 16)")
+    g.add_argument("--history-tokens", type=int, default=1_000_000,
+                   help="tokens the history holds; the oldest requests go first "
+                        "(default 1000000, about 250 MB)")
     add_online_options(p)
     p.set_defaults(func=run_serve)
 
@@ -114,7 +124,9 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError(f"adaspec serve needs {', '.join(missing)}: pip install -e '.[serve]'")
     parse_method(args.method)  # a typo fails before any model loads
     for name, value, low in (("--max-queue", args.max_queue, 0), ("--max-tokens",
-                             args.max_tokens, 1), ("--replicas", args.replicas, 1)):
+                             args.max_tokens, 1), ("--replicas", args.replicas, 1),
+                             ("--history-every", args.history_every, 1),
+                             ("--history-tokens", args.history_tokens, 1)):
         if value < low:
             raise InputError(f"{name} must be >= {low}, got {value}")
     if args.timeout <= 0:
@@ -139,7 +151,8 @@ def run_serve(args: argparse.Namespace) -> int:
         quant=args.quant, draft_quant=args.draft_quant, host=args.host, port=args.port,
         max_queue=args.max_queue, timeout=args.timeout, api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,
-        drain_timeout=args.drain_timeout, online=online,
+        drain_timeout=args.drain_timeout, online=online, history=args.history,
+        history_every=args.history_every, history_tokens=args.history_tokens,
     )
     if args.ray:
         from adaspec.serve.ray_app import run_ray

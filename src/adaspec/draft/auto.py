@@ -1,17 +1,24 @@
 """`auto`: at every step, propose whatever maximizes expected tokens per second on this
-machine: nothing (a plain step), an n-gram continuation, or a draft-model continuation, and
-how many tokens of it.
+machine: nothing (a plain step), an n-gram continuation from this request, a continuation from
+earlier requests (the history, `draft/history.py`), or a draft-model continuation, and how
+many tokens of it.
 
 The price of every option comes from the machine's cost profile (target forward for n tokens,
 draft forward, loop overhead); its value is the expected number of tokens the step emits,
-1 + sum_i P(first i drafted tokens accepted), with per-token acceptance estimated from this
-request's own verification results: per n-gram match length for n-gram proposals, per draft
-confidence (top probability) bucket for draft tokens, each a Beta posterior around a prior.
+1 + sum_i P(first i drafted tokens accepted), with per-token acceptance estimated from
+verification results: per n-gram match length for n-gram proposals, per draft confidence (top
+probability) bucket for draft tokens (both from this request's own steps), and per (match
+length, confidence) cell for history tokens (over the engine's recent requests, as the history
+itself spans requests), each a Beta posterior around a prior.
 A draft-model continuation stops token by token, when no look-ahead of up to three more
 tokens would raise the step's expected tokens per millisecond.
 
 Exactness is the verifier's business, as for every method: n-gram proposals are
-deterministic (q is one-hot), draft proposals carry the draft's processed distribution.
+deterministic (q is one-hot), and so are history proposals; draft proposals carry the
+draft's processed distribution.
+
+The history learns from what the engine served: `start` (the next request) and `learn` hand
+the previous request's prompt and output, as the last `commit` saw them, to the index.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from adaspec.control.base import LengthController
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
+from adaspec.draft.history import HistoryIndex
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
 from adaspec.draft.rates import RateEstimate
@@ -35,6 +43,12 @@ from adaspec.engine.sampling import SamplingParams, argmax, process_logits, samp
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
 START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off over
+# History tokens: per-token acceptance by the n-gram length their lookup matched (2, 3, 4+)
+# and their confidence count / (total + 1), bucketed at these upper edges (a continuation seen
+# once has 0.5; three times out of three, 0.75; nine out of nine, 0.9).
+HISTORY_EDGES = (0.5, 0.75, 0.9)
+HISTORY_ORDERS = (1, 2, 3, 4)  # the last one: 4 or longer
+HISTORY_WINDOW = 200.0  # trials a history estimate remembers across requests
 
 
 def _bucket_of(confidence: float) -> int:
@@ -50,15 +64,34 @@ def _bucket_prior(i: int) -> float:
     return 0.9 * (lo + hi) / 2  # a small draft is a little over-confident
 
 
+def history_cell(order: int, confidence: float) -> tuple[int, int]:
+    """The estimate a history token is priced and credited by."""
+    bucket = len(HISTORY_EDGES)
+    for i, edge in enumerate(HISTORY_EDGES):
+        if confidence < edge:
+            bucket = i
+            break
+    return min(order, HISTORY_ORDERS[-1]), bucket
+
+
+HISTORY_PRIOR_ORDER = {1: 0.5, 2: 0.7, 3: 0.85, 4: 1.0}
+HISTORY_PRIOR_CONFIDENCE = (0.3, 0.6, 0.8, 0.93)
+
+
+def _history_prior(cell: tuple[int, int]) -> float:
+    order, bucket = cell
+    return HISTORY_PRIOR_ORDER[order] * HISTORY_PRIOR_CONFIDENCE[bucket]
+
+
 @dataclass
 class Choice:
     """What the last step proposed: enough to credit its outcome to the right estimate."""
 
-    kind: str  # "plain" | "ngram" | "draft"
+    kind: str  # "plain" | "ngram" | "history" | "draft"
     tokens: list[int] = field(default_factory=list)
     start: int = 0  # context length when proposed
     match: int = 0  # n-gram match length
-    buckets: list[int] = field(default_factory=list)  # draft confidence bucket per token
+    buckets: list = field(default_factory=list)  # per token: draft bucket | history cell
 
 
 @dataclass
@@ -67,11 +100,13 @@ class AutoStats:
 
     plain: int = 0
     ngram: int = 0
+    history: int = 0
     draft: int = 0
 
 
 class AutoDrafter(Drafter):
-    """The cost-aware choice between no draft, an n-gram draft and a draft model."""
+    """The cost-aware choice between no draft, an n-gram draft, a history draft and a draft
+    model."""
 
     name = "auto"
 
@@ -84,12 +119,23 @@ class AutoDrafter(Drafter):
         k_max: int = 16,
         use_ngram: bool = True,
         disco=None,
+        history: HistoryIndex | None = None,
+        eos_token_ids: set[int] | frozenset[int] = frozenset(),
     ) -> None:
         """disco: a trained DISCO artifact (`adaspec disco tune`); its classifier then
-        estimates each draft token's acceptance instead of the confidence buckets."""
+        estimates each draft token's acceptance instead of the confidence buckets.
+        history: the cross-request index to propose from and to teach (None: not used);
+        eos_token_ids: where a request's output ends (what the history learns stops there)."""
         self.profile = profile
         self.disco = disco
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
+        self.history = history
+        self.eos_token_ids = set(eos_token_ids)
+        self.history_rates = {(o, b): RateEstimate(_history_prior((o, b)))
+                              for o in HISTORY_ORDERS for b in range(len(HISTORY_EDGES) + 1)}
+        self.history_outcomes = [0, 0]  # history tokens drafted, accepted (all requests)
+        self._prompt: list[int] = []
+        self._context: list[int] | None = None  # the request's context at its last commit
         self.model = draft
         if draft is not None:
             self.backend = draft.backend  # the engine bounds the context by it
@@ -112,6 +158,7 @@ class AutoDrafter(Drafter):
 
     # --------------------------------------------------------------- lifecycle
     def start(self, prompt_ids: list[int]) -> None:
+        self.learn()  # the previous request is over
         self._reset_estimates()
         self.choices = AutoStats()
         self._last = None
@@ -119,8 +166,24 @@ class AutoDrafter(Drafter):
         if self.ngram is not None:
             self.ngram.start(prompt_ids)
         self._prompt_len = len(prompt_ids)
+        self._prompt = list(prompt_ids)
+
+    def learn(self) -> None:
+        """Hand the last request (its prompt, and its output up to the first end-of-sequence
+        token) to the history; once per request (`start` calls it, a server may too as soon
+        as a request ends)."""
+        context, self._context = self._context, None
+        if self.history is None or context is None:
+            return
+        output = context[len(self._prompt):]
+        for i, token in enumerate(output):
+            if token in self.eos_token_ids:
+                output = output[: i + 1]
+                break
+        self.history.add_request(self._prompt, output)
 
     def commit(self, context: list[int], path: list[int]) -> None:
+        self._context = context
         last, self._last = self._last, None
         if last is not None and last.tokens:
             self._credit(last, len(path))
@@ -133,6 +196,11 @@ class AutoDrafter(Drafter):
         trials = min(accepted + 1, len(choice.tokens))
         if choice.kind == "ngram":
             self.ngram_rates[min(choice.match, 4)].add(trials, accepted)
+        elif choice.kind == "history":
+            for i, cell in enumerate(choice.buckets[:trials]):
+                self.history_rates[cell].add(1, int(i < accepted), window=HISTORY_WINDOW)
+            self.history_outcomes[0] += len(choice.tokens)
+            self.history_outcomes[1] += accepted
         elif choice.kind == "draft":
             for i, bucket in enumerate(choice.buckets[:trials]):
                 self.draft_rates[bucket].add(1, int(i < accepted))
@@ -154,6 +222,19 @@ class AutoDrafter(Drafter):
             cost = fixed_ms + per_token_ms * n + self._verify_ms(n, context)
             if value / cost > best[1]:
                 best = (n, value / cost)
+        return best
+
+    def _best_prefix(self, accept: list[float], context: int) -> tuple[int, float]:
+        """The prefix length with the most expected tokens per ms, given each token's
+        estimated acceptance (drafting it costs nothing); (n, tokens per ms)."""
+        best = (0, 1.0 / self._verify_ms(0, context))
+        value, p = 1.0, 1.0
+        for n, a in enumerate(accept, 1):
+            p *= a
+            value += p
+            rate = value / self._verify_ms(n, context)
+            if rate > best[1]:
+                best = (n, rate)
         return best
 
     def _catch_up_ms(self, context: list[int]) -> float:
@@ -190,6 +271,16 @@ class AutoDrafter(Drafter):
                 rate = self.ngram_rates[min(match, 4)].rate
                 n, value = self._best_length(rate, len(ngram_tokens), 0.0, 0.0, ctx)
                 options.append((value, "ngram", n))
+        history_tokens: list[int] = []
+        cells: list[tuple[int, int]] = []
+        if self.history is not None and limit > 0:
+            found = self.history.lookup(context, limit)
+            if found.tokens:
+                history_tokens = found.tokens
+                cells = [history_cell(o, c) for o, c in zip(found.orders, found.confidence,
+                                                             strict=True)]
+                n, value = self._best_prefix([self.history_rates[c].rate for c in cells], ctx)
+                options.append((value, "history", n))
         if self.model is not None and limit > 0:
             d1 = self.profile.draft_ms(1, ctx)
             fixed = self._catch_up_ms(context)
@@ -204,7 +295,12 @@ class AutoDrafter(Drafter):
             self.choices.ngram += 1
             tokens = ngram_tokens[:n]
             self._last = Choice("ngram", tokens, ctx, match=match)
-            return Proposal.chain(context[-1], tokens)
+            return Proposal.chain(context[-1], tokens, drafted_by={"ngram": n})
+        if kind == "history":
+            self.choices.history += 1
+            tokens = history_tokens[:n]
+            self._last = Choice("history", tokens, ctx, buckets=cells[:n])
+            return Proposal.chain(context[-1], tokens, drafted_by={"history": n})
         self.choices.draft += 1
         return self._draft(context, limit, params, generator)
 
@@ -274,5 +370,6 @@ class AutoDrafter(Drafter):
         tokens, buckets = tokens[:best], buckets[:best]
         self._last = Choice("draft", tokens, ctx, buckets=buckets)
         return Proposal.chain(
-            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None, calls
+            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None, calls,
+            drafted_by={"draft": best} if best else None,
         )

@@ -1,5 +1,6 @@
 """Running acceptance estimates, shared by the drafters that price their own proposals
-(`auto` per n-gram match length and draft confidence, `tree=auto` per candidate rank)."""
+(`auto` per n-gram match length, draft confidence and history match, `tree=auto` per candidate
+rank)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,15 @@ class RateEstimate:
         self.trials = 0.0
         self.successes = 0.0
 
-    def add(self, trials: int, successes: int) -> None:
+    def add(self, trials: int, successes: int, window: float | None = None) -> None:
+        """Count `trials` more, `successes` of them accepted. `window`: keep at most this
+        many trials, older ones fading in proportion (for estimates that span requests)."""
         self.trials += trials
         self.successes += successes
+        if window is not None and self.trials > window:
+            scale = window / self.trials
+            self.trials *= scale
+            self.successes *= scale
 
     @property
     def rate(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from adaspec.backends.base import ModelBackend
 from adaspec.backends.load import load_backends
 from adaspec.cost.profile import CostProfile
+from adaspec.draft.history import HistoryIndex
 from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
 from adaspec.methods.registry import Models
@@ -24,14 +25,17 @@ def build_engine(
     draft: ModelBackend | None = None,
     eos_token_ids: list[int] | None = None,
     profile: CostProfile | None = None,
+    history: HistoryIndex | None = None,
 ) -> TextGenerator:
     """The engine of a method on loaded models. `profile` prices the steps of cost-aware
     methods (`auto`, DISCO's stop=cost, tree=auto); by default, the method's profile=...,
-    else this machine's profile of these models (measured on first use, then cached)."""
+    else this machine's profile of these models (measured on first use, then cached).
+    `history`: the cross-request index a method drafting from history uses (a server shares
+    one between its engines); by default each such engine keeps its own."""
     spec = parse_method(method) if isinstance(method, str) else method
     if spec.method is None or spec.method.build is None:
         raise InputError(f"method {spec.text!r} is run by `adaspec bench` only")
-    models = Models(target, tokenizer, draft, eos_token_ids, profile)
+    models = Models(target, tokenizer, draft, eos_token_ids, profile, history)
     return spec.method.build(spec.params, models, spec.text)
 
 

@@ -8,13 +8,15 @@ from adaspec.errors import InputError
 from adaspec.methods.params import check, param
 from adaspec.methods.registry import Method, Models
 
-SOURCES = ("ngram", "draft")
+SOURCES = ("ngram", "history", "draft")
 
 
 @dataclass(frozen=True)
 class AutoParams:
     use: str = param(
-        "ngram+draft", "what a step may propose besides nothing: ngram+draft | ngram | draft"
+        "ngram+draft",
+        "what a step may propose besides nothing, joined by +: ngram (this request), history "
+        "(earlier requests), draft (the draft model)",
     )
     k_max: int = param(16, "most tokens one step may propose")
     n_max: int = param(4, "longest n-gram to match")
@@ -40,14 +42,15 @@ class AutoParams:
 
         use = self.sources
         check(bool(use) and all(u in SOURCES for u in use) and len(set(use)) == len(use),
-              "use must be ngram+draft, ngram or draft")
+              "use must be ngram, history or draft, or several joined by + "
+              "(e.g. ngram+history+draft)")
         check(self.k_max >= 1, "k_max must be >= 1")
         check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
         check(self.verify in verifier_names(),
               f"unknown verifier {self.verify!r}; use one of {verifier_names()}")
         if self.disco and "draft" not in use:
-            raise InputError("disco= estimates draft-model tokens; it needs use=draft or "
-                             "use=ngram+draft")
+            raise InputError("disco= estimates draft-model tokens; it needs draft in use= "
+                             "(e.g. use=ngram+draft)")
 
     @property
     def sources(self) -> list[str]:
@@ -72,9 +75,17 @@ def _build(params: AutoParams, models: Models, text: str):
         disco = DiscoArtifact.load(params.disco)
         assert models.draft is not None  # disco= needs use=draft, checked above
         disco.check_pair(models.target.name, models.draft.name)
+    history = None
+    if "history" in use:
+        # the one a server shares between its engines (and saves), else this engine's own
+        history = models.history
+        if history is None:
+            from adaspec.draft.history import HistoryIndex
+
+            history = HistoryIndex(models.target.vocab_size)
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
-                          k_max=params.k_max, use_ngram="ngram" in use)
-    return Engine(
+                          k_max=params.k_max, use_ngram="ngram" in use, history=history)
+    engine = Engine(
         models.target,
         models.tokenizer,
         drafter=drafter,
@@ -82,12 +93,15 @@ def _build(params: AutoParams, models: Models, text: str):
         verifier=params.verify,
         eos_token_ids=models.eos_token_ids,
     )
+    drafter.eos_token_ids = set(engine.eos_token_ids)  # what ends an output the history learns
+    return engine
 
 
 METHOD = Method(
     "auto",
-    "cost-aware: each step proposes nothing, an n-gram or a draft-model continuation, "
-    "whichever gives the most expected tokens per second under this machine's cost profile",
+    "cost-aware: each step proposes nothing, an n-gram, a history (earlier requests) or a "
+    "draft-model continuation, whichever gives the most expected tokens per second under this "
+    "machine's cost profile",
     AutoParams,
     _build,
     needs_draft=lambda params: "draft" in params.sources,

@@ -17,6 +17,7 @@ from adaspec.registry import Registry
 if TYPE_CHECKING:
     from adaspec.backends.base import ModelBackend
     from adaspec.cost.profile import CostProfile
+    from adaspec.draft.history import HistoryIndex
     from adaspec.engine.loop import TextGenerator
 
 # The built-in methods, in the order `adaspec methods` and the README list them:
@@ -33,14 +34,17 @@ BUILTIN = (
 
 @dataclass
 class Models:
-    """The loaded models a method builds on, and the cost profile that prices cost-aware
-    steps (None: the method's profile=..., else this machine's, measured once and cached)."""
+    """The loaded models a method builds on, the cost profile that prices cost-aware
+    steps (None: the method's profile=..., else this machine's, measured once and cached),
+    and the cross-request history a server shares between its engines (None: a method that
+    drafts from history keeps its own, in memory)."""
 
     target: ModelBackend
     tokenizer: Any
     draft: ModelBackend | None = None
     eos_token_ids: list[int] | None = None
     profile: CostProfile | None = None
+    history: HistoryIndex | None = None
 
     def cost_profile(self, path: str = "", with_draft: bool = True) -> CostProfile:
         if self.profile is not None:

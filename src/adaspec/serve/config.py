@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from adaspec.draft.history import DEFAULT_BUDGET
 from adaspec.methods.spec import DEFAULT_METHOD
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
@@ -29,6 +30,11 @@ class ServeConfig:
     drain_timeout: float | None = None  # SIGTERM: wait this long for in-flight requests
     max_engines: int = 16  # engines kept built, one per method string (least recently used go)
     online: Any = None  # an online.service.OnlineConfig: distil the draft on served traffic
+    # the cross-request history: a file, "" for $ADASPEC_HOME/history/<target>.history, or
+    # "off" (kept in memory only); saved every history_every finished requests and at exit
+    history: str = ""
+    history_every: int = 16
+    history_tokens: int = DEFAULT_BUDGET  # the most tokens it holds
 
     def served_name(self) -> str:
         if self.model_name:

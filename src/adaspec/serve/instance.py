@@ -2,7 +2,9 @@
 
 The backends load once; engines are cheap to build, so each method string a request names
 gets its own, kept in a small least-recently-used cache. All engines share the backends'
-KV caches, so only one request may decode at a time (the scheduler's worker sees to it).
+KV caches, so only one request may decode at a time (the scheduler's worker sees to it), and
+one cross-request history (`serve/history.py`), which the methods drafting from history read
+and teach.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
 from adaspec.methods.spec import MethodSpec, parse_method
 from adaspec.serve.config import ServeConfig
+from adaspec.serve.history import ServedHistory
 
 # method parameters that name files on the server's disk: a request may not set them (it
 # could make the server read any file); the server's own --method may
@@ -30,6 +33,7 @@ class ModelInstance:
         eos_token_ids: list[int] | None,
         default_method: str,
         max_engines: int = 16,
+        history: ServedHistory | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
@@ -39,6 +43,7 @@ class ModelInstance:
         self.max_engines = max(1, max_engines)
         self._engines: OrderedDict[str, TextGenerator] = OrderedDict()
         self._lock = threading.Lock()
+        self.history = history
         # the default engine is built now: a bad --method fails at startup, and a cost-aware
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
@@ -57,7 +62,17 @@ class ModelInstance:
             config.target, config.draft if needs_draft or config.draft else None,
             config.dtype, spec.quant or config.quant, spec.draft_quant or config.draft_quant,
         )
-        instance = cls(target, tokenizer, draft, eos, config.method, config.max_engines)
+        try:
+            history = ServedHistory.open(config.history, target, tokenizer,
+                                         config.history_every, config.history_tokens)
+            instance = cls(target, tokenizer, draft, eos, config.method, config.max_engines,
+                           history)
+        except BaseException:
+            for backend in (draft, target):
+                close = getattr(backend, "close", None)
+                if callable(close):
+                    close()
+            raise
         if config.online is not None:
             try:
                 instance.start_online(config)
@@ -117,7 +132,8 @@ class ModelInstance:
         spec = parse_method(method) if method == getattr(self, "default_method", None) \
             else self.check_method(method)
         engine = build_engine(spec, self.target, self.tokenizer, self.draft,
-                              eos_token_ids=self.eos_token_ids)
+                              eos_token_ids=self.eos_token_ids,
+                              history=self.history.index if self.history else None)
         with self._lock:
             self._engines[method] = engine
             while len(self._engines) > self.max_engines:
@@ -132,7 +148,16 @@ class ModelInstance:
         """Token ids of a prompt (text, token ids or chat turns): the tokenizer only."""
         return self.default_engine.encode_prompt(prompt, chat=chat)
 
+    def request_done(self, engine: TextGenerator) -> None:
+        """A request finished on `engine` (the worker calls this): the history learns it."""
+        if self.history is not None:
+            self.history.request_done(engine)
+
     def close(self) -> None:
+        if getattr(self, "history", None) is not None:
+            with self._lock:
+                engines = list(self._engines.values())
+            self.history.close(engines)
         if getattr(self, "online", None) is not None:
             self.online.close()
         for backend in (self.draft, self.target):

@@ -227,6 +227,7 @@ class Scheduler:
                     if online is not None:
                         self._record(online, item, domain)
                     self._finished(job, item)
+                    self._learn(engine)
                     return
                 if job.cancelled:
                     self._end(job, job.cancel_reason, errors.client_gone())
@@ -246,6 +247,15 @@ class Scheduler:
                 result.token_ids, domain, result.stats.drafted, result.stats.accepted))
         except Exception:  # distillation never fails a request
             log.exception("online distillation: recording the request failed")
+
+    def _learn(self, engine) -> None:
+        done = getattr(self.instance, "request_done", None)
+        if done is None:
+            return
+        try:
+            done(engine)
+        except Exception:  # the history never fails a request
+            log.exception("history: learning from the request failed")
 
     def _finished(self, job: Job, result: GenerationResult) -> None:
         job.put(Event(DONE, result=result))
