@@ -3,6 +3,7 @@
 adaspec bench --suite spec-bench --limit 10 --methods ar,llamacpp,auto,ngram,draft:k=3
 adaspec bench --preset quick
 adaspec bench --replay bench-results/NAME --profile flat     # SIMULATED: re-priced runs
+adaspec bench build-peers                                     # build llama-server once
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ PRESETS = {
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from adaspec.lab.bench.peer_build import LLAMA_CPP_PYTHON
     from adaspec.lab.bench.runner import METHOD_ORDERS
     from adaspec.lab.bench.suites import SUITES
 
@@ -107,9 +109,43 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         help="with --replay: the cost profile to price with (a JSON file from `adaspec "
         "profile`, or 'flat': simulated GPU-like costs)",
     )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="METHOD",
+        help="also report every method's end-to-end, decode and first-token ratios to this "
+        "method (one of --methods; default llama-server or llamacpp when one of them runs)",
+    )
     add_model_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)
+    psub = p.add_subparsers(dest="bench_command", metavar="{build-peers}")
+    peers = psub.add_parser(
+        "build-peers",
+        help="build the peers the bench compares with: llama.cpp's llama-server",
+        description="Build llama-server from the llama.cpp that llama-cpp-python "
+        f"{LLAMA_CPP_PYTHON} vendors (pip downloads its source), with cmake: Release, native CPU, "
+        "static, only the llama-server target, into $ADASPEC_HOME/peers. A bench method "
+        "that needs it builds it on first use; this builds it ahead of time.",
+    )
+    peers.add_argument("--force", action="store_true", help="build again even if built")
+    peers.add_argument("--jobs", "-j", type=int, default=None,
+                       help="parallel compile jobs (default: the cores this process may use)")
+    peers.set_defaults(func=run_build_peers)
+
+
+def run_build_peers(args: argparse.Namespace) -> int:
+    from adaspec.backends.weights import llama_threads
+    from adaspec.lab.bench.peer_build import build_info, build_server, built_server
+
+    found = None if args.force else built_server()
+    if found is None:
+        found = build_server(force=args.force, jobs=args.jobs or llama_threads())
+    info = build_info() or {}
+    print(f"llama-server: {found} (llama.cpp {str(info.get('llama_cpp_commit'))[:12]} from "
+          f"llama-cpp-python {info.get('llama_cpp_python')}; built in "
+          f"{info.get('build_seconds', 0) / 60:.1f} min)")
+    return 0
 
 
 def resolve_options(args: argparse.Namespace) -> dict:
@@ -204,6 +240,7 @@ def run_bench(args: argparse.Namespace) -> int:
         profile=args.preset,
         limit=opts["limit"],
         method_order=args.method_order,
+        baseline=args.baseline.strip() if args.baseline else None,
     )
     if config.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}")
@@ -213,6 +250,9 @@ def run_bench(args: argparse.Namespace) -> int:
     prompts = load_prompts(suites, args.questions)
     if not prompts:
         raise InputError("no prompts selected: check --suite and --limit")
+    if config.baseline is not None and config.baseline not in methods:
+        raise InputError(f"--baseline {config.baseline!r} is not among the methods "
+                         f"({', '.join(methods)}): add it to --methods")
     check_out(config)
     needs_draft = any(s.needs_draft_model() for s in specs)
     return _run(config, prompts, needs_draft, progress=not args.no_progress)
@@ -243,17 +283,13 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _llamacpp_gguf(config):
-    """The target's verified GGUF when the `llamacpp` method will run (else None: the runner
-    then skips it with a one-line note)."""
-    import importlib.util
-
+    """The target's verified GGUF when a method that runs it (`llamacpp*`, `llama-server`)
+    will run, else None (a method that needs it then skips with a one-line note)."""
     from adaspec.backends.llamacpp import gguf_file
     from adaspec.lab.bench.references import parse_bench_method
 
     wanted = any(parse_bench_method(m).other_weights for m in config.methods)
-    if not wanted or importlib.util.find_spec("llama_cpp") is None:
-        return None
-    return gguf_file(config.target)
+    return gguf_file(config.target) if wanted else None
 
 
 def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
@@ -302,7 +338,7 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
         load_variant=load_variant,
     )
     t1 = time.perf_counter()
-    summary = runner.run(
+    summary = runner.run(  # stops the reference methods' servers when it returns or fails
         prompts,
         machine={"machine": {**machine, "model_load_s": round(load_s, 1)}, "bandwidth": bandwidth},
     )

@@ -25,19 +25,19 @@ request's matching prefix, which the engine's methods do not get).
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Protocol
 
 from adaspec.backends.llamacpp import (
     DEFAULT_CONTEXT,
-    EXTRA_BUFFERS_ENV,
     LlamaCppUnavailable,
+    RepackChoice,
     gguf_file,
     import_llama,
     load_llama,
     model_params_with_extra_buffers,
+    repack_choice,
 )
 from adaspec.engine.metrics import RequestStats
 from adaspec.errors import InputError
@@ -84,16 +84,19 @@ def fit_context(decoder, need: int, what: str) -> bool:
 class LlamaCppDecoder:
     """Greedy decoding through llama-cpp-python with its own KV cache."""
 
-    def __init__(self, gguf: str | Path, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> None:
+    def __init__(
+        self, gguf: str | Path, n_threads: int, n_ctx: int = DEFAULT_CONTEXT, repack: bool = True
+    ) -> None:
         self.gguf = Path(gguf)
         self.n_threads = n_threads
+        self.repack = repack  # llama.cpp's weight repacking (Llama()'s default: on)
         self._load(n_ctx)
 
     def _load(self, n_ctx: int) -> None:
         import llama_cpp
 
         self.llm = None  # free the old context before allocating the new one
-        self.llm = load_llama(self.gguf, n_ctx, self.n_threads)
+        self.llm = load_llama(self.gguf, n_ctx, self.n_threads, extra_buffers=self.repack)
         self.n_ctx = int(self.llm.n_ctx())
         self.n_vocab = int(self.llm.n_vocab())
         self.max_context = int(llama_cpp.llama_model_n_ctx_train(self.llm.model))
@@ -149,8 +152,10 @@ class GgufDraft:
     subclass of `llama_cpp.llama_speculative.LlamaDraftModel` when a decoder loads.
     """
 
-    def __init__(self, gguf: str | Path, n_threads: int, k: int, n_ctx: int) -> None:
-        self.decoder = LlamaCppDecoder(gguf, n_threads, n_ctx)
+    def __init__(
+        self, gguf: str | Path, n_threads: int, k: int, n_ctx: int, repack: bool = True
+    ) -> None:
+        self.decoder = LlamaCppDecoder(gguf, n_threads, n_ctx, repack)
         self.k = k
         self.reset()
 
@@ -251,12 +256,14 @@ class SpeculativeDecoder:
         params: dict,
         draft_gguf: str | Path | None = None,
         n_ctx: int = SPECULATIVE_CONTEXT,
+        repack: bool = True,
     ) -> None:
         if method not in (LOOKUP, DRAFT):
             raise InputError(f"no speculative llama.cpp method {method!r}")
         self.gguf = Path(gguf)
         self.n_threads = n_threads
         self.method = method
+        self.repack = repack
         self.k = int(params.get("k", 4))
         self.gguf_draft: GgufDraft | None = None
         if method == LOOKUP:
@@ -268,7 +275,7 @@ class SpeculativeDecoder:
         else:
             if draft_gguf is None:
                 raise LlamaCppUnavailable("llamacpp-draft needs the draft's GGUF file")
-            inner = self.gguf_draft = GgufDraft(draft_gguf, n_threads, self.k, n_ctx)
+            inner = self.gguf_draft = GgufDraft(draft_gguf, n_threads, self.k, n_ctx, repack)
         self.draft = _TimedDraft(inner)
         self._evals: list[tuple[list[int], float]] = []
         self._load(n_ctx)
@@ -287,7 +294,7 @@ class SpeculativeDecoder:
         LlamaDraftModel.register(GgufDraft)
         self.llm = None  # free the old context before allocating the new one
         try:
-            with model_params_with_extra_buffers(os.environ.get(EXTRA_BUFFERS_ENV) == "1"):
+            with model_params_with_extra_buffers(self.repack):
                 llm = llama(
                     model_path=str(self.gguf),
                     n_ctx=n_ctx,
@@ -379,12 +386,15 @@ def open_decoder(
     method: str = PLAIN,
     params: dict | None = None,
     draft: str | None = None,
+    repack: RepackChoice | None = None,
 ) -> Decoder:
     """The decoder for one of the bench's llama.cpp methods (`llamacpp`, `llamacpp-lookup`,
     `llamacpp-draft`), with as many threads as torch uses (the same cores for every method),
     in a child process unless `isolated` is False; LlamaCppUnavailable says why it cannot
     run. `draft`: the draft model (built-in name or .gguf path) whose GGUF `llamacpp-draft`
-    runs."""
+    runs. `repack`: llama.cpp's weight repacking; by default on, as `Llama()` loads, unless
+    the probe crashed with it (`backends.llamacpp.repack_choice`). The decoder's
+    `repack_choice` says which was used and why."""
     import torch
 
     if method not in METHODS:
@@ -401,23 +411,30 @@ def open_decoder(
             "name or a .gguf path as --target"
         )
     threads = torch.get_num_threads()
+    draft_gguf: str | None = None
+    if method == DRAFT:
+        path = gguf_file(draft) if draft else None
+        if path is None:
+            raise LlamaCppUnavailable(
+                "it runs the draft's GGUF file and the draft is not one: use a built-in "
+                "model name or a .gguf path as --draft"
+            )
+        draft_gguf = str(path)
+    if repack is None:
+        repack = repack_choice(gguf, threads)
+        if repack.on and draft_gguf is not None:  # the draft's kernels are probed too
+            draft_repack = repack_choice(draft_gguf, threads)
+            if not draft_repack.on:
+                repack = RepackChoice(False, f"draft: {draft_repack.reason}")
     if method == PLAIN:
         factory: type[Decoder] = LlamaCppDecoder
-        args: tuple = (str(gguf), threads)
+        args: tuple = (str(gguf), threads, DEFAULT_CONTEXT, repack.on)
     else:
-        draft_gguf: str | None = None
-        if method == DRAFT:
-            path = gguf_file(draft) if draft else None
-            if path is None:
-                raise LlamaCppUnavailable(
-                    "it runs the draft's GGUF file and the draft is not one: use a built-in "
-                    "model name or a .gguf path as --draft"
-                )
-            draft_gguf = str(path)
-        factory, args = SpeculativeDecoder, (str(gguf), threads, method, params, draft_gguf)
-    if isolated:
-        return ChildDecoder(factory, *args)
-    return factory(*args)
+        factory, args = SpeculativeDecoder, (str(gguf), threads, method, params, draft_gguf,
+                                             SPECULATIVE_CONTEXT, repack.on)
+    decoder = ChildDecoder(factory, *args) if isolated else factory(*args)
+    decoder.repack_choice = repack  # type: ignore[attr-defined]
+    return decoder
 
 
 class ChildDecoder:

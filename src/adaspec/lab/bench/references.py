@@ -1,8 +1,8 @@
 """The bench's reference methods: what users already run, measured beside adaspec's methods
 on the same prompts. Hugging Face assisted generation runs the same loaded models; llama.cpp
-(llama-cpp-python) plain and speculative decoding run the target's GGUF. They are not
-adaspec engines, so they live in the lab's own registry and only `adaspec bench` parses them
-(`parse_bench_method`)."""
+(llama-cpp-python) plain and speculative decoding, and llama.cpp's own `llama-server` (a native
+build, driven over HTTP), run the target's GGUF. They are not adaspec engines, so they live in
+the lab's own registry and only `adaspec bench` parses them (`parse_bench_method`)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,27 @@ class GgufDraftParams:
         check(self.k >= 1, "k must be >= 1")
 
 
+# llama-server's --spec-type values the bench runs (lab.bench.llama_server.SPEC_TYPES; kept
+# here too so parsing a method string imports no server code).
+SERVER_SPECS = ("none", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v",
+                "draft-simple")
+
+
+@dataclass(frozen=True)
+class ServerParams:
+    spec: str = param("none", "llama-server --spec-type: " + " | ".join(SERVER_SPECS)
+                      + " (each with its stock settings; draft-simple runs the draft's GGUF)")
+    n_max: int = param(8, "draft-simple: --spec-draft-n-max, the most tokens drafted per step")
+    p_min: float = param(0.75, "draft-simple: --spec-draft-p-min, drafting stops below this "
+                         "draft probability")
+
+    def __post_init__(self) -> None:
+        check(self.spec in SERVER_SPECS,
+              f"unknown spec {self.spec!r}; use one of {' | '.join(SERVER_SPECS)}")
+        check(self.n_max >= 1, "n_max must be >= 1")
+        check(0.0 <= self.p_min <= 1.0, "p_min must be within [0, 1]")
+
+
 def _draft(params: object) -> bool:
     return True
 
@@ -62,6 +83,11 @@ for _method in (
     Method("llamacpp-draft", "[bench only] llama-cpp-python's speculative loop with the "
            "draft's GGUF as its draft model (greedy, k tokens per step) on the target's GGUF "
            "(other weights, like llamacpp)", GgufDraftParams, None, reference=True,
+           other_weights=True),
+    Method("llama-server", "[bench only] llama.cpp's own llama-server (a native build of the "
+           "llama.cpp llama-cpp-python vendors, built on first use) driven over HTTP with the "
+           "same prompt ids, greedy, streamed; spec picks its speculation (other weights, like "
+           "llamacpp)", ServerParams, None, positional="spec", reference=True,
            other_weights=True),
 ):
     REFERENCE_METHODS.register(_method.name, _method)

@@ -15,11 +15,17 @@ Definitions (Spec-Bench and the papers):
   (the per-token probability of the geometric model, see `theory.per_token_alpha`);
 - time split: shares of wall time spent drafting, in target forwards + verification, in the
   prefill, and elsewhere (bookkeeping, detokenising);
-- bandwidth: target weight bytes read per forward x target calls / wall time.
+- bandwidth: target weight bytes read per forward x target calls / wall time;
+- against a baseline method run in the same bench (`--baseline`, by default `llama-server` or
+  `llamacpp` when one runs), on the paired prompts: end-to-end tokens/s (new tokens / wall
+  time, prefill included), decode tokens/s (tokens after the first / time after the first)
+  and time to first token, each as a ratio to the baseline's, per category, with the
+  geometric mean over categories; and how many outputs equal the baseline's token for token.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 
@@ -54,6 +60,56 @@ def steady_seconds(row: dict) -> float | None:
 SCOPES = {"": lambda r: r["wall_time"], "decode_": decode_seconds, "steady_": steady_seconds}
 
 
+def turns(row: dict) -> int:
+    return max(1, len(row.get("turn_tokens") or [1]))
+
+
+def ttft_seconds(row: dict) -> float:
+    """Time to first token of a run (the mean over its turns): the prefill up to the first
+    token, as the engine times it and as a streaming client sees it."""
+    return row.get("prefill_time", 0.0) / turns(row)
+
+
+def e2e_rate(rows: list[dict]) -> float | None:
+    """End-to-end tokens/s pooled over rows: new tokens / wall time, prefill included."""
+    return _ratio(sum(r["new_tokens"] for r in rows), sum(r["wall_time"] for r in rows))
+
+
+def decode_rate(rows: list[dict]) -> float | None:
+    """Decode tokens/s pooled over rows: tokens after each turn's first / the time after it."""
+    return _ratio(sum(r["new_tokens"] - turns(r) for r in rows),
+                  sum(decode_seconds(r) for r in rows))
+
+
+def mean_ttft(rows: list[dict]) -> float | None:
+    return _ratio(sum(ttft_seconds(r) for r in rows), len(rows))
+
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    logs = [math.log(v) for v in values if v]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def baseline_entry(rows: list[dict], base_by_key: dict[tuple[str, int], dict]) -> dict | None:
+    """One method against the baseline on the prompts both ran: ratios of end-to-end and
+    decode tokens/s (> 1: faster than the baseline) and of time to first token (< 1:
+    sooner), and how many outputs equal the baseline's token for token."""
+    pairs = [(base_by_key[row_key(r)], r) for r in rows
+             if row_key(r) in base_by_key and r["new_tokens"]
+             and base_by_key[row_key(r)]["new_tokens"]]
+    if not pairs:
+        return None
+    base, mine = [b for b, _ in pairs], [r for _, r in pairs]
+    ttft_b, ttft_m = mean_ttft(base), mean_ttft(mine)
+    return {
+        "paired_prompts": len(pairs),
+        "e2e": _ratio(e2e_rate(mine), e2e_rate(base)),
+        "decode": _ratio(decode_rate(mine), decode_rate(base)),
+        "ttft": _ratio(ttft_m, ttft_b),
+        "same_tokens": sum(1 for b, r in pairs if b.get("token_ids") == r.get("token_ids")),
+    }
+
+
 def _seconds(rows: list[dict], scope: str) -> float | None:
     """Seconds pooled over rows in one of SCOPES; None when a row lacks that figure."""
     parts = [SCOPES[scope](r) for r in rows]
@@ -78,6 +134,8 @@ def method_entry(
         "wall_time": wall,
         "tokens_per_s": _ratio(tokens, wall),
         "ms_per_token": _ratio(1000 * wall, tokens),
+        "decode_tokens_per_s": decode_rate(rows),
+        "ttft_ms": None if (t := mean_ttft(rows)) is None else 1000 * t,
     }
     pairs = [
         (ar_by_key[row_key(r)], r)
@@ -210,9 +268,13 @@ def summarize(
     target_bytes: int | None = None,
     theory_methods: Iterable[str] = (),
     tie_tolerance: float = TIE_TOLERANCE,
+    baseline: str | None = None,
 ) -> dict:
     """Per category and overall, per method. Rows without a category count as `all`.
-    `tie_tolerance`: the target runtime's, which the run judged divergences with."""
+    `tie_tolerance`: the target runtime's, which the run judged divergences with.
+    `baseline`: a method to take end-to-end, decode and first-token ratios against (each
+    method's `vs_baseline`; `baseline` holds the geometric means over categories and the
+    per-prompt figures)."""
     methods = methods or _ordered(r["method"] for r in rows)
     categories = _ordered(r.get("category", "all") for r in rows)
     theory_methods = set(theory_methods)
@@ -226,6 +288,7 @@ def summarize(
     for scope in [*categories, OVERALL]:
         scoped = [r for r in rows if scope == OVERALL or r.get("category", "all") == scope]
         ar_by_key = {row_key(r): r for r in scoped if r["method"] == "ar"}
+        base_by_key = {row_key(r): r for r in scoped if r["method"] == baseline}
         per_method = {}
         theory = {}
         for m in methods:
@@ -233,6 +296,8 @@ def summarize(
             if not mine:
                 continue
             per_method[m] = method_entry(mine, ar_by_key, target_bytes)
+            if baseline is not None:
+                per_method[m]["vs_baseline"] = baseline_entry(mine, base_by_key)
             if m in theory_methods:
                 t = theory_entry(mine, ar_by_key)
                 if t is not None:
@@ -274,7 +339,40 @@ def summarize(
     }
     if other:
         result["exactness"]["other_weights"] = other
+    if baseline is not None and any(r["method"] == baseline for r in rows):
+        result["baseline"] = baseline_summary(result, rows, methods, baseline)
     return result
+
+
+def baseline_summary(result: dict, rows: list[dict], methods: list[str], baseline: str) -> dict:
+    """The geometric mean over categories of every method's ratios to the baseline, and the
+    per-prompt figures (tokens/s end to end and in decode, time to first token, and their
+    ratios to the baseline's run of the same prompt)."""
+    geo = {}
+    for m in methods:
+        per_cat = [c.get(m, {}).get("vs_baseline") for c in result["categories"].values()]
+        per_cat = [v for v in per_cat if v]
+        geo[m] = {k: geomean(v[k] for v in per_cat) for k in ("e2e", "decode", "ttft")}
+    base = {row_key(r): r for r in rows if r["method"] == baseline}
+    prompts = []
+    for r in rows:
+        b = base.get(row_key(r))
+        dec = decode_rate([r])
+        entry = {
+            "prompt_id": r["prompt_id"], "category": r.get("category", "all"),
+            "method": r["method"], "repeat": r.get("repeat", 0),
+            "new_tokens": r["new_tokens"], "tokens_per_s": e2e_rate([r]),
+            "decode_tokens_per_s": dec, "ttft_ms": 1000 * ttft_seconds(r),
+        }
+        if b is not None and r["new_tokens"] and b["new_tokens"]:
+            entry.update(
+                e2e_ratio=_ratio(e2e_rate([r]), e2e_rate([b])),
+                decode_ratio=_ratio(dec, decode_rate([b])),
+                ttft_ratio=_ratio(ttft_seconds(r), ttft_seconds(b)),
+                same_tokens=b.get("token_ids") == r.get("token_ids"),
+            )
+        prompts.append(entry)
+    return {"method": baseline, "geomean_over_categories": geo, "per_prompt": prompts}
 
 
 # ------------------------------------------------------------------------ markdown
@@ -330,6 +428,76 @@ def _matrix(summary: dict, field: str, fmt) -> list[str]:
         cells = [fmt(summary["categories"][c].get(m, {}).get(field)) for c in cats]
         cells.append(fmt(summary["methods"][m].get(field)))
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def baseline_markdown(summary: dict) -> list[str]:
+    """The section against the baseline method: ratios per category with their geometric
+    mean, absolute speeds, and per prompt."""
+    base = summary["baseline"]["method"]
+    geo = summary["baseline"]["geomean_over_categories"]
+    cats = list(summary["categories"])
+    methods = list(summary["methods"])
+    lines = [
+        f"## Against `{base}`",
+        "",
+        f"Ratios to `{base}` on the same prompts in this run: end-to-end tokens/s (new tokens "
+        "/ wall time, prefill included) / decode tokens/s (tokens after the first / time after "
+        "the first); > 1 is faster. Geomean = geometric mean over categories. First token = "
+        "time to first token over the baseline's (< 1 is sooner). Same tokens = greedy outputs "
+        f"equal to `{base}`'s token for token.",
+        "",
+        "| method | " + " | ".join(cats) + " | geomean | first token | same tokens |",
+        "| --- |" + " ---: |" * (len(cats) + 2) + " ---: |",
+    ]
+
+    def pair(v: dict | None) -> str:
+        if not v:
+            return "n/a"
+        return f"{_x(v.get('e2e'), '.2f', 'x')} / {_x(v.get('decode'), '.2f', 'x')}"
+
+    for m in methods:
+        overall = summary["methods"][m].get("vs_baseline")
+        cells = [pair(summary["categories"][c].get(m, {}).get("vs_baseline")) for c in cats]
+        same = f"{overall['same_tokens']} / {overall['paired_prompts']}" if overall else "n/a"
+        ttft = _x(geo.get(m, {}).get("ttft"), ".2f") if overall else "n/a"
+        lines.append(f"| `{m}` | " + " | ".join(cells) + f" | {pair(geo.get(m))} | {ttft} | "
+                     f"{same} |")
+    lines += [
+        "",
+        "| method | tokens/s end to end | decode tokens/s | time to first token |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for m, e in summary["methods"].items():
+        lines.append(f"| `{m}` | {_x(e['tokens_per_s'], '.1f')} | "
+                     f"{_x(e.get('decode_tokens_per_s'), '.1f')} | "
+                     f"{_x(e.get('ttft_ms'), '.0f', ' ms')} |")
+    per_prompt = summary["baseline"]["per_prompt"]
+    ids = list(dict.fromkeys((p["prompt_id"], p["repeat"]) for p in per_prompt))
+    by = {(p["prompt_id"], p["repeat"], p["method"]): p for p in per_prompt}
+    lines += [
+        "",
+        f"Per prompt: end-to-end / decode tokens/s ratio to `{base}`, time to first token in "
+        "ms.",
+        "",
+        "| prompt | " + " | ".join(f"`{m}`" for m in methods if m != base)
+        + f" | `{base}` tokens/s (first token) |",
+        "| --- |" + " ---: |" * len(methods),
+    ]
+    for pid, rep in ids:
+        cells = []
+        for m in methods:
+            if m == base:
+                continue
+            p = by.get((pid, rep, m))
+            cells.append("n/a" if p is None or "e2e_ratio" not in p else
+                         f"{_x(p['e2e_ratio'], '.2f')} / {_x(p['decode_ratio'], '.2f')} "
+                         f"({p['ttft_ms']:.0f})")
+        b = by.get((pid, rep, base))
+        mine = "n/a" if b is None else f"{_x(b['tokens_per_s'], '.1f')} ({b['ttft_ms']:.0f})"
+        name = pid if rep == 0 else f"{pid} (repeat {rep})"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mine} |")
+    lines.append("")
     return lines
 
 
@@ -403,6 +571,8 @@ def to_markdown(summary: dict) -> str:
                 f"{_x(t.get('oracle_speedup'), '.2f', 'x')} |"
             )
         lines.append("")
+    if summary.get("baseline"):
+        lines += baseline_markdown(summary)
     ex = summary.get("exactness", {})
     lines += ["## Exactness", ""]
     if cfg and cfg.get("temperature"):

@@ -12,6 +12,7 @@ back as the assistant message before turn t + 1; a row sums its stats over the t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -30,6 +31,7 @@ from adaspec.errors import InputError
 from adaspec.lab.bench.exactness import TIE_TOLERANCE, classify, first_difference
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
+from adaspec.lab.bench.peer_build import PeerUnavailable
 from adaspec.lab.bench.references import parse_bench_method
 from adaspec.lab.bench.report import row_key, summarize, to_markdown
 from adaspec.lab.bench.suites import Prompt
@@ -95,6 +97,9 @@ class BenchConfig:
     # "rotate": each (prompt, repeat) starts the method list one further along, so an effect
     # of the position within a prompt does not always fall on the same method; "fixed": as listed
     method_order: str = "rotate"
+    # the method the report's ratios (end to end, decode, first token) are taken against,
+    # besides `ar`; None: `llama-server` or `llamacpp` when one of them runs
+    baseline: str | None = None
 
     def sampling(self, repeat: int) -> SamplingParams:
         seed = None if self.seed is None else self.seed + repeat
@@ -204,9 +209,51 @@ class BenchRunner:
         self.backends: dict[str, tuple[ModelBackend, ModelBackend | None]] = {}
         self.specs: dict[str, MethodSpec | None] = {}
         self.engines: dict[str, Engine] = {}
-        # one llama.cpp decoder (a child process) per llama.cpp reference method
+        # one llama.cpp decoder (a child process, or a llama-server) per llama.cpp method
         self.reference_decoders: dict[str, Decoder] = {}
         self.skipped: dict[str, str] = {}
+        # per llama.cpp method: whether llama.cpp repacked the weights, and why
+        self.repack: dict[str, dict] = {}
+        self.peers: dict[str, dict] = {}  # per llama-server method: binary, build, arguments
+        if config.baseline is not None and config.baseline not in self.methods:
+            raise InputError(f"--baseline {config.baseline!r} is not among the methods "
+                             f"({', '.join(self.methods)}): add it to --methods")
+        try:
+            self._open_methods(custom, draft, eos_token_ids, target_gguf)
+        except BaseException:
+            self.close()  # no server outlives a failed start
+            raise
+        self.methods = [m for m in self.methods if m not in self.skipped]
+        self.eos_token_ids = sorted(self.engines["ar"].eos_token_ids)
+        self.encoder = self.engines["ar"]
+        if config.repeats < 1:
+            raise InputError(f"repeats must be >= 1, got {config.repeats}")
+        config.sampling(0)  # validate temperature / top-p / seed before any work
+        self.out = Path(config.out)
+        self.rows: list[dict] = []
+        self.by_key: dict[tuple[str, str, int], dict] = {}
+        # plain decoding's output by (prompt ids, budget), for ctrl=oracle
+        self.references: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def _open_reference(self, m: str, spec: MethodSpec, target_gguf) -> Decoder:
+        """The decoder of a method that runs the GGUF (llama-cpp-python or llama-server)."""
+        if spec.name == "llama-server":
+            from adaspec.lab.bench.llama_server import open_server_decoder
+
+            slug = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in m)
+            decoder = open_server_decoder(
+                target_gguf, self.config.temperature, spec.settings(),
+                draft=self.config.draft or None,
+                log_path=Path(self.config.out) / "peers" / f"{slug}.log",
+            )
+            self.peers[m] = info = decoder.describe()
+            self.log(f"{m}: llama-server at {info.get('url')} (log {info.get('log')})")
+            return decoder
+        return open_decoder(target_gguf, self.config.temperature, method=spec.name,
+                            params=spec.settings(), draft=self.config.draft or None)
+
+    def _open_methods(self, custom, draft, eos_token_ids, target_gguf) -> None:
+        tokenizer = self.tokenizer
         for m in self.methods:
             if m in custom:
                 self.specs[m] = None
@@ -219,16 +266,16 @@ class BenchRunner:
                 raise InputError(f"method {m!r} needs a draft model (--draft)")
             if spec.other_weights:
                 try:
-                    self.reference_decoders[m] = open_decoder(
-                        target_gguf,
-                        config.temperature,
-                        method=spec.name,
-                        params=spec.settings(),
-                        draft=config.draft or None,
-                    )
-                except LlamaCppUnavailable as exc:
+                    decoder = self.reference_decoders[m] = self._open_reference(
+                        m, spec, target_gguf)
+                except (LlamaCppUnavailable, PeerUnavailable) as exc:
                     self.skipped[m] = str(exc)
                     self.log(f"{m}: skipped: {exc}")
+                    continue
+                choice = getattr(decoder, "repack_choice", None)
+                if choice is not None:
+                    self.repack[m] = choice.as_dict()
+                    self.log(f"{m}: llama.cpp weight {choice.describe()}")
             elif spec.is_reference:
                 tgt, drf = self.backends[m]  # the method's own weights variant
                 if not hasattr(tgt, "model") or not hasattr(drf, "model"):
@@ -236,17 +283,15 @@ class BenchRunner:
             else:
                 tgt, drf = self.backends[m]
                 self.engines[m] = build_engine(spec, tgt, tokenizer, drf, eos_token_ids)
-        self.methods = [m for m in self.methods if m not in self.skipped]
-        self.eos_token_ids = sorted(self.engines["ar"].eos_token_ids)
-        self.encoder = self.engines["ar"]
-        if config.repeats < 1:
-            raise InputError(f"repeats must be >= 1, got {config.repeats}")
-        config.sampling(0)  # validate temperature / top-p / seed before any work
-        self.out = Path(config.out)
-        self.rows: list[dict] = []
-        self.by_key: dict[tuple[str, str, int], dict] = {}
-        # plain decoding's output by (prompt ids, budget), for ctrl=oracle
-        self.references: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def close(self) -> None:
+        """Stop what the reference methods started (llama-server processes, child
+        processes); safe to call twice."""
+        for decoder in self.reference_decoders.values():
+            close = getattr(decoder, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
 
     # ---------------------------------------------------------------- helpers
     def _variant(self, role: str, quant: str | None) -> ModelBackend | None:
@@ -267,6 +312,13 @@ class BenchRunner:
         if spec.needs_draft_model():
             draft = self._variant("draft", spec.draft_quant)
         return target, draft
+
+    def baseline(self) -> str | None:
+        """The method the report's peer ratios are taken against: --baseline, else
+        `llama-server` or `llamacpp` when it runs."""
+        if self.config.baseline is not None:
+            return self.config.baseline if self.config.baseline in self.methods else None
+        return next((m for m in ("llama-server", "llamacpp") if m in self.methods), None)
 
     def baseline_of(self, method: str) -> str:
         """The plain-decoding method whose output `method` must reproduce (same target)."""
@@ -364,6 +416,8 @@ class BenchRunner:
         routes: list[str] = []  # the arm a router picked, per turn
         drafted_by: dict[str, int] = {}  # drafted tokens per part of the drafter (S2D exits)
         prompt_turn_ids: list[list[int]] = []
+        peer_timings: list[dict] = []
+        replayed = False
         for _ in prompt.all_turns:
             ids = self.turn_prompt_ids(prompt, answers)
             prompt_turn_ids.append(ids)
@@ -377,7 +431,12 @@ class BenchRunner:
             steps += [[int(d), int(a)] for d, a in stats.steps]
             for part, n in stats.drafted_by.items():
                 drafted_by[part] = drafted_by.get(part, 0) + n
+            if getattr(stats, "timings", None) is not None:  # a peer's own figures, per turn
+                peer_timings.append(stats.timings)
+                replayed = replayed or bool(getattr(stats, "replayed_ids", False))
         wall, tokens = total["wall_time"], total["new_tokens"]
+        turns = len(answers)
+        decode_s = wall - total["prefill_time"]
         row = {
             "prompt_id": prompt.id,
             "category": prompt.category,
@@ -400,11 +459,18 @@ class BenchRunner:
             "mean_accepted_tokens": tokens / total["target_calls"] if total["target_calls"] else 0,
             "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "ms_per_token": 1000 * wall / tokens if tokens else 0.0,
+            # time to first token (mean over turns) and tokens/s after the first token
+            "ttft_s": total["prefill_time"] / turns if turns else 0.0,
+            "decode_tokens_per_s": (tokens - turns) / decode_s if decode_s > 0 else None,
             "steps": steps,
             "drafted_by": drafted_by,
         }
         if routes:
             row["route"] = routes
+        if peer_timings:
+            row["peer_timings"] = peer_timings
+            if replayed:
+                row["replayed_ids"] = True
         if method == "ar" and self.greedy and self.draft is not None and self.draft_methods():
             row["oracle"] = self.oracle(prompt_turn_ids, answers)
         if method != "ar":
@@ -498,10 +564,29 @@ class BenchRunner:
                 )
         self.rows = rows
         self.by_key = {(r["prompt_id"], r["method"], int(r.get("repeat", 0))): r for r in rows}
-        write_text(
-            run_file,
-            json.dumps({"settings": settings, "config": asdict(self.config)}, indent=2) + "\n",
-        )
+        self._write_run_file()
+
+    def _refresh_peer_info(self) -> bool:
+        """Re-read what the reference decoders used (a server that crashed in its warm-up
+        with repacking on restarts without it); True when it changed."""
+        before = (json.dumps(self.repack, sort_keys=True), json.dumps(self.peers, sort_keys=True))
+        for m, decoder in self.reference_decoders.items():
+            choice = getattr(decoder, "repack_choice", None)
+            if choice is not None:
+                self.repack[m] = choice.as_dict()
+            if m in self.peers and hasattr(decoder, "describe"):
+                self.peers[m] = decoder.describe()
+        return before != (json.dumps(self.repack, sort_keys=True),
+                          json.dumps(self.peers, sort_keys=True))
+
+    def _write_run_file(self) -> None:
+        settings = {k: getattr(self.config, k) for k in RESUME_KEYS}
+        record: dict = {"settings": settings, "config": asdict(self.config)}
+        if self.repack:
+            record["llamacpp_repack"] = self.repack
+        if self.peers:
+            record["peers"] = self.peers
+        write_text(self.out / RUN_FILE, json.dumps(record, indent=2) + "\n")
 
     def method_order(self, index: int) -> list[str]:
         """The methods in the order the `index`-th (prompt, repeat) runs them."""
@@ -529,6 +614,10 @@ class BenchRunner:
     def warm_up(self, prompt: Prompt) -> None:
         ids = self.turn_prompt_ids(prompt, [])
         for m in self.methods:
+            warm = getattr(self.reference_decoders.get(m), "warm_up", None)
+            if warm is not None:  # a server warms up without caching the first prompt
+                warm(ids, self.config.warmup_tokens, self.eos_token_ids)
+                continue
             self._generate(m, ids, self.config.warmup_tokens, self.config.sampling(0))
 
     def running_speedups(self, keys: set[tuple[str, int]]) -> dict[str, str]:
@@ -553,7 +642,14 @@ class BenchRunner:
     def run(
         self, prompts: list[Prompt], machine: dict | None = None, extra: dict | None = None
     ) -> dict:
-        """Run (or finish) the benchmark over `prompts`; returns the summary."""
+        """Run (or finish) the benchmark over `prompts`; returns the summary. The reference
+        methods' servers and child processes are stopped when it returns or fails."""
+        try:
+            return self._run(prompts, machine, extra)
+        finally:
+            self.close()
+
+    def _run(self, prompts: list[Prompt], machine: dict | None, extra: dict | None) -> dict:
         from tqdm import tqdm
 
         if not prompts:
@@ -576,6 +672,11 @@ class BenchRunner:
             t0 = time.perf_counter()
             self.warm_up(prompts[0])
             self.log(f"warm-up: {time.perf_counter() - t0:.1f} s")
+            if self._refresh_peer_info():
+                self._write_run_file()
+                for m, info in self.repack.items():
+                    self.log(f"{m}: llama.cpp weight repacking {'on' if info['repack'] else 'off'}"
+                             f" ({info['reason']})")
         with (
             (self.out / RESULTS).open("a", encoding="utf-8") as f,
             tqdm(
@@ -620,7 +721,13 @@ class BenchRunner:
             target_bytes=getattr(self.target, "bytes_per_forward", None),
             theory_methods=self.draft_methods() if self.greedy else (),
             tie_tolerance=float(getattr(self.target, "tie_tolerance", TIE_TOLERANCE)),
+            baseline=self.baseline(),
         )
+        self._refresh_peer_info()
+        if self.repack:
+            summary["llamacpp_repack"] = self.repack
+        if self.peers:
+            summary["peers"] = self.peers
         summary["config"] = {
             **asdict(self.config),
             "methods": self.methods,
