@@ -1,0 +1,78 @@
+"""`adaspec serve` and the cross-request history: learned from each finished request, saved
+every N requests and at shutdown under $ADASPEC_HOME, reloaded at start, `--history off`."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+httpx = pytest.importorskip("httpx", reason="needs httpx: pip install -e '.[serve]'")
+
+from adaspec.backends.load import load_backends  # noqa: E402
+from adaspec.draft.history import HistoryIndex  # noqa: E402
+from adaspec.serve.history import ServedHistory, default_path  # noqa: E402
+from adaspec.serve.instance import ModelInstance  # noqa: E402
+
+from .test_serve import PROMPT, live_server, wait_until  # noqa: E402
+
+METHOD = "auto:use=history,profile=flat"
+
+
+@pytest.fixture
+def loaded(model_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path))
+    target, tokenizer, _, eos = load_backends(model_dirs[0], None, "float32", "none", "none")
+    return target, tokenizer, eos
+
+
+def complete(base: str) -> dict:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    return httpx.post(base + "/v1/completions", json=body, timeout=60).json()
+
+
+def test_the_server_learns_saves_and_reloads_its_history(loaded, tmp_path):
+    target, tokenizer, eos = loaded
+    kept = ServedHistory.open("", target, tokenizer, every=2)
+    assert kept.path == default_path(target.name) and kept.path.parent == tmp_path / "history"
+    instance = ModelInstance(target, tokenizer, None, eos, METHOD, history=kept)
+    with live_server(instance) as base:
+        first, second = complete(base), complete(base)
+        # learned as each request ended (the worker does it right after the answer)
+        wait_until(lambda: kept.index.requests == 2)
+        wait_until(kept.path.is_file)  # saved after --history-every requests
+        third = complete(base)
+        wait_until(lambda: kept.index.requests == 3)
+    texts = {r["choices"][0]["text"] for r in (first, second, third)}
+    assert len(texts) == 1  # greedy: the same answer, with or without history drafts
+    spec = [r["usage"]["speculation"] for r in (first, second, third)]
+    assert spec[0]["drafted"] == 0 and spec[1]["accepted"] > 0 and spec[2]["accepted"] > 0
+    saved = HistoryIndex.load(kept.path, kept.index.tokenizer, target.vocab_size)
+    assert saved.requests == 0 and saved.documents == 2  # the third is not saved yet
+    instance.close()  # ... it is at shutdown
+    restarted = ServedHistory.open("", target, tokenizer)
+    assert restarted.index.documents == 3 and restarted.index.tokens == kept.index.tokens
+    context = kept.index._docs[0][:10].tolist()
+    assert restarted.index.lookup(context, 4) == kept.index.lookup(context, 4)
+    assert restarted.index.lookup(context, 4).tokens
+
+
+def test_history_off_and_elsewhere(loaded, tmp_path, capsys):
+    target, tokenizer, eos = loaded
+    off = ServedHistory.open("off", target, tokenizer, every=1)
+    instance = ModelInstance(target, tokenizer, None, eos, METHOD, history=off)
+    engine = instance.default_engine
+    engine.generate(PROMPT, 8, chat=False)
+    instance.request_done(engine)
+    assert off.path is None and off.index.documents == 1
+    assert not (tmp_path / "history").exists()  # nothing written
+    elsewhere = tmp_path / "mine" / "h.bin"
+    kept = ServedHistory.open(str(elsewhere), target, tokenizer, every=1)
+    instance = ModelInstance(target, tokenizer, None, eos, METHOD, history=kept)
+    instance.default_engine.generate(PROMPT, 8, chat=False)
+    instance.request_done(instance.default_engine)
+    assert elsewhere.is_file()
+    elsewhere.write_bytes(elsewhere.read_bytes()[:-1])  # damaged: reported, then ignored
+    again = ServedHistory.open(str(elsewhere), target, tokenizer)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert again.index.tokens == 0 and len(err) == 1
+    assert err[0].startswith(f"adaspec serve: history file {elsewhere} is truncated")
