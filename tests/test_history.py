@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, history_cell
 from adaspec.draft.history import (
     HistoryFileError,
@@ -287,6 +288,33 @@ def test_greedy_output_with_history_equals_plain_decoding(target, draft, target_
             drafted += res.stats.drafted_by.get("history", 0)
     assert drafted > 0
     assert shared.requests == 2 * 7 - 2  # all but the last of each engine (learned at its next)
+
+
+def cpu_profile() -> CostProfile:
+    """This machine's shape: verifying one drafted token costs 45% of a pass more, so a
+    history token must be accepted with probability over 0.45 to pay."""
+    sizes = list(range(1, 17))
+    return CostProfile(target=Curve(sizes, [0], [[18.0 + 8.0 * (n - 1) for n in sizes]]))
+
+
+def test_history_estimates_learn_from_steps_that_did_not_propose_them(target, target_model):
+    """Continuations seen once are priced below what pays here, so they are never proposed
+    at first; the estimates still learn, from the tokens each step emitted, that they are
+    right (the same request again), and the history then drafts."""
+    engine = build_engine("auto:use=history", target, None, None, eos_token_ids=[],
+                          profile=cpu_profile())
+    drafter = engine.drafter
+    prompt = PROMPTS[1]
+    expected = reference_greedy(target_model, prompt, 40)
+    assert engine.generate(prompt, max_new_tokens=40).token_ids == expected
+    before = {c: r.rate for c, r in drafter.history_rates.items()}
+    second = engine.generate(prompt, max_new_tokens=40)
+    assert second.token_ids == expected
+    learned = [c for c, r in drafter.history_rates.items() if r.trials]
+    assert learned and all(drafter.history_rates[c].rate > before[c] for c in learned)
+    assert second.stats.accepted > 0 and mat(second) > 2.5  # it drafted once it learned
+    # (without that learning: 1.67, from the continuations this model repeats itself)
+    assert drafter.history_outcomes[1] == second.stats.accepted
 
 
 def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model):

@@ -144,6 +144,7 @@ class AutoDrafter(Drafter):
         self.history_outcomes = [0, 0]  # history tokens drafted, accepted (all requests)
         self._prompt: list[int] = []
         self._context: list[int] | None = None  # the request's context at its last commit
+        self._history_seen: Choice | None = None  # this step's history continuation
         self.model = draft
         if draft is not None:
             self.backend = draft.backend  # the engine bounds the context by it
@@ -170,6 +171,7 @@ class AutoDrafter(Drafter):
         self._reset_estimates()
         self.choices = AutoStats()
         self._last = None
+        self._history_seen = None
         self._model_started = False
         if self.ngram is not None:
             self.ngram.start(prompt_ids)
@@ -195,6 +197,9 @@ class AutoDrafter(Drafter):
         last, self._last = self._last, None
         if last is not None and last.tokens:
             self._credit(last, len(path))
+        seen, self._history_seen = self._history_seen, None
+        if seen is not None:
+            self._credit_history(seen, context)
         if self.ngram is not None:
             self.ngram.commit(context, path)
         if self.model is not None and self._model_started:
@@ -205,14 +210,28 @@ class AutoDrafter(Drafter):
         if choice.kind == "ngram":
             self.ngram_rates[min(choice.match, 4)].add(trials, accepted)
         elif choice.kind == "history":
-            for i, cell in enumerate(choice.buckets[:trials]):
-                self.history_rates[cell].add(1, int(i < accepted), window=HISTORY_WINDOW)
             self.history_outcomes[0] += len(choice.tokens)
             self.history_outcomes[1] += accepted
         elif choice.kind == "draft":
             for i, bucket in enumerate(choice.buckets[:trials]):
                 self.draft_rates[bucket].add(1, int(i < accepted))
             self.draft_overall.add(trials, accepted)
+
+    def _credit_history(self, seen: Choice, context: list[int]) -> None:
+        """Credit the history's continuation of this step, whether or not it was proposed,
+        by the tokens the step emitted: token i counts as a trial when the tokens before it
+        were emitted, and as accepted when it equals the emitted one. For a proposed
+        continuation that is its verification's outcome (the token after an accepted prefix
+        is the correction, never the proposed one); for one not proposed it is what its
+        verification would have given (greedy: the target's token; sampling: the emitted
+        token equals a one-hot proposal's with the probability it is accepted), so the
+        estimates learn without paying for a verification."""
+        emitted = context[seen.start:]
+        for i, cell in enumerate(seen.buckets[: len(emitted)]):
+            right = seen.tokens[i] == emitted[i]
+            self.history_rates[cell].add(1, int(right), window=HISTORY_WINDOW)
+            if not right:
+                break
 
     # ----------------------------------------------------------------- prices
     def _verify_ms(self, drafted: int, context: int) -> float:
@@ -289,6 +308,7 @@ class AutoDrafter(Drafter):
                                                              strict=True)]
                 n, value = self._best_prefix([self.history_rates[c].rate for c in cells], ctx)
                 options.append((value, "history", n))
+                self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
         if self.model is not None and limit > 0:
             d1 = self.profile.draft_ms(1, ctx)
             fixed = self._catch_up_ms(context)
