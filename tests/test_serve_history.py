@@ -65,6 +65,12 @@ def test_history_off_and_elsewhere(loaded, tmp_path, capsys):
     instance.request_done(engine)
     assert off.path is None and off.index.documents == 1
     assert not (tmp_path / "history").exists()  # nothing written
+    unused = ServedHistory.open("", target, tokenizer, every=1)  # no method drafts from it
+    instance = ModelInstance(target, tokenizer, None, eos, "ar", history=unused)
+    instance.default_engine.generate(PROMPT, 8, chat=False)
+    instance.request_done(instance.default_engine)
+    instance.close()
+    assert not (tmp_path / "history").exists()  # nothing learned: nothing written
     elsewhere = tmp_path / "mine" / "h.bin"
     kept = ServedHistory.open(str(elsewhere), target, tokenizer, every=1)
     instance = ModelInstance(target, tokenizer, None, eos, METHOD, history=kept)

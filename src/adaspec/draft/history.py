@@ -155,6 +155,7 @@ class HistoryIndex:
         self._docs: deque[array] = deque()
         self.tokens = 0  # tokens held, over all documents
         self.requests = 0  # requests added since this index was built or loaded
+        self.version = 0  # changes since then (a saver skips an unchanged index)
         self._lock = threading.Lock()  # add / evict / save (lookups read without it)
 
     # ------------------------------------------------------------------ adding
@@ -184,6 +185,7 @@ class HistoryIndex:
                              f"[0, {self.vocab_size})")
         with self._lock:
             self._count(doc, add=True)
+            self.version += 1
             self._docs.append(doc)
             self.tokens += len(doc)
             while self.tokens > self.budget:
@@ -196,6 +198,7 @@ class HistoryIndex:
             self._table.clear()
             self._docs.clear()
             self.tokens = 0
+            self.version += 1
 
     def _count(self, doc: array, add: bool) -> None:
         """Add (or take back) one count per (n-gram, next token) of a document."""
@@ -317,6 +320,7 @@ class HistoryIndex:
         index = cls(vocab_size, tokenizer=tokenizer, **settings)
         for doc in docs:
             index.add(doc)
+        index.version = 0  # as saved
         return index
 
     @classmethod

@@ -32,6 +32,7 @@ class ServedHistory:
         self.path = path
         self.every = every
         self._since_save = 0
+        self._saved = index.version  # what the file holds (nothing to write before a change)
 
     @classmethod
     def open(cls, where: str, target, tokenizer, every: int = 16,
@@ -59,11 +60,14 @@ class ServedHistory:
             self.save()
 
     def save(self) -> None:
+        """Write the index if it changed since the last save (and a file is kept)."""
         self._since_save = 0
-        if self.path is None:
+        version = self.index.version
+        if self.path is None or version == self._saved:
             return
         try:
             self.index.save(self.path)
+            self._saved = version
         except (OSError, InputError) as exc:  # a full disk never stops the server
             _report(f"history could not be saved to {self.path} ({exc})")
 
