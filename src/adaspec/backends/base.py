@@ -35,6 +35,11 @@ class ModelBackend(ABC):
     # differently): a greedy divergence at a top-2 gap below this is a numerical tie. bf16
     # torch: one ulp at magnitude 16-32.
     tie_tolerance: float = 0.125
+    # The largest change of a token's top-2 logit gap measured between its single-token pass
+    # and a multi-token pass (experiments/batch_noise.py). Greedy verification re-scores alone
+    # every row of a multi-token pass whose gap is not above it, so speculation emits what
+    # plain decoding emits; 0: a block scores what single passes score (row-invariant).
+    batch_noise: float = 0.0
     supports_trees: bool = True  # tree masks and `keep` of any path, not only chains
     has_hidden_states: bool = True  # `hidden_layer` (the router reads the prompt's state)
 

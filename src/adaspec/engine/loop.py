@@ -23,10 +23,10 @@ from adaspec.control.static import StaticLength
 from adaspec.draft.base import Drafter
 from adaspec.engine.metrics import RequestStats
 from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams, process_logits
+from adaspec.engine.sampling import SamplingParams, argmax, process_logits, top2_gap
 from adaspec.engine.text import TextAssembler
 from adaspec.errors import InputError
-from adaspec.verify.base import Verifier
+from adaspec.verify.base import Verdict, Verifier
 
 
 @dataclass
@@ -309,6 +309,8 @@ class Engine(TextGenerator):
         stats.target_calls += 1
         verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
         self._roll_back(root, verdict.path)
+        if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
+            verdict = self._settle_near_tie(proposal, target_logits, verdict, root, stats)
         if self.recorder is not None:
             self.recorder.step(root, proposal.depth, verdict.path, target_logits)
         stats.verify_time += time.perf_counter() - t0
@@ -329,6 +331,29 @@ class Engine(TextGenerator):
             BONUS if verdict.accepted == proposal.depth else CORRECTION
         )
         return accepted, [ACCEPTED] * verdict.accepted + [last]
+
+    def _settle_near_tie(
+        self, proposal: Proposal, logits: torch.Tensor, verdict: Verdict, root: int,
+        stats: RequestStats,
+    ) -> Verdict:
+        """Greedy on a runtime whose multi-token pass rounds otherwise than its single-token
+        pass: a row whose top-2 gap is within that noise may pick another token than plain
+        decoding picks. Cut the path at the first such row of the walk and re-score that row
+        alone, as plain decoding does; the rows before it are settled.
+
+        logits: [n, V] of the multi-token pass; the caches hold the context and the path."""
+        walk = [0, *verdict.path]  # the rows that chose each emitted token, in order
+        near = (top2_gap(logits[walk]) <= self.target.batch_noise).nonzero()
+        if not len(near):
+            return verdict
+        cut = int(near[0])
+        # keep the context and the path before row `cut`'s node; feed that node alone
+        self.target.truncate(root + cut)
+        node_token = proposal.tree.tokens[walk[cut]]
+        alone = self.target.forward(torch.tensor([node_token])).logits
+        stats.target_calls += 1
+        stats.rechecks += 1
+        return Verdict(verdict.path[:cut], int(argmax(alone[-1])))
 
     @staticmethod
     def _verify(proposal, logits, sampling, generator, verifier):

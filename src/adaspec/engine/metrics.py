@@ -21,6 +21,9 @@ class RequestStats:
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
     route: str | None = None  # the drafter a router picked, if any
     route_time: float = 0.0
+    # greedy rows of a multi-token pass re-scored alone: their top-2 gap was within the
+    # runtime's batch noise (each one is also a target call)
+    rechecks: int = 0
     # drafted tokens per part of the drafter that produced them (S2D: "exit 6": n), if any
     drafted_by: dict[str, int] = field(default_factory=dict)
 

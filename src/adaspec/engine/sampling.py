@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from adaspec.errors import InputError
@@ -62,6 +63,18 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu" or x.requires_grad:
         return x.argmax(-1)
     return torch.as_tensor(x.detach().float().numpy().argmax(-1))
+
+
+def top2_gap(x: torch.Tensor) -> torch.Tensor:
+    """Per row of `x` [n, V]: its largest value minus its second largest (0 on a tie), by
+    numpy for the same reason as `argmax`."""
+    rows = x.detach().float().cpu().numpy()
+    best = rows.argmax(-1)
+    at = np.arange(rows.shape[0])
+    top = rows[at, best].copy()
+    rows = rows.copy()
+    rows[at, best] = -np.inf
+    return torch.as_tensor(top - rows.max(-1))
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
