@@ -290,6 +290,21 @@ def test_greedy_output_with_history_equals_plain_decoding(target, draft, target_
     assert shared.requests == 2 * 7 - 2  # all but the last of each engine (learned at its next)
 
 
+def test_a_seeded_sampled_request_is_reproducible_with_the_history_on(target):
+    from adaspec.engine.sampling import SamplingParams
+
+    engine = history_engine(target, "ngram+history")
+    seeded = SamplingParams(temperature=0.8, seed=7)
+    first = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=seeded)
+    for _ in range(2):  # the history now holds it
+        again = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=seeded)
+        assert again.token_ids == first.token_ids
+        assert "history" not in again.stats.drafted_by
+    unseeded = engine.generate(PROMPTS[1], max_new_tokens=30,
+                               sampling=SamplingParams(temperature=0.8))
+    assert engine.drafter.history.requests == 3 and unseeded.stats.new_tokens == 30
+
+
 def cpu_profile() -> CostProfile:
     """This machine's shape: verifying one drafted token costs 45% of a pass more, so a
     history token must be accepted with probability over 0.45 to pay."""
@@ -331,9 +346,10 @@ def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model)
     assert engine.drafter.history.documents == 1
 
 
-def test_history_cells_price_longer_and_surer_matches_higher():
+def test_history_cells_price_longer_surer_matches_and_runs_higher():
     d = AutoDrafter(flat_profile(), history=HistoryIndex(100))
     rate = {c: r.rate for c, r in d.history_rates.items()}
     assert rate[history_cell(4, 0.5)] > rate[history_cell(2, 0.5)]
     assert rate[history_cell(3, 0.95)] > rate[history_cell(3, 0.5)] > rate[history_cell(3, 0.2)]
-    assert history_cell(9, 0.5) == (4, 1)
+    assert rate[history_cell(3, 0.5, run=4)] > rate[history_cell(3, 0.5, run=3)]
+    assert history_cell(9, 0.5) == (4, 1, 0) and history_cell(2, 0.95, run=9) == (2, 3, 1)

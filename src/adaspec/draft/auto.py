@@ -15,7 +15,9 @@ tokens would raise the step's expected tokens per millisecond.
 
 Exactness is the verifier's business, as for every method: n-gram proposals are
 deterministic (q is one-hot), and so are history proposals; draft proposals carry the
-draft's processed distribution.
+draft's processed distribution. A seeded request at temperature > 0 does not draft from the
+history, so its output stays the same whatever the engine served before (greedy output is the
+target's anyway).
 
 The history learns from what the engine served: `start` (the next request) and `learn` hand
 the previous request's prompt and output, as the last `commit` saw them, to the index.
@@ -49,6 +51,10 @@ START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off ove
 HISTORY_EDGES = (0.5, 0.75, 0.9)
 HISTORY_ORDERS = (1, 2, 3, 4)  # the last one: 4 or longer
 HISTORY_WINDOW = 200.0  # trials a history estimate remembers across requests
+# A history token "on a run": the history predicted at least this many of the tokens just
+# before it (emitted, or drafted ahead of it in the same proposal). A request that repeats an
+# earlier answer keeps the history on a run; a generic n-gram match seldom does.
+HISTORY_RUN = 4
 
 
 def _bucket_of(confidence: float) -> int:
@@ -64,20 +70,22 @@ def _bucket_prior(i: int) -> float:
     return 0.9 * (lo + hi) / 2  # a small draft is a little over-confident
 
 
-def history_cell(order: int, confidence: float) -> tuple[int, int]:
-    """The estimate a history token is priced and credited by."""
+def history_cell(order: int, confidence: float, run: int = 0) -> tuple[int, int, int]:
+    """The estimate a history token is priced and credited by: its match length, its
+    confidence bucket, and whether the history is on a run (`run` tokens right before it)."""
     bucket = len(HISTORY_EDGES)
     for i, edge in enumerate(HISTORY_EDGES):
         if confidence < edge:
             bucket = i
             break
-    return min(order, HISTORY_ORDERS[-1]), bucket
+    return min(order, HISTORY_ORDERS[-1]), bucket, int(run >= HISTORY_RUN)
 
 
 # Priors per (match length, confidence bucket), from how often a history token equalled a
 # held-out chat answer's token given that the tokens before it did (1M tokens of ShareGPT
 # answers indexed, 200 answers held out: experiments/history_cost.py): about 0.14-0.2 below
 # confidence 0.5, 0.23-0.32 for a continuation seen once, 0.5-0.63 at 0.75-0.9, 0.8-1.0 above.
+# On a run the priors are halfway to 1 (the estimates learn the rest, from every step).
 HISTORY_PRIORS = {
     1: (0.1, 0.2, 0.4, 0.7),
     2: (0.14, 0.28, 0.5, 0.8),
@@ -86,9 +94,10 @@ HISTORY_PRIORS = {
 }
 
 
-def _history_prior(cell: tuple[int, int]) -> float:
-    order, bucket = cell
-    return HISTORY_PRIORS[order][bucket]
+def _history_prior(cell: tuple[int, int, int]) -> float:
+    order, bucket, on_run = cell
+    prior = HISTORY_PRIORS[order][bucket]
+    return (1 + prior) / 2 if on_run else prior
 
 
 @dataclass
@@ -139,8 +148,10 @@ class AutoDrafter(Drafter):
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
         self.history = history
         self.eos_token_ids = set(eos_token_ids)
-        self.history_rates = {(o, b): RateEstimate(_history_prior((o, b)))
-                              for o in HISTORY_ORDERS for b in range(len(HISTORY_EDGES) + 1)}
+        self.history_rates = {(o, b, r): RateEstimate(_history_prior((o, b, r)))
+                              for o in HISTORY_ORDERS for b in range(len(HISTORY_EDGES) + 1)
+                              for r in (0, 1)}
+        self._run = 0  # emitted tokens in a row the history predicted
         self.history_outcomes = [0, 0]  # history tokens drafted, accepted (all requests)
         self._prompt: list[int] = []
         self._context: list[int] | None = None  # the request's context at its last commit
@@ -172,6 +183,7 @@ class AutoDrafter(Drafter):
         self.choices = AutoStats()
         self._last = None
         self._history_seen = None
+        self._run = 0
         self._model_started = False
         if self.ngram is not None:
             self.ngram.start(prompt_ids)
@@ -200,6 +212,8 @@ class AutoDrafter(Drafter):
         seen, self._history_seen = self._history_seen, None
         if seen is not None:
             self._credit_history(seen, context)
+        else:
+            self._run = 0  # the history had nothing to say: no run
         if self.ngram is not None:
             self.ngram.commit(context, path)
         if self.model is not None and self._model_started:
@@ -230,6 +244,7 @@ class AutoDrafter(Drafter):
         for i, cell in enumerate(seen.buckets[: len(emitted)]):
             right = seen.tokens[i] == emitted[i]
             self.history_rates[cell].add(1, int(right), window=HISTORY_WINDOW)
+            self._run = self._run + 1 if right else 0
             if not right:
                 break
 
@@ -300,12 +315,14 @@ class AutoDrafter(Drafter):
                 options.append((value, "ngram", n))
         history_tokens: list[int] = []
         cells: list[tuple[int, int]] = []
-        if self.history is not None and limit > 0:
+        # A seeded sampled request stays reproducible: its proposals (hence the random
+        # numbers its verification draws) must not depend on what earlier requests taught.
+        if self.history is not None and limit > 0 and (params.greedy or params.seed is None):
             found = self.history.lookup(context, limit)
             if found.tokens:
                 history_tokens = found.tokens
-                cells = [history_cell(o, c) for o, c in zip(found.orders, found.confidence,
-                                                             strict=True)]
+                cells = [history_cell(o, c, self._run + i) for i, (o, c) in
+                         enumerate(zip(found.orders, found.confidence, strict=True))]
                 n, value = self._best_prefix([self.history_rates[c].rate for c in cells], ctx)
                 options.append((value, "history", n))
                 self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
