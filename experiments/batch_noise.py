@@ -59,7 +59,8 @@ def measure(backend, prompt: list[int], n_tokens: int, sizes: list[int]) -> list
     # token fed at position base - 1 + i is (prompt + cont)[base - 1 + i]; its row predicts i
     seq = prompt + cont
     for n in sizes:
-        for start in range(0, n_tokens - n + 1):
+        backend.prefill(torch.tensor(prompt))  # the reference's cache: prompt, then singles
+        for start in range(1, n_tokens - n + 1):
             backend.truncate(base - 1 + start)
             fed = seq[base - 1 + start : base - 1 + start + n]
             block = backend.forward(torch.tensor(fed)).logits.float().numpy()
@@ -82,10 +83,12 @@ def measure(backend, prompt: list[int], n_tokens: int, sizes: list[int]) -> list
                     "residual_flip": int(alone.argmax()) != a,
                     "residual_max_abs": float(np.abs(alone - ref[i]).max()),
                 })
-                backend.truncate(base - 1 + start)
-                if r + 1 < n:  # restore the block's cache for the next row's recheck
-                    backend.forward(torch.tensor(fed[: r + 1]))
-            backend.truncate(base)
+                if r + 1 < n:  # the block's own cache again, for the next row's recheck
+                    backend.truncate(base - 1 + start)
+                    backend.forward(torch.tensor(fed))
+            # the next start's prefix, its last token fed alone as plain decoding feeds it
+            backend.truncate(base - 1 + start)
+            backend.forward(torch.tensor(seq[base - 1 + start : base + start]))
     return rows
 
 

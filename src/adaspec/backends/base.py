@@ -7,12 +7,30 @@ own ancestors). `truncate` rolls the cache back, `keep` compacts it to an accept
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
 from adaspec.errors import InputError
+
+BATCH_NOISE_ENV = "ADASPEC_BATCH_NOISE"  # overrides a runtime's batch noise (0: no rechecks)
+
+
+def batch_noise_setting(measured: float) -> float:
+    """A runtime's batch noise: its measured value, or the ADASPEC_BATCH_NOISE override (for
+    measuring what the near-tie recheck buys, e.g. 0 to turn it off)."""
+    text = os.environ.get(BATCH_NOISE_ENV, "").strip()
+    if not text:
+        return measured
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{BATCH_NOISE_ENV} must be a number of logits, got {text!r}") from None
+    if not value >= 0:
+        raise InputError(f"{BATCH_NOISE_ENV} must be >= 0, got {text!r}")
+    return value
 
 
 @dataclass
