@@ -12,8 +12,10 @@ from adaspec.backends.ikllama import IkLlamaBackend, IkLlamaUnavailable
 
 from .conftest import smollm_gguf
 from .test_models_llamacpp import (  # noqa: F401  (collected again with this module's fixture)
+    test_an_engine_reuses_the_prefix_of_its_previous_prompt,
     test_forward_truncate_and_chains_only,
     test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding,
+    test_prefill_keeps_a_shared_prefix_its_cache_holds,
 )
 
 pytestmark = pytest.mark.skipif(not ikllama.available(),

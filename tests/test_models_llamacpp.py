@@ -66,6 +66,51 @@ def test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding(smollm
     assert spec.stats.accepted > 0 and spec.stats.target_calls < ar.stats.target_calls
 
 
+def test_prefill_keeps_a_shared_prefix_its_cache_holds(smollm, monkeypatch):
+    """A prompt that shares its start with the last one scores only the rest (up to `reuse`
+    tokens kept, never more than the cache holds, never the last prompt token)."""
+    _, backend = smollm
+    fed: list[int] = []
+    feed = backend._feed
+
+    def counting_feed(ids, every_row):
+        fed.append(len(ids))
+        return feed(ids, every_row)
+
+    monkeypatch.setattr(backend, "_feed", counting_feed)
+    first = [1604, 3987, 46477, 24, 94, 727, 13]
+    second = first[:5] + [300, 400, 500]
+    whole = backend.prefill(torch.tensor(second)).logits  # reuse 0: every token scored
+    assert fed[-1] == 8
+    backend.prefill(torch.tensor(first))
+    reused = backend.prefill(torch.tensor(second), reuse=5).logits
+    assert fed[-1] == 3 and backend.cache_len == 8
+    torch.testing.assert_close(reused, whole, atol=0.05, rtol=0.0)
+    backend.prefill(torch.tensor(second), reuse=2)  # the caller allows less: less is kept
+    assert fed[-1] == 6
+    backend.prefill(torch.tensor(second), reuse=99)  # all but the last token, for its logits
+    assert fed[-1] == 1
+    backend.truncate(3)  # the cache holds 3 of them now
+    backend.prefill(torch.tensor(second), reuse=5)
+    assert fed[-1] == 5
+    backend.reset()
+    backend.prefill(torch.tensor(second), reuse=5)  # nothing held: nothing kept
+    assert fed[-1] == 8
+
+
+def test_an_engine_reuses_the_prefix_of_its_previous_prompt(smollm):
+    """Greedy output after a reused prefix is the output of a fresh prefill."""
+    _, target = smollm
+    a = [1604, 3987, 46477, 24, 94, 727, 13, 55]
+    b = a[:6] + [300, 400]
+    engine = build_engine("ar@gguf", target, None, None, [2])
+    engine.generate(a, 8)
+    again = engine.generate(b, 16)
+    target.reset()
+    fresh = build_engine("ar@gguf", target, None, None, [2]).generate(b, 16)
+    assert again.token_ids == fresh.token_ids
+
+
 def test_token_trees_on_a_llamacpp_backend_are_refused_when_the_engine_is_built(smollm):
     _, backend = smollm
     with pytest.raises(InputError, match="needs token trees.*LlamaCppBackend"):

@@ -36,9 +36,9 @@ class CountingBackend(TorchBackend):
 
     prefills = 0
 
-    def prefill(self, tokens, hidden_layer=None):
+    def prefill(self, tokens, hidden_layer=None, reuse=0):
         self.prefills += 1
-        return super().prefill(tokens, hidden_layer)
+        return super().prefill(tokens, hidden_layer, reuse)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ class SlowBackend:
             time.sleep(self.delay)
         return self._inner.forward(*args, **kwargs)
 
-    def prefill(self, tokens, hidden_layer=None):
+    def prefill(self, tokens, hidden_layer=None, reuse=0):
         self._inner.reset()
         return self.forward(tokens, hidden_layer=hidden_layer)
 

@@ -89,10 +89,17 @@ class ModelBackend(ABC):
             (num_layers = the final normed state that feeds the output head).
         """
 
-    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+    def prefill(
+        self, tokens: torch.Tensor, hidden_layer: int | None = None, reuse: int = 0
+    ) -> ForwardOutput:
         """Reset and score a whole prompt. Callers read the last row of the logits only (the
         next token's distribution); a backend may skip the output head for the other rows,
-        which for a long prompt is a large share of the work (llama.cpp does)."""
+        which for a long prompt is a large share of the work (llama.cpp does).
+
+        reuse: the caller's previous prompt shared this many leading tokens with this one; a
+        backend that knows what its cache holds may keep up to that many of them instead of
+        scoring them again (a server's chat template repeats its system turn). This one
+        scores everything."""
         self.reset()
         return self.forward(tokens, hidden_layer=hidden_layer)
 
@@ -103,6 +110,16 @@ class ModelBackend(ABC):
     @abstractmethod
     def keep(self, indices: torch.Tensor) -> None:
         """Keep only the cached tokens at `indices` (ascending), e.g. an accepted tree path."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def chain_ids(
@@ -153,16 +170,25 @@ class ChainBackend(ModelBackend):
                         hidden_layer)
         return ForwardOutput(logits=self._checked_feed(ids, every_row=True))
 
-    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+    def prefill(
+        self, tokens: torch.Tensor, hidden_layer: int | None = None, reuse: int = 0
+    ) -> ForwardOutput:
         """Score a prompt with logits for its last token only: the output head over every
-        prompt row (151,936 columns for Qwen) would cost more than the prompt itself."""
+        prompt row (151,936 columns for Qwen) would cost more than the prompt itself. Up to
+        `reuse` leading tokens the cache already holds at the same positions are kept (at
+        least the last prompt token is scored, for its logits)."""
         if hidden_layer is not None:
             raise InputError(f"the {self.runtime} backend has no hidden states")
         ids = [int(t) for t in tokens.reshape(-1)]
         if not ids:
             raise InputError("empty prompt")
-        self.reset()
-        return ForwardOutput(logits=self._checked_feed(ids, every_row=False))
+        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
+        self.truncate(kept)
+        return ForwardOutput(logits=self._checked_feed(ids[kept:], every_row=False))
+
+    def _token_ids(self) -> list[int]:
+        """The tokens whose keys and values the cache holds, in order."""
+        return self.__dict__.setdefault("_cached_ids", [])
 
     def _checked_feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
         if self._len + len(ids) > self.max_context:
@@ -170,7 +196,15 @@ class ChainBackend(ModelBackend):
                 f"context too long for {self.runtime}: {self._len + len(ids)} > "
                 f"{self.max_context} tokens"
             )
-        return self._feed(ids, every_row)
+        cached = self._token_ids()
+        del cached[self._len :]
+        try:
+            out = self._feed(ids, every_row)
+        except BaseException:
+            del cached[:]  # what the runtime kept of a failed call is unknown: reuse nothing
+            raise
+        cached.extend(ids)
+        return out
 
     @abstractmethod
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
@@ -185,6 +219,7 @@ class ChainBackend(ModelBackend):
         if length < self._len:
             self._remove_from(length)
             self._len = length
+            del self._token_ids()[length:]
 
     def keep(self, indices: torch.Tensor) -> None:
         kept = indices.reshape(-1).tolist()

@@ -74,8 +74,8 @@ class _BackendServer:
         shape = self.rows.write(self.backend.forward(torch.tensor(ids)).logits)
         return shape, self.backend.cache_len
 
-    def prefill(self, ids: list[int]) -> tuple[tuple[int, int], int]:
-        shape = self.rows.write(self.backend.prefill(torch.tensor(ids)).logits)
+    def prefill(self, ids: list[int], reuse: int = 0) -> tuple[tuple[int, int], int]:
+        shape = self.rows.write(self.backend.prefill(torch.tensor(ids), reuse=reuse).logits)
         return shape, self.backend.cache_len
 
     def truncate(self, length: int) -> int:
@@ -142,10 +142,14 @@ class ProcessBackend(ModelBackend):
                         hidden_layer)
         return self._logits("forward", ids)
 
-    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+    def prefill(
+        self, tokens: torch.Tensor, hidden_layer: int | None = None, reuse: int = 0
+    ) -> ForwardOutput:
         if hidden_layer is not None:
             raise InputError("a model in a child process gives no hidden states")
-        return self._logits("prefill", [int(t) for t in tokens.reshape(-1)])
+        ids = [int(t) for t in tokens.reshape(-1)]
+        shape, self._len = self._child.call("prefill", ids, int(reuse))
+        return ForwardOutput(logits=self._rows.read(*shape))
 
     def truncate(self, length: int) -> None:
         if length < self._len:

@@ -116,10 +116,13 @@ class TorchBackend(ModelBackend):
         return ForwardOutput(logits=out.logits[0], hidden=hidden)
 
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor, hidden_layer: int | None = None) -> ForwardOutput:
+    def prefill(
+        self, tokens: torch.Tensor, hidden_layer: int | None = None, reuse: int = 0
+    ) -> ForwardOutput:
         """Reset and score a whole prompt, the output head on the last row only (what callers
         read); Linear layers run `prefill_arithmetic` (many rows) and attention is batched
-        here (plain and speculative decoding share the prefill)."""
+        here (plain and speculative decoding share the prefill). Scores every token whatever
+        `reuse` says."""
         self.reset()
         with prefill_arithmetic(self.model), batched_attention():
             return self._run(tokens, None, None, hidden_layer, last_row_only=True)

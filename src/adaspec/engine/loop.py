@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from adaspec import verify
-from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.backends.base import ForwardOutput, ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
 from adaspec.draft.base import Drafter
@@ -181,6 +181,7 @@ class Engine(TextGenerator):
         if drafter is not None and hasattr(drafter, "backend"):
             limits.append(drafter.backend.max_context)
         self.max_context = min(limits)
+        self._last_prompt: list[int] = []  # the previous request's prompt (prefix reuse)
 
     @property
     def drafts_trees(self) -> bool:
@@ -211,7 +212,11 @@ class Engine(TextGenerator):
         t_start = time.perf_counter() - stats.prefill_time - stats.route_time
 
         if prefill is None:
-            prefill = self.target.prefill(torch.tensor(prompt_ids))
+            # A server's requests share their chat template's system turn: the target may
+            # keep what it already holds of the prefix this prompt shares with the last one.
+            reuse = common_prefix(prompt_ids, self._last_prompt)
+            prefill = self.target.prefill(torch.tensor(prompt_ids), reuse=reuse)
+        self._last_prompt = list(prompt_ids)
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill.logits[-1:], sampling,
                              generator, verifier).next_token
         stats.target_calls += 1
