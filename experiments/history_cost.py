@@ -76,6 +76,40 @@ def calibration(h: HistoryIndex, pairs) -> dict[str, list]:
     return {k: [*v, round(v[0] / v[1], 3)] for k, v in sorted(cells.items())}
 
 
+def walk(h: HistoryIndex, pairs, k: int = 8) -> dict:
+    """Decode each answer again as speculative decoding would with the history alone,
+    proposing every lookup's whole continuation (up to k): tokens per step (MAT), the share
+    of proposed tokens accepted, and per cell of auto's pricing (match length class,
+    confidence bucket, on a run) [right, trials, share] (a trial: a drafted token whose
+    predecessors in its step were right; `auto` credits its estimates the same way)."""
+    from adaspec.draft.auto import history_cell
+
+    steps = emitted = proposed = accepted = 0
+    cells: dict[str, list] = {}
+    for p, a in pairs:
+        seq, i, run = p + a, len(p), 0
+        while i < len(seq) - 1:
+            f = h.lookup(seq[:i], min(k, len(seq) - i - 1))
+            m = 0
+            for j, (order, conf) in enumerate(zip(f.orders, f.confidence, strict=True)):
+                c = cells.setdefault(str(history_cell(order, conf, run + j)), [0, 0])
+                c[1] += 1
+                if f.tokens[j] != seq[i + j]:
+                    break
+                c[0] += 1
+                m += 1
+            # as auto counts it: a mismatch or no continuation ends the run
+            run = run + m if f.tokens and m == len(f.tokens) else 0
+            steps += 1
+            proposed += len(f.tokens)
+            accepted += m
+            emitted += m + 1
+            i += m + 1
+    return {"mat": round(emitted / steps, 3),
+            "acceptance": round(accepted / proposed, 3) if proposed else 0.0,
+            "cells": {key: [*v, round(v[0] / v[1], 3)] for key, v in sorted(cells.items())}}
+
+
 def micro(fn, repeats: int) -> float:
     """Median microseconds of fn() over batches."""
     times = []
@@ -90,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1_000_000)
     ap.add_argument("--out", default="")
+    ap.add_argument("--orders", default="2,3,4", help="n-gram lengths indexed")
     args = ap.parse_args()
     tok = tokenizer()
     vocab = len(tok)
@@ -105,7 +140,8 @@ def main() -> None:
 
     gc.collect()
     tracemalloc.start()
-    h = HistoryIndex(151_936, budget=args.tokens, tokenizer=key)
+    orders = tuple(int(n) for n in args.orders.split(","))
+    h = HistoryIndex(151_936, budget=args.tokens, tokenizer=key, orders=orders)
     for p, a in fill:
         h.add_request(p, a)
     current, _ = tracemalloc.get_traced_memory()
@@ -115,7 +151,7 @@ def main() -> None:
     del h
     gc.collect()
 
-    h = HistoryIndex(151_936, budget=args.tokens, tokenizer=key)
+    h = HistoryIndex(151_936, budget=args.tokens, tokenizer=key, orders=orders)
     t0 = time.perf_counter()
     for p, a in fill:
         h.add_request(p, a)
@@ -166,6 +202,8 @@ def main() -> None:
                     right += bool(f.tokens) and f.tokens[0] == seq[i]
             results[name]["first_token_right_share"] = round(right / len(ctxs), 3)
             results[name]["accept_by_cell"] = calibration(h, held_out)
+        # the same answers again (held: an identical request), or answers not in the index
+        results[name]["walk_k8"] = walk(h, more[-100:] if name == "held" else held_out)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "h.history"
@@ -174,14 +212,14 @@ def main() -> None:
         save_s = time.perf_counter() - t0
         size = path.stat().st_size
         t0 = time.perf_counter()
-        HistoryIndex.load(path, key, 151_936)
+        HistoryIndex.load(path, key, 151_936, orders=orders)
         load_s = time.perf_counter() - t0
 
     summary = {
         "tokens_held": held,
         "documents": len(fill),
         "vocab": vocab,
-        "n_min..n_max": [h.n_min, h.n_max],
+        "orders": list(h.orders),
         "table_entries": entries,
         "entries_with_several_continuations": many,
         "python_memory_mb": round(current / 2**20, 1),

@@ -44,7 +44,7 @@ def table(h: HistoryIndex) -> dict:
 
 # ----------------------------------------------------------------------------- lookup
 def test_lookup_finds_a_continuation_seen_in_an_earlier_request():
-    h = index(n_max=3, n_min=2)
+    h = index(orders=(2, 3))
     h.add_request([50, 51, 52], [10, 11, 12, 13, 14, 15])
     found = h.lookup([99, 98, 11, 12], 8)  # another request reaches "11 12"
     assert found.tokens == [13, 14, 15] and found.match == 2
@@ -54,11 +54,11 @@ def test_lookup_finds_a_continuation_seen_in_an_earlier_request():
     # across the prompt / output boundary: what starts an answer
     assert h.lookup([7, 51, 52], 3).tokens == [10, 11, 12]
     assert h.lookup([1, 2, 3], 4).tokens == []  # nothing seen
-    assert h.lookup([12], 4).tokens == []  # shorter than n_min
+    assert h.lookup([12], 4).tokens == []  # shorter than the shortest n-gram
 
 
 def test_frequency_beats_recency_and_ties_go_to_the_most_recent():
-    h = index(n_max=3, n_min=2)
+    h = index(orders=(2, 3))
     h.add([1, 2, 3, 40])
     h.add([1, 2, 3, 40])
     h.add([1, 2, 3, 41])  # most recent, but seen once against twice
@@ -71,7 +71,7 @@ def test_frequency_beats_recency_and_ties_go_to_the_most_recent():
 
 
 def test_a_longer_match_wins_and_the_path_stops_when_it_gets_unlikely():
-    h = index(n_max=3, n_min=1, min_prob=0.3)
+    h = index(orders=(1, 2, 3), min_prob=0.3)
     h.add([5, 6, 7, 8, 9])
     h.add([1, 6, 7, 20])
     # "6 7" was followed by 8 and by 20; "5 6 7" only by 8
@@ -79,14 +79,14 @@ def test_a_longer_match_wins_and_the_path_stops_when_it_gets_unlikely():
     assert h.lookup([1, 6, 7], 4).tokens == [20]
     # "0 6 7" is unseen: the 2-gram "6 7" answers, 20 (the most recent of a tie, share 1/2)
     assert h.lookup([0, 6, 7], 4).tokens == [20]
-    strict = index(n_max=3, n_min=1, min_prob=0.6)
+    strict = index(orders=(1, 2, 3), min_prob=0.6)
     strict.add([5, 6, 7, 8])
     strict.add([1, 6, 7, 20])
     assert strict.lookup([0, 6, 7], 4).tokens == []  # 1/2 < 0.6: propose nothing
 
 
 def test_lookup_never_crosses_documents():
-    h = index(n_max=2, n_min=1)
+    h = index(orders=(1, 2))
     h.add([1, 2])
     h.add([3, 4])
     assert h.lookup([1, 2], 3).tokens == []  # 2 ended its document: nothing followed it
@@ -95,7 +95,7 @@ def test_lookup_never_crosses_documents():
 
 # ----------------------------------------------------------------------------- budget
 def test_the_budget_evicts_the_oldest_documents():
-    h = index(n_max=2, n_min=1, budget=10)
+    h = index(orders=(1, 2), budget=10)
     h.add([1, 2, 3, 4])  # oldest
     h.add([1, 2, 9, 9])
     assert h.lookup([1, 2], 1).tokens == [9]  # tie: the most recent
@@ -112,10 +112,10 @@ def test_counts_after_evictions_equal_a_fresh_index_of_the_held_documents():
     rng = random.Random(0)
     for trial in range(20):
         budget = rng.randint(5, 60)
-        live = index(n_max=3, n_min=1, budget=budget)
+        live = index(orders=(1, 2, 3), budget=budget)
         for _ in range(rng.randint(1, 25)):
             live.add([rng.randrange(4) for _ in range(rng.randint(0, 12))])
-        fresh = index(n_max=3, n_min=1, budget=budget)
+        fresh = index(orders=(1, 2, 3), budget=budget)
         for doc in live._docs:
             fresh.add(doc)
         assert live.tokens == fresh.tokens <= budget
@@ -123,8 +123,9 @@ def test_counts_after_evictions_equal_a_fresh_index_of_the_held_documents():
 
 
 def test_bad_settings_and_tokens_are_named():
-    with pytest.raises(InputError, match="n_min <= n_max"):
-        HistoryIndex(100, n_max=1, n_min=2)
+    for bad in ((), (0, 2), (2.5,)):
+        with pytest.raises(InputError, match="n-gram lengths"):
+            HistoryIndex(100, orders=bad)
     with pytest.raises(InputError, match="budget"):
         HistoryIndex(100, budget=0)
     with pytest.raises(InputError, match="outside the history's vocabulary"):
@@ -133,7 +134,7 @@ def test_bad_settings_and_tokens_are_named():
 
 # ----------------------------------------------------------------------------- file
 def filled() -> HistoryIndex:
-    h = index(n_max=3, n_min=2)
+    h = index(orders=(2, 3))
     h.add_request([1, 2, 3], [4, 5, 6, 7])
     h.add_request([8, 2, 3], [4, 5, 9, 9, 9])
     h.add([0, 99, 0, 99])
@@ -143,7 +144,7 @@ def filled() -> HistoryIndex:
 def test_persistence_round_trips(tmp_path):
     h = filled()
     path = h.save(tmp_path / "h.history")
-    back = HistoryIndex.load(path, KEY, 100, n_max=3, n_min=2)
+    back = HistoryIndex.load(path, KEY, 100, orders=(2, 3))
     assert (back.tokens, back.documents) == (h.tokens, h.documents)
     assert table(back) == table(h)
     assert back.lookup([2, 3], 4) == h.lookup([2, 3], 4)
@@ -206,7 +207,7 @@ def test_an_interrupted_save_leaves_the_old_file_valid(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["h.history"]  # no temp file left
-    assert table(HistoryIndex.load(path, KEY, 100, n_max=3, n_min=2)) == table(old)
+    assert table(HistoryIndex.load(path, KEY, 100, orders=(2, 3))) == table(old)
 
 
 def test_tokenizer_key_follows_the_vocabulary(tokenizer):
@@ -349,7 +350,8 @@ def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model)
 def test_history_cells_price_longer_surer_matches_and_runs_higher():
     d = AutoDrafter(flat_profile(), history=HistoryIndex(100))
     rate = {c: r.rate for c, r in d.history_rates.items()}
-    assert rate[history_cell(4, 0.5)] > rate[history_cell(2, 0.5)]
+    assert rate[history_cell(8, 0.5)] > rate[history_cell(4, 0.5)] > rate[history_cell(2, 0.5)]
     assert rate[history_cell(3, 0.95)] > rate[history_cell(3, 0.5)] > rate[history_cell(3, 0.2)]
     assert rate[history_cell(3, 0.5, run=4)] > rate[history_cell(3, 0.5, run=3)]
-    assert history_cell(9, 0.5) == (4, 1, 0) and history_cell(2, 0.95, run=9) == (2, 3, 1)
+    assert history_cell(9, 0.5) == (8, 1, 0) and history_cell(7, 0.5) == (4, 1, 0)
+    assert history_cell(2, 0.95, run=9) == (1, 3, 1)
