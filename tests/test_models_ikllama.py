@@ -56,3 +56,43 @@ def test_in_a_child_process_it_scores_what_it_scores_in_process(smollm):
         assert child.cache_len == 5
     finally:
         child.close()
+
+
+def test_a_target_fed_blocks_scores_a_lone_token_as_a_block_scores_it(smollm):
+    """min_rows=2 pads a lone token to a block (its pad row and cache entry dropped), so a
+    plain step scores bit for bit what verification scores for the same token."""
+    gguf, _ = smollm
+    prompt = torch.tensor([1604, 3987, 46477, 24, 94])
+    more = [727, 13, 55, 300, 400, 500]
+
+    def lone_and_blocks(backend):
+        backend.prefill(prompt)
+        lone = torch.cat([backend.forward(torch.tensor([t])).logits for t in more])
+        assert backend.cache_len == len(prompt) + len(more)
+        backend.truncate(len(prompt))
+        blocks = torch.cat([backend.forward(torch.tensor(more[i : i + 3])).logits
+                            for i in (0, 3)])
+        return lone, blocks
+
+    padded = IkLlamaBackend(gguf, 1, "smollm", 512, True, 2)
+    fed: list[int] = []
+    feed_rows = padded._feed_rows
+
+    def counting(ids, every_row):
+        fed.append(len(ids))
+        return feed_rows(ids, every_row)
+
+    padded._feed_rows = counting
+    try:
+        assert padded.kind == "ik_llama-blocks2" and padded.batch_noise == 0
+        lone, blocks = lone_and_blocks(padded)
+        assert torch.equal(lone, blocks)
+        assert fed[1:7] == [2] * 6  # every lone token went through as a block of two
+        first = padded.prefill(prompt[:1]).logits  # a one-token prompt is padded too
+        assert first.shape == (1, padded.vocab_size) and padded.cache_len == 1
+        assert fed[-1] == 2
+        # its logits are the real token's row, not the pad's: row 0 of a real block
+        padded.reset()
+        assert torch.equal(first[0], padded.forward(prompt[:2]).logits[0])
+    finally:
+        padded.close()

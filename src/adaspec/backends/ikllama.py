@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,22 @@ DEFAULT_CONTEXT = 8192  # tokens
 DEFAULT_BATCH = 512  # tokens per llama_decode call of a prompt prefill
 # The weights variant (`--quant ik`, `NAME@ik`): a model's GGUF run by ik_llama.cpp.
 IK = "ik"
+
+
+# A target is fed blocks of at least this many rows (IkLlamaBackend's `min_rows`);
+# ADASPEC_MIN_ROWS=1 lets lone tokens take the single-row kernels (faster plain steps, and
+# greedy speculation then parts from plain decoding at near-ties).
+MIN_ROWS_ENV = "ADASPEC_MIN_ROWS"
+TARGET_MIN_ROWS = 2
+
+
+def target_min_rows() -> int:
+    text = os.environ.get(MIN_ROWS_ENV, "").strip()
+    if not text:
+        return TARGET_MIN_ROWS
+    if not text.isdigit() or int(text) < 1:
+        raise AdaspecError(f"{MIN_ROWS_ENV} must be an integer >= 1, got {text!r}")
+    return int(text)
 
 
 class IkLlamaUnavailable(AdaspecError):
@@ -133,7 +150,15 @@ class IkLlamaBackend(ChainBackend):
         name: str = "ik_llama",
         n_ctx: int = DEFAULT_CONTEXT,
         repack: bool = True,
+        min_rows: int = 1,
     ) -> None:
+        """min_rows: feed every call at least this many rows (padding a shorter one with
+        copies of its last token, whose rows and cache entries are dropped). 2 for a target:
+        this runtime scores a row of any block of 2 or more tokens bit for bit alike
+        (experiments/batch_noise.py: blocks of 2, 3, 4, 8), but a lone token through other
+        kernels, up to 0.47 logits apart; with every call a block, plain decoding and
+        verification score the same numbers and greedy speculation emits plain decoding's
+        tokens exactly."""
         api = library()
         lib = api.adaspec_lib
         self._lib = lib
@@ -167,7 +192,12 @@ class IkLlamaBackend(ChainBackend):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
         self.name = name
-        self.batch_noise = batch_noise_setting(type(self).batch_noise)
+        self.min_rows = max(1, int(min_rows))
+        if self.min_rows > 1:  # another cost curve (n = 1 costs a block): another profile
+            self.kind = f"ik_llama-blocks{self.min_rows}"
+        # padded to blocks, verification scores what plain decoding scores: nothing to recheck
+        self.batch_noise = batch_noise_setting(0.0 if self.min_rows > 1
+                                               else type(self).batch_noise)
         self.vocab_size = int(lib.llama_n_vocab(self._model))
         self.max_context = int(lib.llama_n_ctx(self._ctx))
         self.hidden_size = int(lib.llama_model_n_embd(self._model))
@@ -177,6 +207,15 @@ class IkLlamaBackend(ChainBackend):
         self._len = 0
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
+        pad = min(self.min_rows - len(ids), self.max_context - self._len - len(ids))
+        if pad <= 0:
+            return self._feed_rows(ids, every_row)
+        rows = self._feed_rows(ids + ids[-1:] * pad, every_row=True)[: len(ids)]
+        self._remove_from(self._len - pad)
+        self._len -= pad
+        return rows if every_row else rows[-1:]
+
+    def _feed_rows(self, ids: list[int], every_row: bool) -> torch.Tensor:
         lib, batch = self._lib, self._batch
         rows = []
         for start in range(0, len(ids), self._n_batch):

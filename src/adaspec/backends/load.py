@@ -88,7 +88,7 @@ def start_backend(
     scores. A float target's batched GEMMs are not row-invariant anyway: it keeps the faster
     batched attention and the exactness check's tie rule, as does every draft and a model
     with sliding-window layers (not handled by the row-invariant path)."""
-    from adaspec.backends.ikllama import IK, IkLlamaBackend
+    from adaspec.backends.ikllama import IK, IkLlamaBackend, target_min_rows
     from adaspec.backends.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
     from adaspec.backends.weights import AUTO, best_weights, llama_threads
     from adaspec.store.loading import same_vocabulary_files, tokenizer_dir
@@ -101,6 +101,8 @@ def start_backend(
 
         # fails fast (package missing, no GGUF), before a child process starts
         args = gguf_backend_args(name, llama_threads(), runtime=quant)
+        if quant == IK and role == "target":
+            args = (*args, True, target_min_rows())  # repacked; blocks only (exact greedy)
         backend = ProcessBackend(IkLlamaBackend if quant == IK else LlamaCppBackend, *args,
                                  wait=False)
 
