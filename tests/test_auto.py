@@ -278,6 +278,25 @@ def test_catch_up_is_free_when_only_the_last_token_is_new():
     assert drafter._catch_up_ms(REPEATING) == pytest.approx(2.0)
 
 
+def test_the_draft_prefill_is_spread_over_what_the_request_has_produced():
+    """A draft model's prompt prefill is paid off over as many steps as the request has
+    produced tokens (at most START_HORIZON): a short answer never pays for it."""
+    from adaspec.draft.auto import START_HORIZON
+
+    profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
+    drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
+    prompt = REPEATING[:6]
+    drafter.start(prompt)
+    whole = 1000 * len(prompt) / profile.draft_prefill_tokens_per_s
+    assert drafter._catch_up_ms(prompt) == pytest.approx(whole)  # nothing produced yet
+    context = prompt + [1] * 4
+    assert drafter._catch_up_ms(context) == pytest.approx(
+        1000 * len(context) / profile.draft_prefill_tokens_per_s / 4)
+    context = prompt + [1] * (START_HORIZON + 10)
+    assert drafter._catch_up_ms(context) == pytest.approx(
+        1000 * len(context) / profile.draft_prefill_tokens_per_s / START_HORIZON)
+
+
 # ----------------------------------------------------------------- propose
 def ngram_drafter(rows) -> AutoDrafter:
     drafter = AutoDrafter(two_context_profile(rows))

@@ -285,10 +285,13 @@ class AutoDrafter(Drafter):
         accepted since its last step)."""
         assert self.model is not None
         if not self._model_started:
-            # A one-time cost that serves every later draft step of the request: spread over
-            # START_HORIZON steps, or a draft would never start on a long prompt.
+            # A one-time cost that serves every later draft step of the request. How many
+            # there will be is unknown; a request that has produced g tokens is taken to
+            # produce about g more (so a short answer, a translation of one sentence, never
+            # pays a prefill it cannot win back), at most START_HORIZON steps.
             rate = self.profile.draft_prefill_tokens_per_s or 1000.0
-            return 1000 * len(context) / rate / START_HORIZON
+            produced = len(context) - self._prompt_len
+            return 1000 * len(context) / rate / max(1, min(START_HORIZON, produced))
         pending = max(1, len(context) - self.model.cached_len)
         return self.profile.draft_ms(pending, len(context)) - self.profile.draft_ms(1, len(context))
 
