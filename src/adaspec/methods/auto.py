@@ -14,7 +14,7 @@ SOURCES = ("ngram", "history", "draft")
 @dataclass(frozen=True)
 class AutoParams:
     use: str = param(
-        "ngram+draft",
+        "ngram+history+draft",
         "what a step may propose besides nothing, joined by +: ngram (this request), history "
         "(earlier requests), draft (the draft model)",
     )
