@@ -82,3 +82,11 @@ def test_history_off_and_elsewhere(loaded, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert again.index.tokens == 0 and len(err) == 1
     assert err[0].startswith(f"adaspec serve: history file {elsewhere} is truncated")
+
+
+def test_the_history_flags_are_checked_before_any_model_loads(capsys):
+    from adaspec.cli import main
+
+    for flag in ("--history-every", "--history-tokens"):
+        assert main(["serve", flag, "0"]) == 2
+        assert f"{flag} must be >= 1" in capsys.readouterr().err

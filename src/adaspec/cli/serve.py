@@ -50,14 +50,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --ray: model instances, one per replica (default 1)")
     g = p.add_argument_group("cross-request history (docs/auto.md)")
     g.add_argument("--history", default="", metavar="PATH|off",
-                   help="where the history methods draft from (auto:use=...+history) is kept: "
+                   help="where the history that methods draft from (auto, by default) is kept: "
                         "loaded at start, saved every --history-every requests and at exit "
                         "(default $ADASPEC_HOME/history/<target>.history; off: in memory only)")
     g.add_argument("--history-every", type=int, default=16,
                    help="finished requests between two saves of the history (default 16)")
     g.add_argument("--history-tokens", type=int, default=1_000_000,
                    help="tokens the history holds; the oldest requests go first "
-                        "(default 1000000, about 250 MB)")
+                        "(default 1000000, about 260 MB)")
     add_online_options(p)
     p.set_defaults(func=run_serve)
 
