@@ -740,9 +740,9 @@ def test_a_token_the_target_forbids_is_rejected_even_at_u_zero(monkeypatch):
 
 def test_auto_prices_the_draft_catch_up(toy):
     """Before the draft model has started, a step that would use it pays its prompt
-    prefill spread over START_HORIZON steps (at the profile's prefill rate, else 1000 tokens
-    per s); after, the first forward's extra tokens (those accepted since its last step),
-    at the context length."""
+    prefill spread over as many steps as tokens were produced, at most START_HORIZON (at the
+    profile's prefill rate, else 1000 tokens per s); after, the first forward's extra tokens
+    (those accepted since its last step), at the context length."""
     from adaspec.cost.profile import CostProfile, Curve
     from adaspec.draft.auto import START_HORIZON, AutoDrafter
 
@@ -751,12 +751,15 @@ def test_auto_prices_the_draft_catch_up(toy):
                           draft_prefill_tokens_per_s=2000.0)
     ctx = list(range(1, 21))
     drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    drafter.start(ctx)
-    assert drafter._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 2000.0 / START_HORIZON)
+    drafter.start(ctx[:12])  # 8 tokens produced: spread over 8 steps
+    assert drafter._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 2000.0 / 8)
+    assert START_HORIZON < 40
+    long = list(range(1, 61))  # 48 produced: at most START_HORIZON steps
+    assert drafter._catch_up_ms(long) == pytest.approx(1000 * 60 / 2000.0 / START_HORIZON)
     default_rate = AutoDrafter(CostProfile(target=profile.target, draft=draft_curve),
                                ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    default_rate.start(ctx)
-    assert default_rate._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 1000.0 / START_HORIZON)
+    default_rate.start(ctx[:12])
+    assert default_rate._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 1000.0 / 8)
     drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)  # starts the draft
     drafter.commit(ctx, [])
     cached = drafter.model.cached_len

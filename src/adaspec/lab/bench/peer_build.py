@@ -294,7 +294,7 @@ def build_server(
 ) -> Path:
     """Build llama-server from llama-cpp-python `version`'s vendored llama.cpp (unless a
     finished build for this CPU is installed and not `force`); returns the binary."""
-    from adaspec.store.atomic import atomic_dir, write_json
+    from adaspec.store.atomic import atomic_dir, atomic_open, write_json
 
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if not force and (found := built_server(version)) is not None:
@@ -308,7 +308,8 @@ def build_server(
     if not (src / "CMakeLists.txt").is_file():
         sdist = _pip_download(version, work / "download", say)
         shutil.rmtree(src, ignore_errors=True)
-        commit_file.write_text(extract_llama_cpp(sdist, src))
+        with atomic_open(commit_file) as f:
+            f.write(extract_llama_cpp(sdist, src))
     commit = commit_file.read_text().strip() if commit_file.is_file() else "unknown"
     log_path = work / "build.log"
     env = {**os.environ, "CC": tools["cc"], "CXX": tools["c++"],

@@ -618,10 +618,11 @@ class BenchRunner:
             if warm is not None:  # a server warms up without caching the first prompt
                 warm(ids, self.config.warmup_tokens, self.eos_token_ids)
                 continue
-            # the first prompt reversed, as the servers warm up: an engine keeps what its
-            # cache shares with its previous prompt, and the first measured prompt must not
-            # find itself there
-            self._generate(m, ids[::-1], self.config.warmup_tokens, self.config.sampling(0))
+            # an engine warms up on the first prompt reversed, as the servers do: it keeps
+            # what its cache shares with its previous prompt, and the first measured prompt
+            # must not find itself there (llama-cpp-python's decoders reset every request)
+            warm_ids = ids[::-1] if m in self.engines else ids
+            self._generate(m, warm_ids, self.config.warmup_tokens, self.config.sampling(0))
 
     def running_speedups(self, keys: set[tuple[str, int]]) -> dict[str, str]:
         out = {}
