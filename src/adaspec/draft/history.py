@@ -254,14 +254,17 @@ class HistoryIndex:
         tail = context[-self.n_max:]
         for token in tail:
             key = (key << bits) | (token + 1)
+        def longest(key: int, have: int):
+            """The entry of the longest indexed n-gram (n <= have) ending the key, and n."""
+            for n in down:
+                if n <= have:
+                    value = table.get(key & masks[n])
+                    if value is not None:
+                        return value, n
+            return None, 0
+
         have = len(tail)
-        value = None
-        n = 0
-        for n in down:
-            if n <= have:
-                value = table.get(key & masks[n])
-                if value is not None:
-                    break
+        value, n = longest(key, have)
         if value is None:
             return HistoryMatch()
         found = HistoryMatch(match=n)
@@ -282,12 +285,7 @@ class HistoryIndex:
                 break
             key = ((key << bits) | (token + 1)) & top
             have += 1
-            value = None
-            for n in down:
-                if n <= have:
-                    value = table.get(key & masks[n])
-                    if value is not None:
-                        break
+            value, n = longest(key, have)
             if value is None:
                 break
         return found

@@ -61,6 +61,9 @@ STARTUP_TIMEOUT = 600.0  # seconds for the model(s) to load
 REQUEST_TIMEOUT = 1800.0
 
 
+SETTLE_S = 5.0  # after a failed request, how long a crashing server may take to exit
+
+
 @dataclass
 class PeerStats(RequestStats):
     """RequestStats of a request served by a peer, with the peer's own timings."""
@@ -175,10 +178,21 @@ class LlamaServer:
         raise PeerUnavailable(f"{SERVER} did not become ready in {self.startup_timeout:.0f} s "
                               f"(log: {self.log_path})")
 
-    def check_alive(self) -> None:
+    def exit_code(self, settle: float = 0.0) -> int | None:
+        """The server's exit code, or None while it runs. `settle`: after a dropped
+        connection, how long to give a crashing server to finish dying (its socket closes
+        before the process is gone)."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=settle) if settle > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
+
+    def check_alive(self, settle: float = 0.0) -> None:
         if self.proc is None:
             raise PeerUnavailable(f"{SERVER} is not running")
-        code = self.proc.poll()
+        code = self.exit_code(settle)
         if code is not None:
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             raise PeerUnavailable(f"{SERVER} stopped ({how}): {_log_tail(self.log_path)} "
@@ -187,7 +201,7 @@ class LlamaServer:
     @property
     def crashed(self) -> bool:
         """Killed by a signal (a native crash such as a segfault or an abort)."""
-        return self.proc is not None and (self.proc.poll() or 0) < 0
+        return (self.exit_code(SETTLE_S) or 0) < 0
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(HOST, self.port, timeout=timeout)
@@ -327,7 +341,7 @@ class LlamaServerDecoder:
             if self._fall_back():
                 ids, stats = self._generate(prompt_ids, max_new_tokens)
             else:
-                self.server.check_alive()  # a dead server: the last lines of its log
+                self.server.check_alive(SETTLE_S)  # a dead server: its log's last lines
                 if isinstance(exc, PeerUnavailable):
                     raise
                 raise PeerUnavailable(f"{SERVER} request failed: {exc}") from None
@@ -419,18 +433,13 @@ def open_server_decoder(
     starts the server. PeerUnavailable / LlamaCppUnavailable say why it cannot run."""
     from adaspec.backends.llamacpp import LlamaCppUnavailable, gguf_file
     from adaspec.backends.weights import llama_threads
+    from adaspec.lab.bench.llamacpp_reference import check_greedy_gguf
     from adaspec.lab.bench.peer_build import ensure_server
 
     spec = str(params.get("spec", "none"))
     if spec not in SPEC_TYPES:
         raise InputError(f"llama-server: unknown spec {spec!r}; use one of {'|'.join(SPEC_TYPES)}")
-    if temperature != 0:
-        raise LlamaCppUnavailable("it decodes greedily only (temperature 0)")
-    if gguf is None:
-        raise LlamaCppUnavailable(
-            "the target is not a GGUF file (llama.cpp runs GGUF only): use a built-in model "
-            "name or a .gguf path as --target"
-        )
+    check_greedy_gguf(gguf, temperature)
     draft_gguf = None
     if spec == DRAFT_SPEC:
         draft_gguf = gguf_file(draft) if draft else None

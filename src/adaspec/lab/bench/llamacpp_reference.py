@@ -69,6 +69,18 @@ class Decoder(Protocol):
     ) -> tuple[list[int], RequestStats]: ...
 
 
+def check_greedy_gguf(gguf, temperature: float) -> None:
+    """What every llama.cpp peer needs: greedy decoding and a GGUF target
+    (LlamaCppUnavailable names what is missing)."""
+    if temperature != 0:
+        raise LlamaCppUnavailable("it decodes greedily only (temperature 0)")
+    if gguf is None:
+        raise LlamaCppUnavailable(
+            "the target is not a GGUF file (llama.cpp runs GGUF only): use a built-in model "
+            "name or a .gguf path as --target"
+        )
+
+
 def fit_context(decoder, need: int, what: str) -> bool:
     """Make a decoder's context hold `need` positions, reloading it larger (outside any
     clock) when it must; True when it reloaded. `what` names the request in the error when
@@ -403,13 +415,7 @@ def open_decoder(
     if int(params.get("n_max", 1)) < 1:
         raise InputError(f"{method}: n_max must be >= 1")
     import_llama()
-    if temperature != 0:
-        raise LlamaCppUnavailable("it decodes greedily only (temperature 0)")
-    if gguf is None:
-        raise LlamaCppUnavailable(
-            "the target is not a GGUF file (llama.cpp runs GGUF only): use a built-in model "
-            "name or a .gguf path as --target"
-        )
+    check_greedy_gguf(gguf, temperature)
     threads = torch.get_num_threads()
     draft_gguf: str | None = None
     if method == DRAFT:
