@@ -29,6 +29,7 @@ from adaspec.lab.bench.references import REFERENCE_METHODS, parse_bench_method
 from adaspec.lab.bench.report import summarize, to_markdown
 from adaspec.lab.bench.runner import read_rows
 from adaspec.methods.spec import describe_methods, parse_method
+from adaspec.store import native_build
 
 from .conftest import smollm_gguf
 from .test_bench_runner import PROMPTS, make_runner
@@ -72,14 +73,14 @@ def test_server_arguments_per_spec():
 
 # ------------------------------------------------------------------ the build
 def test_build_progress_lines():
-    assert peer_build.progress_of("[ 45%] Building CXX object ggml.o") == 0.45
-    assert peer_build.progress_of("[12/150] Building CXX object x.o") == 12 / 150
-    assert peer_build.progress_of("-- Configuring done") is None
+    assert native_build.progress_of("[ 45%] Building CXX object ggml.o") == 0.45
+    assert native_build.progress_of("[12/150] Building CXX object x.o") == 12 / 150
+    assert native_build.progress_of("-- Configuring done") is None
 
 
 def test_missing_tools_are_one_line_naming_the_fix(monkeypatch):
-    monkeypatch.setattr(peer_build.shutil, "which", lambda name: None)
-    monkeypatch.setattr(peer_build, "_venv_tool", lambda name: None)
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_build, "_venv_tool", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(peer_build.PeerUnavailable) as err:
@@ -133,7 +134,7 @@ def fake_tools(tmp_path, monkeypatch):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setattr(peer_build, "_venv_tool", lambda name: str(bin_dir / name)
+    monkeypatch.setattr(native_build, "_venv_tool", lambda name: str(bin_dir / name)
                         if (bin_dir / name).exists() else None)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)

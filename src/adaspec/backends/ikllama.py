@@ -43,6 +43,7 @@ IK = "ik"
 # ADASPEC_MIN_ROWS=1 lets lone tokens take the single-row kernels (faster plain steps, and
 # greedy speculation then parts from plain decoding at near-ties).
 MIN_ROWS_ENV = "ADASPEC_MIN_ROWS"
+LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library's path
 TARGET_MIN_ROWS = 2
 
 
@@ -67,6 +68,24 @@ def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
     """Drop the library's log lines (its errors reach the caller as return codes)."""
 
 
+def _choose_build() -> str:
+    """Which ik_llama.cpp library the binding loads: "native" (built for this CPU by
+    `adaspec runtime build`, `backends/ik_build.py`), "wheel" (the prebuilt AVX2 one) or
+    "custom" (the binding's own IK_LLAMA_CPP_LIB_PATH, set by the user)."""
+    from adaspec.backends import ik_build
+
+    if os.environ.get(LIB_PATH_ENV):
+        return "custom"
+    if ik_build.wants_wheel():
+        return "wheel"
+    native = ik_build.native_library(IK_VERSION)
+    if native is None:
+        return "wheel"
+    os.environ[LIB_PATH_ENV] = str(native)  # child processes load the same library
+    os.environ[ik_build.BUILD_ENV] = "native"
+    return "native"
+
+
 @cache
 def library() -> Any:
     """The ik_llama.cpp binding module (structures and the loaded library), with adaspec's
@@ -81,10 +100,12 @@ def library() -> Any:
         found = f"version {installed}" if installed else "not installed"
         raise IkLlamaUnavailable(f"ik-llama-cpp-python {IK_VERSION} is needed ({found}): "
                                  f"{INSTALL_HINT}")
+    build = _choose_build()
     try:
         from ik_llama_cpp import _ctypes_api as api
     except (ImportError, OSError) as exc:
         raise IkLlamaUnavailable(f"ik_llama.cpp could not load its library ({exc})") from None
+    api.adaspec_build = build
     lib = api._lib
     c = ctypes
     signatures: dict[str, tuple[list[Any], Any]] = {
@@ -193,8 +214,13 @@ class IkLlamaBackend(ChainBackend):
             self._batch.seq_id[i][0] = 0
         self.name = name
         self.min_rows = max(1, int(min_rows))
-        if self.min_rows > 1:  # another cost curve (n = 1 costs a block): another profile
-            self.kind = f"ik_llama-blocks{self.min_rows}"
+        # Another library (built for this CPU) or n = 1 costing a block: another cost curve,
+        # another profile.
+        self.build = getattr(api, "adaspec_build", "wheel")
+        if self.build != "wheel":
+            self.kind = f"{self.kind}-{self.build}"
+        if self.min_rows > 1:
+            self.kind = f"{self.kind}-blocks{self.min_rows}"
         # padded to blocks, verification scores what plain decoding scores: nothing to recheck
         self.batch_noise = batch_noise_setting(0.0 if self.min_rows > 1
                                                else type(self).batch_noise)

@@ -1,4 +1,4 @@
-"""The `adaspec` command line: generate, bench, models, methods."""
+"""The `adaspec` command line: generate, bench, models, runtime, methods."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaspec.cli.osd import add_osd_parser
     from adaspec.cli.profile import add_profile_parser
     from adaspec.cli.router import add_router_parser
+    from adaspec.cli.runtime import add_runtime_parser
     from adaspec.cli.s2d import add_s2d_parser
     from adaspec.cli.serve import add_serve_parser
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_models_parser(sub)
     add_profile_parser(sub)
+    add_runtime_parser(sub)
     add_disco_parser(sub)
     add_router_parser(sub)
     add_s2d_parser(sub)

@@ -1,0 +1,147 @@
+"""ik_llama.cpp built for this CPU, instead of the prebuilt wheel's generic AVX2 library.
+
+The wheel of `ik-llama-cpp-python` is compiled for any x86-64 CPU with AVX2; a native build
+uses what this CPU has (AVX-512, VNNI, BF16 on a Zen 5 or a Sapphire Rapids). The source is the
+same pinned package's sdist (`vendor/ik_llama.cpp`), so the native library has the same C API
+and the binding's structure layouts still hold. Built with cmake: Release, `GGML_NATIVE`, shared
+libraries with an `$ORIGIN` run path (the two libraries sit side by side), only the `llama`
+target, without the flash-attention kernels (adaspec keeps flash attention off, see
+`backends/ikllama.py`; leaving them out halves the build).
+
+Layout under `$ADASPEC_HOME/runtimes/`:
+
+- `ik_llama.cpp-VERSION/lib/libllama.so`, `libggml.so` and `build.json` (version, commit,
+  options, CPU, build time): renamed into place in one step, so an interrupted build never
+  leaves a folder that looks complete;
+- `.build-ik_llama.cpp-VERSION/`: source and build folder while building; kept after a
+  failure (the next build resumes), removed after a success.
+
+`backends/ikllama.py` loads the native library when one built for this CPU is there
+(`ADASPEC_IK_BUILD=wheel` keeps the wheel's; `IK_LLAMA_CPP_LIB_PATH`, the binding's own
+override, wins over both). `make setup` builds it (`adaspec runtime build --if-possible`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from adaspec.store import native_build
+from adaspec.store.native_build import NativeBuildError, cpu_signature
+
+PACKAGE = "ik-llama-cpp-python"
+WHAT = "ik_llama.cpp"
+BUILD_INFO = "build.json"
+LIBRARIES = ("libllama.so", "libggml.so")
+BUILD_ENV = "ADASPEC_IK_BUILD"  # "wheel": use the prebuilt wheel's library even if built
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DGGML_IQK_FLASH_ATTENTION=OFF",
+)
+
+
+class IkBuildError(NativeBuildError):
+    """The native ik_llama.cpp build cannot run or failed."""
+
+
+def runtime_dir(version: str) -> Path:
+    from adaspec.store.assembly import adaspec_home
+
+    return adaspec_home() / "runtimes" / f"ik_llama.cpp-{version}"
+
+
+def work_dir(version: str) -> Path:
+    return runtime_dir(version).parent / f".build-ik_llama.cpp-{version}"
+
+
+def build_info(version: str) -> dict | None:
+    """The finished build's record, or None when there is none (or it is unreadable)."""
+    try:
+        info = json.loads((runtime_dir(version) / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def native_library(version: str) -> Path | None:
+    """libllama.so of a finished native build for this CPU, else None."""
+    info = build_info(version)
+    lib = runtime_dir(version) / "lib" / LIBRARIES[0]
+    if info is None or info.get("cpu_signature") != cpu_signature() or not lib.is_file():
+        return None
+    return lib
+
+
+def wants_wheel() -> bool:
+    value = os.environ.get(BUILD_ENV, "").strip().lower()
+    if value not in ("", "native", "wheel"):
+        raise IkBuildError(f"{BUILD_ENV} must be 'native' or 'wheel', got {value!r}")
+    return value == "wheel"
+
+
+def build_native(version: str, force: bool = False, jobs: int = 2,
+                 log: Callable[[str], None] | None = None, progress_stream=None) -> Path:
+    """Build ik_llama.cpp `version` for this CPU (unless a finished build for it is there
+    and not `force`); returns libllama.so."""
+    from adaspec.store.atomic import atomic_dir, atomic_open, write_json
+
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    if not force and (found := native_library(version)) is not None:
+        return found
+    tools = native_build.find_tools(WHAT, IkBuildError)
+    work = work_dir(version)
+    src, build = work / "ik_llama.cpp", work / "build"
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    commit_file = work / "commit"
+    if not (src / "CMakeLists.txt").is_file():
+        sdist = native_build.pip_sdist(PACKAGE, version, work / "download", WHAT, say,
+                                       IkBuildError)
+        shutil.rmtree(src, ignore_errors=True)
+        with atomic_open(commit_file) as f:
+            f.write(native_build.extract_vendored(sdist, "ik_llama.cpp", src, IkBuildError))
+    commit = commit_file.read_text().strip() if commit_file.is_file() else "unknown"
+    log_path = work / "build.log"
+    bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "
+                                f"jobs; log {log_path})", progress_stream)
+    code, generator = native_build.cmake_build(tools, src, build, CMAKE_OPTIONS, ["llama"],
+                                               jobs, bar, log_path, work / "no-git")
+    built = {name: next(iter(sorted(build.rglob(name))), None) for name in LIBRARIES}
+    if code != 0 or None in built.values():
+        raise IkBuildError(
+            f"building {WHAT} failed ({native_build.log_tail(log_path) or f'exit code {code}'});"
+            f" full log: {log_path} (run `adaspec runtime build` again to resume)"
+        )
+    seconds = round(time.monotonic() - t0, 1)
+    with atomic_dir(runtime_dir(version)) as tmp:
+        (tmp / "lib").mkdir()
+        for name, path in built.items():
+            assert path is not None
+            shutil.copy2(path.resolve(), tmp / "lib" / name)
+        write_json(tmp / BUILD_INFO, {
+            "runtime": WHAT,
+            "package": PACKAGE,
+            "version": version,
+            "commit": commit,
+            "cmake_options": list(CMAKE_OPTIONS),
+            "generator": generator,
+            "compilers": {"cc": tools["cc"], "c++": tools["c++"]},
+            "cpu_signature": cpu_signature(),
+            "build_seconds": seconds,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        })
+    shutil.rmtree(work, ignore_errors=True)
+    say(f"{WHAT}: built for this CPU in {seconds / 60:.1f} min -> {runtime_dir(version)}")
+    return runtime_dir(version) / "lib" / LIBRARIES[0]

@@ -1,0 +1,137 @@
+"""ik_llama.cpp built for this CPU (`backends/ik_build.py`): the build with a fake cmake, the
+choice of library the binding loads, and `adaspec runtime build --if-possible`."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from adaspec.backends import ik_build, ikllama
+from adaspec.cli import main
+from adaspec.store import native_build
+
+VERSION = "9.9.9"
+
+# Configuring succeeds; building prints ninja's progress and writes both libraries, or fails
+# when FAKE_CMAKE_FAIL is set.
+FAKE_CMAKE = """#!/bin/sh
+case " $* " in
+  *" --build "*)
+    build="$2"
+    echo "[1/4] Building C object ggml.c.o"
+    if [ -n "$FAKE_CMAKE_FAIL" ]; then echo "iqk_mul_mat.cpp:1: error: broken"; exit 2; fi
+    echo "[4/4] Linking CXX shared library src/libllama.so"
+    mkdir -p "$build/src" "$build/ggml/src"
+    echo llama > "$build/src/libllama.so"; echo ggml > "$build/ggml/src/libggml.so" ;;
+  *) echo "-- Configuring done" ;;
+esac
+"""
+
+
+def _fake_sdist(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    root = f"ik_llama_cpp_python-{VERSION}"
+    with tarfile.open(folder / f"{root}.tar.gz", "w:gz") as tar:
+        for name, data in {
+            f"{root}/vendor/ik_llama.cpp/CMakeLists.txt": b"project(fake)\n",
+            f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "tools"
+    bin_dir.mkdir()
+    for name, text in {"cmake": FAKE_CMAKE, "cc": "#!/bin/sh\n", "c++": "#!/bin/sh\n",
+                       "ninja": "#!/bin/sh\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(native_build, "_venv_tool", lambda name: str(bin_dir / name)
+                        if (bin_dir / name).exists() else None)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    _fake_sdist(ik_build.work_dir(VERSION) / "download")
+    return bin_dir
+
+
+def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_tools,
+                                                                       monkeypatch):
+    monkeypatch.setenv("FAKE_CMAKE_FAIL", "1")
+    out = io.StringIO()
+    with pytest.raises(ik_build.IkBuildError) as err:
+        ik_build.build_native(VERSION, log=lambda m: None, progress_stream=out)
+    assert "iqk_mul_mat.cpp:1: error: broken" in str(err.value)
+    assert "adaspec runtime build" in str(err.value) and "\n" not in str(err.value)
+    assert ik_build.native_library(VERSION) is None
+    assert not ik_build.runtime_dir(VERSION).exists()
+    assert (ik_build.work_dir(VERSION) / "ik_llama.cpp" / "CMakeLists.txt").is_file()
+    assert "configuring" in out.getvalue()
+
+    monkeypatch.delenv("FAKE_CMAKE_FAIL")
+    lib = ik_build.build_native(VERSION, log=lambda m: None, progress_stream=out)
+    assert lib == ik_build.runtime_dir(VERSION) / "lib" / "libllama.so"
+    assert ik_build.native_library(VERSION) == lib
+    assert (lib.parent / "libggml.so").read_text() == "ggml\n"
+    info = ik_build.build_info(VERSION)
+    assert info["commit"] == "fedcba9876543210" and "-DGGML_NATIVE=ON" in info["cmake_options"]
+    assert "-DCMAKE_INSTALL_RPATH=$ORIGIN" in info["cmake_options"]
+    assert not ik_build.work_dir(VERSION).exists()
+    # a build for another CPU is not used
+    info["cpu_signature"] = {**info["cpu_signature"], "flags_sha256": "other"}
+    (ik_build.runtime_dir(VERSION) / ik_build.BUILD_INFO).write_text(json.dumps(info))
+    assert ik_build.native_library(VERSION) is None
+
+
+def _fake_native_build(monkeypatch, tmp_path) -> Path:
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    folder = ik_build.runtime_dir(ikllama.IK_VERSION)
+    (folder / "lib").mkdir(parents=True)
+    (folder / "lib" / "libllama.so").write_text("x")
+    (folder / ik_build.BUILD_INFO).write_text(json.dumps(
+        {"cpu_signature": native_build.cpu_signature()}))
+    return folder / "lib" / "libllama.so"
+
+
+def test_the_binding_is_pointed_at_a_native_build_unless_told_otherwise(monkeypatch,
+                                                                        tmp_path):
+    for name in (ikllama.LIB_PATH_ENV, ik_build.BUILD_ENV):
+        monkeypatch.setenv(name, "x")  # recorded as it was, so teardown restores it
+        monkeypatch.delenv(name)
+    assert ikllama._choose_build() == "wheel"  # none built yet
+    lib = _fake_native_build(monkeypatch, tmp_path)
+    monkeypatch.setenv(ik_build.BUILD_ENV, "wheel")
+    assert ikllama._choose_build() == "wheel"
+    assert ikllama.LIB_PATH_ENV not in os.environ
+    monkeypatch.delenv(ik_build.BUILD_ENV)
+    assert ikllama._choose_build() == "native"
+    assert os.environ[ikllama.LIB_PATH_ENV] == str(lib)  # inherited by child processes
+    monkeypatch.setenv(ikllama.LIB_PATH_ENV, "/somewhere/libllama.so")
+    assert ikllama._choose_build() == "custom"
+    monkeypatch.delenv(ikllama.LIB_PATH_ENV)
+    monkeypatch.setenv(ik_build.BUILD_ENV, "fast")
+    with pytest.raises(ik_build.IkBuildError, match="must be 'native' or 'wheel'"):
+        ikllama._choose_build()
+
+
+def test_setup_goes_on_with_the_wheel_when_the_build_cannot_run(monkeypatch, tmp_path,
+                                                               capsys):
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+
+    def no_tools(what, error):
+        raise error(f"building {what} needs cmake: apt-get install cmake build-essential")
+
+    monkeypatch.setattr(native_build, "find_tools", no_tools)
+    assert main(["runtime", "build", "--if-possible"]) == 0
+    assert "the prebuilt ik_llama.cpp wheel stays in use" in capsys.readouterr().err
+    assert main(["runtime", "build"]) == 2  # asked for outright: an error
+    assert "needs cmake" in capsys.readouterr().err
