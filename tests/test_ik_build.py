@@ -107,6 +107,7 @@ def test_the_binding_is_pointed_at_a_native_build_unless_told_otherwise(monkeypa
     for name in (ikllama.LIB_PATH_ENV, ik_build.BUILD_ENV):
         monkeypatch.setenv(name, "x")  # recorded as it was, so teardown restores it
         monkeypatch.delenv(name)
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
     assert ikllama._choose_build() == "wheel"  # none built yet
     lib = _fake_native_build(monkeypatch, tmp_path)
     monkeypatch.setenv(ik_build.BUILD_ENV, "wheel")
@@ -135,3 +136,23 @@ def test_setup_goes_on_with_the_wheel_when_the_build_cannot_run(monkeypatch, tmp
     assert "the prebuilt ik_llama.cpp wheel stays in use" in capsys.readouterr().err
     assert main(["runtime", "build"]) == 2  # asked for outright: an error
     assert "needs cmake" in capsys.readouterr().err
+
+
+def test_a_native_build_that_does_not_load_falls_back_to_the_wheel(monkeypatch, tmp_path):
+    """A broken native library (here: not a library at all) costs a one-line warning, not
+    the runtime: the wheel's library is loaded instead."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("ik_llama_cpp")
+    _fake_native_build(monkeypatch, tmp_path)
+    env = {k: v for k, v in os.environ.items()
+           if k not in (ikllama.LIB_PATH_ENV, ik_build.BUILD_ENV)}
+    code = ("from adaspec.backends.ikllama import library\n"
+            "print(library().adaspec_build)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "wheel"
+    assert "built for this CPU does not load" in done.stderr
+    assert "adaspec runtime build --force" in done.stderr

@@ -116,6 +116,8 @@ def test_batch_rows_are_independent():
         ({"top_k": -1}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
         ({"seed": -3}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": True}, "seed"),
     ],
 )
 def test_invalid_params_raise_input_error_naming_the_parameter(kwargs, name):
@@ -141,3 +143,9 @@ def test_sample_is_seeded():
     b = [sample(probs, g) for g in [torch.Generator().manual_seed(5)] for _ in range(20)]
     assert a == b
     assert SamplingParams(temperature=1, seed=9).generator().initial_seed() == 9
+
+
+def test_the_largest_seed_seeds_a_generator():
+    draws = [int(torch.randint(0, 1000, (1,), generator=SamplingParams(seed=2**64 - 1)
+                               .generator())) for _ in range(2)]
+    assert draws[0] == draws[1]

@@ -286,6 +286,8 @@ BAD = [
     ({"prompt": PROMPT, "temperature": -0.5}, "temperature"),
     ({"prompt": PROMPT, "n": 2}, "n"),
     ({"prompt": PROMPT, "top_p": 0}, "top_p"),
+    ({"prompt": PROMPT, "seed": 2**70}, "seed"),  # beyond what a torch generator takes
+    ({"prompt": PROMPT, "seed": -1}, "seed"),
     ({"prompt": PROMPT, "method": "warp:k=3"}, "method"),
     ({"prompt": PROMPT, "method": "draft:k=0"}, "method"),
     ({"prompt": PROMPT, "method": "draft:k=3@int8"}, "method"),

@@ -449,6 +449,29 @@ def test_candidate_the_target_forbids_is_never_followed():
             assert int(choice[0]) == -1 and int(token[0]) in (0, 1)
 
 
+@pytest.mark.parametrize("rule", ["mcns", "mcss", "mcss-wor"])
+def test_a_draft_only_token_is_a_rejected_candidate(rule):
+    """A draft with a larger vocabulary than the target's (q over 6 ids, p over 4) may propose
+    ids 4 and 5, which the target cannot emit: every rule rejects them and still emits a
+    token of p's (or follows a candidate p allows)."""
+    p = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    q = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.5, 0.5]])
+    step = VERIFIERS[rule]().step
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        choice, token = step(torch.tensor([[4, 5]]), q, p, gen)
+        assert int(choice[0]) == -1 and int(token[0]) in (0, 1)
+    q = torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.5, 0.0]])
+    followed = set()
+    for _ in range(100):
+        choice, token = step(torch.tensor([[4, 1]]), q, p, gen)
+        assert int(token[0]) in (0, 1) and int(choice[0]) in (-1, 1)
+        assert (int(choice[0]) == 1) == (int(token[0]) == 1)
+        followed.add(int(choice[0]))
+    if rule == "mcns":  # y ~ p is 1 half the time, and then follows candidate 1
+        assert followed == {-1, 1}
+
+
 def test_equal_distributions_accept_the_first_candidate():
     p = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
     gen = torch.Generator().manual_seed(0)

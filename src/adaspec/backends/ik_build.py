@@ -5,8 +5,8 @@ uses what this CPU has (AVX-512, VNNI, BF16 on a Zen 5 or a Sapphire Rapids). Th
 same pinned package's sdist (`vendor/ik_llama.cpp`), so the native library has the same C API
 and the binding's structure layouts still hold. Built with cmake: Release, `GGML_NATIVE`, shared
 libraries with an `$ORIGIN` run path (the two libraries sit side by side), only the `llama`
-target, without the flash-attention kernels (adaspec keeps flash attention off, see
-`backends/ikllama.py`; leaving them out halves the build).
+target, with the flash-attention kernels for the default cache types only (adaspec keeps
+flash attention off, see `backends/ikllama.py`; the library still links them).
 
 Layout under `$ADASPEC_HOME/runtimes/`:
 
@@ -48,7 +48,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
-    "-DGGML_IQK_FLASH_ATTENTION=OFF",
+    "-DGGML_IQK_FA_ALL_QUANTS=OFF",
 )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,18 @@ def library() -> Any:
     try:
         from ik_llama_cpp import _ctypes_api as api
     except (ImportError, OSError) as exc:
-        raise IkLlamaUnavailable(f"ik_llama.cpp could not load its library ({exc})") from None
+        if build != "native":
+            raise IkLlamaUnavailable(f"ik_llama.cpp could not load its library ({exc})") from None
+        # A native build that does not load (a broken or partial build): the wheel's library,
+        # said once; `adaspec runtime build --force` builds it again.
+        print(f"adaspec: ik_llama.cpp built for this CPU does not load ({exc}); using the "
+              "prebuilt wheel's library (`adaspec runtime build --force` rebuilds it)",
+              file=sys.stderr)
+        from adaspec.backends import ik_build
+
+        os.environ.pop(LIB_PATH_ENV, None)
+        os.environ[ik_build.BUILD_ENV] = "wheel"
+        return library.__wrapped__()
     api.adaspec_build = build
     lib = api._lib
     c = ctypes

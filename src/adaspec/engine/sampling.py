@@ -14,6 +14,8 @@ import torch
 
 from adaspec.errors import InputError
 
+SEED_MAX = 2**64 - 1  # the largest seed a torch generator takes
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -39,8 +41,9 @@ class SamplingParams:
             or not 0 < p <= 1
         ):
             raise InputError(f"top_p must be in (0, 1], got {p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise InputError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed <= SEED_MAX):
+            raise InputError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

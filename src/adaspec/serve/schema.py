@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaspec.engine.sampling import SEED_MAX
+
 StrictInt = Annotated[int, Field(strict=True)]
 
 
@@ -99,11 +101,18 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"must be in (0, 1], got {v}")
         return v
 
-    @field_validator("top_k", "seed")
+    @field_validator("top_k")
     @classmethod
     def _non_negative(cls, v: int | None) -> int | None:
         if v is not None and v < 0:
             raise ValueError(f"must be an integer >= 0, got {v}")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= SEED_MAX:
+            raise ValueError(f"must be an integer in [0, 2**64 - 1], got {v}")
         return v
 
     @field_validator("n")

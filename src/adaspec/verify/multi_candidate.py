@@ -138,8 +138,10 @@ def mcns_step(
     p: torch.Tensor,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Naive multi-candidate sampling: y ~ p; follow y if it is a candidate. q is unused."""
-    candidates, _, p = _check_step_args(candidates, None, p)
+    """Naive multi-candidate sampling: y ~ p; follow y if it is a candidate. q is unused.
+    A candidate outside the target's vocabulary (a draft with a larger one) never equals y:
+    it is rejected, as the other rules reject it (p = 0 there)."""
+    candidates, _, p = _check_step_args(candidates, q, p)
     return _follow(candidates, sample_rows(p, generator))
 
 

@@ -524,6 +524,10 @@ def to_markdown(summary: dict) -> str:
             f"torch threads, {mach.get('memory_gb')} GB RAM; torch {mach.get('torch')}, "
             f"transformers {mach.get('transformers')}."
         )
+    models = summary.get("models", {})
+    if models.get("target_kind"):
+        lines.append(f"Runtime settings: target `{models['target_kind']}`, draft "
+                     f"`{models.get('draft_kind')}`.")
     if bw:
         lines.append(
             f"Measured memory bandwidth: {bw['copy_gbs']:.1f} GB/s (copy), {bw['gemv_gbs']:.1f} "

@@ -743,6 +743,10 @@ class BenchRunner:
             "target_bytes_per_forward": getattr(self.target, "bytes_per_forward", None),
             "draft": getattr(self.draft, "name", None) if self.draft is not None else None,
             "draft_bytes_per_forward": getattr(self.draft, "bytes_per_forward", None),
+            # the runtime setting (e.g. ik_llama-native-blocks2+child: ik_llama.cpp built for
+            # this CPU, fed blocks of 2, in a child process)
+            "target_kind": getattr(self.target, "kind", None),
+            "draft_kind": getattr(self.draft, "kind", None) if self.draft is not None else None,
         }
         if machine:
             summary["machine"] = machine.get("machine", machine)
