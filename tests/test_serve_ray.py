@@ -64,8 +64,15 @@ def test_two_replicas_answer_behind_rays_proxy(ray_url):
                                                      timeout=60), range(8)))
     assert {a.status_code for a in answers} == {200}
     assert {a.json()["choices"][0]["text"] for a in answers} == {out.choices[0].text}
-    pids = {httpx.get(ray_url + "/health").json()["pid"] for _ in range(30)}
-    assert len(pids) == 2
+    # both replicas run (asked of Ray Serve itself: which replica the proxy picks for a
+    # request is Ray's choice, so no probe through it can tell)
+    from ray import serve
+
+    from adaspec.serve.ray_app import APP_NAME
+
+    deployments = serve.status().applications[APP_NAME].deployments.values()
+    assert sum(d.replica_states.get("RUNNING", 0) for d in deployments) == 2
+    assert httpx.get(ray_url + "/health").json()["pid"] > 0
 
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
