@@ -116,6 +116,7 @@ def test_the_binding_is_pointed_at_a_native_build_unless_told_otherwise(monkeypa
     monkeypatch.delenv(ik_build.BUILD_ENV)
     assert ikllama._choose_build() == "native"
     assert os.environ[ikllama.LIB_PATH_ENV] == str(lib)  # inherited by child processes
+    assert ikllama._choose_build() == "native"  # what such a child process sees
     monkeypatch.setenv(ikllama.LIB_PATH_ENV, "/somewhere/libllama.so")
     assert ikllama._choose_build() == "custom"
     monkeypatch.delenv(ikllama.LIB_PATH_ENV)

@@ -75,11 +75,11 @@ def _choose_build() -> str:
     "custom" (the binding's own IK_LLAMA_CPP_LIB_PATH, set by the user)."""
     from adaspec.backends import ik_build
 
-    if os.environ.get(LIB_PATH_ENV):
-        return "custom"
-    if ik_build.wants_wheel():
-        return "wheel"
-    native = ik_build.native_library(IK_VERSION)
+    wheel = ik_build.wants_wheel()
+    native = None if wheel else ik_build.native_library(IK_VERSION)
+    chosen = os.environ.get(LIB_PATH_ENV)
+    if chosen:  # the user's own library, or the native one a parent process chose
+        return "native" if native is not None and chosen == str(native) else "custom"
     if native is None:
         return "wheel"
     os.environ[LIB_PATH_ENV] = str(native)  # child processes load the same library
