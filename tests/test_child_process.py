@@ -61,3 +61,35 @@ def test_a_child_whose_parent_is_gone_exits_quietly(capfd):
     child._conn.close()  # ... when the parent goes away
     assert child._proc.wait(timeout=10) == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _env_of_child(name: str):
+    import os
+
+    return os.environ.get(name)
+
+
+class _EnvReader:
+    def get(self, name: str):
+        return _env_of_child(name)
+
+
+def test_children_spin_briefly_unless_the_user_said_otherwise(monkeypatch):
+    """OpenMP threads of one child must not busy-wait on the cores the other child's next
+    forward needs: a child gets GOMP_SPINCOUNT=10000, unless the user set it or a wait
+    policy."""
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.setenv(name, "x")  # recorded as it was, so teardown restores it
+        monkeypatch.delenv(name)
+    child = ChildProcess(_EnvReader)
+    try:
+        assert child.call("get", "GOMP_SPINCOUNT") == "10000"
+    finally:
+        child.close()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    child = ChildProcess(_EnvReader)
+    try:
+        assert child.call("get", "GOMP_SPINCOUNT") is None
+        assert child.call("get", "OMP_WAIT_POLICY") == "active"
+    finally:
+        child.close()
