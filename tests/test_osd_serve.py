@@ -210,10 +210,10 @@ def test_engine_replay_classifies_a_difference_from_the_stored_output(
         model_dirs, tolerance, kind):
     """A stored output changed at one token: the replay's output parts from it there, and
     the target's logit gap against the runtime's tolerance names it a tie or a bug."""
-    from adaspec.engine.build import load_engine
     from adaspec.lab.osd.engine_replay import engine_run
     from adaspec.lab.osd.simulate import RunSpec
     from adaspec.lab.osd.stream import StreamRequest
+    from adaspec.methods.build import load_engine
 
     target, draft = model_dirs
     engine = load_engine("draft:k=2", target=target, draft=draft, dtype="float32",
