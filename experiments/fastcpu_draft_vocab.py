@@ -151,8 +151,8 @@ def bench(
     target, tokenizer, draft, eos, gguf, sizes: list[int], tokens: int, out: Path, llama=None,
     prompt_ids: tuple[str, ...] = (),
 ) -> dict:
-    from adaspec.engine.build import build_engine
     from adaspec.lab.bench.runner import BenchConfig, BenchRunner
+    from adaspec.methods.build import build_engine
 
     methods = ["ar", "llamacpp", "draft:k=4", *[f"draft:k=4,vocab={n}" for n in sizes]]
     engines = {}
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     from adaspec.backends.llamacpp import gguf_file
     from adaspec.backends.load import eos_ids_of
     from adaspec.backends.torch_backend import TorchBackend
-    from adaspec.engine.build import build_engine
+    from adaspec.methods.build import build_engine
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.store.model_store import load_model
     from adaspec.store.token_set import load_token_set

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from adaspec.backends.load import load_backends
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.lab.bench.suites import load_suite
+from adaspec.methods.build import build_engine
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 

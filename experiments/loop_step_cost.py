@@ -21,7 +21,7 @@ try:  # the layout since the redesign, else the one before it
 except ImportError:  # pragma: no cover
     from adaspec.models.backend import ForwardOutput, ModelBackend  # type: ignore[no-redef]
 try:
-    from adaspec.engine.build import build_engine
+    from adaspec.methods.build import build_engine
 except ImportError:  # pragma: no cover
     from adaspec.build import build_engine  # type: ignore[no-redef]
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaspec.engine.token_tree import tree_node_count
+from adaspec.core.token_tree import tree_node_count
 from adaspec.lab.bench.references import parse_bench_method
 
 BUDGET_LIMIT = 32

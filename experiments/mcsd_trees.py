@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from adaspec.engine.token_tree import TokenTree, parse_branching
+from adaspec.core.token_tree import TokenTree, parse_branching
 
 OUT = Path("experiments/results/mcsd")
 SHAPES = ["1", "1x1x1x1", "2x2x2x1", "16x1", "8x2x1", "4x2x2x1"]

@@ -49,17 +49,17 @@ INTEGRITY = {
 # runtime); "precision" ones change float64 arithmetic to float32 in a draw, which moves a
 # draw only when a uniform falls within ~1e-7 of a CDF step.
 _E = {
-    "engine.sampling.x_process_logits": {
+    "core.sampling.x_process_logits": {
         20: "top_k == V keeps every token either way (topk of all V)",
         29: "torch.topk's default dim is -1",
         54: 'float("-INF") is float("-inf")',
         62: "torch.sort's default dim is -1",
         104: 'float("-INF") is float("-inf")',
     },
-    "engine.text.xǁTextAssemblerǁtokens_through_stop": {
+    "core.text.xǁTextAssemblerǁtokens_through_stop": {
         4: "the extra check at n = 1 decodes the empty prefix, which holds no (non-empty) stop",
     },
-    "engine.token_tree.x_choose_branching": {3: "c[:None] is c"},
+    "draft.model_tree.x_choose_branching": {3: "c[:None] is c"},
     "engine.loop.x__eos_ids": {16: "getattr(..., None) or [] is [] as getattr(..., []) or []"},
     "engine.loop.xǁEngineǁdecode": {
         101: "a request's draft_time is 0 until the draft starts: = and += agree",
@@ -71,23 +71,23 @@ _E = {
              "remaining - 1 is always the tighter bound",
         46: "drafter_started is only read for truthiness",
     },
-    "engine.proposal.xǁProposalǁtarget_inputs": {
+    "core.proposal.xǁProposalǁtarget_inputs": {
         2: "torch.tensor of Python ints is int64 already",
         4: "torch.tensor of Python ints is int64 already (dtype left out)",
     },
-    "engine.text.xǁTextAssemblerǁ__init__": {
+    "core.text.xǁTextAssemblerǁ__init__": {
         6: "whole-text decoding gives the same text (slower)",
         10: "not None == not False", 16: "whole-text decoding gives the same text (slower)",
     },
-    "engine.text.xǁTextAssemblerǁ_text": {
+    "core.text.xǁTextAssemblerǁ_text": {
         15: "the decoded prefix is kept more often; each kept one ends on a whole character",
         16: "the decoded prefix is kept one token later: the same text",
     },
-    "engine.text.xǁTextAssemblerǁpush": {
+    "core.text.xǁTextAssemblerǁpush": {
         29: "text[sent:safe] is empty when safe <= sent",
         30: "text[sent:safe] is empty when safe == sent",
     },
-    "engine.text.x__held_back": {
+    "core.text.x__held_back": {
         23: "s[:n] for n >= len(s) is s, which push has already cut as a stop string",
     },
     "draft.ngram.xǁNgramDrafterǁ__init__": {
@@ -152,12 +152,12 @@ _E = {
     "engine.loop.xǁTextGeneratorǁgenerate": {
         3: "stream always ends with a GenerationResult: the sentinel is never returned",
     },
-    "engine.sampling.x_sample_rows": {
+    "core.sampling.x_sample_rows": {
         5: "precision: a float32 CDF", 15: "precision: float32 uniforms",
         16: "CPU: device=None",
         39: "searchsorted's default is right=False",
     },
-    "engine.sampling.x_argmax": {
+    "core.sampling.x_argmax": {
         1: "CPU: detach() lets the numpy path take a tensor that requires grad (same answer)",
     },
     "verify.greedy.xǁGreedyVerifierǁverify": {
@@ -170,7 +170,7 @@ _E = {
         3: "a context equal to the indexed tokens is rebuilt from scratch: same index, slower",
         5: "extending by an empty tail changes nothing",
     },
-    "engine.text.xǁTextAssemblerǁfinal_text": {4: "text[:None] is text"},
+    "core.text.xǁTextAssemblerǁfinal_text": {4: "text[:None] is text"},
     "draft.s2d.xǁS2DDrafterǁpropose": {
         1: "a chain drafter never reads `replacement` (it has no siblings to draw)",
     },
@@ -241,10 +241,10 @@ _E = {
         2: "segment 0 runs every position, so its pending is always None and above unread",
         25: "an empty pending tensor and None are the same to _cat and every reader",
     },
-    "engine.token_tree.xǁTokenTreeǁpositions": {
+    "core.token_tree.xǁTokenTreeǁpositions": {
         3: "torch.tensor of Python ints is int64", 5: "torch.tensor of Python ints is int64",
     },
-    "engine.token_tree.xǁTokenTreeǁflatten": {2: "torch.tensor of Python ints is int64"},
+    "core.token_tree.xǁTokenTreeǁflatten": {2: "torch.tensor of Python ints is int64"},
     "draft.model_tree.xǁModelTreeDrafterǁ_accept_path": {
         9: "always compacting: keeping a prefix of the cache is the same cut",
         10: "compacting (all but an empty path): keeping a prefix of the cache is the same cut",
@@ -394,7 +394,7 @@ def _module_of(meta: Path) -> str:
 
 
 def _split(module: str, mutant: str) -> tuple[str, int]:
-    """'adaspec.engine.text.xǁTǁpush__mutmut_3' -> ('xǁTǁpush', 3)."""
+    """'adaspec.core.text.xǁTǁpush__mutmut_3' -> ('xǁTǁpush', 3)."""
     function, number = mutant.removeprefix(module + ".").rsplit("__mutmut_", 1)
     return function, int(number)
 
@@ -483,8 +483,8 @@ def load() -> dict[str, dict[str, str]]:
 
 
 GROUPS = {
-    "engine": ["engine.loop", "engine.proposal", "engine.sampling", "engine.token_tree",
-               "engine.text"],
+    "engine": ["engine.loop", "core.proposal", "core.sampling", "core.token_tree",
+               "core.text"],
     "draft": ["draft.model", "draft.model_tree", "draft.ngram", "draft.rates", "draft.base"],
     "auto": ["draft.auto"],
     "s2d": ["draft.s2d", "draft.s2d_artifact", "draft.sorted_model"],

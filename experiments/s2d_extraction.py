@@ -34,6 +34,7 @@ def main() -> int:
     from adaspec.backends.load import load_backends
     from adaspec.cost.cache import profile_for
     from adaspec.draft import s2d_artifact
+    from adaspec.engine.overhead import loop_overhead_ms
     from adaspec.lab.s2d.data import read_meta, read_rows
     from adaspec.lab.s2d.train import kept_token_ids
     from adaspec.lab.s2d.tune import (
@@ -56,7 +57,7 @@ def main() -> int:
     rows = read_rows(args.data)
     val = [r for r in rows if r.split == "val" and r.output][: args.limit]
     target, _, _, _ = load_backends(meta["target"], None, "bfloat16", "auto", "none")
-    profile = profile_for(target, None)
+    profile = profile_for(target, None, loop_overhead=loop_overhead_ms)
     results = []
     for source, exits in CANDIDATES:
         vocab = 151936

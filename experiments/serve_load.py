@@ -318,7 +318,7 @@ def http_overhead_phase(url: str, model: str, prompts: list[str], max_tokens: in
 
 
 def library_phase(args, prompts: list[str], max_tokens: int) -> list[tuple[float, int, str]]:
-    from adaspec.engine.build import load_engine
+    from adaspec.methods.build import load_engine
 
     engine = load_engine(args.method, args.target, args.draft, args.dtype, args.quant,
                          args.draft_quant)

@@ -158,9 +158,9 @@ def _has(module: str) -> Callable[[], bool]:
 
 
 def _has_models() -> bool:
-    from adaspec.store.catalog import DRAFT_DEFAULT, REGISTRY, TARGET_DEFAULT
+    from adaspec.store.catalog import CATALOG, DRAFT_DEFAULT, TARGET_DEFAULT
 
-    parts = REGISTRY[TARGET_DEFAULT].parts + REGISTRY[DRAFT_DEFAULT].parts
+    parts = CATALOG[TARGET_DEFAULT].parts + CATALOG[DRAFT_DEFAULT].parts
     return all(importlib.util.find_spec(p.module) is not None for p in parts)
 
 

@@ -632,7 +632,7 @@ def test_models_verify_names_the_fix_for_a_flipped_byte(tmp_path, monkeypatch, c
 
     spec = ModelSpec("tiny-verify", "draft", "tiny", (PartRef("no_such_pkg", "x", "a.bin"),),
                      10, "ab" * 32, "1.0")
-    monkeypatch.setitem(catalog.REGISTRY, spec.name, spec)
+    monkeypatch.setitem(catalog.CATALOG, spec.name, spec)
     cache = cache_dir_for(spec.name, "float32")
     write_cache(tiny_model(seed=3), None, cache, dtype="float32",
                 marker={"name": spec.name, "source": "x.gguf", "source_sha256": spec.sha256})

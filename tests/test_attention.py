@@ -7,8 +7,8 @@ import torch
 
 from adaspec.backends.attention import ROW_INVARIANT, visible_keys
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
+from adaspec.methods.build import build_engine
 from adaspec.store.quant import quantize_model
 from tests.conftest import CharTokenizer, tiny_model
 

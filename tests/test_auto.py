@@ -10,11 +10,11 @@ import torch
 
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.sampling import SamplingParams, process_logits, sample
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, RateEstimate
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams, process_logits, sample
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import parse_method
 
 from .stats_helpers import assert_exact

@@ -326,8 +326,8 @@ class FakeServerDecoder:
 def test_runner_rows_of_a_server_method_and_ratios_to_it(
     tmp_path, target, draft, tokenizer, monkeypatch
 ):
-    from adaspec.engine.build import build_engine
     from adaspec.lab.bench import llama_server
+    from adaspec.methods.build import build_engine
 
     engine = build_engine("ar", target, tokenizer, None, [0])
     prompts = PROMPTS[:2]

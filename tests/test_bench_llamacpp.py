@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from adaspec.backends.llamacpp import gguf_file
-from adaspec.engine.metrics import RequestStats
+from adaspec.core.metrics import RequestStats
 from adaspec.errors import InputError, ModelStoreError
 from adaspec.lab.bench import runner as runner_module
 from adaspec.lab.bench.llamacpp_reference import (
@@ -149,7 +149,7 @@ class FakeDecoder:
 def test_other_weights_rows_are_a_quality_difference_not_bugs(
     tmp_path, target, draft, tokenizer, monkeypatch
 ):
-    from adaspec.engine.build import build_engine
+    from adaspec.methods.build import build_engine
 
     engine = build_engine("ar", target, tokenizer, None, [0])
     prompts = PROMPTS[:2]

@@ -8,10 +8,10 @@ import copy
 import pytest
 
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
 from adaspec.lab.bench.suites import Prompt
+from adaspec.methods.build import build_engine
 from adaspec.store.quant import QuantLinear, quantize_model
 from tests.conftest import tiny_model
 

@@ -8,6 +8,7 @@ import pytest
 
 from adaspec.cost.cache import cached_profile, profile_for, profile_key, profile_path
 from adaspec.cost.profile import CostProfile, Curve, load_profile
+from adaspec.engine.overhead import loop_overhead_ms
 from adaspec.errors import InputError
 
 
@@ -104,20 +105,20 @@ def test_calibration_is_cached_per_configuration(target, draft, tokenizer, tmp_p
         return real(*args, **kwargs)
 
     monkeypatch.setattr(measure, "measure_profile", counted)
-    first = profile_for(target, draft, tokenizer, quiet=True)
+    first = profile_for(target, draft, tokenizer, quiet=True, loop_overhead=loop_overhead_ms)
     assert first.target.contexts == [16, 48] and first.draft is not None
     assert first.target(1) > 0 and first.overhead_ms >= 0 and first.bandwidth_gbs > 0
     assert first.key == profile_key(target, draft)
-    again = profile_for(target, draft, tokenizer, quiet=True)
+    again = profile_for(target, draft, tokenizer, quiet=True, loop_overhead=loop_overhead_ms)
     assert len(calls) == 1 and again.target.ms == first.target.ms  # read back, not measured
     # Another configuration (the target alone) is its own entry.
     assert cached_profile(profile_key(target, None)) is None
-    profile_for(target, None, tokenizer, quiet=True)
+    profile_for(target, None, tokenizer, quiet=True, loop_overhead=loop_overhead_ms)
     assert len(calls) == 2
     assert profile_path(profile_key(target, None)) != profile_path(profile_key(target, draft))
     # A corrupt cache entry is measured again, not trusted.
     profile_path(profile_key(target, draft)).write_text("garbage")
-    profile_for(target, draft, tokenizer, quiet=True)
+    profile_for(target, draft, tokenizer, quiet=True, loop_overhead=loop_overhead_ms)
     assert len(calls) == 3
 
 

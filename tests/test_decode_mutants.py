@@ -10,8 +10,8 @@ import torch
 
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 from tests.toy_models import greedy_next, toy_model
 
@@ -65,11 +65,11 @@ def test_chain_draft_refeeds_the_last_token_when_the_whole_context_is_cached(toy
     assert_cache_is_prefill(backend, toy, [*context, first])
 
 
-# ------------------------------------------------------------------------- engine/sampling
+# ------------------------------------------------------------------------- core/sampling
 
 
 def test_sample_draws_from_the_vector():
-    from adaspec.engine.sampling import sample
+    from adaspec.core.sampling import sample
 
     gen = torch.Generator().manual_seed(0)
     assert sample(torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0]), gen) == 3
@@ -81,14 +81,14 @@ def test_tiny_temperature_shifts_each_row_by_its_own_maximum():
     """At a temperature so small that logit gaps / t overflow, each row is still one-hot on
     its own argmax: the shift before dividing is per row (a shared shift leaves a row whose
     maximum is below the other's all -inf, i.e. NaN)."""
-    from adaspec.engine.sampling import process_logits
+    from adaspec.core.sampling import process_logits
 
     logits = torch.tensor([[1000.0, 0.0, -5.0], [0.0, 3.0, -2.0]])
     probs = process_logits(logits, SamplingParams(temperature=1e-36))  # 1000 / t overflows
     assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
 
 
-# ----------------------------------------------------------------------------- engine/text
+# ----------------------------------------------------------------------------- core/text
 
 
 class Chars:
@@ -111,7 +111,7 @@ def ids(text: str) -> list[int]:
 def test_tokens_through_stop(text, stop, through):
     """A step can emit several tokens at once; the stop string's first occurrence may
     complete before the last of them: the output keeps exactly the tokens through it."""
-    from adaspec.engine.text import TextAssembler
+    from adaspec.core.text import TextAssembler
 
     asm = TextAssembler(Chars(), stop)
     piece, hit = asm.push(ids(text), final=False)
@@ -151,7 +151,7 @@ def test_eos_ids_come_from_the_tokenizer(toy):
     assert all(isinstance(t, int) for t in Engine(target, Tok()).eos_token_ids)
 
 
-# ----------------------------------------------------------------------- engine/token_tree
+# ----------------------------------------------------------------------- core/token_tree
 
 
 def _profile(draft_ms_by_context: tuple[float, float], target_ms: float = 10.0,
@@ -167,7 +167,7 @@ def _profile(draft_ms_by_context: tuple[float, float], target_ms: float = 10.0,
 
 
 def test_tree_step_ms_prices_every_forward_at_the_context():
-    from adaspec.engine.token_tree import tree_step_ms
+    from adaspec.draft.model_tree import tree_step_ms
 
     profile = _profile((1.0, 7.0), long_target_ms=30.0)
     # target pass + overhead + root's draft forward + one draft forward per inner level
@@ -179,7 +179,7 @@ def test_tree_step_ms_prices_every_forward_at_the_context():
 def test_choose_branching_reads_costs_at_the_context():
     """A draft that is cheap on short contexts and dear on long ones: deep shapes pay at
     the start, the smallest one later."""
-    from adaspec.engine.token_tree import choose_branching
+    from adaspec.draft.model_tree import choose_branching
 
     profile = _profile((0.01, 500.0))
     assert len(choose_branching(profile, context=0)) > 1
@@ -187,7 +187,8 @@ def test_choose_branching_reads_costs_at_the_context():
 
 
 def test_choose_branching_breaks_ties_by_fewer_nodes_and_keeps_the_node_limit():
-    from adaspec.engine.token_tree import AutoBranching, choose_branching
+    from adaspec.core.token_tree import AutoBranching
+    from adaspec.draft.model_tree import choose_branching
 
     flat = _profile((1.0, 1.0))
     # a sure first candidate: both shapes expect 3 tokens at the same (flat) price
@@ -223,14 +224,14 @@ def test_an_empty_chat_turn_is_refused(toy, messages):
 def test_top_p_one_keeps_every_token():
     """top_p = 1 truncates nothing, not even tokens whose probability is below float
     rounding of the mass before them (the support is what speculative sampling divides by)."""
-    from adaspec.engine.sampling import process_logits
+    from adaspec.core.sampling import process_logits
 
     probs = process_logits(torch.tensor([0.0, -20.0, -20.0]), SamplingParams(1.0, top_p=1.0))
     assert bool((probs > 0).all())
 
 
 def test_top_p_drops_a_token_whose_preceding_mass_reaches_p_exactly():
-    from adaspec.engine.sampling import process_logits
+    from adaspec.core.sampling import process_logits
 
     logits = torch.tensor([0.5, 0.25, 0.25]).log()
     probs = process_logits(logits, SamplingParams(1.0, top_p=0.5))
@@ -616,7 +617,7 @@ def test_tree_children_never_take_a_zero_probability_token_at_the_edges(monkeypa
 
 
 def test_sample_rows_never_take_a_zero_probability_token_at_the_edges(monkeypatch):
-    from adaspec.engine import sampling
+    from adaspec.core import sampling
 
     probs = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]])
     real_rand = torch.rand
@@ -828,7 +829,7 @@ def test_auto_bucket_priors_and_defaults():
 
 
 def test_text_leaves_special_tokens_out():
-    from adaspec.engine.text import TextAssembler
+    from adaspec.core.text import TextAssembler
 
     class WithSpecials:
         def decode(self, ids, skip_special_tokens=False):
@@ -900,7 +901,7 @@ def test_auto_with_long_ngrams_prices_them_as_length_four():
 
 
 def test_bad_tree_config_names_the_format():
-    from adaspec.engine.token_tree import parse_branching
+    from adaspec.core.token_tree import parse_branching
 
     with pytest.raises(InputError) as err:
         parse_branching("4x-2")
@@ -924,7 +925,7 @@ def test_mcss_never_accepts_a_candidate_the_target_forbids(monkeypatch):
 def test_a_prefix_ending_inside_a_character_is_not_kept_as_decoded():
     """Decoding reuses the text of a long enough prefix, but not one that ends in the middle
     of a multi-byte character (its text ends in U+FFFD until the next byte arrives)."""
-    from adaspec.engine.text import TextAssembler
+    from adaspec.core.text import TextAssembler
 
     class Bytes:
         def decode(self, ids, skip_special_tokens=True):
@@ -957,7 +958,7 @@ class _Bytes:
 def test_a_streamed_piece_holds_back_exactly_what_may_still_change(text, stop, piece):
     """Not final: the piece is all the text but a trailing partial character or a trailing
     prefix of a stop string, and the final push sends the rest."""
-    from adaspec.engine.text import TextAssembler
+    from adaspec.core.text import TextAssembler
 
     asm = TextAssembler(_Bytes(), stop)
     assert asm.push(list(text), final=False) == (piece, False)
@@ -976,7 +977,7 @@ class _CleanUp:
 
 
 def test_a_tokenizer_that_rewrites_across_tokens_is_decoded_whole():
-    from adaspec.engine.text import TextAssembler
+    from adaspec.core.text import TextAssembler
 
     asm = TextAssembler(_CleanUp(), [])
     head = ids("a" * TextAssembler.STABLE_EVERY + " ")
@@ -987,7 +988,7 @@ def test_a_tokenizer_that_rewrites_across_tokens_is_decoded_whole():
 def test_decoded_text_follows_the_tokens_when_they_change():
     """A kept prefix is reused only while the tokens still start with it (tokens_through_stop
     decodes shorter lists after longer ones)."""
-    from adaspec.engine.text import TextAssembler
+    from adaspec.core.text import TextAssembler
 
     n = TextAssembler.STABLE_EVERY + 4
     asm = TextAssembler(Chars(), [])
@@ -1009,7 +1010,7 @@ def test_too_long_a_request_says_how_to_fit(toy):
 
 
 def test_token_tree_errors_and_mask_type():
-    from adaspec.engine.token_tree import TokenTree
+    from adaspec.core.token_tree import TokenTree
 
     with pytest.raises(ValueError) as err:
         TokenTree([1, 2], [0, 0])
@@ -1020,8 +1021,8 @@ def test_token_tree_errors_and_mask_type():
 
 def test_verifier_mismatch_messages_name_the_fix():
     from adaspec import verify
-    from adaspec.engine.proposal import Proposal
-    from adaspec.engine.token_tree import TokenTree
+    from adaspec.core.proposal import Proposal
+    from adaspec.core.token_tree import TokenTree
 
     with pytest.raises(InputError) as err:
         verify.choose("greedy", trees=False, greedy=False)
@@ -1044,8 +1045,8 @@ def test_verifier_mismatch_messages_name_the_fix():
 def test_time_spent_routing_is_not_counted_as_prefill(toy):
     """A router hands the engine its stats with route_time already spent: the prefill time
     is the prefill's own, and the wall time includes the routing."""
+    from adaspec.core.metrics import RequestStats
     from adaspec.engine.loop import Engine, GenerationResult
-    from adaspec.engine.metrics import RequestStats
 
     engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
     stats = RequestStats(prompt_tokens=3, route_time=5.0)
@@ -1058,10 +1059,10 @@ def test_time_spent_routing_is_not_counted_as_prefill(toy):
 
 def test_small_edges_of_the_decode_helpers(toy):
     """Edges the engine's own calls never reach, each with the documented result."""
+    from adaspec.core.sampling import argmax
+    from adaspec.core.token_tree import AutoBranching, TokenTree, parse_branching
     from adaspec.draft.model_tree import ModelTreeDrafter
     from adaspec.engine.loop import Engine
-    from adaspec.engine.sampling import argmax
-    from adaspec.engine.token_tree import AutoBranching, TokenTree, parse_branching
     from adaspec.verify import MCSSVerifier
     from adaspec.verify import multi_candidate as mc
 
@@ -1104,9 +1105,9 @@ def test_drafted_by_reaches_the_request_stats(target, target_model):
     """A drafter's per-part counts (S2D: tokens per exit) go through Proposal.chain into the
     request's stats, summed over steps."""
     from adaspec.control.static import StaticLength as Static
+    from adaspec.core.proposal import Proposal
     from adaspec.draft.base import Drafter
     from adaspec.engine.loop import Engine
-    from adaspec.engine.proposal import Proposal
 
     class Labelled(Drafter):
         def propose(self, context, max_tokens, controller, params, generator,
@@ -1129,7 +1130,7 @@ def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
     """At temperature > 0 a model drafter's proposal carries q: one processed distribution
     per drafted token, the one it was drawn from (without it the verifier would treat the
     tokens as certain and accept them with min(1, p), a wrong law)."""
-    from adaspec.engine.sampling import process_logits
+    from adaspec.core.sampling import process_logits
 
     backend = TorchBackend(toy)
     drafter = ModelDrafter(backend)
@@ -1280,8 +1281,8 @@ def test_a_text_prompt_is_one_user_turn_unless_chat_is_off(toy):
 def test_prefill_time_keeps_what_a_router_prefill_already_spent(toy):
     """A router that prefilled the prompt hands its prefill and stats over: the request's
     prefill time is the router's share plus the engine's first verification."""
+    from adaspec.core.metrics import RequestStats
     from adaspec.engine.loop import Engine
-    from adaspec.engine.metrics import RequestStats
 
     backend = TorchBackend(toy)
     engine = Engine(backend, None, eos_token_ids=[])
@@ -1386,8 +1387,8 @@ def test_the_engine_context_is_the_smallest_of_target_draft_and_asked(toy):
 
 
 def test_a_missing_draft_row_for_a_node_with_children_is_named():
-    from adaspec.engine.proposal import Proposal
-    from adaspec.engine.token_tree import TokenTree
+    from adaspec.core.proposal import Proposal
+    from adaspec.core.token_tree import TokenTree
     from adaspec.verify import MCSSVerifier
 
     tree = TokenTree([0, 1, 2, 3], [-1, 0, 1, 2])  # a chain of 3: nodes 0-2 have children

@@ -15,12 +15,12 @@ from adaspec.control.cursor import GenerationCursor
 from adaspec.control.disco import DiscoLength
 from adaspec.control.disco_features import assemble, distribution_features
 from adaspec.control.oracle import OracleLength
-from adaspec.engine.build import build_engine
 from adaspec.engine.loop import Engine
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits, teacher_forced_logits
+from adaspec.methods.build import build_engine
 from tests.disco_helpers import SPEC, artifact, constant_classifier, stop_at_position
 from tests.test_engine import PROMPTS, reference_greedy
 

@@ -16,11 +16,11 @@ from adaspec.control.disco import COST_SL_MAX, DiscoLength, cost_keeps_drafting
 from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.control.disco_features import TOP_K
 from adaspec.cost.profile import FLAT_FORMULA, CostProfile, Curve
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.simulate import NEVER_STOP, Costs, price_run, simulate
 from adaspec.lab.disco.tune import evaluate, tune
+from adaspec.methods.build import build_engine
 from tests.cost_helpers import steep, stub_machine_profile
 from tests.disco_helpers import SPEC, artifact, constant_classifier
 from tests.test_engine import PROMPTS, reference_greedy

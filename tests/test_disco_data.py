@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from adaspec.control.disco_features import FeatureSpec, distribution_features
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.disco.dataset import DiscoData, assign_splits, collect, rows
+from adaspec.methods.build import build_engine
 from tests.test_engine import reference_greedy
 
 PROMPT_IDS = {"p/0": [5, 9, 13, 2], "p/1": [17, 3, 3, 3, 40], "p/2": [1, 2, 3, 4, 5, 6]}

@@ -7,10 +7,10 @@ import torch
 
 from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
+from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 
 PROMPTS = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [33]]
 

@@ -21,8 +21,8 @@ from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.model_tree import ModelTreeDrafter
-from adaspec.engine.build import build_engine
 from adaspec.engine.loop import GenerationResult, StreamChunk
+from adaspec.methods.build import build_engine
 from tests.toy_models import greedy_next, reference_greedy, toy_model
 
 V = 64

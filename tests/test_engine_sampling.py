@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
+from adaspec.core.sampling import SamplingParams, process_logits, sample_rows
 from adaspec.engine.loop import Engine
-from adaspec.engine.sampling import SamplingParams, process_logits, sample_rows
-from adaspec.verify import MCSSWithoutReplacementVerifier, SpeculativeSampler
+from adaspec.methods.build import build_engine
+from adaspec.verify import MCSSWithoutReplacementVerifier, SpeculativeVerifier
 from adaspec.verify.base import Verdict
 
 from .conftest import tiny_model
@@ -79,7 +79,7 @@ def check(cells: torch.Tensor, model, params: SamplingParams) -> list[Fit]:
 # Broken verifiers (the rules of tests/test_verify*.py behind the engine's interface).
 
 
-class CorrectionFromP(SpeculativeSampler):
+class CorrectionFromP(SpeculativeVerifier):
     """Speculative sampling that draws the correction from p, not norm(max(0, p - q))."""
 
     name = "broken-correction-from-p"

@@ -9,17 +9,17 @@ import pytest
 
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.model_tree import ModelTreeDrafter
-from adaspec.engine.build import build_engine
 from adaspec.engine.loop import Engine, StreamChunk
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.verify import (
     MCNSVerifier,
     MCSSVerifier,
     MCSSWithoutReplacementVerifier,
-    SpeculativeSampler,
+    SpeculativeVerifier,
 )
 
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy
@@ -147,7 +147,7 @@ def test_verifier_and_drafter_must_match(target, draft):
         build_engine("draft:tree=4x2", target, None, None)
     tree_drafter = ModelTreeDrafter(draft, (2, 2))
     with pytest.raises(InputError, match="checks chains"):
-        Engine(target, None, drafter=tree_drafter, verifier=SpeculativeSampler())
+        Engine(target, None, drafter=tree_drafter, verifier=SpeculativeVerifier())
     tree = Engine(target, None, drafter=tree_drafter, eos_token_ids=[])
     tree.verifier = "speculative"
     with pytest.raises(InputError, match="checks chains"):

@@ -16,8 +16,8 @@ from adaspec.draft.history import (
     _Many,
     tokenizer_key,
 )
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import parse_method
 
 from .test_auto import flat_profile
@@ -292,7 +292,7 @@ def test_greedy_output_with_history_equals_plain_decoding(target, draft, target_
 
 
 def test_a_seeded_sampled_request_is_reproducible_with_the_history_on(target):
-    from adaspec.engine.sampling import SamplingParams
+    from adaspec.core.sampling import SamplingParams
 
     engine = history_engine(target, "ngram+history")
     seeded = SamplingParams(temperature=0.8, seed=7)

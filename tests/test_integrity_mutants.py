@@ -25,7 +25,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, parts: int = 2,
                sha: str | None = None) -> tuple[ModelSpec, bytes]:
-    """Part packages on sys.path and a spec for them, in no registry (pass it explicitly)."""
+    """Part packages on sys.path and a spec for them, in no catalog (pass it explicitly)."""
     prefix = f"integ_{uuid.uuid4().hex[:8]}_part"
     root = tmp_path / "site"
     whole, refs = b"", []
@@ -49,10 +49,10 @@ def fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, parts: int = 
 
 def test_assemble_uses_the_registry_it_is_given(tmp_path, monkeypatch):
     spec, whole = fake_model(tmp_path, monkeypatch)
-    path = assembly.assemble(spec.name, registry={spec.name: spec}, progress=False)
+    path = assembly.assemble(spec.name, catalog={spec.name: spec}, progress=False)
     assert path.read_bytes() == whole
-    # reused after a check against the same registry's entry
-    assert assembly.assemble(spec.name, registry={spec.name: spec}, progress=False) == path
+    # reused after a check against the same catalog's entry
+    assert assembly.assemble(spec.name, catalog={spec.name: spec}, progress=False) == path
 
 
 def test_size_error_names_the_forced_reinstall(tmp_path, monkeypatch):
@@ -60,7 +60,7 @@ def test_size_error_names_the_forced_reinstall(tmp_path, monkeypatch):
     bad = ModelSpec(name=spec.name, role=spec.role, description="", parts=spec.parts,
                     size=spec.size + 1, sha256=spec.sha256, version="1.0")
     with pytest.raises(ModelStoreError) as err:
-        assembly.assemble(bad.name, registry={bad.name: bad}, progress=False)
+        assembly.assemble(bad.name, catalog={bad.name: bad}, progress=False)
     msg = str(err.value)
     assert f"hold {len(whole)} bytes, expected {len(whole) + 1}" in msg
     assert "pip install --force-reinstall " in msg and msg.count("--force-reinstall") == 1
@@ -69,7 +69,7 @@ def test_size_error_names_the_forced_reinstall(tmp_path, monkeypatch):
 def test_checksum_error_names_the_forced_reinstall(tmp_path, monkeypatch):
     spec, whole = fake_model(tmp_path, monkeypatch, sha="0" * 64)
     with pytest.raises(ModelStoreError, match="checksum mismatch assembling") as err:
-        assembly.assemble(spec.name, registry={spec.name: spec}, progress=False)
+        assembly.assemble(spec.name, catalog={spec.name: spec}, progress=False)
     assert "pip install --force-reinstall " in str(err.value)
     assert hashlib.sha256(whole).hexdigest() in str(err.value)
     assert not assembly.gguf_path(spec.name).exists()
@@ -84,7 +84,7 @@ def size(data: bytes) -> str:
 def test_progress_bars_show_what_is_hashed_when_asked(tmp_path, monkeypatch, capsys):
     """progress=True draws the bars (named, with the byte total) even off a terminal."""
     spec, whole = fake_model(tmp_path, monkeypatch)
-    path = assembly.assemble(spec.name, registry={spec.name: spec}, progress=True)
+    path = assembly.assemble(spec.name, catalog={spec.name: spec}, progress=True)
     err = capsys.readouterr().err
     assert f"assemble {spec.name}:" in err and f"/{size(whole)} " in err
     assembly.check_assembled(spec, path, rehash=True, progress=True)
@@ -99,7 +99,7 @@ def test_progress_bars_show_what_is_hashed_when_asked(tmp_path, monkeypatch, cap
 
 def test_a_rehash_records_the_real_hash(tmp_path, monkeypatch):
     spec, whole = fake_model(tmp_path, monkeypatch)
-    path = assembly.assemble(spec.name, registry={spec.name: spec}, progress=False)
+    path = assembly.assemble(spec.name, catalog={spec.name: spec}, progress=False)
     record = assembly._hash_record_path(path)
     record.unlink()
     assert assembly.check_assembled(spec, path, rehash=True, progress=False) == spec.sha256
@@ -150,7 +150,7 @@ def test_not_enough_space_names_what_was_being_done(tmp_path, monkeypatch):
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(assembly.shutil, "disk_usage", lambda folder: usage(10, 10, 0))
     with pytest.raises(ModelStoreError, match=rf"to assemble {spec.name}: need"):
-        assembly.assemble(spec.name, registry={spec.name: spec}, progress=False)
+        assembly.assemble(spec.name, catalog={spec.name: spec}, progress=False)
 
 
 def test_gguf_magic_errors_say_what_to_do(tmp_path):
@@ -320,10 +320,10 @@ def test_clean_stale_tolerates_a_leftover_that_vanished(tmp_path, monkeypatch):
 
 def test_reusing_an_assembled_file_shows_the_rehash_when_asked(tmp_path, monkeypatch, capsys):
     spec, _ = fake_model(tmp_path, monkeypatch)
-    path = assembly.assemble(spec.name, registry={spec.name: spec}, progress=False)
+    path = assembly.assemble(spec.name, catalog={spec.name: spec}, progress=False)
     os.utime(path, ns=(1, 1))  # the remembered hash no longer applies: it is re-hashed
     capsys.readouterr()
-    assert assembly.assemble(spec.name, registry={spec.name: spec}, progress=True) == path
+    assert assembly.assemble(spec.name, catalog={spec.name: spec}, progress=True) == path
     assert f"sha256 {path.name}:" in capsys.readouterr().err
 
 

@@ -92,3 +92,69 @@ def test_product_commands_load_no_lab_module():
     lab (the bench, disco and router commands reach it lazily, per command)."""
     code = "".join(f"import adaspec.cli.{name}\n" for name in PRODUCT_COMMANDS)
     assert _lab_loaded_after(code) == []
+
+
+# The layers, bottom to top: a module imports only from its own package or a lower layer
+# (lazy imports inside functions included). Front ends (`cli`, `__main__`) sit on top; the
+# package root only re-exports, lazily.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "registry"),
+    ("core",),  # the vocabulary: proposals, token trees, sampling, metrics, text
+    ("store",),
+    ("backends",),
+    ("cost",),
+    ("control",),
+    ("draft", "verify"),
+    ("engine",),  # the loop
+    ("methods",),  # method registrations and the composition root (methods/build.py)
+    ("route", "online"),
+    ("serve",),
+    ("lab",),
+    ("cli", "__main__"),
+)
+LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _adaspec_imports(path: Path) -> list[str]:
+    """Every adaspec module a source file imports; `from adaspec import x` names adaspec.x."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "adaspec" and node.level == 0:
+            found += [f"adaspec.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return [m for m in found if m.startswith("adaspec.")]
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        own = rel.parts[0].removesuffix(".py")
+        if own == "__init__":
+            continue  # the root's lazy re-exports
+        for module in _adaspec_imports(path):
+            other = module.split(".")[1]
+            if other != own and LEVEL[other] > LEVEL[own]:
+                offenders.append(f"{rel} ({own}) imports {module} ({other})")
+    return offenders
+
+
+def test_every_package_has_a_layer():
+    packages = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+                if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    assert packages - {"__init__"} <= set(LEVEL), sorted(packages - set(LEVEL))
+
+
+def test_no_import_runs_up_the_layers():
+    assert upward_imports() == []
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """Negative control: a core module that imports the engine is reported."""
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "bad.py").write_text("def f():\n    from adaspec.engine import loop\n")
+    assert upward_imports(tmp_path) == ["core/bad.py (core) imports adaspec.engine (engine)"]

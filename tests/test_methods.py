@@ -6,8 +6,8 @@ import pytest
 
 from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.static import StaticLength
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import describe_methods, parse_method, split_method_list
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.engine.metrics import RequestStats
+from adaspec.core.metrics import RequestStats
 
 
 def test_derived_figures():

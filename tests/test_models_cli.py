@@ -9,7 +9,7 @@ import pytest
 
 from adaspec.cli.models import add_models_parser
 from adaspec.errors import ModelStoreError
-from adaspec.store import catalog as registry
+from adaspec.store import catalog as catalog
 from adaspec.store import model_store as store
 from tests.test_store import make_fake_model
 
@@ -39,14 +39,14 @@ def test_list_shows_every_model(
     assert header.split() == ["NAME", "ROLE", "SIZE", "INSTALLED", "ASSEMBLED", "CACHED"]
     fake = next(r for r in rows if r.startswith(spec.name)).split()
     assert fake[-3:] == ["yes", "yes", "-"]
-    for name in registry.REGISTRY:
+    for name in catalog.CATALOG:
         assert name in out
 
 
 def test_verify_ok_fail_and_exit_codes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(registry, "REGISTRY", {})
+    monkeypatch.setattr(catalog, "CATALOG", {})
     assert run("verify") == 1  # nothing assembled: nothing verified is not a success
     assert "nothing to verify" in capsys.readouterr().out
     spec, whole = make_fake_model(tmp_path, monkeypatch)

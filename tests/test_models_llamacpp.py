@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from adaspec.backends.llamacpp import LlamaCppBackend, LlamaCppUnavailable
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 
 from .conftest import need, smollm_gguf
 

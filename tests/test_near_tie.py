@@ -9,8 +9,8 @@ import torch
 
 from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import top2_gap
+from adaspec.core.sampling import top2_gap
+from adaspec.methods.build import build_engine
 
 EPS = 0.6  # each logit of a multi-token pass moves by up to this much
 PROMPTS = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6], [33], [60, 1, 60, 1]]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from adaspec.control.base import LengthController
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.ngram import NgramDrafter
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 
 

@@ -116,8 +116,10 @@ def test_osd_simulate_writes_its_results(capsys, model_dirs, tmp_path):
         "frozen", "online:interval=2,domains=field", "offline:0.5"]
     assert [b["suite"] for b in result["blocks"]] == ["humaneval", "wmt"]
     online = result["runs"][1]
-    assert online["updates"] and {r["domain"] for r in online["requests"]} == {"humaneval",
-                                                                               "wmt"}
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert online["updates"] and {r["domain"] for r in requests
+                                  if r["spec"] == online["spec"]} == {"humaneval", "wmt"}
+    assert online["requests"] == sum(r["spec"] == online["spec"] for r in requests)
     assert result["runs"][2]["updates"][0]["requests"] == 6
     assert (out / "rolling_acceptance.png").stat().st_size > 1000
     assert "SIMULATED" in (out / "summary.md").read_text() and "| frozen |" in text
@@ -167,8 +169,10 @@ def test_osd_simulate_engine_replay_decodes_exactly_and_measures_recording(
     result = json.loads((out / "run.json").read_text())
     overhead = result["setup"]["recording_overhead"]
     assert overhead["requests"] == 4 and overhead["tok_s_with"] > 0
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     for r in result["runs"]:  # the engine's output is the target's, frozen or learning
-        assert all(q["exact"] for q in r["requests"]) and len(r["requests"]) == 12
+        mine = [q for q in requests if q["spec"] == r["spec"]]
+        assert all(q["exact"] for q in mine) and len(mine) == r["requests"] == 12
     assert result["runs"][1]["updates"]
     assert "outputs equal to the target's" in text and "12/12" in text
 
@@ -210,10 +214,10 @@ def test_engine_replay_classifies_a_difference_from_the_stored_output(
         model_dirs, tolerance, kind):
     """A stored output changed at one token: the replay's output parts from it there, and
     the target's logit gap against the runtime's tolerance names it a tie or a bug."""
-    from adaspec.engine.build import load_engine
     from adaspec.lab.osd.engine_replay import engine_run
     from adaspec.lab.osd.simulate import RunSpec
     from adaspec.lab.osd.stream import StreamRequest
+    from adaspec.methods.build import load_engine
 
     target, draft = model_dirs
     engine = load_engine("draft:k=2", target=target, draft=draft, dtype="float32",

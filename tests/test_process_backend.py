@@ -10,8 +10,8 @@ import torch
 from adaspec.backends.child_process import ChildProcessFailed
 from adaspec.backends.llamacpp import LlamaCppBackend
 from adaspec.backends.process_backend import ProcessBackend
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 
 from .conftest import smollm_gguf
 

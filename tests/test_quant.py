@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.store.quant import (
     DENSE_PREFILL_MODES,
     FP32_PREFILL_ROWS,

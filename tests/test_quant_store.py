@@ -11,7 +11,8 @@ import torch
 
 from adaspec.errors import ModelStoreError
 from adaspec.store import quant_cache as quant_store
-from adaspec.store.loading import MARKER, LoadedModel
+from adaspec.store.loaded import LoadedModel
+from adaspec.store.loading import MARKER
 from adaspec.store.quant_cache import QUANT_WEIGHTS, quant_cache_dir, quantize_loaded
 from tests.conftest import tiny_model
 

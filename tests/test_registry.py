@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from adaspec.core.proposal import Proposal
 from adaspec.draft.base import Drafter
-from adaspec.engine.build import build_engine
 from adaspec.engine.loop import Engine
-from adaspec.engine.proposal import Proposal
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.params import check, param
 from adaspec.methods.registry import METHODS, Method
 from adaspec.methods.spec import describe_methods, parse_method

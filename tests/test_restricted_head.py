@@ -9,10 +9,10 @@ import torch
 
 from adaspec.backends.restricted_head import RestrictedHeadBackend, restrict_head
 from adaspec.backends.torch_backend import TorchBackend
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError, ModelStoreError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import parse_method
 from adaspec.store.token_set import TokenSet, save_token_set
 

@@ -10,12 +10,12 @@ import torch
 
 from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.route.artifact import RouterArtifact, save_artifact
 from adaspec.route.policy import RouterPolicy
-from adaspec.route.router import RouterEngine, build_arm_engines
+from adaspec.route.router import RoutedGenerator, build_arm_engines
 from tests.test_engine import PROMPTS, reference_greedy
 
 ARMS = {m: m for m in ["ar", "ngram", "draft:k=4", "draft:ctrl=heuristic,k=4"]}
@@ -48,7 +48,7 @@ def arms(target, draft):
 
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_greedy_output_is_plain_decoding_whatever_the_arm(arms, target_model, arm):
-    router = RouterEngine(arms, force=arm)
+    router = RoutedGenerator(arms, force=arm)
     for prompt in PROMPTS[:3]:
         res = router.generate(prompt, max_new_tokens=24)
         assert res.token_ids == reference_greedy(target_model, prompt, 24), (arm, prompt)
@@ -58,7 +58,7 @@ def test_greedy_output_is_plain_decoding_whatever_the_arm(arms, target_model, ar
 @pytest.mark.parametrize("index, arm", list(enumerate(ARMS)))
 def test_policy_pick_changes_the_drafter(arms, target, index, arm):
     """Fails if routing is bypassed: each pick shows in how the request was decoded."""
-    router = RouterEngine(arms, fixed_policy(target.hidden_size, len(ARMS), index))
+    router = RoutedGenerator(arms, fixed_policy(target.hidden_size, len(ARMS), index))
     res = router.generate(PROMPTS[2], max_new_tokens=24)
     alone = arms[arm].generate(PROMPTS[2], max_new_tokens=24)
     s = res.stats
@@ -107,7 +107,7 @@ def test_the_pick_follows_the_prompts_final_hidden_state(arms, target, target_mo
     policy = separating_policy(*states, len(ARMS), arm_a=1, arm_b=2)
     expected = [names[policy.choose(s)] for s in states]
     assert expected == ["ngram", "draft:k=4"]  # the policy does separate the true states
-    router = RouterEngine(arms, policy)
+    router = RoutedGenerator(arms, policy)
     results, seen = [], []
     for prompt in prompts:
         results.append(router.generate(prompt, max_new_tokens=12))
@@ -139,7 +139,7 @@ def test_decision_and_its_time_are_in_the_stats(arms, target, monkeypatch):
         return choose(*args, **kwargs)
 
     policy.choose = slow_choose
-    router = RouterEngine(arms, policy)
+    router = RoutedGenerator(arms, policy)
     res = router.generate(PROMPTS[0], max_new_tokens=8)
     s = res.stats
     assert s.route == "ngram" and s.to_dict()["route"] == "ngram"
@@ -153,7 +153,7 @@ def test_decision_and_its_time_are_in_the_stats(arms, target, monkeypatch):
 def test_one_prefill_per_request(target_model, draft):
     counting = CountingBackend(target_model, name="tiny-target")
     engines = build_arm_engines(ARMS, counting, None, draft, eos_token_ids=[])
-    router = RouterEngine(engines, fixed_policy(counting.hidden_size, len(ARMS), 2))
+    router = RoutedGenerator(engines, fixed_policy(counting.hidden_size, len(ARMS), 2))
     router.generate(PROMPTS[1], max_new_tokens=8)
     assert counting.prefills == 1
 
@@ -162,7 +162,7 @@ def test_dynamic_mode_is_seeded(arms, target):
     policy = RouterPolicy(target.hidden_size, len(ARMS), hidden=8)
     with torch.no_grad():
         policy.net[-1].weight.zero_()  # uniform over arms: picks vary between seeds
-    router = RouterEngine(arms, policy, mode="dynamic")
+    router = RoutedGenerator(arms, policy, mode="dynamic")
     picks = [
         router.generate(PROMPTS[0], 4, SamplingParams(seed=s)).stats.route for s in range(12)
     ]
@@ -173,7 +173,7 @@ def test_dynamic_mode_is_seeded(arms, target):
 
 
 def test_sampling_through_the_router_is_seeded(arms, target):
-    router = RouterEngine(arms, fixed_policy(target.hidden_size, len(ARMS), 2))
+    router = RoutedGenerator(arms, fixed_policy(target.hidden_size, len(ARMS), 2))
     sp = SamplingParams(temperature=1.0, seed=7)
     assert router.generate(PROMPTS[0], 12, sp).token_ids == router.generate(
         PROMPTS[0], 12, sp
@@ -189,7 +189,7 @@ def test_router_method_from_an_artifact(tmp_path, target, draft, target_model):
     assert res.stats.route == "draft:k=4"
     assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 16)
     dyn = build_engine(f"router:artifact={path},mode=dynamic,seed=3", target, None, draft, [])
-    assert isinstance(dyn, RouterEngine) and (dyn.mode, dyn.seed) == ("dynamic", 3)
+    assert isinstance(dyn, RoutedGenerator) and (dyn.mode, dyn.seed) == ("dynamic", 3)
 
 
 def test_artifact_for_another_target_is_refused(tmp_path, target, draft):
@@ -202,13 +202,13 @@ def test_artifact_for_another_target_is_refused(tmp_path, target, draft):
 
 def test_errors(arms, target):
     with pytest.raises(InputError, match="no policy"):
-        RouterEngine(arms).generate(PROMPTS[0], 4)
+        RoutedGenerator(arms).generate(PROMPTS[0], 4)
     with pytest.raises(InputError, match="no arm named"):
-        RouterEngine(arms, force="draft:k=9").generate(PROMPTS[0], 4)
+        RoutedGenerator(arms, force="draft:k=9").generate(PROMPTS[0], 4)
     with pytest.raises(InputError, match="scores 2 arms"):
-        RouterEngine(arms, RouterPolicy(target.hidden_size, 2, hidden=8))
+        RoutedGenerator(arms, RouterPolicy(target.hidden_size, 2, hidden=8))
     with pytest.raises(InputError, match="routing mode"):
-        RouterEngine(arms, mode="best")
+        RoutedGenerator(arms, mode="best")
 
 
 class NoHiddenBackend(TorchBackend):
@@ -223,7 +223,7 @@ class NoHiddenBackend(TorchBackend):
 def test_backend_without_hidden_states_is_a_clear_error(target_model):
     backend = NoHiddenBackend(target_model, name="tiny-target")
     engines = build_arm_engines({"ar": "ar", "ngram": "ngram"}, backend, None, None, [])
-    router = RouterEngine(engines, fixed_policy(backend.hidden_size, 2, 0))
+    router = RoutedGenerator(engines, fixed_policy(backend.hidden_size, 2, 0))
     with pytest.raises(InputError, match="no hidden state"):
         router.generate(PROMPTS[0], 4)
 
@@ -232,6 +232,6 @@ def test_all_arms_must_accept_the_sampling_settings(target, draft):
     engines = build_arm_engines(
         {"ar": "ar", "greedy-only": "draft:k=2,verify=greedy"}, target, None, draft, []
     )
-    router = RouterEngine(engines, fixed_policy(target.hidden_size, 2, 0))
+    router = RoutedGenerator(engines, fixed_policy(target.hidden_size, 2, 0))
     with pytest.raises(InputError, match="greedy verifier"):
         router.generate(PROMPTS[0], 4, SamplingParams(temperature=1.0))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaspec.core.token_tree import AutoBranching
 from adaspec.cost.profile import CostProfile, Curve
-from adaspec.engine.token_tree import AutoBranching
 from adaspec.errors import InputError
 from adaspec.lab.router.collection import RouterData
 from adaspec.lab.router.evaluate import proxy_vs_truth

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from adaspec.engine.build import build_engine
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.router.collect import record_states
 from adaspec.lab.router.collection import load_collection
 from adaspec.lab.router.router_report import RETRAINED, label, to_markdown, write_report
 from adaspec.lab.router.train_policy import train_artifact
+from adaspec.methods.build import build_engine
 from adaspec.route.artifact import save_artifact
 from adaspec.route.policy import TrainConfig
 from tests.route_helpers import ARMS, TEST, backends, make_collection

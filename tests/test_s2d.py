@@ -13,14 +13,14 @@ import torch
 
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.base import LengthController
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft import s2d_artifact
 from adaspec.draft.s2d import S2DDrafter
 from adaspec.draft.sorted_model import ExitState, SortedConfig, SortedDraftLM, confidence
-from adaspec.engine.build import build_engine
 from adaspec.engine.loop import Engine
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import parse_method
 from adaspec.store.atomic import write_json
 
@@ -160,7 +160,7 @@ class QOfLastExit(S2DDrafter):
                                    replacement)
         if proposal.probs is None:
             return proposal
-        from adaspec.engine.sampling import process_logits
+        from adaspec.core.sampling import process_logits
 
         rows = []
         for i in range(proposal.depth):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from adaspec.engine.sampling import SamplingParams, process_logits, sample, sample_rows
+from adaspec.core.sampling import SamplingParams, process_logits, sample, sample_rows
 from adaspec.errors import InputError
 
 

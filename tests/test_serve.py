@@ -161,7 +161,7 @@ def client(base):
 
 
 def library_text(instance: ModelInstance, prompt, n: int, chat: bool, **sampling) -> str:
-    from adaspec.engine.sampling import SamplingParams
+    from adaspec.core.sampling import SamplingParams
 
     engine = instance.engine(METHOD)
     return engine.generate(prompt, n, SamplingParams(**sampling), chat=chat).text

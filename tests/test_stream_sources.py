@@ -5,8 +5,8 @@ after a fully accepted draft, or a plain step."""
 from __future__ import annotations
 
 from adaspec.backends.torch_backend import TorchBackend
-from adaspec.engine.build import build_engine
 from adaspec.engine.loop import ACCEPTED, BONUS, CORRECTION, PLAIN, StreamChunk
+from adaspec.methods.build import build_engine
 
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy
 

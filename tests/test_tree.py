@@ -8,11 +8,11 @@ import torch
 
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.sampling import SamplingParams
+from adaspec.core.token_tree import TokenTree, parse_branching, tree_node_count
 from adaspec.draft.model_tree import ModelTreeDrafter, draw_children
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
-from adaspec.engine.token_tree import TokenTree, parse_branching, tree_node_count
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import parse_method
 
 from .test_torch_backend import full_logits

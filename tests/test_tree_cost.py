@@ -10,22 +10,24 @@ import pytest
 
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.control.static import StaticLength
-from adaspec.cost.profile import CostProfile, Curve
-from adaspec.draft.model_tree import AutoTreeDrafter
-from adaspec.engine.build import build_engine
-from adaspec.engine.sampling import SamplingParams
-from adaspec.engine.token_tree import (
+from adaspec.core.sampling import SamplingParams
+from adaspec.core.token_tree import (
     CANDIDATE_SHAPES,
-    DEFAULT_RANK_RATES,
     AutoBranching,
+    parse_branching,
+    tree_node_count,
+)
+from adaspec.cost.profile import CostProfile, Curve
+from adaspec.draft.model_tree import (
+    DEFAULT_RANK_RATES,
+    AutoTreeDrafter,
     choose_branching,
     expected_tokens,
     level_hit,
-    parse_branching,
-    tree_node_count,
     tree_step_ms,
 )
 from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import parse_method
 
 from .cost_helpers import steep, stub_machine_profile

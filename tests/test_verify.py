@@ -8,7 +8,7 @@ and both the first emitted token and the joint law of the first two (one or two 
 steps) are checked against the exact p(a) and p(a) p(b | a) with the chi-square of
 tests/stats_helpers.py: a right verifier must keep every p-value above 1e-6, each
 deliberately broken one (written below, never in src/) must be rejected at p < 1e-12.
-`SpeculativeSampler.verify` makes the same draws as the batched `speculative_sample` on one
+`SpeculativeVerifier.verify` makes the same draws as the batched `speculative_sample` on one
 chain (tested below), so the 2 * 10^5 batched verdicts per case cover the per-step API.
 """
 
@@ -20,16 +20,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import sample_rows
-from adaspec.engine.token_tree import TokenTree
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import sample_rows
+from adaspec.core.token_tree import TokenTree
 from adaspec.errors import InputError
 from adaspec.verify import (
     VERIFIERS,
     GreedyVerifier,
     MCNSVerifier,
     MCSSWithoutReplacementVerifier,
-    SpeculativeSampler,
+    SpeculativeVerifier,
     choose,
     speculative_sample,
 )
@@ -290,7 +290,7 @@ def test_verify_is_the_batched_sampler_on_one_chain():
     """`verify` and `speculative_sample` agree draw for draw, so the statistics above cover
     the per-step API; cases include q = None and mismatched vocabularies."""
     g = torch.Generator().manual_seed(11)
-    sampler = SpeculativeSampler()
+    sampler = SpeculativeVerifier()
     for case in range(300):
         k = case % 4
         vp, vq = 6, (6, 4, 9)[case % 3]
@@ -316,7 +316,7 @@ def test_verify_method_is_exact_through_the_single_chain_api():
     target = Tables(vocab, k, seed=5, sharp=1.5)
     draft = Tables(vocab, k, seed=6, sharp=1.0)
     gen = torch.Generator().manual_seed(3)
-    sampler = SpeculativeSampler()
+    sampler = SpeculativeVerifier()
     drafted, q, p = draft_chain(torch.zeros(n, 0, dtype=torch.long), target, draft, k, gen)
     assert q is not None
     firsts = []
@@ -331,7 +331,7 @@ def test_equal_distributions_accept_everything():
     p = torch.tensor([[0.1, 0.2, 0.3, 0.4]] * 3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
-        assert SpeculativeSampler().verify(Proposal.chain(1, [3, 0], p[:2]), p, gen).accepted == 2
+        assert SpeculativeVerifier().verify(Proposal.chain(1, [3, 0], p[:2]), p, gen).accepted == 2
 
 
 def test_token_the_target_forbids_is_always_rejected():
@@ -339,7 +339,7 @@ def test_token_the_target_forbids_is_always_rejected():
     q = torch.tensor([[0.0, 0.0, 1.0]])
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
-        verdict = SpeculativeSampler().verify(Proposal.chain(0, [2], q), p, gen)
+        verdict = SpeculativeVerifier().verify(Proposal.chain(0, [2], q), p, gen)
         assert verdict.accepted == 0 and verdict.next_token in (0, 1)
 
 
@@ -349,7 +349,7 @@ def test_token_the_draft_never_proposes_is_accepted_whenever_drafted():
     q = torch.tensor([[0.0, 1.0, 0.0]])
     gen = torch.Generator().manual_seed(0)
     for _ in range(100):
-        assert SpeculativeSampler().verify(Proposal.chain(0, [0], q), p, gen).accepted == 1
+        assert SpeculativeVerifier().verify(Proposal.chain(0, [0], q), p, gen).accepted == 1
 
 
 def test_all_zero_residual_falls_back_to_target():
@@ -358,7 +358,7 @@ def test_all_zero_residual_falls_back_to_target():
     q = torch.tensor([[0.0, 1.0]])
     gen = torch.Generator().manual_seed(0)
     # Drafted token 0 has p = 0: rejected, and max(0, p - q) is all zero.
-    assert SpeculativeSampler().verify(Proposal.chain(1, [0], q), p, gen) == Verdict([], 1)
+    assert SpeculativeVerifier().verify(Proposal.chain(1, [0], q), p, gen) == Verdict([], 1)
 
 
 def test_none_draft_probs_equals_one_hot():
@@ -367,10 +367,10 @@ def test_none_draft_probs_equals_one_hot():
     tokens = [2, 7, 1]
     one_hot = F.one_hot(torch.tensor(tokens), 9).float()
     for seed in range(50):
-        a = SpeculativeSampler().verify(
+        a = SpeculativeVerifier().verify(
             Proposal.chain(0, tokens), p, torch.Generator().manual_seed(seed)
         )
-        b = SpeculativeSampler().verify(
+        b = SpeculativeVerifier().verify(
             Proposal.chain(0, tokens, one_hot), p, torch.Generator().manual_seed(seed)
         )
         assert a == b
@@ -378,7 +378,7 @@ def test_none_draft_probs_equals_one_hot():
 
 def test_empty_draft_samples_the_bonus_row():
     p = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
-    verdict = SpeculativeSampler().verify(Proposal.chain(3, []), p, torch.Generator())
+    verdict = SpeculativeVerifier().verify(Proposal.chain(3, []), p, torch.Generator())
     assert verdict == Verdict([], 2)
 
 
@@ -390,7 +390,7 @@ def test_seeded_verdicts_are_reproducible():
 
     def run(seed: int) -> list[Verdict]:
         gen = torch.Generator().manual_seed(seed)
-        return [SpeculativeSampler().verify(proposal, p, gen) for _ in range(30)]
+        return [SpeculativeVerifier().verify(proposal, p, gen) for _ in range(30)]
 
     assert run(123) == run(123)
     assert run(123) != run(124)
@@ -399,14 +399,14 @@ def test_seeded_verdicts_are_reproducible():
 def test_speculative_rejects_bad_inputs():
     p = torch.full((3, 4), 0.25)
     with pytest.raises(InputError, match="target_probs"):
-        SpeculativeSampler().verify(Proposal.chain(0, [1]), p, None)
+        SpeculativeVerifier().verify(Proposal.chain(0, [1]), p, None)
     with pytest.raises(InputError, match="draft probs"):
-        SpeculativeSampler().verify(Proposal.chain(0, [1, 2], p), p, None)
+        SpeculativeVerifier().verify(Proposal.chain(0, [1, 2], p), p, None)
     with pytest.raises(InputError, match="token ids"):
-        SpeculativeSampler().verify(Proposal.chain(0, [1, 9]), p, None)
+        SpeculativeVerifier().verify(Proposal.chain(0, [1, 9]), p, None)
     tree = Proposal(TokenTree([0, 1, 2], [-1, 0, 0]), p[:1], replacement=True)
     with pytest.raises(InputError, match="checks chains"):
-        SpeculativeSampler().verify(tree, p, None)
+        SpeculativeVerifier().verify(tree, p, None)
     with pytest.raises(InputError, match="draft_tokens"):
         speculative_sample(torch.tensor([1, 2]), None, p.unsqueeze(0), None)
 
@@ -452,12 +452,12 @@ def test_greedy_rejects_bad_shapes():
 
 def test_registry_and_choose():
     assert isinstance(VERIFIERS["greedy"](), GreedyVerifier)
-    assert isinstance(VERIFIERS["speculative"](), SpeculativeSampler)
+    assert isinstance(VERIFIERS["speculative"](), SpeculativeVerifier)
     with pytest.raises(InputError, match="unknown verifier 'magic'; known: greedy, speculative"):
         VERIFIERS["magic"]
     assert isinstance(choose(None, trees=False, greedy=True), GreedyVerifier)
     assert isinstance(choose("auto", trees=False, greedy=None), GreedyVerifier)
-    assert isinstance(choose(None, trees=False, greedy=False), SpeculativeSampler)
+    assert isinstance(choose(None, trees=False, greedy=False), SpeculativeVerifier)
     assert isinstance(choose(None, trees=True, greedy=False), MCSSWithoutReplacementVerifier)
     assert isinstance(choose("mcns", trees=True, greedy=False), MCNSVerifier)
     mine = MCNSVerifier()

@@ -20,10 +20,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.token_tree import TokenTree
+from adaspec.core.proposal import Proposal
+from adaspec.core.token_tree import TokenTree
 from adaspec.errors import InputError
-from adaspec.verify import VERIFIERS, GreedyVerifier, SpeculativeSampler, Verdict
+from adaspec.verify import VERIFIERS, GreedyVerifier, SpeculativeVerifier, Verdict
 from adaspec.verify.multi_candidate import (
     MCNSVerifier,
     MCSSVerifier,
@@ -519,7 +519,7 @@ def test_bad_inputs_name_the_problem():
     with pytest.raises(InputError, match="candidate token ids"):
         mcss_step(torch.tensor([[7]]), None, p[:1], None)
     with pytest.raises(InputError, match="checks chains, not token trees"):
-        SpeculativeSampler().verify(Proposal(tree), p, None)
+        SpeculativeVerifier().verify(Proposal(tree), p, None)
     with pytest.raises(InputError, match="unknown verifier 'magic'"):
         VERIFIERS["magic"]
     assert isinstance(VERIFIERS["mcss-wor"](), MCSSWithoutReplacementVerifier)

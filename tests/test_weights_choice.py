@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from adaspec.backends import weights
-from adaspec.engine.sampling import argmax
+from adaspec.core.sampling import argmax
 from adaspec.store.loading import same_vocabulary_files
 
 

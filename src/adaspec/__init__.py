@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.errors import AdaspecError, InputError, ModelStoreError
 
 if TYPE_CHECKING:
-    from adaspec.engine.build import build_engine, load_engine
     from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+    from adaspec.methods.build import build_engine, load_engine
 
 # Loaded on first use, so `import adaspec` stays cheap.
 _LAZY = {
-    "load_engine": "adaspec.engine.build",
-    "build_engine": "adaspec.engine.build",
+    "load_engine": "adaspec.methods.build",
+    "build_engine": "adaspec.methods.build",
     "Engine": "adaspec.engine.loop",
     "GenerationResult": "adaspec.engine.loop",
     "StreamChunk": "adaspec.engine.loop",

@@ -6,7 +6,7 @@ kernels (SDPA) pick their blocking and accumulation order from the number of que
 row's output in a block differs from the same row alone in the last bits; weight-quantized
 layers then round those bits into whole quantization steps (int8-dyn showed logit differences
 up to 1.06 and flipped argmaxes). With every Linear layer row-independent (the quantized
-kernels in `models/quant.py` are), attention is the only place where rows meet. Here each row
+kernels in `store/quant.py` are), attention is the only place where rows meet. Here each row
 attends through the same call a decode step makes: its query alone, over exactly the keys it
 may see (a prefix of the cache for a chain, the gathered context + ancestors for a tree), so
 verification is bit-identical to plain decoding of the same target.

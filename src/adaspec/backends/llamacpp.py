@@ -55,9 +55,9 @@ def gguf_file(model: str) -> Path | None:
     against the registry's size and sha256, assembled first if needed) or a .gguf path;
     None for a Hugging Face directory (no GGUF)."""
     from adaspec.store.assembly import assemble, check_gguf_magic
-    from adaspec.store.catalog import get_registry
+    from adaspec.store.catalog import model_catalog
 
-    if model in get_registry():
+    if model in model_catalog():
         return assemble(model)
     path = Path(model).expanduser()
     if not path.is_file():

@@ -1,4 +1,4 @@
-"""Load models as backends: the runtime `auto` picks (models/weights), torch or a llama.cpp
+"""Load models as backends: the runtime `auto` picks ((backends/weights.py)), torch or a llama.cpp
 runtime in a child process, several at once; their tokenizers and end-of-sequence ids."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def start_backend(
     still comes from the verified cache) in a child process of its own, started here so
     several load at once: beside torch in one process the two thread pools slow each other
     down about 2x, and a native abort in the child is a one-line error. `auto` is the
-    fastest runtime installed (models/weights.py). Otherwise it is a torch model with that
+    fastest runtime installed (backends/weights.py). Otherwise it is a torch model with that
     weight quantization; a quantized target (row-independent Linear layers) gets
     row-invariant attention, so verifying a block scores bit-for-bit what plain decoding
     scores. A float target's batched GEMMs are not row-invariant anyway: it keeps the faster

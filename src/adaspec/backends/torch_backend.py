@@ -21,7 +21,7 @@ class TorchBackend(ModelBackend):
     The model is fed a custom 4-D boolean mask whenever a tree mask is given, so a flattened
     token tree is scored in one pass; otherwise transformers builds the causal mask itself.
     `row_invariant` switches attention to one decode-shaped call per query row
-    (models/attention.py): with row-independent Linear layers (the quantized ones) a block's
+    (backends/attention.py): with row-independent Linear layers (the quantized ones) a block's
     logits are then bit-identical to scoring its tokens one at a time. The switch belongs to
     the backend, not the model: another backend over the same model keeps batched attention.
     """

@@ -18,9 +18,9 @@ AUTO = "auto"
 
 
 def _has_gguf(name: str) -> bool:
-    from adaspec.store.catalog import get_registry
+    from adaspec.store.catalog import model_catalog
 
-    if name in get_registry():
+    if name in model_catalog():
         return True
     path = Path(name).expanduser()
     return path.is_file() and path.suffix == ".gguf"

@@ -152,11 +152,11 @@ def _excluded_prompts(paths: str | None) -> set[tuple[str, str]]:
 def cmd_collect(args: argparse.Namespace) -> int:
     from adaspec.backends.load import load_backends
     from adaspec.cli.bench import parse_suites
-    from adaspec.engine.build import build_engine
-    from adaspec.engine.sampling import SamplingParams
+    from adaspec.core.sampling import SamplingParams
     from adaspec.errors import InputError
     from adaspec.lab.bench.suites import load_suite
     from adaspec.lab.disco.dataset import assign_splits, collect
+    from adaspec.methods.build import build_engine
     from adaspec.methods.spec import parse_method
 
     try:
@@ -294,8 +294,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         art.check_pair(target.name, draft.name)
         if costs is None and args.profile == MACHINE:
             from adaspec.cost.cache import profile_for
+            from adaspec.engine.overhead import loop_overhead_ms
 
-            costs = Costs.from_profile(profile_for(target, draft, tokenizer), priced_to)
+            measured = profile_for(target, draft, tokenizer, loop_overhead=loop_overhead_ms)
+            costs = Costs.from_profile(measured, priced_to)
             say("costs from this machine's cost profile")
         if costs is None:
             costs = measure_step_costs(art, val, target, draft, args.sl_max, args.repeats, say)

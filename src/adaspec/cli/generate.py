@@ -7,7 +7,7 @@ import json
 import sys
 
 from adaspec.cli.model_options import add_model_options
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.methods.spec import DEFAULT_METHOD
 
 
@@ -44,9 +44,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from adaspec.engine.build import load_engine
     from adaspec.engine.loop import GenerationResult, StreamChunk
     from adaspec.errors import InputError
+    from adaspec.methods.build import load_engine
     # Check everything the user typed before spending seconds on loading models.
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     if args.router is not None:

@@ -129,14 +129,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Re-hash every assembled file and cache; print OK/FAIL per model, exit 1 on any FAIL."""
-    from adaspec.store.model_store import get_registry, list_models, verify
+    from adaspec.store.model_store import list_models, model_catalog, verify
 
     names = list(args.names)
     if not names:
         names = [s.name for s in list_models() if s.assembled or s.cached_dtypes]
         if not names:
             print(f"nothing to verify: no model is assembled or cached yet; run "
-                  f"`adaspec models prepare` (known: {', '.join(get_registry())})")
+                  f"`adaspec models prepare` (known: {', '.join(model_catalog())})")
             return 1
     failed = False
     for name in names:

@@ -165,8 +165,8 @@ def _teacher_forced_runs(args, specs, cfg, stream, meta, draft, out):
 
 
 def _engine_runs(args, specs, cfg, stream, meta, draft):
-    from adaspec.engine.build import load_engine
     from adaspec.lab.osd.engine_replay import engine_run, recording_overhead
+    from adaspec.methods.build import load_engine
     from adaspec.online.service import OnlineDistiller
 
     engine = load_engine(f"draft:k={args.k}", target=args.target, draft=draft,

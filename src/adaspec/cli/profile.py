@@ -35,12 +35,14 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     from adaspec.backends.load import load_backends
     from adaspec.cost.cache import profile_for, profile_key, profile_path
+    from adaspec.engine.overhead import loop_overhead_ms
 
     target, tokenizer, draft, _ = load_backends(
         args.target, None if args.no_draft else args.draft, args.dtype, args.quant,
         args.draft_quant,
     )
-    profile = profile_for(target, draft, tokenizer, remeasure=args.force, quiet=True)
+    profile = profile_for(target, draft, tokenizer, remeasure=args.force, quiet=True,
+                          loop_overhead=loop_overhead_ms)
     path = profile_path(profile_key(target, draft))
     print(format_profile(profile, path))
     if args.out:

@@ -167,8 +167,8 @@ def run_collect(args: argparse.Namespace) -> int:
 
 def run_features(args: argparse.Namespace) -> int:
     from adaspec.cli.bench import load_prompts
-    from adaspec.engine.build import build_engine
     from adaspec.lab.router.collect import record_states
+    from adaspec.methods.build import build_engine
 
     prompts = load_prompts(_suites(args.suite), None)
     target, tokenizer, _, eos = _load(args, False)

@@ -103,10 +103,8 @@ def add_s2d_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=run_train)
 
-    from adaspec.lab.s2d.tune import add_tune_arguments
-
     u = s.add_parser("tune", help="per-target thresholds from a grid on validation prompts")
-    add_tune_arguments(u)
+    _add_tune_arguments(u)
 
 
 def _need_name(args: argparse.Namespace) -> None:
@@ -118,9 +116,9 @@ def _need_name(args: argparse.Namespace) -> None:
 
 def run_data(args: argparse.Namespace) -> int:
     from adaspec.cli.bench import parse_suites
-    from adaspec.engine.build import load_engine
     from adaspec.errors import InputError
     from adaspec.lab.s2d.data import collect, split_of, training_prompt_pairs
+    from adaspec.methods.build import load_engine
 
     pairs = training_prompt_pairs(parse_suites(args.suite, None, False))
     if args.only_val:
@@ -162,3 +160,28 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"adaspec s2d train: {out}; tune it with `adaspec s2d tune {out} --target T "
           "--data DATA`", file=sys.stderr)
     return 0
+
+
+def _add_tune_arguments(p: argparse.ArgumentParser) -> None:
+    from adaspec.lab.s2d.tune import DEFAULT_GRID, run_tune
+
+    p.add_argument("artifact", help="the sorted draft (folder or name under $ADASPEC_HOME/s2d)")
+    add_model_options(p, draft=False)
+    p.add_argument("--data", required=True,
+                   help="this target's greedy outputs (`adaspec s2d data --target ...`); "
+                   "its validation rows are used")
+    p.add_argument("--k", default="1,2,3,4,5", help="draft lengths to try (default 1,2,3,4,5)")
+    p.add_argument("--grid", default=",".join(map(str, DEFAULT_GRID)),
+                   help="threshold values per exit (1.01: never stop there)")
+    p.add_argument("--profile", default=None, metavar="FILE|flat|linear:...",
+                   help="prices the target's verification (default: this machine's, measured "
+                   "once and cached); a formula is simulated and is stored as such")
+    p.add_argument("--limit", type=int, default=None, help="validation rows to use")
+    p.add_argument("--draft-weights", default="bfloat16",
+                   choices=("bfloat16", "float32", "int8", "int4"),
+                   help="the sorted draft's weights, as the method's dtype= (default bfloat16)")
+    p.add_argument("--report", default=None, help="also write the whole grid to this JSON")
+    p.add_argument("--no-store", action="store_true",
+                   help="print the best setting, do not write it to the artifact")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_tune)

@@ -16,10 +16,14 @@ import re
 import sys
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaspec.backends.base import ModelBackend
 from adaspec.backends.weights import llama_threads
 from adaspec.cost.profile import CostProfile
+
+if TYPE_CHECKING:
+    from adaspec.cost.measure import LoopOverhead
 from adaspec.errors import InputError
 
 
@@ -85,8 +89,11 @@ def profile_for(
     tokenizer=None,
     remeasure: bool = False,
     quiet: bool = False,
+    *,
+    loop_overhead: LoopOverhead,
 ) -> CostProfile:
-    """This configuration's profile: from the cache, or measured now (and cached)."""
+    """This configuration's profile: from the cache, or measured now (and cached);
+    `loop_overhead` as `cost.measure.measure_profile` takes it."""
     from adaspec.cost.measure import measure_profile
 
     key = profile_key(target, draft)
@@ -100,6 +107,6 @@ def profile_for(
             f"{key['threads']} threads; once per configuration, cached in {profiles_dir()})",
             file=sys.stderr,
         )
-    profile = measure_profile(target, draft, tokenizer, key=key)
+    profile = measure_profile(target, draft, tokenizer, key=key, loop_overhead=loop_overhead)
     profile.save(profile_path(key))
     return profile

@@ -4,8 +4,7 @@ For each context length, the cache is filled once (which times the prompt prefil
 every size n is timed as one forward of n tokens followed by a rollback to the context, in
 rounds that interleave the sizes (a burst of other work on the machine then lands on one
 round of every size, not on every round of one); the median of the rounds after a warm-up
-round is kept. The loop's own per-step overhead is the plain loop's time per token minus the
-bare loop's (a single-token forward and an argmax per token) over the same backend.
+round is kept. The loop's own per-step overhead comes from `engine/overhead.py`, handed in.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,9 +27,11 @@ CONTEXTS = [128, 512]
 REPEATS = 3
 BUDGET_S = 25.0  # the calibration a user waits for once per configuration
 OVERHEAD_TOKENS = 16
+# (target, tokenizer, tokens) -> ms the loop adds per step (engine.overhead.loop_overhead_ms)
+LoopOverhead = Callable[[ModelBackend, Any, int], float]
 
 
-def _context_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
+def context_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
     """Ordinary-looking token ids (the cost does not depend on which tokens)."""
     rng = random.Random(seed)
     hi = max(2, min(vocab, 30000))
@@ -47,7 +49,7 @@ def _time_curve(
     ms: list[list[float]] = []
     prefill_rate = 0.0
     for context_len in contexts:
-        ids = _context_ids(context_len, backend.vocab_size)
+        ids = context_ids(context_len, backend.vocab_size)
         t0 = time.perf_counter()
         backend.prefill(torch.tensor(ids))
         prefill_rate = context_len / (time.perf_counter() - t0)
@@ -68,32 +70,6 @@ def _time_curve(
     return Curve(list(sizes), list(contexts), ms), prefill_rate
 
 
-def _raw_decode_ms(target: ModelBackend, prompt: list[int], tokens: int) -> float:
-    """Per-token time of the bare loop: one single-token forward and an argmax per token."""
-    from adaspec.engine.sampling import argmax
-
-    token = int(argmax(target.prefill(torch.tensor(prompt)).logits[-1]))
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        token = int(argmax(target.forward(torch.tensor([token])).logits[-1]))
-    return 1000 * (time.perf_counter() - t0) / tokens
-
-
-def _loop_overhead_ms(target: ModelBackend, tokenizer, tokens: int) -> float:
-    """What adaspec's plain loop costs per step beyond the bare loop over the same backend
-    (bookkeeping, text assembly, stop checks): both run alternately, the medians compared."""
-    from adaspec.engine.loop import Engine
-
-    engine = Engine(target, tokenizer, eos_token_ids=[])
-    prompt = _context_ids(CONTEXTS[0], target.vocab_size, seed=1)
-    bare, loop = [], []
-    for _ in range(2):
-        bare.append(_raw_decode_ms(target, prompt, tokens))
-        stats = engine.generate(prompt, max_new_tokens=tokens + 1, chat=False).stats
-        loop.append(1000 * (stats.wall_time - stats.prefill_time) / max(1, stats.new_tokens - 1))
-    return max(0.0, statistics.median(loop) - statistics.median(bare))
-
-
 def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 3) -> float:
     """GB/s (bytes read + written) of a large float32 copy, best of `repeats`."""
     src = torch.ones(megabytes * (1 << 20) // 4)
@@ -110,7 +86,7 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 3) -> float:
 def _probe(backend: ModelBackend) -> tuple[float, float, float]:
     """Rough costs to plan the calibration: ms of a 1-token and an 8-token forward, and
     prefill ms per token."""
-    ids = _context_ids(32, backend.vocab_size, seed=2)
+    ids = context_ids(32, backend.vocab_size, seed=2)
     t0 = time.perf_counter()
     backend.prefill(torch.tensor(ids))
     per_token = 1000 * (time.perf_counter() - t0) / len(ids)
@@ -169,9 +145,13 @@ def measure_profile(
     contexts: list[int] | None = None,
     repeats: int = REPEATS,
     progress: bool | None = None,
+    *,
+    loop_overhead: LoopOverhead,
 ) -> CostProfile:
     """Time the target (and draft) on this machine; a progress bar on stderr when it is a
-    terminal (or when `progress` is True)."""
+    terminal (or when `progress` is True). `loop_overhead`: what the decoding loop adds per
+    step over the same backend (`engine.overhead.loop_overhead_ms`; the loop sits above this
+    layer, so its caller hands it in)."""
     from tqdm import tqdm
 
     sizes = sizes or TARGET_SIZES
@@ -202,7 +182,7 @@ def measure_profile(
         if draft is not None:
             draft_curve, draft_rate = _time_curve(draft, draft_sizes, contexts, repeats,
                                                   bar.update)
-        overhead = _loop_overhead_ms(target, tokenizer, OVERHEAD_TOKENS)
+        overhead = loop_overhead(target, tokenizer, OVERHEAD_TOKENS)
         bar.update(OVERHEAD_TOKENS)
     finally:
         bar.close()

@@ -32,6 +32,8 @@ from itertools import accumulate
 import torch
 
 from adaspec.control.base import LengthController
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
@@ -39,8 +41,6 @@ from adaspec.draft.history import HistoryIndex
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
 from adaspec.draft.rates import RateEstimate
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 import torch
 
 from adaspec.control.base import LengthController
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams
 
 
 class Drafter(ABC):

@@ -8,9 +8,9 @@ import torch
 
 from adaspec.backends.base import ModelBackend
 from adaspec.control.base import LengthController
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample
 from adaspec.draft.base import Drafter
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams, argmax, process_logits, sample
 
 if TYPE_CHECKING:
     from adaspec.draft.sorted_model import ExitState

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from adaspec.control.base import LengthController
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.base import Drafter
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 
 

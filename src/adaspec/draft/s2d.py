@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from adaspec.control.base import LengthController
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams
 
 
 class S2DDrafter(ModelDrafter):

@@ -20,11 +20,11 @@ from adaspec import verify
 from adaspec.backends.base import ForwardOutput, ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
+from adaspec.core.metrics import RequestStats
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import SamplingParams, argmax, process_logits, top2_gap
+from adaspec.core.text import TextAssembler
 from adaspec.draft.base import Drafter
-from adaspec.engine.metrics import RequestStats
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import SamplingParams, argmax, process_logits, top2_gap
-from adaspec.engine.text import TextAssembler
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
@@ -53,7 +53,7 @@ class StreamChunk:
 
 class TextGenerator(ABC):
     """What every engine offers a caller: prompts in (text, chat turns or token ids), tokens
-    and text out, streamed or whole. `Engine` decodes; `route.router.RouterEngine` picks an
+    and text out, streamed or whole. `Engine` decodes; `route.router.RoutedGenerator` picks an
     engine per request and lets it decode."""
 
     target: ModelBackend

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from adaspec.control.confidence import HF_DEFAULT_THRESHOLD
 from adaspec.control.disco import GUESSES, STOP_RULES
-from adaspec.engine.token_tree import DEFAULT_MAX_NODES, AutoBranching, parse_branching
+from adaspec.core.token_tree import DEFAULT_MAX_NODES, AutoBranching, parse_branching
 from adaspec.errors import InputError
 from adaspec.methods.params import ChainParams, check, param
 from adaspec.methods.registry import Method, Models

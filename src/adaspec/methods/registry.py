@@ -27,7 +27,7 @@ BUILTIN = (
     "adaspec.methods.draft:METHOD",
     "adaspec.methods.ngram:METHOD",
     "adaspec.methods.auto:METHOD",
-    "adaspec.methods.router:METHOD",
+    "adaspec.route.method:METHOD",
     "adaspec.methods.s2d:METHOD",
 )
 
@@ -51,10 +51,12 @@ class Models:
             return self.profile
         from adaspec.cost.cache import profile_for
         from adaspec.cost.profile import load_profile
+        from adaspec.engine.overhead import loop_overhead_ms
 
         if path:
             return load_profile(path)
-        return profile_for(self.target, self.draft if with_draft else None, self.tokenizer)
+        return profile_for(self.target, self.draft if with_draft else None, self.tokenizer,
+                           loop_overhead=loop_overhead_ms)
 
 
 def _never(params: Any) -> bool:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.core.metrics import RequestStats
+from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine, GenerationResult, StreamChunk, TextGenerator
-from adaspec.engine.metrics import RequestStats
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.route.arms import check_arms
 from adaspec.route.artifact import RouterArtifact, load_artifact
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from adaspec.cost.profile import CostProfile
 
 
-class RouterEngine(TextGenerator):
+class RoutedGenerator(TextGenerator):
     """Routes each request to one of `arms` (name -> Engine sharing one target): it runs the
     target's prefill itself, asking for the prompt's final hidden state, lets the policy
     pick an arm, and hands that arm's engine the prefilled cache to decode from.
@@ -126,7 +126,7 @@ def build_arm_engines(
 ) -> dict[str, Engine]:
     """One engine per arm; `profile` prices the cost-aware arms (auto, DISCO's stop=cost,
     tree=auto), by default each arm's own profile=... or this machine's."""
-    from adaspec.engine.build import build_engine
+    from adaspec.methods.build import build_engine
 
     specs = check_arms(arms)
     return {
@@ -144,9 +144,9 @@ def router_from_artifact(
     mode: str = "greedy",
     seed: int = 0,
     profile: CostProfile | None = None,
-) -> RouterEngine:
-    """A RouterEngine for a trained artifact on loaded backends (checks that they fit)."""
+) -> RoutedGenerator:
+    """A RoutedGenerator for a trained artifact on loaded backends (checks that they fit)."""
     art = load_artifact(artifact) if isinstance(artifact, str) else artifact
     art.check(target=target.name, hidden_size=target.hidden_size)
     engines = build_arm_engines(art.arms, target, tokenizer, draft, eos_token_ids, profile)
-    return RouterEngine(engines, art.policy, mode=mode, seed=seed)
+    return RoutedGenerator(engines, art.policy, mode=mode, seed=seed)

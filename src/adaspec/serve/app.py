@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.methods.registry import METHODS
 from adaspec.serve import auth, errors, responses

@@ -122,7 +122,7 @@ class ModelInstance:
     def engine(self, method: str) -> TextGenerator:
         """The engine of a method string (built on first use; call from the worker only:
         building a cost-aware method may measure the models)."""
-        from adaspec.engine.build import build_engine
+        from adaspec.methods.build import build_engine
 
         with self._lock:
             engine = self._engines.get(method)

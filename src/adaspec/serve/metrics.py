@@ -16,7 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from adaspec.engine.metrics import RequestStats
+from adaspec.core.metrics import RequestStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 RATE_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400, 1000)

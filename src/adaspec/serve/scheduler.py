@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import GenerationResult, StreamChunk
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import AdaspecError, InputError
 from adaspec.serve import errors
 from adaspec.serve.instance import ModelInstance

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adaspec.engine.sampling import SEED_MAX
+from adaspec.core.sampling import SEED_MAX
 
 StrictInt = Annotated[int, Field(strict=True)]
 

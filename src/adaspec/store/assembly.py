@@ -2,7 +2,7 @@
 
 The cache layout is described in `adaspec.store.model_store`. The assembled file is written to a
 temp file beside it and renamed into place only after its size and sha256 matched the
-registry, so an interrupted run never leaves a file that later passes as valid.
+catalog, so an interrupted run never leaves a file that later passes as valid.
 
 Every failure is a `ModelStoreError` whose one-line message names the problem and the fix.
 Part files are found through importlib (`find_spec`), never through hard-coded site-packages
@@ -246,7 +246,7 @@ def _write_parts(parts: list[Path], out: BinaryIO, total: int, desc: str,
     return h.hexdigest()
 
 
-def assemble(name: str, *, registry: Mapping[str, ModelSpec] | None = None,
+def assemble(name: str, *, catalog: Mapping[str, ModelSpec] | None = None,
              progress: bool | None = None) -> Path:
     """Concatenate the parts of built-in model `name` into the cache and return the file.
 
@@ -255,7 +255,7 @@ def assemble(name: str, *, registry: Mapping[str, ModelSpec] | None = None,
     valid. An existing file is reused after a check (a remembered hash if size and mtime are
     unchanged, else a full re-hash).
     """
-    spec = get_spec(name, registry)
+    spec = get_spec(name, catalog)
     final = gguf_path(spec.name)
     if final.exists():
         check_assembled(spec, final, rehash=False, progress=progress)

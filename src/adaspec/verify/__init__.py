@@ -15,14 +15,14 @@ from adaspec.verify.multi_candidate import (
     MCSSVerifier,
     MCSSWithoutReplacementVerifier,
 )
-from adaspec.verify.speculative import SpeculativeSampler, speculative_sample
+from adaspec.verify.speculative import SpeculativeVerifier, speculative_sample
 
 AUTO = "auto"  # greedy at temperature 0; above it, speculative for chains, mcss-wor for trees
 
 VERIFIERS: Registry[Callable[[], Verifier]] = Registry("verifier")
 for _factory in (
     GreedyVerifier,
-    SpeculativeSampler,
+    SpeculativeVerifier,
     MCSSVerifier,
     MCSSWithoutReplacementVerifier,
     MCNSVerifier,
@@ -43,7 +43,7 @@ def choose(
     if verifier is None or verifier == AUTO:
         if greedy or greedy is None:
             return GreedyVerifier()
-        return MCSSWithoutReplacementVerifier() if trees else SpeculativeSampler()
+        return MCSSWithoutReplacementVerifier() if trees else SpeculativeVerifier()
     chosen = VERIFIERS[verifier]() if isinstance(verifier, str) else verifier
     if trees and not chosen.walks_trees:
         raise InputError(
@@ -67,7 +67,7 @@ __all__ = [
     "MCNSVerifier",
     "MCSSVerifier",
     "MCSSWithoutReplacementVerifier",
-    "SpeculativeSampler",
+    "SpeculativeVerifier",
     "Verdict",
     "Verifier",
     "choose",

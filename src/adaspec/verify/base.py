@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaspec.engine.proposal import Proposal
+from adaspec.core.proposal import Proposal
 from adaspec.errors import InputError
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import argmax
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import argmax
 from adaspec.verify.base import Verdict, Verifier
 
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import sample_rows
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import sample_rows
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 

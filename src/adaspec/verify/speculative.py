@@ -7,7 +7,7 @@ processed distribution p, whatever the draft q was.
 
 The work is vectorised over a batch of chains (`speculative_sample`) so one decode step costs
 a handful of tensor ops, and so the statistical tests can draw 10^5 verdicts in milliseconds
-through the very code path `SpeculativeSampler.verify` uses.
+through the very code path `SpeculativeVerifier.verify` uses.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from adaspec.engine.proposal import Proposal
-from adaspec.engine.sampling import sample_rows
+from adaspec.core.proposal import Proposal
+from adaspec.core.sampling import sample_rows
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
@@ -104,7 +104,7 @@ def speculative_sample(
     return accepted, next_token
 
 
-class SpeculativeSampler(Verifier):
+class SpeculativeVerifier(Verifier):
     """Exact speculative sampling for one drafted chain (temperature > 0)."""
 
     name = "speculative"

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
-from adaspec.engine.metrics import RequestStats
-from adaspec.engine.sampling import SamplingParams
+from adaspec.core.metrics import RequestStats
+from adaspec.core.sampling import SamplingParams
 
 
 class _CallRecorder:

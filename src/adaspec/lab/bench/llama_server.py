@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaspec.engine.metrics import RequestStats
+from adaspec.core.metrics import RequestStats
 from adaspec.errors import InputError
 from adaspec.lab.bench.peer_build import SERVER, PeerUnavailable, server_binary
 from adaspec.lab.bench.references import SERVER_SPECS

@@ -39,7 +39,7 @@ from adaspec.backends.llamacpp import (
     model_params_with_extra_buffers,
     repack_choice,
 )
-from adaspec.engine.metrics import RequestStats
+from adaspec.core.metrics import RequestStats
 from adaspec.errors import InputError
 
 __all__ = [

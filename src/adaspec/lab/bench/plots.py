@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from adaspec.engine.metrics import RequestStats  # noqa: E402
+from adaspec.core.metrics import RequestStats  # noqa: E402
 from adaspec.lab.bench.report import OVERALL  # noqa: E402
 from adaspec.store.atomic import atomic_open  # noqa: E402
 

@@ -23,10 +23,9 @@ from pathlib import Path
 from adaspec.backends.attention import batched_attention
 from adaspec.backends.base import ModelBackend
 from adaspec.control.oracle import OracleLength
-from adaspec.engine.build import build_engine
+from adaspec.core.metrics import RequestStats
+from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
-from adaspec.engine.metrics import RequestStats
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.lab.bench.exactness import TIE_TOLERANCE, classify, first_difference
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
@@ -36,6 +35,7 @@ from adaspec.lab.bench.references import parse_bench_method
 from adaspec.lab.bench.report import row_key, summarize, to_markdown
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits
+from adaspec.methods.build import build_engine
 from adaspec.methods.spec import MethodSpec
 from adaspec.store.atomic import trim_torn_tail, write_text
 

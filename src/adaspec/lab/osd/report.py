@@ -1,8 +1,10 @@
-"""The results of `adaspec osd simulate`: run.json, summary.md and the rolling-acceptance
+"""The results of `adaspec osd simulate`: run.json (small), requests.jsonl (a row per request
+and run), summary.md and the rolling-acceptance
 plot."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from adaspec.lab.osd.simulate import RunResult
 from adaspec.lab.osd.stream import StreamRequest, blocks_of
 from adaspec.store.atomic import write_json, write_text
 
+REQUESTS = "requests.jsonl"
 WINDOW = 50
 
 
@@ -65,14 +68,18 @@ def write_results(out: Path, runs: list[RunResult], stream: list[StreamRequest],
     blocks = blocks_of(stream)
     data = {"setup": setup, "blocks": [{"suite": s, "start": a, "end": b}
                                        for s, a, b in blocks], "runs": []}
+    rows = []
     for run in runs:
         data["runs"].append({
             "spec": run.spec, "acceptance": run.acceptance, "seconds": round(run.seconds, 1),
             "block_end_acceptance": block_end_acceptance(run, stream),
             "updates": run.updates,
-            "requests": [r.__dict__ for r in run.requests],
+            "requests": len(run.requests),
         })
+        rows += [json.dumps({"spec": run.spec, **r.__dict__}) + "\n" for r in run.requests]
     write_json(out / "run.json", data, indent=1)
+    # one row per request and run: a dump the commands regenerate, not a summary to commit
+    write_text(out / REQUESTS, "".join(rows))
     write_text(out / "summary.md", summary(runs, stream, setup, profile, tokenizer))
     plot(out / "rolling_acceptance.png", runs, stream)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from adaspec.backends.base import ModelBackend
+from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
-from adaspec.engine.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt

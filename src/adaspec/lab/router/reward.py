@@ -87,7 +87,7 @@ def priced_decode_ms(
     overhead per pass, every draft forward one single-token draft forward (a tree's level
     forwards over that level's nodes) and the draft's prompt prefill when the arm drafted.
     Priced at the prompt's length + half the answer, per turn (the context a step sees)."""
-    from adaspec.engine.token_tree import AutoBranching, tree_node_count
+    from adaspec.core.token_tree import AutoBranching, tree_node_count
 
     if isinstance(branching, AutoBranching):
         raise InputError("a tree=auto arm records its steps' depth, not their shapes: price "

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from adaspec.cli.model_options import add_model_options
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
 from adaspec.errors import InputError
 
@@ -213,34 +212,13 @@ def grid_search(traces, exits, costs, target_ms, ks, grid) -> list[Simulated]:
 
 
 # ----------------------------------------------------------------------------- command
-def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("artifact", help="the sorted draft (folder or name under $ADASPEC_HOME/s2d)")
-    add_model_options(p, draft=False)
-    p.add_argument("--data", required=True,
-                   help="this target's greedy outputs (`adaspec s2d data --target ...`); "
-                   "its validation rows are used")
-    p.add_argument("--k", default="1,2,3,4,5", help="draft lengths to try (default 1,2,3,4,5)")
-    p.add_argument("--grid", default=",".join(map(str, DEFAULT_GRID)),
-                   help="threshold values per exit (1.01: never stop there)")
-    p.add_argument("--profile", default=None, metavar="FILE|flat|linear:...",
-                   help="prices the target's verification (default: this machine's, measured "
-                   "once and cached); a formula is simulated and is stored as such")
-    p.add_argument("--limit", type=int, default=None, help="validation rows to use")
-    p.add_argument("--draft-weights", default="bfloat16",
-                   choices=("bfloat16", "float32", "int8", "int4"),
-                   help="the sorted draft's weights, as the method's dtype= (default bfloat16)")
-    p.add_argument("--report", default=None, help="also write the whole grid to this JSON")
-    p.add_argument("--no-store", action="store_true",
-                   help="print the best setting, do not write it to the artifact")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=run_tune)
-
-
+# (its arguments: `cli/s2d.py`)
 def run_tune(args: argparse.Namespace) -> int:
     from adaspec.backends.load import load_backends
     from adaspec.cost.cache import profile_for
     from adaspec.cost.profile import load_profile
     from adaspec.draft import s2d_artifact
+    from adaspec.engine.overhead import loop_overhead_ms
     from adaspec.lab.s2d.data import read_meta, read_rows
     from adaspec.store.atomic import write_json
 
@@ -257,7 +235,8 @@ def run_tune(args: argparse.Namespace) -> int:
     target, _, _, _ = load_backends(args.target, None, args.dtype, args.quant, "none")
     if meta["target"] != target.name:
         raise InputError(f"{args.data} holds {meta['target']}'s outputs, not {target.name}'s")
-    profile = load_profile(args.profile) if args.profile else profile_for(target, None)
+    profile = (load_profile(args.profile) if args.profile
+               else profile_for(target, None, loop_overhead=loop_overhead_ms))
     print(f"s2d tune: measuring the exits' costs on this machine ({args.draft_weights})",
           file=sys.stderr)
     costs = measure_exit_costs(model)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaspec.engine.token_tree import TokenTree
+from adaspec.core.token_tree import TokenTree
 
 
 @dataclass

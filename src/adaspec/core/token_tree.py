@@ -9,23 +9,18 @@ every node has one child.
 
 Which shape pays depends on the machine: where verifying more tokens is nearly free (a GPU)
 wide trees buy accepted tokens cheaply; where every verified token costs a good part of a
-forward (a CPU), a chain is usually best. `choose_branching` picks the shape with the most
-expected tokens per millisecond under a cost profile (`tree=auto`).
+forward (a CPU), a chain is usually best. `draft.model_tree.choose_branching` picks the shape
+with the most expected tokens per millisecond under a cost profile (`tree=auto`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from adaspec.errors import InputError
-
-if TYPE_CHECKING:
-    from adaspec.cost.profile import CostProfile
 
 DEFAULT_MAX_NODES = 64
 AUTO_TREE = "auto"
@@ -38,17 +33,9 @@ CANDIDATE_SHAPES: tuple[tuple[int, ...], ...] = (
     (4, 1), (4, 2, 1), (4, 2, 1, 1), (4, 2, 2, 1), (4, 2, 2, 1, 1), (4, 4, 2, 1),
     (8, 1), (8, 2, 1), (8, 4, 2, 1),
 )
-# Assumed acceptance per candidate rank, before a request has shown its own: the chance that
-# the draft's r-th candidate is the target's token given that the ones before it were not.
-# Rank 1 agrees about 60% of the time for a small draft of the same family; a second
-# candidate catches about a third of the misses, further ones fewer and fewer (top-2 covers
-# 74%, top-4 82%, top-8 88%). A running estimate per request replaces them as steps are
-# verified (`draft.model_tree.AutoTreeDrafter`).
-DEFAULT_RANK_RATES = (0.6, 0.35, 0.2, 0.15, 0.1, 0.08, 0.06, 0.05)
-
-
 class AutoBranching(tuple):
-    """`tree=auto`: no fixed shape, the drafter picks one per step (`choose_branching`).
+    """`tree=auto`: no fixed shape, the drafter picks one per step
+    (`draft.model_tree.choose_branching`).
     As a shape it is empty; it keeps the node limit and the depth bound of the candidates."""
 
     max_nodes: int
@@ -108,65 +95,6 @@ def tree_node_count(factors: tuple[int, ...] | list[int]) -> int:
         width *= f
         total += width
     return total
-
-
-def level_hit(rates: Sequence[float], candidates: int) -> float:
-    """P(one of the first `candidates` candidates below a node is the target's token), from
-    per-rank rates (rates[r]: rank r + 1 matches given the ones before it missed; ranks past
-    the last rate take the last)."""
-    miss = 1.0
-    for r in range(candidates):
-        miss *= 1.0 - rates[min(r, len(rates) - 1)]
-    return 1.0 - miss
-
-
-def expected_tokens(branching: Sequence[int], rates: Sequence[float]) -> float:
-    """Tokens a step with this regular tree emits on average: 1 (the target's own) + the
-    expected accepted depth, sum over levels of P(a path is accepted down to that level)."""
-    value, p = 1.0, 1.0
-    for b in branching:
-        p *= level_hit(rates, b)
-        value += p
-    return value
-
-
-def tree_step_ms(
-    branching: Sequence[int], profile: CostProfile, context: int | None = None
-) -> float:
-    """What one tree step costs under `profile`, as `draft.model_tree.ModelTreeDrafter` runs it:
-    one draft forward for the root, one per further level over that level's nodes, then
-    one target pass over every node and the root, plus the loop's overhead."""
-    ms = profile.target_ms(tree_node_count(branching) + 1, context) + profile.overhead_ms
-    if branching:
-        ms += profile.draft_ms(1, context)
-        width = 1
-        for b in branching[:-1]:
-            width *= b
-            ms += profile.draft_ms(width, context)
-    return ms
-
-
-def choose_branching(
-    profile: CostProfile,
-    rates: Sequence[float] = DEFAULT_RANK_RATES,
-    candidates: Sequence[tuple[int, ...]] = CANDIDATE_SHAPES,
-    max_depth: int | None = None,
-    max_nodes: int = DEFAULT_MAX_NODES,
-    context: int | None = None,
-) -> tuple[int, ...]:
-    """The candidate shape (cut to `max_depth` levels) with the most expected tokens per ms
-    of measured cost; among equals the one with fewer nodes."""
-    shapes = {c[:max_depth] if max_depth is not None else c for c in candidates}
-    shapes = {c for c in shapes if c and tree_node_count(c) <= max_nodes}
-    if not shapes:
-        raise InputError(f"no candidate tree fits max_depth {max_depth}, max_nodes {max_nodes}")
-    return max(
-        sorted(shapes),
-        key=lambda c: (
-            expected_tokens(c, rates) / tree_step_ms(c, profile, context),
-            -tree_node_count(c),
-        ),
-    )
 
 
 @dataclass
