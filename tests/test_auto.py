@@ -206,6 +206,13 @@ class ScriptedDraft:
         self.steps = 0
         self.cached_len = 0
         self.started_with: list[int] | None = None
+        self.held: list[int] = []  # what the cache holds from an earlier request
+
+    def reusable(self, prompt_ids: list[int]) -> int:
+        n = 0
+        while n < min(len(self.held), len(prompt_ids) - 1) and self.held[n] == prompt_ids[n]:
+            n += 1
+        return n
 
     def start(self, prompt_ids: list[int]) -> None:
         self.started_with = list(prompt_ids)
@@ -295,6 +302,11 @@ def test_the_draft_prefill_is_spread_over_what_the_request_has_produced():
     context = prompt + [1] * (START_HORIZON + 10)
     assert drafter._catch_up_ms(context) == pytest.approx(
         1000 * len(context) / profile.draft_prefill_tokens_per_s / START_HORIZON)
+    # the draft cache still holds the shared start of the previous request's prompt (a chat
+    # template's system turn): only the rest is priced
+    drafter.model.held = prompt[:4] + [99]
+    assert drafter._catch_up_ms(context) == pytest.approx(
+        1000 * (len(context) - 4) / profile.draft_prefill_tokens_per_s / START_HORIZON)
 
 
 # ----------------------------------------------------------------- propose

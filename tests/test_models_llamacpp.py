@@ -98,6 +98,32 @@ def test_prefill_keeps_a_shared_prefix_its_cache_holds(smollm, monkeypatch):
     assert fed[-1] == 8
 
 
+
+def test_a_draft_prompt_prefill_keeps_what_its_cache_shares(smollm, monkeypatch):
+    """A draft model's next request scores only what its cache does not hold already (the
+    previous prompt's shared start); the drafter says beforehand how much that is."""
+    from adaspec.draft.model import ModelDrafter
+
+    _, backend = smollm
+    fed: list[int] = []
+    feed = backend._feed
+
+    def counting_feed(ids, every_row):
+        fed.append(len(ids))
+        return feed(ids, every_row)
+
+    monkeypatch.setattr(backend, "_feed", counting_feed)
+    backend.reset()  # the backend is shared with the tests before
+    drafter = ModelDrafter(backend)
+    first = [1604, 3987, 46477, 24, 94, 727, 13]
+    drafter.start(first)
+    assert fed[-1] == 6  # all but the last prompt token
+    second = first[:5] + [300, 400, 500]
+    assert drafter.reusable(second) == 5
+    drafter.start(second)
+    assert fed[-1] == 2 and backend.cache_len == 7
+
+
 def test_an_engine_reuses_the_prefix_of_its_previous_prompt(smollm):
     """Greedy output after a reused prefix is the output of a fresh prefill."""
     _, target = smollm

@@ -291,7 +291,8 @@ class AutoDrafter(Drafter):
             # pays a prefill it cannot win back), at most START_HORIZON steps.
             rate = self.profile.draft_prefill_tokens_per_s or 1000.0
             produced = len(context) - self._prompt_len
-            return 1000 * len(context) / rate / max(1, min(START_HORIZON, produced))
+            fresh = len(context) - self.model.reusable(context)
+            return 1000 * fresh / rate / max(1, min(START_HORIZON, produced))
         pending = max(1, len(context) - self.model.cached_len)
         return self.profile.draft_ms(pending, len(context)) - self.profile.draft_ms(1, len(context))
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from adaspec.backends.base import ModelBackend
+from adaspec.backends.base import ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample
@@ -34,11 +34,14 @@ def roll_back_to_common_prefix(
 def prefill_prompt(backend: ModelBackend, prompt_ids: list[int]) -> list[int]:
     """Start a request: score the prompt but its last token into an empty draft cache, so
     the draft's prompt prefill is timed on its own and the first draft step feeds two tokens
-    (the last prompt token and the target's first). The tokens now cached."""
-    backend.reset()
+    (the last prompt token and the target's first). A backend that knows what its cache
+    holds keeps the prefix this prompt shares with it (the chat template's system turn of
+    the previous request) instead of scoring it again. The tokens now cached."""
     head = list(prompt_ids[:-1])
     if head:
-        backend.prefill(torch.tensor(head))
+        backend.prefill(torch.tensor(head), reuse=len(head))
+    else:
+        backend.reset()
     return head
 
 
@@ -69,6 +72,12 @@ class ModelDrafter(Drafter):
     def cached_len(self) -> int:
         """Tokens of the accepted context the draft cache holds."""
         return len(self._cached)
+
+    def reusable(self, prompt_ids: list[int]) -> int:
+        """Before `start`: about how many leading tokens of `prompt_ids` the draft cache
+        still holds from this drafter's last request (what its prompt prefill can keep; a
+        backend shared with other drafters may hold less, and keeps only what it holds)."""
+        return common_prefix(self._cached, prompt_ids[:-1])
 
     def pending(self, context: list[int]) -> list[int]:
         """Roll the cache back to what `context` still agrees with; the tokens to feed before
