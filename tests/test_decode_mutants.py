@@ -280,7 +280,8 @@ def test_disco_from_file_passes_every_setting(tmp_path):
     with pytest.raises(InputError) as err:
         DiscoLength.from_file("")
     assert str(err.value) == (
-        "ctrl=disco needs disco=PATH, an artifact from `adaspec disco train` / `tune`")
+        "ctrl=disco needs disco=PATH, an artifact that `adaspec disco collect`, `disco train` "
+        "and `disco tune` build (docs/disco.md)")
 
 
 def test_disco_cost_rule_reads_the_tuned_cap_and_guess():
@@ -531,9 +532,9 @@ class CountingBackend(TorchBackend):
         super().__init__(model)
         self.prefills = 0
 
-    def prefill(self, tokens, hidden_layer=None):
+    def prefill(self, tokens, hidden_layer=None, reuse=0):
         self.prefills += 1
-        return super().prefill(tokens, hidden_layer)
+        return super().prefill(tokens, hidden_layer, reuse)
 
 
 def _cheap_draft_profile():

@@ -36,8 +36,8 @@ class NegatedBackend(TorchBackend):
         out = super().forward(tokens, positions, tree_mask, hidden_layer)
         return ForwardOutput(logits=-out.logits, hidden=out.hidden)
 
-    def prefill(self, tokens, hidden_layer=None) -> ForwardOutput:
-        out = super().prefill(tokens, hidden_layer)
+    def prefill(self, tokens, hidden_layer=None, reuse=0) -> ForwardOutput:
+        out = super().prefill(tokens, hidden_layer, reuse)
         return ForwardOutput(logits=-out.logits, hidden=out.hidden)
 
 
@@ -189,11 +189,11 @@ class SlowPrefillBackend(TorchBackend):
     prefilled: list[list[int]]
     clock: list[float] | None = None
 
-    def prefill(self, tokens, hidden_layer=None) -> ForwardOutput:
+    def prefill(self, tokens, hidden_layer=None, reuse=0) -> ForwardOutput:
         self.prefilled.append(tokens.tolist())
         if self.clock is not None:
             self.clock[0] += PREFILL_PAUSE
-        return super().prefill(tokens, hidden_layer)
+        return super().prefill(tokens, hidden_layer, reuse)
 
 
 def slow_prefill_engine(method: str, target, draft_model) -> tuple[Engine, SlowPrefillBackend]:

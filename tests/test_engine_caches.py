@@ -87,8 +87,8 @@ class ScriptedDraft(TorchBackend):
         super().keep(indices)
         self.tokens = [self.tokens[i] for i in indices.tolist()]
 
-    def prefill(self, tokens, hidden_layer=None) -> ForwardOutput:
-        out = super().prefill(tokens, hidden_layer)
+    def prefill(self, tokens, hidden_layer=None, reuse=0) -> ForwardOutput:
+        out = super().prefill(tokens, hidden_layer, reuse)
         self.tokens = []
         return self._script(out, tokens, None)
 

@@ -216,7 +216,7 @@ class NoHiddenBackend(TorchBackend):
         out = super().forward(tokens, positions, tree_mask, None)
         return ForwardOutput(logits=out.logits)
 
-    def prefill(self, tokens, hidden_layer=None):
+    def prefill(self, tokens, hidden_layer=None, reuse=0):
         return ForwardOutput(logits=super().prefill(tokens).logits)
 
 

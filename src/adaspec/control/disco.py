@@ -90,7 +90,8 @@ class DiscoLength(LengthController):
     ):
         if not path:
             raise InputError(
-                "ctrl=disco needs disco=PATH, an artifact from `adaspec disco train` / `tune`"
+                "ctrl=disco needs disco=PATH, an artifact that `adaspec disco collect`, "
+                "`disco train` and `disco tune` build (docs/disco.md)"
             )
         return cls(DiscoArtifact.load(path), tau, sl_max, stop, profile, guess)
 

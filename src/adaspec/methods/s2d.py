@@ -35,7 +35,9 @@ class S2DParams(ChainParams):
     def __post_init__(self) -> None:
         check(self.k >= 0, "k must be >= 1, or 0 for the tuned k")
         self.check_ctrl_and_verify()
-        check(bool(self.artifact), "give the sorted draft, e.g. s2d:NAME (adaspec s2d train)")
+        check(bool(self.artifact),
+              "give the sorted draft, e.g. s2d:NAME; `adaspec s2d data` then `adaspec s2d train "
+              "--name NAME` build one (about 12 + 14 min on a 2-vCPU EPYC; docs/s2d.md)")
         check(self.ctrl in ("static", "heuristic"),
               "s2d takes ctrl=static or ctrl=heuristic (its exits already adapt per token)")
         check(self.exit >= 0, "exit must be a layer count >= 1, or 0 for every exit")

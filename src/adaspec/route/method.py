@@ -17,7 +17,9 @@ class RouterParams:
     seed: int = param(0, "seed of the dynamic policy (a request's own seed wins)")
 
     def __post_init__(self) -> None:
-        check(bool(self.artifact), "give the router artifact, e.g. router:router.pt")
+        check(bool(self.artifact),
+              "give the router artifact, e.g. router:router.pt; `adaspec router collect` then "
+              "`adaspec router train` build one (docs/router.md)")
         check(self.mode in MODES, "mode must be greedy or dynamic")
 
 
