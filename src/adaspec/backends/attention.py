@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -142,7 +143,8 @@ def use_row_invariant_attention(model: torch.nn.Module) -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ROW_INVARIANT, row_invariant_attention)
-    model.config._attn_implementation = ROW_INVARIANT
+    own: Any = model.config  # a transformers config
+    own._attn_implementation = ROW_INVARIANT
     for sub in model.modules():
         cfg = getattr(sub, "config", None)
         if cfg is not None and cfg is not model.config and hasattr(cfg, "_attn_implementation"):

@@ -204,7 +204,7 @@ class IkLlamaBackend(ChainBackend):
         if not self._model:
             raise IkLlamaUnavailable(f"ik_llama.cpp could not load {gguf}")
         self._ctx = None
-        self._batch = None
+        self._batch: Any = None  # a llama_batch (ctypes) once the context exists
         trained = int(lib.llama_n_ctx_train(self._model))
         n_ctx = min(n_ctx, trained) if trained > 0 else n_ctx
         cparams = lib.llama_context_default_params()

@@ -4,6 +4,7 @@ runtime in a child process, several at once; their tokenizers and end-of-sequenc
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from adaspec.backends.base import ModelBackend
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
@@ -53,6 +54,7 @@ def load_backends(
     if finish_draft is not None:
         draft_backend, draft_tokenizer, _ = finish_draft()
         if draft_tokenizer is not None:  # None: the same tokenizer files as the target's
+            assert draft is not None  # finish_draft exists only for a draft
             check_tokenizer_pair(tokenizer, draft_tokenizer, target, draft)
     return tgt, tokenizer, draft_backend, eos
 
@@ -100,7 +102,7 @@ def start_backend(
         from adaspec.backends.process_backend import ProcessBackend
 
         # fails fast (package missing, no GGUF), before a child process starts
-        args = gguf_backend_args(name, llama_threads(), runtime=quant)
+        args: tuple[Any, ...] = gguf_backend_args(name, llama_threads(), runtime=quant)
         if quant == IK and role == "target":
             args = (*args, True, target_min_rows())  # repacked; blocks only (exact greedy)
         backend = ProcessBackend(IkLlamaBackend if quant == IK else LlamaCppBackend, *args,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -26,13 +27,16 @@ from adaspec.store.token_set import load_token_set
 class RestrictedHeadLM(torch.nn.Module):
     """Runs a causal LM's decoder, then a head sliced to `token_ids`; full-vocabulary logits."""
 
+    token_ids: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, model: torch.nn.Module, token_ids: Sequence[int]) -> None:
         super().__init__()
-        if getattr(model.config, "final_logit_softcapping", None):
+        hf: Any = model  # a transformers CausalLM: config, get_output_embeddings, get_decoder
+        if getattr(hf.config, "final_logit_softcapping", None):
             raise InputError("a restricted head does not support logit soft-capping models")
-        head = model.get_output_embeddings()
-        self.decoder = model.get_decoder()
-        self.config = model.config
+        head = hf.get_output_embeddings()
+        self.decoder = hf.get_decoder()
+        self.config = hf.config
         self.generation_config = getattr(model, "generation_config", None)
         self.full_vocab = int(head.out_features)
         ids = torch.tensor(sorted({int(t) for t in token_ids}), dtype=torch.long)
@@ -78,9 +82,10 @@ class RestrictedHeadBackend(TorchBackend):
     """A TorchBackend over RestrictedHeadLM: same cache handling, full vocab_size."""
 
     def __init__(self, model: torch.nn.Module, token_ids: Sequence[int], name: str) -> None:
-        super().__init__(RestrictedHeadLM(model, token_ids), name=name)
-        self.vocab_size = self.model.full_vocab
-        self.token_ids = self.model.token_ids
+        lm = RestrictedHeadLM(model, token_ids)
+        super().__init__(lm, name=name)  # self.model is lm (eval() returns the module)
+        self.vocab_size = lm.full_vocab
+        self.token_ids = lm.token_ids
 
 
 def restrict_head(backend: ModelBackend, token_ids: Sequence[int]) -> RestrictedHeadBackend:

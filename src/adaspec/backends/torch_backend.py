@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,9 +33,9 @@ class TorchBackend(ModelBackend):
         self.row_invariant = row_invariant
         if row_invariant:
             use_row_invariant_attention(self.model)
-        cfg = model.config
+        cfg: Any = model.config  # a transformers config: its fields vary by architecture
         self.config = cfg
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = int(cfg.vocab_size)
         self.max_context = int(getattr(cfg, "max_position_embeddings", 32768))
         self.num_layers = int(cfg.num_hidden_layers)
         self.hidden_size = int(cfg.hidden_size)
@@ -47,8 +47,9 @@ class TorchBackend(ModelBackend):
     def _weight_bytes_read(self) -> int:
         """Bytes of weights one forward reads: every parameter except the input embedding
         table (only the fed rows of it are touched)."""
-        emb = self.model.get_input_embeddings().weight
-        out = self.model.get_output_embeddings()
+        hf: Any = self.model  # a transformers model (or RestrictedHeadLM): these methods exist
+        emb = hf.get_input_embeddings().weight
+        out = hf.get_output_embeddings()
         total = sum(p.numel() * p.element_size() for p in self.model.parameters())
         total += quantized_bytes(self.model)  # quantized layers keep weights in buffers
         if not hasattr(out, "weight") or emb.data_ptr() != out.weight.data_ptr():

@@ -119,7 +119,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             del loaded
         if args.load:
             loaded = load_model(name, args.dtype)
-            cfg = loaded.model.config
+            cfg: Any = loaded.model.config  # a transformers config
             print(f"{r.name}: loads from the cache in {loaded.load_seconds:.1f} s "
                   f"({args.dtype}, output vocab {cfg.vocab_size}, "
                   f"tokenizer {len(loaded.tokenizer)} tokens)")

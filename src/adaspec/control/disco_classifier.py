@@ -4,6 +4,7 @@ probability that the token just drafted will be accepted (keep drafting when >= 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -15,6 +16,9 @@ from adaspec.errors import InputError
 class DiscoClassifier(nn.Module):
     """Standardise the features (statistics of the training set, kept as buffers so they
     travel with the weights), then Linear -> ReLU -> Linear to two classes."""
+
+    mean: torch.Tensor  # buffers, registered in __init__
+    std: torch.Tensor
 
     def __init__(self, n_features: int, hidden: int = 32) -> None:
         super().__init__()
@@ -31,7 +35,7 @@ class DiscoClassifier(nn.Module):
         """[..., F] features -> [...] P(accepted). The same arithmetic as `forward`, written
         as plain tensor ops on the current weights: the controller calls this after every
         drafted token, and the module-call machinery would cost more than the maths."""
-        first, second = self.net[0], self.net[2]
+        first, second = cast(nn.Linear, self.net[0]), cast(nn.Linear, self.net[2])
         with torch.inference_mode():
             hidden = F.linear((x - self.mean) / self.std, first.weight, first.bias).relu_()
             return F.linear(hidden, second.weight, second.bias).softmax(dim=-1)[..., 1]

@@ -13,6 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -73,7 +74,7 @@ class TextGenerator(ABC):
             if not prompt.strip():
                 raise InputError("prompt is empty: give some text to continue")
             return self._encode_messages([{"role": "user", "content": prompt}], chat)
-        ids = [int(t) for t in prompt]
+        ids = [int(t) for t in cast("Sequence[int]", prompt)]  # chats returned above
         if not ids:
             raise InputError("prompt is empty: give at least one token")
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]

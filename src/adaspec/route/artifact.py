@@ -8,8 +8,10 @@ import pickle
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
+from torch import nn
 
 from adaspec.errors import InputError
 from adaspec.route.policy import RouterPolicy
@@ -69,7 +71,7 @@ def save_artifact(artifact: RouterArtifact, path: str | os.PathLike) -> Path:
         "alpha": float(artifact.alpha),
         "cost": artifact.cost,
         "in_dim": artifact.policy.in_dim,
-        "hidden": int(artifact.policy.net[0].out_features),
+        "hidden": int(cast(nn.Linear, artifact.policy.net[0]).out_features),
         "state_dict": artifact.policy.state_dict(),
         "info": artifact.info,
     }

@@ -14,6 +14,7 @@ by their batch std. The optimum is the best arm per prompt, not a reward-weighte
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ class TrainConfig:
 class RouterPolicy(nn.Module):
     """Standardise -> Linear -> tanh -> Linear -> tanh -> Linear -> logits over arms."""
 
+    mean: torch.Tensor  # buffers, registered in __init__
+    std: torch.Tensor
+
     def __init__(self, in_dim: int, n_arms: int, hidden: int = 512) -> None:
         super().__init__()
         self.net = nn.Sequential(
@@ -64,7 +68,7 @@ class RouterPolicy(nn.Module):
 
     @property
     def n_arms(self) -> int:
-        return int(self.net[-1].out_features)
+        return int(cast(nn.Linear, self.net[-1]).out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net((x.float() - self.mean) / self.std)

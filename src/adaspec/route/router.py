@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -129,8 +129,9 @@ def build_arm_engines(
     from adaspec.methods.build import build_engine
 
     specs = check_arms(arms)
-    return {
-        name: build_engine(spec, target, tokenizer, draft, eos_token_ids, profile=profile)
+    return {  # every arm's method decodes with an Engine (check_arms refuses a router)
+        name: cast(Engine, build_engine(spec, target, tokenizer, draft, eos_token_ids,
+                                        profile=profile))
         for name, spec in specs.items()
     }
 

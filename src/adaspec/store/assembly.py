@@ -20,7 +20,7 @@ import shutil
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from adaspec.errors import ModelStoreError
 from adaspec.store.atomic import atomic_open, clean_stale, write_text
@@ -232,7 +232,7 @@ def check_assembled(spec: ModelSpec, path: Path, *, rehash: bool, progress: bool
     return sha
 
 
-def _write_parts(parts: list[Path], out: BinaryIO, total: int, desc: str,
+def _write_parts(parts: list[Path], out: IO[bytes], total: int, desc: str,
                  progress: bool | None) -> str:
     """Concatenate the parts into `out`, hashing as we go; return the sha256."""
     h = hashlib.sha256()

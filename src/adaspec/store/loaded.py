@@ -42,4 +42,5 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         """Rows of the output head (may exceed len(tokenizer): Qwen pads to 151,936)."""
-        return int(self.model.config.vocab_size)
+        cfg: Any = self.model.config  # a transformers config
+        return int(cfg.vocab_size)

@@ -230,10 +230,15 @@ def cmake_build(tools: dict[str, str], src: Path, build: Path, options: Sequence
                             *options], logf, env)
         if code == 0:
             target_args = [a for t in targets for a in ("--target", t)]
+
+            def on_line(line: str) -> None:
+                p = progress_of(line)
+                if p is not None:
+                    bar.update(p)
+
             code = _run_logged(
                 [tools["cmake"], "--build", str(build), *target_args, "-j", str(jobs)],
-                logf, env,
-                lambda line: (p := progress_of(line)) is not None and bar.update(p),
+                logf, env, on_line,
             )
     bar.done()
     return code, generator[1]

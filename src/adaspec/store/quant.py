@@ -29,9 +29,10 @@ from the same prefill.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,10 @@ class QuantLinear(nn.Module):
     """A Linear whose weight is stored quantized; `state()` is what the disk cache keeps."""
 
     mode: str = ""
+    # Set by every subclass (annotations only, for the type checker): the activation dtype
+    # and the static `quantize(weight) -> state` that builds a `state()` from a float weight.
+    dtype: torch.dtype
+    quantize: ClassVar[Callable[..., dict[str, torch.Tensor]]]
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -100,6 +105,8 @@ class QuantLinear(nn.Module):
 
 class Int8WeightLinear(QuantLinear):
     mode = "int8"
+    qweight: torch.Tensor  # buffers, registered in __init__
+    scales: torch.Tensor
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> None:
@@ -126,6 +133,8 @@ class Int8WeightLinear(QuantLinear):
 
 class Int4WeightLinear(QuantLinear):
     mode = "int4"
+    packed: torch.Tensor  # buffers, registered in __init__
+    scales_and_zeros: torch.Tensor
 
     def __init__(self, packed_nibbles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  bias: torch.Tensor | None, dtype: torch.dtype) -> None:
@@ -185,6 +194,8 @@ class Int8DynamicLinear(QuantLinear):
     """
 
     mode = "int8-dyn"
+    qweight: torch.Tensor  # buffers, registered in __init__
+    scales: torch.Tensor
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> None:
@@ -221,7 +232,8 @@ def _build(mode: str, state: dict[str, torch.Tensor], bias: torch.Tensor | None,
             state["nibbles"], state["scales"], state["zeros"], bias, dtype
         )
     else:
-        module = _MODULES[mode](state["qweight"], state["scales"], bias, dtype)  # type: ignore[call-arg]
+        int8 = cast("type[Int8WeightLinear] | type[Int8DynamicLinear]", _MODULES[mode])
+        module = int8(state["qweight"], state["scales"], bias, dtype)
     if mode in DENSE_PREFILL_MODES and dense is not None:
         module.dense = dense.detach().to(dtype)
     return module
@@ -265,7 +277,7 @@ def prefill_arithmetic(model: nn.Module) -> Iterator[None]:
     for layer in layers:
         layer.use_dense = True
     for lin in plain:  # an instance attribute shadows nn.Linear.forward until removed
-        lin.forward = _plain_prefill_forward(lin)
+        lin.forward = _plain_prefill_forward(lin)  # type: ignore[method-assign]  # why: shadows
     try:
         yield
     finally:
@@ -295,7 +307,7 @@ def quantize_model(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
         return flat
     dtype = _activation_dtype(model)
     for path in linear_paths(model):
-        lin = model.get_submodule(path)
+        lin = cast(nn.Linear, model.get_submodule(path))  # linear_paths lists nn.Linear only
         state = _MODULES[mode].quantize(lin.weight)
         module = _build(mode, state, lin.bias, dtype, lin.weight)
         _set_module(model, path, module)
@@ -312,7 +324,7 @@ def load_quantized_state(model: nn.Module, mode: str, flat: dict[str, torch.Tens
         state = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
         if not state:
             raise KeyError(path)
-        lin = model.get_submodule(path)
+        lin = cast(nn.Linear, model.get_submodule(path))  # linear_paths lists nn.Linear only
         module = _build(mode, state, lin.bias, dtype, lin.weight)
         if (module.in_features, module.out_features) != (lin.in_features, lin.out_features):
             raise ValueError(f"{path}: stored shape does not match the model")
@@ -320,7 +332,8 @@ def load_quantized_state(model: nn.Module, mode: str, flat: dict[str, torch.Tens
 
 
 def _activation_dtype(model: nn.Module) -> torch.dtype:
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    hf = cast(Any, model)  # a Hugging Face model has get_input_embeddings(); others may not
+    emb = hf.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if emb is not None:
         return emb.weight.dtype
     return next(model.parameters()).dtype
@@ -351,4 +364,5 @@ def set_linear_weight(model: nn.Module, path: str, weight: torch.Tensor) -> None
     if isinstance(layer, QuantLinear):
         _set_module(model, path, requantized(layer, weight))
     else:
-        layer.weight.data.copy_(weight.to(layer.weight.dtype))
+        lin = cast(nn.Linear, layer)
+        lin.weight.data.copy_(weight.to(lin.weight.dtype))

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from adaspec.errors import InputError, ModelStoreError
 from adaspec.store.assembly import models_dir, sha256_file
@@ -74,7 +75,7 @@ def count_target_outputs(
     (other token ids). Returns (counts, provenance)."""
     excluded = set(exclude_prompts)
     outputs: dict[str, list[tuple[int, ...]]] = {}
-    sources = []
+    sources: list[dict[str, Any]] = []
     for path in results:
         if not path.is_file():
             raise InputError(f"results file not found: {path}")

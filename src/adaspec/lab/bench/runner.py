@@ -16,7 +16,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from adaspec.backends.base import ModelBackend
 from adaspec.control.oracle import OracleLength
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
-from adaspec.engine.loop import Engine
+from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
 from adaspec.lab.bench.exactness import TIE_TOLERANCE, classify, first_difference
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
@@ -183,7 +183,7 @@ class BenchRunner:
         tokenizer,
         draft: ModelBackend | None = None,
         eos_token_ids: list[int] | None = None,
-        engines: dict[str, Engine] | None = None,
+        engines: Mapping[str, TextGenerator] | None = None,
         progress: bool = True,
         log: Callable[[str], None] | None = None,
         target_gguf: str | Path | None = None,
@@ -208,7 +208,7 @@ class BenchRunner:
         }
         self.backends: dict[str, tuple[ModelBackend, ModelBackend | None]] = {}
         self.specs: dict[str, MethodSpec | None] = {}
-        self.engines: dict[str, Engine] = {}
+        self.engines: dict[str, TextGenerator] = {}
         # one llama.cpp decoder (a child process, or a llama-server) per llama.cpp method
         self.reference_decoders: dict[str, Decoder] = {}
         self.skipped: dict[str, str] = {}
@@ -431,8 +431,9 @@ class BenchRunner:
             steps += [[int(d), int(a)] for d, a in stats.steps]
             for part, n in stats.drafted_by.items():
                 drafted_by[part] = drafted_by.get(part, 0) + n
-            if getattr(stats, "timings", None) is not None:  # a peer's own figures, per turn
-                peer_timings.append(stats.timings)
+            timings = getattr(stats, "timings", None)  # a peer's own figures, per turn
+            if timings is not None:
+                peer_timings.append(timings)
                 replayed = replayed or bool(getattr(stats, "replayed_ids", False))
         wall, tokens = total["wall_time"], total["new_tokens"]
         turns = len(answers)

@@ -19,7 +19,7 @@ import torch
 
 from adaspec.backends.base import ModelBackend
 from adaspec.core.sampling import SamplingParams
-from adaspec.engine.loop import Engine
+from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
@@ -60,7 +60,7 @@ def _check_meta(folder: Path, meta: dict, overwrite: bool) -> None:
 
 def record_states(
     prompts: list[Prompt],
-    engine: Engine,
+    engine: TextGenerator,
     out: Path,
     max_new_tokens: int = 0,
     sample_temperature: float = 0.0,
