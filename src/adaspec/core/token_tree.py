@@ -16,6 +16,7 @@ with the most expected tokens per millisecond under a cost profile (`tree=auto`)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -88,7 +89,7 @@ def parse_branching(text: str, max_nodes: int = DEFAULT_MAX_NODES) -> tuple[int,
     return tuple(factors)
 
 
-def tree_node_count(factors: tuple[int, ...] | list[int]) -> int:
+def tree_node_count(factors: Sequence[int]) -> int:
     """Drafted nodes (root excluded) of a regular tree with these branching factors."""
     total, width = 0, 1
     for f in factors:

@@ -318,7 +318,7 @@ class AutoDrafter(Drafter):
                 n, value = self._best_length(rate, len(ngram_tokens), 0.0, 0.0, ctx)
                 options.append((value, "ngram", n))
         history_tokens: list[int] = []
-        cells: list[tuple[int, int]] = []
+        cells: list[tuple[int, int, int]] = []
         # A seeded sampled request stays reproducible: its proposals (hence the random
         # numbers its verification draws) must not depend on what earlier requests taught.
         if self.history is not None and limit > 0 and (params.greedy or params.seed is None):

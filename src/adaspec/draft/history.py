@@ -54,6 +54,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from adaspec.errors import InputError
 
@@ -218,7 +219,9 @@ class HistoryIndex:
                 if n > i:
                     break
                 k = key & masks[n]
-                value = table.get(k)
+                # int | _Many | None; told apart by `__class__ is int` (cheaper than isinstance
+                # here), which the type checker does not narrow on
+                value: Any = table.get(k)
                 if add:
                     if value is None:
                         table[k] = one | token

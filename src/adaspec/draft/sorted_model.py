@@ -15,6 +15,7 @@ sampling stays exact.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ class SortedConfig:
     def from_hf(cls, config, exits: tuple[int, ...]) -> SortedConfig:
         """From a transformers Qwen2/Llama-style config (rope_theta in either place)."""
         rope = getattr(config, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+        theta: Any = rope.get("rope_theta") if isinstance(rope, dict) else None
         theta = theta or getattr(config, "rope_theta", 10000.0)
         return cls(
             vocab_size=int(config.vocab_size),
@@ -167,6 +168,8 @@ class DecoderLayer(nn.Module):
 
 class SortedDraftLM(nn.Module):
     """Embeddings, `exits[-1]` decoder layers, one final norm and one head for every exit."""
+
+    token_ids: torch.Tensor  # a buffer, registered in __init__
 
     def __init__(self, cfg: SortedConfig, token_ids: torch.Tensor | None = None) -> None:
         super().__init__()

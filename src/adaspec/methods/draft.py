@@ -5,6 +5,7 @@ under the cost profile)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from adaspec.control.confidence import HF_DEFAULT_THRESHOLD
 from adaspec.control.disco import GUESSES, STOP_RULES
@@ -12,6 +13,9 @@ from adaspec.core.token_tree import DEFAULT_MAX_NODES, AutoBranching, parse_bran
 from adaspec.errors import InputError
 from adaspec.methods.params import ChainParams, check, param
 from adaspec.methods.registry import Method, Models
+
+if TYPE_CHECKING:
+    from adaspec.draft.base import Drafter
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ def _build(params: DraftParams, models: Models, text: str):
                 )
     draft = with_stored_vocab(models.draft, params.vocab)
     profile = models.cost_profile(params.profile) if params.prices_steps else None
+    drafter: Drafter
     if tree is None:
         drafter = ModelDrafter(draft)
         controller = CONTROLLERS[params.ctrl].build(params, profile)

@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -79,7 +80,8 @@ def student_sample(student: Student, record: RequestRecord, n: int, rng: random.
     start = rng.choice(record.positions)
     context = list(record.tokens[:start])
     gen = torch.Generator().manual_seed(rng.getrandbits(62))
-    cache = DynamicCache(config=student.model.config)
+    config: Any = student.model.config  # a transformers config
+    cache = DynamicCache(config=config)
     feed = torch.tensor([context])
     out: list[int] = []
     for _ in range(n):
@@ -125,7 +127,9 @@ def distill(student: Student, optimizer: torch.optim.Optimizer,
         samples = []
         for record in batch:
             own = cfg.sampling == "student" or (cfg.sampling == "mixed" and rng.random() < 0.5)
-            samples.append(student_sample(student, record, cfg.student_tokens, rng, scorer)
+            # own: sampling is not "teacher", so a scorer was given (checked above)
+            samples.append(student_sample(student, record, cfg.student_tokens, rng,
+                                          cast("TargetScorer", scorer))
                            if own else teacher_sample(record, cfg.max_positions, rng))
         total = sum(len(s.positions) for s in samples)
         optimizer.zero_grad(set_to_none=True)

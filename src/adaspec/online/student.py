@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -19,7 +20,16 @@ from torch import nn
 from adaspec.errors import InputError
 
 
-def decoder_of(model: nn.Module) -> nn.Module:
+class DecoderStack(Protocol):
+    """What the student reads of a transformers decoder stack (`model.model`)."""
+
+    embed_tokens: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
+    rotary_emb: nn.Module
+
+
+def decoder_of(model: nn.Module) -> DecoderStack:
     """The decoder stack (`model.model` of a transformers causal LM: embed_tokens, layers,
     norm, rotary_emb)."""
     inner = getattr(model, "model", None)
@@ -105,7 +115,8 @@ class Student:
         hidden = self.boundary(tokens, cache)[:, :end]
         hidden = self._run(hidden, list(self.inner.layers)[self.split:])
         rows = self.inner.norm(hidden)[0, [p - 1 for p in positions]]
-        return torch.log_softmax(self.model.lm_head(rows).float(), dim=-1)
+        head = cast(nn.Module, self.model.lm_head)
+        return torch.log_softmax(head(rows).float(), dim=-1)
 
     @torch.no_grad()
     def predictions(self, tokens: Sequence[int], start: int) -> torch.Tensor:
