@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from adaspec.cli.model_options import add_model_options
 
 # Plain decoding, llama.cpp's own plain loop and prompt lookup (what a CPU user has), the
 # default method and two static ones. (`hf-assisted` needs torch weights: --quant none.)
 DEFAULT_METHODS = "ar,llamacpp,llamacpp-lookup:k=4,auto,ngram,draft:k=3"
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {
     "suite": "spec-bench",
     "limit": None,
     "methods": DEFAULT_METHODS,
@@ -29,7 +30,7 @@ DEFAULTS = {
     "repeats": 1,
 }
 # Presets; any option given on the command line overrides the preset's value.
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         # 1 Spec-Bench prompt per category (6; the MT-bench one has two turns) + 2 HumanEval
         "suite": "spec-bench:1,humaneval:2",

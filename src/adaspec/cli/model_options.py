@@ -33,6 +33,7 @@ def add_model_options(
     commands that take the quantization from such a file too. default_quant: the weights
     when --quant is not given (`auto`: the fastest this machine has)."""
     where = "built-in model name, HF model directory or .gguf path"
+    defaults: tuple[str | None, str | None]
     if default_from is None:
         defaults = (TARGET_DEFAULT, DRAFT_DEFAULT)
     else:

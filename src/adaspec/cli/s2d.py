@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from adaspec.cli.model_options import add_model_options
 
@@ -130,7 +131,8 @@ def run_data(args: argparse.Namespace) -> int:
                          args.draft_quant)
     print(f"adaspec s2d data: {len(pairs)} prompts, greedy, {args.max_new_tokens} new tokens "
           f"-> {out}", file=sys.stderr)
-    collect(pairs, engine, str(getattr(engine, "target", engine).name), out,
+    target: Any = getattr(engine, "target", engine)  # a backend: it has a name
+    collect(pairs, engine, str(target.name), out,
             args.max_new_tokens, args.method, args.val_fraction, progress=not args.no_progress)
     print(f"adaspec s2d data: done; train with `adaspec s2d train --data {out} --name NAME`",
           file=sys.stderr)

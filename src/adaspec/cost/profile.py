@@ -20,6 +20,7 @@ import os
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from adaspec.errors import InputError
 from adaspec.store.atomic import write_json
@@ -180,9 +181,10 @@ class CostProfile:
         if kind != "linear":
             raise InputError(f"unknown cost formula {text!r}: use 'flat' or "
                              "'linear:target_ms=A,per_token_ms=B,draft_ms=C,draft_per_token_ms=D'")
-        values = {"target_ms": None, "per_token_ms": 0.0, "draft_ms": None,
-                  "draft_per_token_ms": 0.0, "prefill_tokens_per_s": 0.0,
-                  "draft_prefill_tokens_per_s": 0.0}
+        # floats; target_ms and draft_ms None until given (target_ms is required)
+        values: dict[str, Any] = {"target_ms": None, "per_token_ms": 0.0, "draft_ms": None,
+                                  "draft_per_token_ms": 0.0, "prefill_tokens_per_s": 0.0,
+                                  "draft_prefill_tokens_per_s": 0.0}
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq or key.strip() not in values:

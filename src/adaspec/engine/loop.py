@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -119,7 +119,7 @@ class TextGenerator(ABC):
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         chat: bool = True,
-    ) -> Iterator[StreamChunk | GenerationResult]:
+    ) -> Generator[StreamChunk | GenerationResult, None, None]:
         """Yield StreamChunks as tokens are accepted, then the final GenerationResult."""
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):

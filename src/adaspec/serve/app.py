@@ -122,7 +122,9 @@ def create_app(config: ServeConfig, instance: ModelInstance | None = None) -> Fa
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = state.instance is None
-        loaded = state.instance or await run_in_threadpool(ModelInstance.load, config)
+        loaded = state.instance
+        if loaded is None:
+            loaded = await run_in_threadpool(ModelInstance.load, config)
         scheduler = state.start(loaded)
         try:
             yield

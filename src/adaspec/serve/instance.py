@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from adaspec.backends.base import ModelBackend
 from adaspec.engine.loop import TextGenerator
@@ -18,6 +19,9 @@ from adaspec.errors import InputError
 from adaspec.methods.spec import MethodSpec, parse_method
 from adaspec.serve.config import ServeConfig
 from adaspec.serve.history import ServedHistory
+
+if TYPE_CHECKING:
+    from adaspec.online.service import OnlineDistiller
 
 # method parameters that name files on the server's disk: a request may not set them (it
 # could make the server read any file); the server's own --method may
@@ -47,7 +51,7 @@ class ModelInstance:
         # the default engine is built now: a bad --method fails at startup, and a cost-aware
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
-        self.online = None  # an online.service.OnlineDistiller, see `start_online`
+        self.online: OnlineDistiller | None = None  # see `start_online`
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelInstance:
@@ -154,12 +158,14 @@ class ModelInstance:
             self.history.request_done(engine)
 
     def close(self) -> None:
-        if getattr(self, "history", None) is not None:
+        history: ServedHistory | None = getattr(self, "history", None)
+        if history is not None:
             with self._lock:
                 engines = list(self._engines.values())
-            self.history.close(engines)
-        if getattr(self, "online", None) is not None:
-            self.online.close()
+            history.close(engines)
+        online: OnlineDistiller | None = getattr(self, "online", None)
+        if online is not None:
+            online.close()
         for backend in (self.draft, self.target):
             close = getattr(backend, "close", None)
             if callable(close):

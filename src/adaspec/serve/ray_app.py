@@ -45,7 +45,8 @@ def build_deployment(config: ServeConfig, replicas: int, cpus_per_replica: float
 
             return create_app(self.config, self.instance)
 
-    return AdaspecReplica.bind(config)
+    # serve.deployment made the class a Deployment, but mypy ignores class decorators' types
+    return AdaspecReplica.bind(config)  # type: ignore[attr-defined]  # why: class decorator
 
 
 def run_ray(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0) -> int:

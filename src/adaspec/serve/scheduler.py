@@ -173,6 +173,7 @@ class Scheduler:
                 job = self._current = self._waiting.popleft() if self._waiting else None
             if job is None:
                 try:
+                    assert online is not None  # no job: only an idle poll, i.e. online is set
                     online.collect()
                 except Exception:  # distillation never stops the server
                     log.exception("online distillation: collecting updates failed")

@@ -229,8 +229,8 @@ class CompletionRequest(GenerationRequest):
         if isinstance(self.prompt, str):
             return self.prompt
         if isinstance(self.prompt[0], str):
-            return self.prompt[0]  # type: ignore[return-value]
-        return list(self.prompt)  # type: ignore[arg-type]
+            return self.prompt[0]
+        return list(self.prompt)
 
 
 # ------------------------------------------------------------------------- responses

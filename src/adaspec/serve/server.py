@@ -68,8 +68,12 @@ def run(config: ServeConfig, instance: ModelInstance | None = None,
               flush=True)
 
     drain = config.drain_timeout if config.drain_timeout is not None else config.timeout
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                               timeout_graceful_shutdown=drain, lifespan="on")
+    # uvicorn annotates the drain timeout int; it is asyncio.wait_for's timeout: a float works
+    uv_config = uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=log_level,
+        timeout_graceful_shutdown=drain,  # type: ignore[arg-type]  # why: float is fine
+        lifespan="on",
+    )
     server = DrainingServer(uv_config, on_exit=draining, on_started=started)
     try:
         server.run()
