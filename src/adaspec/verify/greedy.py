@@ -42,7 +42,8 @@ class GreedyVerifier(Verifier):
             drafted = torch.tensor(tree.tokens[1:], dtype=best.dtype)
             accepted = int((best[:k] == drafted).int().cumprod(0).sum())
             return Verdict(list(range(1, accepted + 1)), int(best[accepted]))
-        node, path = 0, []
+        node = 0
+        path: list[int] = []
         while True:
             want = int(best[node])
             nxt = next((c for c in tree.children[node] if tree.tokens[c] == want), None)

@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from adaspec.core.metrics import RequestStats
 from adaspec.errors import InputError
@@ -296,8 +297,9 @@ class LlamaServerDecoder:
         self.spec = spec
         self.binary = Path(binary)
         self.log_path = Path(log_path)
-        self._settings = dict(spec=spec, gguf=gguf, n_threads=n_threads, draft_gguf=draft_gguf,
-                              n_max=n_max, p_min=p_min, n_ctx=n_ctx)
+        self._settings: dict[str, Any] = dict(
+            spec=spec, gguf=gguf, n_threads=n_threads, draft_gguf=draft_gguf, n_max=n_max,
+            p_min=p_min, n_ctx=n_ctx)
         self._may_fall_back = repack is None
         self._served = 0
         self.repack_choice = RepackChoice(True, f"{SERVER}'s default") if repack is None else \
@@ -356,7 +358,7 @@ class LlamaServerDecoder:
                   ) -> tuple[list[int], PeerStats]:
         body = self._body(prompt_ids, max_new_tokens)
         ids: list[int] = []
-        final: dict = {}
+        final: dict[str, Any] = {}
         first = None
         t_start = time.perf_counter()
         t_end = t_start
@@ -371,7 +373,7 @@ class LlamaServerDecoder:
         else:
             self.server.check_alive()
             raise PeerUnavailable(f"{SERVER}: the stream ended without a final event")
-        timings = dict(final.get("timings") or {})
+        timings: dict[str, Any] = dict(final.get("timings") or {})
         predicted = int(final.get("tokens_predicted", timings.get("predicted_n", len(ids))))
         replayed = False
         if predicted != len(ids):
@@ -440,6 +442,7 @@ def open_server_decoder(
     if spec not in SPEC_TYPES:
         raise InputError(f"llama-server: unknown spec {spec!r}; use one of {'|'.join(SPEC_TYPES)}")
     check_greedy_gguf(gguf, temperature)
+    assert gguf is not None  # check_greedy_gguf refuses None
     draft_gguf = None
     if spec == DRAFT_SPEC:
         draft_gguf = gguf_file(draft) if draft else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from adaspec.backends.llamacpp import (
     DEFAULT_CONTEXT,
@@ -107,7 +107,7 @@ class LlamaCppDecoder:
     def _load(self, n_ctx: int) -> None:
         import llama_cpp
 
-        self.llm = None  # free the old context before allocating the new one
+        self.llm: Any = None  # free the old context before allocating the new one
         self.llm = load_llama(self.gguf, n_ctx, self.n_threads, extra_buffers=self.repack)
         self.n_ctx = int(self.llm.n_ctx())
         self.n_vocab = int(self.llm.n_vocab())
@@ -278,6 +278,7 @@ class SpeculativeDecoder:
         self.repack = repack
         self.k = int(params.get("k", 4))
         self.gguf_draft: GgufDraft | None = None
+        inner: object  # a LlamaDraftModel (GgufDraft is registered as one at load)
         if method == LOOKUP:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -304,7 +305,7 @@ class SpeculativeDecoder:
         llama = import_llama()
         LlamaDraftModel.register(_TimedDraft)
         LlamaDraftModel.register(GgufDraft)
-        self.llm = None  # free the old context before allocating the new one
+        self.llm: Any = None  # free the old context before allocating the new one
         try:
             with model_params_with_extra_buffers(self.repack):
                 llm = llama(
@@ -351,7 +352,8 @@ class SpeculativeDecoder:
         eos = set(eos_token_ids)
         stats = RequestStats(prompt_tokens=len(prompt_ids))
         self.draft.time = 0.0
-        self._evals = evals = []
+        evals: list[tuple[list[int], float]] = []
+        self._evals = evals
         out: list[int] = []
         source: list[int] = []  # per new token, the target eval whose logits gave it
         llm = self.llm
@@ -416,6 +418,7 @@ def open_decoder(
         raise InputError(f"{method}: n_max must be >= 1")
     import_llama()
     check_greedy_gguf(gguf, temperature)
+    assert gguf is not None  # check_greedy_gguf refuses None
     threads = torch.get_num_threads()
     draft_gguf: str | None = None
     if method == DRAFT:

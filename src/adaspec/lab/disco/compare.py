@@ -193,6 +193,7 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
     target, tokenizer, draft, eos = load_backends(
         args.target or target_name, args.draft or draft_name, args.dtype, quant, draft_quant
     )
+    assert draft is not None  # a draft model was named (by the artifact or --draft)
     arts[0][1].check_pair(target.name, draft.name)  # every artifact names the same pair
     runner = BenchRunner(
         config, target, tokenizer, draft, eos_token_ids=eos, progress=not args.no_progress

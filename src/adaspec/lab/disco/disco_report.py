@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.lab.bench.report import SCOPES, method_entry, row_key
@@ -184,7 +185,7 @@ def _mean_of_suites(measured: dict, suites: list[str]) -> dict:
     for prefix in COMPARED:
         for key in (f"{prefix}disco_vs_static", f"{prefix}disco_vs_heuristic",
                     f"{prefix}disco_cost_vs_static"):
-            vals = [
+            vals: list[Any] = [  # ratios, or None where a suite has none
                 t.get(key) if t["compare"]["home_artifact"] == s else None
                 for s, t in ((s, measured[f"{s} (all)"]) for s in suites)
             ]

@@ -123,7 +123,8 @@ def evaluate(
         k, t = int(st["sl_max"]), float(st.get("threshold", NEVER_STOP))
         if family == "disco-cost":
             guess = str(st.get("guess", "last"))
-            scores = [disco_scores(s, classifier, spec, k) for s in samples]
+            scores: list[torch.Tensor | None] = [disco_scores(s, classifier, spec, k)
+                                                 for s in samples]
             res = simulate_all(hits, scores, NEVER_STOP, k, costs, stop="cost", guess=guess)
             out[family] = _cost_row(k, guess, res)
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from adaspec.lab.osd.simulate import RunResult
 from adaspec.lab.osd.stream import StreamRequest, blocks_of
@@ -49,9 +50,9 @@ def precision_recall(guesses: list[list[int]], stream: list[StreamRequest], top:
                      ) -> dict[int, tuple[float, float, int]]:
     """Per token among the `top` most frequent in the outputs: (precision, recall, count) of
     the draft's greedy guesses (the paper's Table 2)."""
-    truth = Counter()
-    guessed = Counter()
-    hit = Counter()
+    truth: Counter[int] = Counter()
+    guessed: Counter[int] = Counter()
+    hit: Counter[int] = Counter()
     for g, r in zip(guesses, stream, strict=True):
         for a, b in zip(g[1:], r.output[1:], strict=True):  # the first token is the prefill's
             truth[b] += 1
@@ -66,7 +67,7 @@ def write_results(out: Path, runs: list[RunResult], stream: list[StreamRequest],
                   profile=None, tokenizer=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     blocks = blocks_of(stream)
-    data = {"setup": setup, "blocks": [{"suite": s, "start": a, "end": b}
+    data: dict[str, Any] = {"setup": setup, "blocks": [{"suite": s, "start": a, "end": b}
                                        for s, a, b in blocks], "runs": []}
     rows = []
     for run in runs:

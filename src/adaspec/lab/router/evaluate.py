@@ -60,7 +60,7 @@ def speedups(rows: list[dict], methods: list[str]) -> dict[str, dict[str, float 
     out[OVERALL] = {m: e["speedup"] for m, e in summary["methods"].items()}
     cats = [c for c in out if c != OVERALL]
     out[MEAN] = {
-        m: statistics.mean(out[c][m] for c in cats if out[c].get(m) is not None)  # type: ignore[misc]
+        m: statistics.mean(v for c in cats if (v := out[c].get(m)) is not None)
         for m in out[OVERALL]
         if any(out[c].get(m) is not None for c in cats)
     }

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -195,7 +196,8 @@ def train(cfg: TrainConfig, resume: bool = True, progress: bool = True) -> Path:
                                               cfg.distill)
             if not counted:  # every output token outside the kept set
                 continue
-            loss = sum(w * v for w, v in zip(weights, losses, strict=True) if w)
+            # a tensor: at least one weight is non-zero (the last exit's is always 1.0)
+            loss = cast(torch.Tensor, sum(w * v for w, v in zip(weights, losses, strict=True) if w))
             (loss / cfg.accumulate).backward()
             for j, v in enumerate(losses):
                 sums[j] += float(v.detach()) / cfg.accumulate

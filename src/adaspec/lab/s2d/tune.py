@@ -276,12 +276,12 @@ def run_tune(args: argparse.Namespace) -> int:
             kept = per_setting.get(r.thresholds)
             if kept is None or r.tokens / r.ms > kept.tokens / kept.ms:
                 per_setting[r.thresholds] = r
-        grid = [{"thresholds": list(r.thresholds), "k": r.k, "speedup": round(r.speedup, 3),
-                 "mean_accepted": round(r.mean_accepted, 3),
-                 "exit_share": [round(s, 3) for s in r.exit_share]}
-                for r in per_setting.values()]
+        grid_rows = [{"thresholds": list(r.thresholds), "k": r.k,
+                      "speedup": round(r.speedup, 3), "mean_accepted": round(r.mean_accepted, 3),
+                      "exit_share": [round(s, 3) for s in r.exit_share]}
+                     for r in per_setting.values()]
         write_json(args.report, {"target": target.name, "exits": list(exits), **record,
-                                 "grid": grid}, indent=None)
+                                 "grid": grid_rows}, indent=None)
     if not args.no_store:
         if profile.simulated:
             raise InputError("a simulated profile's thresholds are not stored (they would "
