@@ -32,7 +32,7 @@ class S2DDrafter(ModelDrafter):
         # an exit whose threshold is 0 always answers: the exits after it are never reached
         reach = next((i for i, t in enumerate(thresholds) if t <= 0.0), len(exits) - 1)
         exits, thresholds = exits[: reach + 1], tuple(thresholds[:reach])
-        super().__init__(ExitState(model, exits))  # type: ignore[arg-type]
+        super().__init__(ExitState(model, exits))  # type: ignore[arg-type]  # why: duck-typed
         self.model = model
         self.thresholds = (*thresholds, 0.0)
         self.labels = [f"exit {e}" for e in exits]
@@ -40,7 +40,7 @@ class S2DDrafter(ModelDrafter):
 
     @property
     def state(self) -> ExitState:
-        return self.backend  # type: ignore[return-value]
+        return self.backend  # type: ignore[return-value]  # why: the ExitState given to __init__
 
     def start(self, prompt_ids: list[int]) -> None:
         """Run the prompt but its last token through every reachable layer in one batched

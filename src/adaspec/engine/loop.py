@@ -13,7 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -69,7 +69,7 @@ class TextGenerator(ABC):
         """Token ids of a prompt: text, token ids, or a chat as a list of
         {"role", "content"} messages ending with a user turn (multi-turn conversations)."""
         if isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], dict):
-            return self._encode_messages(list(prompt), chat)  # type: ignore[arg-type]
+            return self._encode_messages(list(cast("Sequence[dict]", prompt)), chat)
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("prompt is empty: give some text to continue")
@@ -90,15 +90,16 @@ class TextGenerator(ABC):
             raise InputError("a chat message is empty: every turn needs some text")
         if self.tokenizer is None:
             raise InputError("this engine has no tokenizer: pass the prompt as token ids")
-        if chat and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        tok: Any = self.tokenizer  # a transformers tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True
             )
             if hasattr(ids, "keys"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return [int(t) for t in ids]
         text = "\n".join(str(m["content"]) for m in messages)  # no template: plain turns
-        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]  # type: ignore[attr-defined]
+        return [int(t) for t in tok.encode(text, add_special_tokens=False)]
 
     def _check_lengths(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:

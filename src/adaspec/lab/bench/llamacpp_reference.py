@@ -442,7 +442,7 @@ def open_decoder(
         factory, args = SpeculativeDecoder, (str(gguf), threads, method, params, draft_gguf,
                                              SPECULATIVE_CONTEXT, repack.on)
     decoder = ChildDecoder(factory, *args) if isolated else factory(*args)
-    decoder.repack_choice = repack  # type: ignore[attr-defined]
+    decoder.repack_choice = repack  # type: ignore[attr-defined]  # why: not in the Decoder protocol
     return decoder
 
 

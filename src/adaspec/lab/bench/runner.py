@@ -301,7 +301,8 @@ class BenchRunner:
             if self._load_variant is None:
                 raise InputError(f"this run cannot load a {quant} {role} (no loader given)")
             self.log(f"loading the {role} with {quant} weights")
-            self._variants[(role, quant)] = self._load_variant(role, quant)  # type: ignore[arg-type]
+            assert quant is not None  # (role, None) is in _variants from the start
+            self._variants[(role, quant)] = self._load_variant(role, quant)
         return self._variants[(role, quant)]
 
     def _backends_for(self, spec: MethodSpec) -> tuple[ModelBackend, ModelBackend | None]:
@@ -370,11 +371,11 @@ class BenchRunner:
             assert draft is not None
             with batched_attention():  # HF's own loop as it ships, even on a quantized target
                 ids, stats = hf_generate(
-                    target.model,  # type: ignore[attr-defined]
+                    target.model,  # type: ignore[attr-defined]  # why: torch backends (checked)
                     prompt_ids,
                     max_new_tokens,
                     self.eos_token_ids,
-                    draft.model,  # type: ignore[attr-defined]
+                    draft.model,  # type: ignore[attr-defined]  # why: torch backends (checked)
                     sampling=sampling,
                     **reference_settings(spec.name, spec.settings()),
                 )

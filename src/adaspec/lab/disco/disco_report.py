@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from adaspec.control.disco_artifact import DiscoArtifact
 from adaspec.lab.bench.report import SCOPES, method_entry, row_key
@@ -80,7 +80,7 @@ def _priced(
     prices = [price_run(r, costs, decides) for r in rows]
     if None in prices:
         return None, None
-    ms = sum(prices) / sum(r["new_tokens"] for r in rows)  # type: ignore[arg-type]
+    ms = sum(cast("list[float]", prices)) / sum(r["new_tokens"] for r in rows)  # no None
     pairs = [
         (ar_by_key[row_key(r)], p, r)
         for r, p in zip(rows, prices, strict=True)
@@ -89,8 +89,9 @@ def _priced(
     plain = [price_run(a, costs) for a, _, _ in pairs]
     if not pairs or None in plain:
         return ms, None
-    plain_ms = sum(plain) / sum(a["new_tokens"] for a, _, _ in pairs)  # type: ignore[arg-type]
-    my_ms = sum(p for _, p, _ in pairs) / sum(r["new_tokens"] for _, _, r in pairs)  # type: ignore[misc]
+    plain_ms = sum(cast("list[float]", plain)) / sum(a["new_tokens"] for a, _, _ in pairs)
+    my_ms = (sum(cast(float, p) for _, p, _ in pairs)  # prices hold no None (checked above)
+             / sum(r["new_tokens"] for _, _, r in pairs))
     return ms, plain_ms / my_ms if my_ms else None
 
 
@@ -167,12 +168,13 @@ def _in_domain_table(
                for s in suites}
         if any(a is None for a in own.values()):
             return None
+        arm_of = cast("dict[str, Arm]", own)  # no None (checked just above)
         label = f"{family} [{IN_DOMAIN}]"
         virtual.append(Arm(label, f"<{label}>", family, IN_DOMAIN))
         relabelled += [
             r | {"method": virtual[-1].method}
             for r in rows
-            if r["method"] == own[suite_of.get(r["category"], "")].method  # type: ignore[union-attr]
+            if r["method"] == arm_of[suite_of.get(r["category"], "")].method
         ]
     shared = [a for a in arms if a.family in ("ar", "heuristic", "oracle")]
     return _scope_table(rows + relabelled, shared + virtual, IN_DOMAIN, costs)

@@ -201,8 +201,8 @@ def simulate(
     p = 1  # token 0 comes from the prefill
     cost_rule = stop == "cost"
     decide = scores is not None and (cost_rule or tau > NEVER_STOP) and not oracle
-    if decide and scores.shape[1] < sl_max:  # type: ignore[union-attr]
-        raise InputError(f"scores cover {scores.shape[1]} draft positions, sl_max is {sl_max}")  # type: ignore[union-attr]
+    if decide and scores is not None and scores.shape[1] < sl_max:  # (decide: scores given)
+        raise InputError(f"scores cover {scores.shape[1]} draft positions, sl_max is {sl_max}")
     prices = [costs.step_ms(d) for d in range(sl_max + 1)] if decide and cost_rule else []
     seen, count = 0.0, 0  # the generation's scores so far, for guess="mean"
     while p < n:
@@ -218,7 +218,7 @@ def simulate(
                 drafted += 1
                 if not decide:
                     continue
-                s = sc[p + drafted - 1][drafted - 1]  # type: ignore[index]
+                s = sc[p + drafted - 1][drafted - 1]  # type: ignore[index]  # why: decide: sc set
                 if not cost_rule:
                     if s < tau:
                         break
