@@ -14,10 +14,12 @@ setup:
 
 test:
 	$(VENV)/bin/ruff check src tests experiments
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -rs  # -rs: each skipped test with its reason (a missing extra)
 
 lint:
 	$(VENV)/bin/ruff check src tests experiments
+	$(VENV)/bin/mypy
 
 bench-core:
 	$(PY) experiments/core_humaneval.py
