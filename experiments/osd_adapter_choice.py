@@ -31,8 +31,7 @@ def main() -> None:
 
     from peft import LoraConfig, get_peft_model
 
-    from adaspec.cli.s2d import default_data_dir
-    from adaspec.lab.s2d.data import read_rows
+    from adaspec.lab.s2d.data import default_data_dir, read_rows
     from adaspec.online.losses import parse_loss
     from adaspec.online.record import compact
     from adaspec.online.student import Student

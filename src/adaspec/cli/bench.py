@@ -161,52 +161,11 @@ def resolve_options(args: argparse.Namespace) -> dict:
     return opts
 
 
-def parse_suites(text: str, limit: int | None, limit_given: bool) -> list[tuple[str, int | None]]:
-    """`spec-bench:1,humaneval:2` -> [(name, limit)]; an explicit --limit wins."""
-    from adaspec.errors import InputError
-
-    out = []
-    for item in text.split(","):
-        name, _, lim = item.strip().partition(":")
-        if not name:
-            continue
-        n: int | None = limit
-        if lim and not limit_given:
-            try:
-                n = int(lim)
-            except ValueError:
-                raise InputError(
-                    f"suite {item!r}: the limit after ':' must be an integer"
-                ) from None
-        out.append((name, n))
-    if not out:
-        raise InputError("no suite given: e.g. --suite spec-bench")
-    return out
-
-
-def load_prompts(suites: list[tuple[str, int | None]], questions: str | None):
-    from adaspec.errors import InputError
-    from adaspec.lab.bench.suites import load_suite
-
-    names = [n for n, _ in suites]
-    target = None
-    if questions is not None:
-        if len(names) == 1:
-            target = names[0]
-        elif "spec-bench" in names:
-            target = "spec-bench"
-        else:
-            raise InputError("--questions needs a single --suite (or spec-bench among them)")
-    prompts = []
-    for name, limit in suites:
-        prompts += load_suite(name, limit, questions if name == target else None)
-    return prompts
-
-
 def run_bench(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.lab.bench.references import parse_bench_method
     from adaspec.lab.bench.runner import BenchConfig, check_out, normalize_methods
+    from adaspec.lab.bench.suites import load_prompts, parse_suites
     from adaspec.methods.spec import split_method_list
 
     if args.replay is not None:

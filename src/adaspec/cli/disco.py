@@ -32,7 +32,14 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
         description="Train and evaluate DISCO's stop/continue classifier for a draft/target pair.",
     )
     cmds = p.add_subparsers(dest="disco_command", required=True)
+    _add_collect(cmds)
+    _add_train(cmds)
+    _add_tune(cmds)
+    _add_bench(cmds)
 
+
+def _add_collect(cmds: argparse._SubParsersAction) -> None:
+    """`adaspec disco collect`: target outputs and teacher-forced draft features."""
     c = cmds.add_parser("collect", help="target greedy outputs + teacher-forced draft features")
     c.add_argument("--suite", default="humaneval:20,spec-bench:5", help="NAME:LIMIT per category")
     c.add_argument("--questions", default=None, metavar="PATH", help="Spec-Bench question file")
@@ -57,6 +64,9 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_collect)
 
+
+def _add_train(cmds: argparse._SubParsersAction) -> None:
+    """`adaspec disco train`: the classifier, F1 on the validation split."""
     t = cmds.add_parser("train", help="train the classifier on the train split; F1 on val")
     t.add_argument("--data", required=True)
     t.add_argument("--suite", default=None, help="train on these suites (default: all in data)")
@@ -72,6 +82,9 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     )
     t.set_defaults(func=cmd_train)
 
+
+def _add_tune(cmds: argparse._SubParsersAction) -> None:
+    """`adaspec disco tune`: tau and SL_max by simulated latency."""
     u = cmds.add_parser("tune", help="choose tau and SL_max on val by measured-cost latency")
     u.add_argument("--artifact", required=True, help="artifact from train (updated in place)")
     u.add_argument("--data", required=True)
@@ -102,6 +115,9 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     )
     u.set_defaults(func=cmd_tune)
 
+
+def _add_bench(cmds: argparse._SubParsersAction) -> None:
+    """`adaspec disco bench`: DISCO against its baselines on the test split."""
     b = cmds.add_parser("bench", help="DISCO and its baselines on the test split, one run")
     b.add_argument("--data", required=True)
     b.add_argument("--artifacts", required=True, help="comma-separated tuned artifacts")
@@ -132,7 +148,6 @@ def add_disco_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
 
-
 def _suites_arg(text: str | None, default: list[str]) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()] if text else default
 
@@ -151,10 +166,9 @@ def _excluded_prompts(paths: str | None) -> set[tuple[str, str]]:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from adaspec.backends.load import load_backends
-    from adaspec.cli.bench import parse_suites
     from adaspec.core.sampling import SamplingParams
     from adaspec.errors import InputError
-    from adaspec.lab.bench.suites import load_suite
+    from adaspec.lab.bench.suites import load_suite, parse_suites
     from adaspec.lab.disco.dataset import assign_splits, collect
     from adaspec.methods.build import build_engine
     from adaspec.methods.spec import parse_method

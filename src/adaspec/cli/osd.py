@@ -83,11 +83,11 @@ def run_status(args: argparse.Namespace) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from adaspec.cli.s2d import default_data_dir
-    from adaspec.cli.serve import online_config
     from adaspec.errors import InputError
     from adaspec.lab.osd.simulate import parse_run, run_config
     from adaspec.lab.osd.stream import build_stream
+    from adaspec.lab.s2d.data import default_data_dir
+    from adaspec.online.options import online_config
     from adaspec.store.catalog import DRAFT_DEFAULT
 
     specs = [parse_run(t) for t in args.runs.split(";") if t.strip()]

@@ -131,7 +131,7 @@ def _load(args: argparse.Namespace, need_draft: bool):
 
 
 def _suites(text: str):
-    from adaspec.cli.bench import parse_suites
+    from adaspec.lab.bench.suites import parse_suites
 
     return parse_suites(text, None, False)
 
@@ -166,7 +166,7 @@ def run_collect(args: argparse.Namespace) -> int:
 
 
 def run_features(args: argparse.Namespace) -> int:
-    from adaspec.cli.bench import load_prompts
+    from adaspec.lab.bench.suites import load_prompts
     from adaspec.lab.router.collect import record_states
     from adaspec.methods.build import build_engine
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from adaspec.cli.model_options import add_model_options
@@ -32,13 +31,6 @@ def _artifact_out(args: argparse.Namespace) -> str:
     from adaspec.draft.s2d_artifact import s2d_home
 
     return args.out or str(s2d_home() / args.name)
-
-
-def default_data_dir(target: str) -> Path:
-    from adaspec.draft.s2d_artifact import s2d_home
-    from adaspec.store.loading import source_name
-
-    return s2d_home() / "data" / source_name(target)
 
 
 def add_s2d_parser(sub: argparse._SubParsersAction) -> None:
@@ -116,9 +108,9 @@ def _need_name(args: argparse.Namespace) -> None:
 
 
 def run_data(args: argparse.Namespace) -> int:
-    from adaspec.cli.bench import parse_suites
     from adaspec.errors import InputError
-    from adaspec.lab.s2d.data import collect, split_of, training_prompt_pairs
+    from adaspec.lab.bench.suites import parse_suites
+    from adaspec.lab.s2d.data import collect, default_data_dir, split_of, training_prompt_pairs
     from adaspec.methods.build import load_engine
 
     pairs = training_prompt_pairs(parse_suites(args.suite, None, False))

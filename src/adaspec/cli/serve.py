@@ -100,20 +100,6 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
                    help="where adapters are saved (default $ADASPEC_HOME/osd/<draft>-last<L>)")
 
 
-def online_config(args: argparse.Namespace):
-    """The OnlineConfig of the command line's options (every bad value a one-line error)."""
-    from adaspec.online.distill import DistillConfig
-    from adaspec.online.service import OnlineConfig
-
-    distill = DistillConfig(loss=args.loss, sampling=args.sampling, steps=args.osd_steps,
-                            lr=args.osd_lr)
-    return OnlineConfig(interval=args.interval, positions=args.osd_positions,
-                        buffer=args.osd_buffer, top_k=args.osd_top_k, record=args.osd_record,
-                        layers=args.osd_layers,
-                        domains=args.osd_domains, distill=distill, root=args.osd_dir,
-                        nice=args.osd_nice)
-
-
 def run_serve(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.methods.spec import parse_method
@@ -140,6 +126,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.online_distill:
         if args.ray:
             raise InputError("--online-distill runs in one server process; drop --ray")
+        from adaspec.online.options import online_config
+
         online = online_config(args)
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

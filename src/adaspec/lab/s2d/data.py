@@ -135,3 +135,11 @@ def training_prompt_pairs(suites: list[tuple[str, int | None]], seed: int = 0
     pairs = [(name, p) for name, limit in suites for p in training_prompts([(name, limit)])]
     random.Random(seed).shuffle(pairs)
     return pairs
+
+
+def default_data_dir(target: str) -> Path:
+    """Where `adaspec s2d data` writes a target's outputs by default."""
+    from adaspec.draft.s2d_artifact import s2d_home
+    from adaspec.store.loading import source_name
+
+    return s2d_home() / "data" / source_name(target)
