@@ -20,7 +20,7 @@ from adaspec.lab.bench.llamacpp_reference import (
     SpeculativeDecoder,
     open_decoder,
 )
-from adaspec.lab.bench.references import REFERENCE_METHODS, parse_bench_method
+from adaspec.lab.bench.references import REFERENCE_METHODS, other_weights, parse_bench_method
 from adaspec.lab.bench.report import to_markdown
 from adaspec.lab.bench.runner import read_rows
 from adaspec.methods.spec import describe_methods, parse_method
@@ -31,8 +31,8 @@ from .test_bench_runner import PROMPTS, make_runner
 
 def test_llamacpp_parses_only_for_the_bench():
     spec = parse_bench_method("llamacpp")
-    assert spec.is_reference and spec.other_weights and not spec.needs_draft_model()
-    assert not parse_bench_method("hf-assisted").other_weights
+    assert spec.is_reference and other_weights(spec) and not spec.needs_draft_model()
+    assert not other_weights(parse_bench_method("hf-assisted"))
     with pytest.raises(InputError, match="unknown method 'llamacpp'"):
         parse_method("llamacpp")  # the runtime's parser knows adaspec methods only
     with pytest.raises(InputError, match="has no parameter 'k'"):
@@ -43,7 +43,7 @@ def test_llamacpp_parses_only_for_the_bench():
 def test_llamacpp_speculative_methods_parse_only_for_the_bench():
     lookup = parse_bench_method("llamacpp-lookup")
     assert lookup.settings() == {"k": 4, "n_max": 2}
-    assert lookup.is_reference and lookup.other_weights and not lookup.needs_draft_model()
+    assert lookup.is_reference and other_weights(lookup) and not lookup.needs_draft_model()
     assert parse_bench_method("llamacpp-lookup:k=8,n_max=3").settings() == {
         "k": 8,
         "n_max": 3,
@@ -51,7 +51,7 @@ def test_llamacpp_speculative_methods_parse_only_for_the_bench():
     draft = parse_bench_method("llamacpp-draft:k=2")
     assert draft.settings() == {"k": 2}
     # it runs the draft's GGUF in llama.cpp: the torch draft is not needed
-    assert draft.other_weights and not draft.needs_draft_model()
+    assert other_weights(draft) and not draft.needs_draft_model()
     assert parse_bench_method("llamacpp-draft").settings() == {"k": 4}
     for text in ("llamacpp-lookup:k=0", "llamacpp-draft:k=0", "llamacpp-draft:k=-2"):
         with pytest.raises(InputError, match="k must be >= 1"):

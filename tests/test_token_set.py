@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from adaspec.errors import InputError, ModelStoreError
+from adaspec.lab.bench.token_counts import count_target_outputs
 from adaspec.store.token_set import (
     TokenSet,
-    count_target_outputs,
     load_token_set,
     save_token_set,
     token_set_path,

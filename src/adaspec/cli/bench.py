@@ -246,9 +246,9 @@ def _llamacpp_gguf(config):
     """The target's verified GGUF when a method that runs it (`llamacpp*`, `llama-server`)
     will run, else None (a method that needs it then skips with a one-line note)."""
     from adaspec.backends.llamacpp import gguf_file
-    from adaspec.lab.bench.references import parse_bench_method
+    from adaspec.lab.bench.references import other_weights, parse_bench_method
 
-    wanted = any(parse_bench_method(m).other_weights for m in config.methods)
+    wanted = any(other_weights(parse_bench_method(m)) for m in config.methods)
     return gguf_file(config.target) if wanted else None
 
 

@@ -94,12 +94,8 @@ def draft_vocabulary(draft: str) -> tuple[str, int, list[int], str | None]:
 
 def cmd_restrict_vocab(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
-    from adaspec.store.token_set import (
-        TokenSet,
-        count_target_outputs,
-        save_token_set,
-        top_tokens,
-    )
+    from adaspec.lab.bench.token_counts import count_target_outputs
+    from adaspec.store.token_set import TokenSet, save_token_set, top_tokens
 
     sizes = parse_sizes(args.top)
     files = [Path(f) for f in args.results or []] or sorted(Path().glob(DEFAULT_RESULTS))

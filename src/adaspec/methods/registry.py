@@ -68,12 +68,10 @@ class Method:
     name: str
     summary: str
     params: type  # a frozen dataclass of typed parameters (methods.params)
-    build: Callable[[Any, Models, str], TextGenerator] | None  # (params, models, text)
+    # (params, models, text); None: not an adaspec engine (the lab's bench-only references)
+    build: Callable[[Any, Models, str], TextGenerator] | None
     needs_draft: Callable[[Any], bool] = _never  # reads the draft model's backend
     positional: str | None = None  # `name:VALUE` sets this parameter (router:PATH)
-    # Bench-only reference methods (the lab's): not adaspec engines, run by `adaspec bench`.
-    reference: bool = False
-    other_weights: bool = False  # runs other weights than the target's (compared, not checked)
     doc: str = ""  # the docs page that explains it (relative to the repository root)
 
 

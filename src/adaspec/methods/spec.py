@@ -55,13 +55,8 @@ class MethodSpec:
 
     @property
     def is_reference(self) -> bool:
-        """A reference method: run by the bench, never built into an Engine."""
-        return self.method is not None and self.method.reference
-
-    @property
-    def other_weights(self) -> bool:
-        """Runs other weights than the torch target (llama.cpp's GGUF), so not exact."""
-        return self.method is not None and self.method.other_weights
+        """A method adaspec does not build (the bench's references): run by the bench only."""
+        return self.method is not None and self.method.build is None
 
 
 def split_method_list(text: str) -> list[str]:

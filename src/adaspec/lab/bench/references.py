@@ -67,28 +67,44 @@ def _draft(params: object) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class ReferenceMethod(Method):
+    """A bench-only method: not an adaspec engine (no `build`), run by `adaspec bench`."""
+
+    other_weights: bool = False  # runs other weights than the target's (compared, not checked)
+
+
+def other_weights(spec: MethodSpec) -> bool:
+    """Runs other weights than the target's (llama.cpp's GGUF), so compared, not checked."""
+    return isinstance(spec.method, ReferenceMethod) and spec.method.other_weights
+
+
 REFERENCE_METHODS: Registry[Method] = Registry("reference method")
 for _method in (
-    Method("hf-assisted", "[bench only] HF generate(assistant_model=draft), its default "
-           "schedule", NoParams, None, needs_draft=_draft, reference=True),
-    Method("hf-assisted-constant", "[bench only] Hugging Face assisted generation, constant k "
-           "tokens", ConstantParams, None, needs_draft=_draft, reference=True),
-    Method("llamacpp", "[bench only] greedy decoding of the target's GGUF by llama-cpp-python "
-           "(other weights: compared for quality, not exactness; extra adaspec[llamacpp])",
-           NoParams, None, reference=True, other_weights=True),
-    Method("llamacpp-lookup", "[bench only] llama-cpp-python's prompt-lookup decoding "
-           "(LlamaPromptLookupDecoding as Llama(draft_model=...), its own generate loop) on "
-           "the target's GGUF, greedy (other weights, like llamacpp)", LookupParams, None,
-           reference=True, other_weights=True),
-    Method("llamacpp-draft", "[bench only] llama-cpp-python's speculative loop with the "
-           "draft's GGUF as its draft model (greedy, k tokens per step) on the target's GGUF "
-           "(other weights, like llamacpp)", GgufDraftParams, None, reference=True,
-           other_weights=True),
-    Method("llama-server", "[bench only] llama.cpp's own llama-server (a native build of the "
-           "llama.cpp llama-cpp-python vendors, built on first use) driven over HTTP with the "
-           "same prompt ids, greedy, streamed; spec picks its speculation (other weights, like "
-           "llamacpp)", ServerParams, None, positional="spec", reference=True,
-           other_weights=True),
+    ReferenceMethod(
+        "hf-assisted", "[bench only] HF generate(assistant_model=draft), its default schedule",
+        NoParams, None, needs_draft=_draft),
+    ReferenceMethod(
+        "hf-assisted-constant", "[bench only] Hugging Face assisted generation, constant k "
+        "tokens", ConstantParams, None, needs_draft=_draft),
+    ReferenceMethod(
+        "llamacpp", "[bench only] greedy decoding of the target's GGUF by llama-cpp-python "
+        "(other weights: compared for quality, not exactness; extra adaspec[llamacpp])",
+        NoParams, None, other_weights=True),
+    ReferenceMethod(
+        "llamacpp-lookup", "[bench only] llama-cpp-python's prompt-lookup decoding "
+        "(LlamaPromptLookupDecoding as Llama(draft_model=...), its own generate loop) on "
+        "the target's GGUF, greedy (other weights, like llamacpp)", LookupParams, None,
+        other_weights=True),
+    ReferenceMethod(
+        "llamacpp-draft", "[bench only] llama-cpp-python's speculative loop with the draft's "
+        "GGUF as its draft model (greedy, k tokens per step) on the target's GGUF (other "
+        "weights, like llamacpp)", GgufDraftParams, None, other_weights=True),
+    ReferenceMethod(
+        "llama-server", "[bench only] llama.cpp's own llama-server (a native build of the "
+        "llama.cpp llama-cpp-python vendors, built on first use) driven over HTTP with the "
+        "same prompt ids, greedy, streamed; spec picks its speculation (other weights, like "
+        "llamacpp)", ServerParams, None, positional="spec", other_weights=True),
 ):
     REFERENCE_METHODS.register(_method.name, _method)
 

@@ -31,7 +31,7 @@ from adaspec.lab.bench.exactness import TIE_TOLERANCE, classify, first_differenc
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
 from adaspec.lab.bench.peer_build import PeerUnavailable
-from adaspec.lab.bench.references import parse_bench_method
+from adaspec.lab.bench.references import other_weights, parse_bench_method
 from adaspec.lab.bench.report import row_key, summarize, to_markdown
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits
@@ -264,7 +264,7 @@ class BenchRunner:
             self.backends[m] = self._backends_for(spec)
             if spec.needs_draft_model() and draft is None:
                 raise InputError(f"method {m!r} needs a draft model (--draft)")
-            if spec.other_weights:
+            if other_weights(spec):
                 try:
                     decoder = self.reference_decoders[m] = self._open_reference(
                         m, spec, target_gguf)
@@ -361,7 +361,7 @@ class BenchRunner:
         self, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> tuple[list[int], RequestStats, str]:
         spec = self.specs[method]
-        if spec is not None and spec.other_weights:
+        if spec is not None and other_weights(spec):
             decoder = self.reference_decoders[method]
             ids, stats = decoder.generate(prompt_ids, max_new_tokens, self.eos_token_ids)
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
@@ -478,7 +478,7 @@ class BenchRunner:
         if method != "ar":
             spec = self.specs[method]
             # llama.cpp's GGUF, or a quantized target's own plain decoding: other weights
-            other = spec is not None and (spec.other_weights or self.baseline_of(method) == method)
+            other = spec is not None and (other_weights(spec) or self.baseline_of(method) == method)
             row["exactness_checked"] = self.greedy and not other
             if other:
                 row["other_weights"] = True
@@ -500,13 +500,13 @@ class BenchRunner:
         if row["method"] == "ar" or not self.greedy:
             return
         base = self.baseline_of(row["method"])
-        other_weights = bool(row.get("other_weights"))
+        elsewhere = bool(row.get("other_weights"))
         # Other weights (llama.cpp's GGUF, a quantized target's own plain decoding) give a
         # quality figure against the run's target, not an exactness check.
-        ref = self.by_key.get((prompt.id, "ar" if other_weights else base, row["repeat"]))
+        ref = self.by_key.get((prompt.id, "ar" if elsewhere else base, row["repeat"]))
         if ref is None:
             return
-        if other_weights:
+        if elsewhere:
             index = first_difference(ref["token_ids"], row["token_ids"])
             row["weights_difference"] = None if index is None else {"index": index}
             return
