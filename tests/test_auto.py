@@ -382,12 +382,38 @@ def test_a_draft_of_one_token_when_one_is_allowed():
     assert drafter.choices.draft == 1
 
 
+def test_the_draft_prior_follows_recent_requests_but_not_for_a_seeded_sample():
+    """Requests the draft served badly lower the next request's prior, so a fresh request
+    no longer starts the draft on the prior alone; a seeded sampled request keeps the fixed
+    prior (its proposals must not depend on what the engine served before)."""
+    from adaspec.draft.auto import DRAFT_PRIOR, Choice
+
+    # a draft forward costs 15 ms, a verified token 0.1: a one-token draft pays when its
+    # acceptance is above 15.1 / 40.1 = 0.38
+    draft = ScriptedDraft([confident(5)])
+    profile = two_context_profile([STEEP, FLAT], [[15.0, 30.0], [15.0, 30.0]])
+    drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
+    drafter.start(REPEATING)
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [5]  # the prior pays
+    for _ in range(4):  # four requests whose draft steps were all rejected
+        drafter.start(REPEATING)
+        for _ in range(6):
+            drafter._credit(Choice("draft", [5], len(REPEATING), buckets=[7]), 0)
+    drafter.start(REPEATING)
+    assert drafter.draft_learned.rate < 0.3 and drafter.draft_overall.rate == DRAFT_PRIOR
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == []  # plain now
+    seeded = SamplingParams(temperature=1.0, seed=3)
+    assert drafter._draft_rate(seeded) == DRAFT_PRIOR
+    assert drafted(auto_propose(drafter, REPEATING, max_tokens=1, params=seeded,
+                                generator=torch.Generator().manual_seed(3))) != []
+
+
 def low_tail_drafter(target_rows, low_rate: float):
     """Three confident draft tokens (acceptance 0.891 each), then an unconfident one whose
     bucket's acceptance is `low_rate`; the look-ahead guesses 0.9."""
     rows = [confident(1), confident(2), confident(3), torch.zeros(VOCAB)]
     drafter, draft = draft_drafter(rows, target_rows)
-    drafter.draft_overall = RateEstimate(0.9)
+    drafter.draft_learned = RateEstimate(0.9)
     drafter.draft_rates[0] = RateEstimate(low_rate)
     return drafter, draft
 
@@ -416,7 +442,7 @@ def test_the_verified_prefix_maximizes_expected_tokens_per_ms():
     drafter = AutoDrafter(two_context_profile([row, row], [[4.0, 8.0], [4.0, 8.0]]),
                           draft=draft, use_ngram=False)
     drafter.start(REPEATING)
-    drafter.draft_overall = RateEstimate(0.9)
+    drafter.draft_learned = RateEstimate(0.9)
     drafter.draft_rates[0] = RateEstimate(0.4)
     p = auto_propose(drafter, REPEATING, max_tokens=4)
     assert draft.steps == 4
@@ -429,7 +455,7 @@ def test_sampled_draft_tokens_come_from_the_request_generator():
     params = SamplingParams(temperature=1.0)
     drafter, draft = draft_drafter(rows)
     drafter.draft_rates = [RateEstimate(0.9) for _ in drafter.draft_rates]
-    drafter.draft_overall = RateEstimate(0.9)
+    drafter.draft_learned = RateEstimate(0.9)
     torch.manual_seed(1234)  # the global generator is not the one to draw from
     p = auto_propose(drafter, REPEATING, max_tokens=6, params=params,
                 generator=torch.Generator().manual_seed(7))

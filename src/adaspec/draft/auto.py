@@ -45,6 +45,12 @@ from adaspec.draft.rates import RateEstimate
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
 START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off over
+DRAFT_PRIOR = 0.6  # the draft model's per-token acceptance before any evidence
+# The draft's acceptance over the engine's recent requests (at most this many trials, older
+# ones fading) is the next request's prior: a run of requests the draft serves badly (short
+# translations with a code draft) stops starting it and paying its prompt prefill, a run it
+# serves well starts it sooner. Per request, its own steps take over as usual.
+DRAFT_MEMORY = 48.0
 # History tokens: per-token acceptance by the n-gram length their lookup matched (classes
 # 1-2, 3, 4-7, 8+) and their confidence count / (total + 1), bucketed at these upper edges (a
 # continuation seen once has 0.5; three times out of three, 0.75; nine out of nine, 0.9).
@@ -168,13 +174,15 @@ class AutoDrafter(Drafter):
         self.choices = AutoStats()
         self._last: Choice | None = None
         self._model_started = False
+        self.draft_memory = RateEstimate(DRAFT_PRIOR)  # spans requests
         self._reset_estimates()
 
     def _reset_estimates(self) -> None:
         self.ngram_rates = {m: RateEstimate(p) for m, p in NGRAM_PRIORS.items()}
         self.draft_rates = [RateEstimate(_bucket_prior(i))
                             for i in range(len(CONFIDENCE_EDGES) + 1)]
-        self.draft_overall = RateEstimate(0.6)
+        self.draft_overall = RateEstimate(DRAFT_PRIOR)  # this request's, from the fixed prior
+        self.draft_learned = RateEstimate(self.draft_memory.rate)  # from recent requests
 
     # --------------------------------------------------------------- lifecycle
     def start(self, prompt_ids: list[int]) -> None:
@@ -230,6 +238,8 @@ class AutoDrafter(Drafter):
             for i, bucket in enumerate(choice.buckets[:trials]):
                 self.draft_rates[bucket].add(1, int(i < accepted))
             self.draft_overall.add(trials, accepted)
+            self.draft_learned.add(trials, accepted)
+            self.draft_memory.add(trials, accepted, window=DRAFT_MEMORY)
 
     def _credit_history(self, seen: Choice, context: list[int]) -> None:
         """Credit the history's continuation of this step, whether or not it was proposed,
@@ -249,6 +259,14 @@ class AutoDrafter(Drafter):
                 break
 
     # ----------------------------------------------------------------- prices
+    def _draft_rate(self, params: SamplingParams) -> float:
+        """The draft's per-token acceptance this step is priced with: learned across requests,
+        but for a seeded sampled request, whose proposals (hence the random numbers its
+        verification draws) must not depend on what the engine served before."""
+        if not params.greedy and params.seed is not None:
+            return self.draft_overall.rate
+        return self.draft_learned.rate
+
     def _verify_ms(self, drafted: int, context: int) -> float:
         return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
 
@@ -333,7 +351,7 @@ class AutoDrafter(Drafter):
         if self.model is not None and limit > 0:
             d1 = self.profile.draft_ms(1, ctx)
             fixed = self._catch_up_ms(context)
-            n, value = self._best_length(self.draft_overall.rate, limit, fixed, d1, ctx)
+            n, value = self._best_length(self._draft_rate(params), limit, fixed, d1, ctx)
             options.append((value, "draft", n))
         value, kind, n = max(options, key=lambda o: o[0])
         if kind == "plain" or n == 0:
@@ -382,7 +400,7 @@ class AutoDrafter(Drafter):
             self._model_started = True
         pending = model.pending(context)
         d1 = self.profile.draft_ms(1, ctx)
-        a_next = self.draft_overall.rate
+        a_next = self._draft_rate(params)
         # step_ms[n]: n draft forwards and a verification of n tokens
         step_ms = [n * d1 + self._verify_ms(n, ctx) for n in range(limit + 1)]
         tokens: list[int] = []
