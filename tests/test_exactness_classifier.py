@@ -11,6 +11,8 @@ from adaspec.backends.base import ForwardOutput, ModelBackend
 from adaspec.control.static import StaticLength
 from adaspec.draft.model import ModelDrafter
 from adaspec.engine.loop import Engine
+from adaspec.lab.bench import exactness
+from adaspec.lab.bench import runner as runner_module
 from adaspec.lab.bench.exactness import classify, first_difference
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
@@ -29,11 +31,9 @@ class GapBackend(ModelBackend):
     hidden_size = 1
     bytes_per_forward = 1
 
-    def __init__(self, gap: float, tie_tolerance: float | None = None) -> None:
+    def __init__(self, gap: float) -> None:
         self.gap = gap
         self.seen: list[list[int]] = []
-        if tie_tolerance is not None:
-            self.tie_tolerance = tie_tolerance
 
     @property
     def cache_len(self) -> int:
@@ -60,8 +60,9 @@ class GapBackend(ModelBackend):
      (2.0, 0.5, "bug")],
 )
 def test_divergences_are_classified_by_the_reference_gap(gap, tolerance, kind):
-    target = GapBackend(gap, tolerance)
-    div = classify(target, [3, 3], reference=[1, 1, 2, 1], output=[1, 1, 1, 2])
+    target = GapBackend(gap)  # a torch runtime: bf16's one-ulp tolerance unless given
+    div = classify(target, [3, 3], reference=[1, 1, 2, 1], output=[1, 1, 1, 2],
+                   tolerance=tolerance)
     assert div is not None and div.index == 2 and div.kind == kind
     assert div.gap == pytest.approx(gap, abs=1e-5)
     assert target.seen[-1] == [3, 3, 1, 1]  # scored the reference's context at that token
@@ -86,22 +87,27 @@ def _broken_run(tmp_path, target, draft, tokenizer, name: str) -> tuple[dict, li
     return runner.run(BENCH_PROMPTS)["exactness"], messages
 
 
-def test_the_bench_runner_reaches_both_branches(tmp_path, target, draft, tokenizer):
+def test_the_bench_runner_reaches_both_branches(tmp_path, target, draft, tokenizer,
+                                               monkeypatch):
     """Through the runner's comparison, not `classify` alone: the same divergences are bugs
     under the target runtime's tolerance when their top-2 gap is wider, ties when it is not."""
     ex, messages = _broken_run(tmp_path, target, draft, tokenizer, "default")
     gaps = [d["gap"] for d in ex["divergences"]]
     assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 2, 0)
-    assert min(gaps) > target.tie_tolerance
+    assert min(gaps) > exactness.tie_tolerance(target)
     assert sum("BUG" in m for m in messages) == 2
 
-    target.tie_tolerance = max(gaps)  # a runtime this coarse: each gap is within one ulp
+    def runtime_noise(value: float) -> None:
+        monkeypatch.setattr(exactness, "tie_tolerance", lambda t: value)
+        monkeypatch.setattr(runner_module, "tie_tolerance", lambda t: value)
+
+    runtime_noise(max(gaps))  # a runtime this coarse: each gap is within one ulp
     ex, messages = _broken_run(tmp_path, target, draft, tokenizer, "coarse")
     assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 0, 2)
     assert [d["gap"] for d in ex["divergences"]] == pytest.approx(gaps)
     assert sum("numerical tie" in m for m in messages) == 2
     assert not any("BUG" in m for m in messages)
 
-    target.tie_tolerance = min(gaps) - 1e-3  # just below the narrowest gap: bugs again
+    runtime_noise(min(gaps) - 1e-3)  # just below the narrowest gap: bugs again
     ex, _ = _broken_run(tmp_path, target, draft, tokenizer, "below")
     assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 2, 0)

@@ -49,10 +49,6 @@ class ModelBackend(ABC):
     hidden_size: int
     bytes_per_forward: int  # weight bytes read by one forward pass (for bandwidth figures)
     kind: str = "torch"  # the runtime (a cost profile is keyed by it): torch | llamacpp | ik_llama
-    # Logit noise between scoring a token alone and in a block (different kernels round
-    # differently): a greedy divergence at a top-2 gap below this is a numerical tie. bf16
-    # torch: one ulp at magnitude 16-32.
-    tie_tolerance: float = 0.125
     # The largest change of a token's top-2 logit gap measured between its single-token pass
     # and a multi-token pass (experiments/batch_noise.py). Greedy verification re-scores alone
     # every row of a multi-token pass whose gap is not above it, so speculation emits what

@@ -169,9 +169,6 @@ class IkLlamaBackend(ChainBackend):
 
     kind = "ik_llama"
     runtime = "ik_llama.cpp"
-    # Measured on the Q4_K_M target: the top-2 gap of a token moves by up to 0.31 logits
-    # between its single-token pass and a block (docs/cost-profile.md); 0.5 bounds it.
-    tie_tolerance = 0.5
     # experiments/batch_noise.py (EPYC Zen 5): a row's top-2 gap moved by up to 0.74 between
     # its single-token pass and a block of 2-8 (1,176 rows); greedy rows within it are rechecked.
     batch_noise = 0.75

@@ -281,9 +281,6 @@ class LlamaCppBackend(ChainBackend):
 
     kind = "llamacpp"
     runtime = "llama.cpp"
-    # Measured on the Q4_K_M target: the top-2 gap of a token moves by up to 0.27 logits
-    # between its single-token pass and a block (docs/cost-profile.md); 0.5 bounds it.
-    tie_tolerance = 0.5
     # experiments/batch_noise.py (EPYC Zen 5): up to 0.64 (1,176 rows, repacking on).
     batch_noise = 0.65
 

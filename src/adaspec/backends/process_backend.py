@@ -22,7 +22,7 @@ from adaspec.backends.child_process import ChildProcess
 from adaspec.errors import InputError
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
-               "bytes_per_forward", "kind", "tie_tolerance", "batch_noise")
+               "bytes_per_forward", "kind", "batch_noise")
 
 
 class _SharedRows:

@@ -27,7 +27,7 @@ from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
-from adaspec.lab.bench.exactness import TIE_TOLERANCE, classify, first_difference
+from adaspec.lab.bench.exactness import classify, first_difference, tie_tolerance
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
 from adaspec.lab.bench.peer_build import PeerUnavailable
@@ -726,7 +726,7 @@ class BenchRunner:
             self.methods,
             target_bytes=getattr(self.target, "bytes_per_forward", None),
             theory_methods=self.draft_methods() if self.greedy else (),
-            tie_tolerance=float(getattr(self.target, "tie_tolerance", TIE_TOLERANCE)),
+            tie_tolerance=tie_tolerance(self.target),
             baseline=self.baseline(),
         )
         self._refresh_peer_info()
