@@ -489,7 +489,7 @@ GROUPS = {
     "auto": ["draft.auto"],
     "s2d": ["draft.s2d", "draft.s2d_artifact", "draft.sorted_model"],
     "verify": ["verify."],
-    "control": ["control."],
+    "control": ["control.", "lab.bench.oracle"],
     "integrity": ["store."],
 }
 

@@ -314,11 +314,11 @@ def test_heuristic_controller_defaults_and_bounds():
         HeuristicLength(5, 4)
 
 
-# ------------------------------------------------------------------------ control/oracle
+# ---------------------------------------------------------------------- lab/bench/oracle
 
 
 def test_oracle_run_stops_at_the_end_of_the_reference():
-    from adaspec.control.oracle import OracleLength
+    from adaspec.lab.bench.oracle import OracleLength
 
     assert OracleLength().k_max == 64
     o = OracleLength(k_max=10)
@@ -335,7 +335,7 @@ def test_oracle_run_stops_at_the_end_of_the_reference():
 
 
 def test_oracle_k_max_bounds():
-    from adaspec.control.oracle import OracleLength
+    from adaspec.lab.bench.oracle import OracleLength
 
     assert OracleLength(1).k_max == 1
     with pytest.raises(InputError, match="oracle needs k_max >= 1, got 0"):

@@ -14,9 +14,9 @@ from adaspec.control.confidence import ConfidenceLength
 from adaspec.control.cursor import GenerationCursor
 from adaspec.control.disco import DiscoLength
 from adaspec.control.disco_features import assemble, distribution_features
-from adaspec.control.oracle import OracleLength
 from adaspec.engine.loop import Engine
 from adaspec.errors import InputError
+from adaspec.lab.bench.oracle import OracleLength
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits, teacher_forced_logits

@@ -158,3 +158,52 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     (tmp_path / "core").mkdir()
     (tmp_path / "core" / "bad.py").write_text("def f():\n    from adaspec.engine import loop\n")
     assert upward_imports(tmp_path) == ["core/bad.py (core) imports adaspec.engine (engine)"]
+
+
+def _module_name(package: Path, path: Path) -> str:
+    parts = path.relative_to(package).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("adaspec", *parts))
+
+
+def lab_only_modules(package: Path = PACKAGE) -> list[str]:
+    """Runtime modules nothing outside the lab imports (or names in a registry string such as
+    `methods.registry.BUILTIN`): they belong in the lab."""
+    texts = {_module_name(package, p): p.read_text(encoding="utf-8")
+             for p in package.rglob("*.py")}
+
+    def in_runtime(module: str) -> bool:
+        return module.split(".")[1:2] != ["lab"]
+
+    used: set[str] = set()
+    for module, text in texts.items():
+        if not in_runtime(module):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                used.add(node.module)
+                used.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                used.update(alias.name for alias in node.names)
+        used.update(m for m in texts if f'"{m}:' in text and m != module)
+    return sorted(
+        m for m, text in texts.items()
+        if in_runtime(m) and m.count(".") >= 2 and m.split(".")[1] not in FRONT_ENDS
+        and not m.endswith("__main__") and m not in used
+    )
+
+
+def test_no_runtime_module_serves_only_the_lab():
+    assert lab_only_modules() == []
+
+
+def test_the_lab_only_check_sees_one(tmp_path):
+    """Negative control: a runtime module only the lab imports is reported."""
+    for folder in ("core", "lab", "cli"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "core" / "used.py").write_text("X = 1\n")
+    (tmp_path / "core" / "lonely.py").write_text("Y = 2\n")
+    (tmp_path / "cli" / "main.py").write_text("from adaspec.core.used import X\n")
+    (tmp_path / "lab" / "study.py").write_text("from adaspec.core.lonely import Y\n")
+    assert lab_only_modules(tmp_path) == ["adaspec.core.lonely"]

@@ -1,5 +1,6 @@
 """Length controllers: how many tokens to draft before verifying. One registry: `ctrl=NAME`
-in a method string selects an entry, whose `build` reads the method's typed parameters."""
+in a method string selects an entry, whose `build` reads the method's typed parameters. The
+bench adds `ctrl=oracle` (`lab/bench/oracle.py`), which needs the target's output in advance."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from adaspec.control.base import LengthController
 from adaspec.control.confidence import HF_DEFAULT_THRESHOLD, ConfidenceLength
 from adaspec.control.heuristic import HeuristicLength
-from adaspec.control.oracle import OracleLength
 from adaspec.control.static import StaticLength
 from adaspec.registry import Registry
 
@@ -50,6 +50,3 @@ CONTROLLERS.register("confidence", ControllerKind(
 CONTROLLERS.register("disco", ControllerKind(
     _disco, reads_draft=True,
     summary="DISCO: a trained acceptance classifier stops the draft ([disco.md](docs/disco.md))"))
-CONTROLLERS.register("oracle", ControllerKind(
-    lambda p, _: OracleLength(k_max=p.k_max), reads_draft=True,
-    summary="the length the target would accept (measurement only)"))

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from adaspec.backends.attention import batched_attention
 from adaspec.backends.base import ModelBackend
-from adaspec.control.oracle import OracleLength
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import TextGenerator
@@ -30,6 +29,7 @@ from adaspec.errors import InputError
 from adaspec.lab.bench.exactness import classify, first_difference, tie_tolerance
 from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
+from adaspec.lab.bench.oracle import OracleLength
 from adaspec.lab.bench.peer_build import PeerUnavailable
 from adaspec.lab.bench.references import other_weights, parse_bench_method
 from adaspec.lab.bench.report import row_key, summarize, to_markdown
