@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from adaspec.control.disco_artifact import DiscoArtifact
-from adaspec.control.disco_classifier import train_classifier
 from adaspec.control.disco_features import assemble
 from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.simulate import NEVER_STOP, Costs, best_lengths, simulate_all
+from adaspec.lab.disco.train_classifier import train_classifier
 from adaspec.lab.disco.tune import disco_scores
 
 RESULTS = "experiments/results"

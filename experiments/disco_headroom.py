@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from adaspec.control.disco_artifact import DiscoArtifact
-from adaspec.control.disco_classifier import DiscoClassifier, train_classifier
+from adaspec.control.disco_classifier import DiscoClassifier
 from adaspec.control.disco_features import assemble
 from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.simulate import Costs, SimResult, best_schedule
+from adaspec.lab.disco.train_classifier import train_classifier
 from adaspec.lab.disco.tune import DEFAULT_TAUS, evaluate, tune
 
 RESULTS = "experiments/results"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.control.disco_classifier import f1_scores, static_predictions, train_classifier
 from adaspec.errors import InputError
+from adaspec.lab.disco.train_classifier import f1_scores, static_predictions, train_classifier
 
 
 def toy(n: int, seed: int):
