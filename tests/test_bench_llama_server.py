@@ -25,7 +25,7 @@ from adaspec.lab.bench.llama_server import (
     PeerUnavailable,
     server_args,
 )
-from adaspec.lab.bench.references import REFERENCE_METHODS, parse_bench_method
+from adaspec.lab.bench.references import REFERENCE_METHODS, other_weights, parse_bench_method
 from adaspec.lab.bench.report import summarize, to_markdown
 from adaspec.lab.bench.runner import read_rows
 from adaspec.methods.spec import describe_methods, parse_method
@@ -39,7 +39,7 @@ from .test_bench_runner import PROMPTS, make_runner
 def test_llama_server_method_strings_parse_and_bad_ones_name_the_fix():
     plain = parse_bench_method("llama-server")
     assert plain.settings() == {"spec": "none", "n_max": 8, "p_min": 0.75}
-    assert plain.is_reference and plain.other_weights and not plain.needs_draft_model()
+    assert plain.is_reference and other_weights(plain) and not plain.needs_draft_model()
     assert parse_bench_method("llama-server:ngram-mod")["spec"] == "ngram-mod"  # positional
     assert parse_bench_method("llama-server:spec=ngram-simple")["spec"] == "ngram-simple"
     draft = parse_bench_method("llama-server:spec=draft-simple,n_max=4,p_min=0.5")
