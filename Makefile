@@ -10,7 +10,7 @@ setup:
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
 	$(VENV)/bin/adaspec models prepare
-	$(VENV)/bin/adaspec runtime build --if-possible  # ik_llama.cpp for this CPU (~10 min)
+	$(VENV)/bin/adaspec runtime build --if-possible  # ik_llama.cpp for this CPU (~4-5 min)
 
 test:
 	$(VENV)/bin/ruff check src tests experiments
