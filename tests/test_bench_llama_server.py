@@ -31,6 +31,7 @@ from adaspec.lab.bench.runner import read_rows
 from adaspec.methods.spec import describe_methods, parse_method
 from adaspec.store import native_build
 
+from .build_helpers import install_fake_tools
 from .conftest import smollm_gguf
 from .test_bench_runner import PROMPTS, make_runner
 
@@ -127,18 +128,7 @@ esac
 
 @pytest.fixture
 def fake_tools(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "tools"
-    bin_dir.mkdir()
-    for name, text in {"cmake": FAKE_CMAKE, "cc": "#!/bin/sh\n", "c++": "#!/bin/sh\n",
-                       "make": "#!/bin/sh\n"}.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setattr(native_build, "_venv_tool", lambda name: str(bin_dir / name)
-                        if (bin_dir / name).exists() else None)
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    bin_dir = install_fake_tools(tmp_path, monkeypatch, FAKE_CMAKE, "make")
     return bin_dir
 
 

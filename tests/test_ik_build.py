@@ -15,6 +15,8 @@ from adaspec.backends import ik_build, ikllama
 from adaspec.cli import main
 from adaspec.store import native_build
 
+from .build_helpers import install_fake_tools
+
 VERSION = "9.9.9"
 
 # Configuring succeeds; building prints ninja's progress and writes both libraries, or fails
@@ -48,18 +50,7 @@ def _fake_sdist(folder: Path) -> None:
 
 @pytest.fixture
 def fake_tools(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "tools"
-    bin_dir.mkdir()
-    for name, text in {"cmake": FAKE_CMAKE, "cc": "#!/bin/sh\n", "c++": "#!/bin/sh\n",
-                       "ninja": "#!/bin/sh\n"}.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setattr(native_build, "_venv_tool", lambda name: str(bin_dir / name)
-                        if (bin_dir / name).exists() else None)
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    bin_dir = install_fake_tools(tmp_path, monkeypatch, FAKE_CMAKE, "ninja")
     _fake_sdist(ik_build.work_dir(VERSION) / "download")
     return bin_dir
 

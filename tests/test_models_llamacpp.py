@@ -66,10 +66,8 @@ def test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding(smollm
     assert spec.stats.accepted > 0 and spec.stats.target_calls < ar.stats.target_calls
 
 
-def test_prefill_keeps_a_shared_prefix_its_cache_holds(smollm, monkeypatch):
-    """A prompt that shares its start with the last one scores only the rest (up to `reuse`
-    tokens kept, never more than the cache holds, never the last prompt token)."""
-    _, backend = smollm
+def count_fed_rows(backend, monkeypatch) -> list[int]:
+    """The number of tokens of each call the backend feeds, as they happen."""
     fed: list[int] = []
     feed = backend._feed
 
@@ -78,6 +76,14 @@ def test_prefill_keeps_a_shared_prefix_its_cache_holds(smollm, monkeypatch):
         return feed(ids, every_row)
 
     monkeypatch.setattr(backend, "_feed", counting_feed)
+    return fed
+
+
+def test_prefill_keeps_a_shared_prefix_its_cache_holds(smollm, monkeypatch):
+    """A prompt that shares its start with the last one scores only the rest (up to `reuse`
+    tokens kept, never more than the cache holds, never the last prompt token)."""
+    _, backend = smollm
+    fed = count_fed_rows(backend, monkeypatch)
     first = [1604, 3987, 46477, 24, 94, 727, 13]
     second = first[:5] + [300, 400, 500]
     whole = backend.prefill(torch.tensor(second)).logits  # reuse 0: every token scored
@@ -105,14 +111,7 @@ def test_a_draft_prompt_prefill_keeps_what_its_cache_shares(smollm, monkeypatch)
     from adaspec.draft.model import ModelDrafter
 
     _, backend = smollm
-    fed: list[int] = []
-    feed = backend._feed
-
-    def counting_feed(ids, every_row):
-        fed.append(len(ids))
-        return feed(ids, every_row)
-
-    monkeypatch.setattr(backend, "_feed", counting_feed)
+    fed = count_fed_rows(backend, monkeypatch)
     backend.reset()  # the backend is shared with the tests before
     drafter = ModelDrafter(backend)
     first = [1604, 3987, 46477, 24, 94, 727, 13]

