@@ -35,12 +35,26 @@ esac
 """
 
 
+# The shape of the kernels file the source patch edits: a one-row shortcut before the
+# repacked k-quant kernels (left alone), two inside them, one after them (left alone).
+KQUANTS = """template <int nrc_y> void before() { if constexpr (nrc_y == 1) { a(); } }
+static void mul_mat_q2_k_r4_q8_k(int n) {
+    if constexpr (nrc_y == 1) { d4 = d4 * s; }
+    if constexpr (nrc_y == 1) { one(); } else { many(); }
+}
+template <typename Dequantizer> void set_functions(std::array<mul_mat_t, 8>& funcs) {
+    if constexpr (nrc_y == 1) { b(); }
+}
+"""
+
+
 def _fake_sdist(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     root = f"ik_llama_cpp_python-{VERSION}"
     with tarfile.open(folder / f"{root}.tar.gz", "w:gz") as tar:
         for name, data in {
             f"{root}/vendor/ik_llama.cpp/CMakeLists.txt": b"project(fake)\n",
+            f"{root}/vendor/ik_llama.cpp/{ik_build.ONE_ROW_FILE}": KQUANTS.encode(),
             f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
         }.items():
             info = tarfile.TarInfo(name)
@@ -76,11 +90,46 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     info = ik_build.build_info(VERSION)
     assert info["commit"] == "fedcba9876543210" and "-DGGML_NATIVE=ON" in info["cmake_options"]
     assert "-DCMAKE_INSTALL_RPATH=$ORIGIN" in info["cmake_options"]
+    assert info["patches"] == list(ik_build.PATCHES) and info["one_row_shortcuts_guarded"] == 2
+    assert ik_build.current(info)
     assert not ik_build.work_dir(VERSION).exists()
     # a build for another CPU is not used
     info["cpu_signature"] = {**info["cpu_signature"], "flags_sha256": "other"}
     (ik_build.runtime_dir(VERSION) / ik_build.BUILD_INFO).write_text(json.dumps(info))
     assert ik_build.native_library(VERSION) is None
+
+
+def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
+    path = tmp_path / ik_build.ONE_ROW_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(KQUANTS)
+    assert ik_build.patch_source(tmp_path) == 2
+    text = path.read_text()
+    assert text.startswith(ik_build.ONE_ROW_MACRO)  # off unless the compiler is told
+    assert text.count(ik_build.ONE_ROW_GUARDED) == 2
+    assert text.count(ik_build.ONE_ROW_SHORTCUT) == 2  # the one before, the one after
+    before, _, rest = text.partition("static void mul_mat_q2_k_r4_q8_k(")
+    assert ik_build.ONE_ROW_SHORTCUT in before and ik_build.ONE_ROW_GUARDED not in before
+    assert ik_build.patch_source(tmp_path) == 2 and path.read_text() == text  # resumed build
+    # another version's source: an error naming it, never a silent unpatched build
+    path.write_text(KQUANTS.replace("mul_mat_q2_k_r4_q8_k", "mul_mat_q2_k_r8_q8_k"))
+    with pytest.raises(ik_build.IkBuildError, match="lacks the repacked k-quant kernels"):
+        ik_build.patch_source(tmp_path)
+    path.unlink()
+    with pytest.raises(ik_build.IkBuildError, match="unreadable"):
+        ik_build.patch_source(tmp_path)
+
+
+def test_a_build_made_without_the_patch_is_built_again(fake_tools):
+    lib = ik_build.build_native(VERSION, log=lambda m: None, progress_stream=io.StringIO())
+    info = ik_build.build_info(VERSION)
+    del info["patches"]  # as `adaspec runtime build` wrote it before the patch
+    (ik_build.runtime_dir(VERSION) / ik_build.BUILD_INFO).write_text(json.dumps(info))
+    assert ik_build.native_library(VERSION) == lib  # still loadable meanwhile
+    assert not ik_build.current(ik_build.build_info(VERSION))
+    _fake_sdist(ik_build.work_dir(VERSION) / "download")
+    ik_build.build_native(VERSION, log=lambda m: None, progress_stream=io.StringIO())
+    assert ik_build.current(ik_build.build_info(VERSION))
 
 
 def _fake_native_build(monkeypatch, tmp_path) -> Path:

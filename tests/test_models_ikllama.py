@@ -98,3 +98,45 @@ def test_a_target_fed_blocks_scores_a_lone_token_as_a_block_scores_it(smollm):
         assert torch.equal(first[0], padded.forward(prompt[:2]).logits[0])
     finally:
         padded.close()
+
+
+def test_a_target_takes_lone_rows_only_where_the_library_scores_them_as_blocks(smollm,
+                                                                               monkeypatch):
+    """min_rows=None: the load-time check decides. The check's answer is what the library
+    does (a lone token against the first row of a block, compared here directly); with a
+    `yes` the target feeds lone tokens and rechecks nothing, with a `no` it pads to blocks."""
+    gguf, _ = smollm
+    prompt = torch.tensor([1604, 3987, 46477, 24, 94])
+    backend = IkLlamaBackend(gguf, 1, "smollm", 512, True, None)
+    try:
+        assert backend.cache_len == 0  # the check leaves nothing behind
+        backend.prefill(prompt)
+        lone = backend._feed_rows([727], every_row=True)
+        backend._remove_from(len(prompt))
+        backend._len = len(prompt)
+        block = backend._feed_rows([727, 13], every_row=True)[:1]
+        assert backend.rows_match == torch.equal(lone, block)
+        assert backend.min_rows == (1 if backend.rows_match else 2)
+        assert backend.batch_noise == 0
+
+        # the check compares rows: a lone row that differs in any bit is a `no`
+        feed_rows = backend._feed_rows
+
+        def lone_rows_apart(ids, every_row):
+            rows = feed_rows(ids, every_row)
+            return rows + 1e-3 if len(ids) == 1 else rows
+
+        backend._feed_rows = lone_rows_apart
+        assert backend.rows_alike() is False
+        backend._feed_rows = lambda ids, every_row: torch.zeros(len(ids), 4)
+        assert backend.rows_alike() is True
+    finally:
+        backend.close()
+    for alike, blocks, rows in ((True, False, 1), (False, True, 2)):
+        monkeypatch.setattr(IkLlamaBackend, "rows_alike", lambda self, a=alike: a)
+        chosen = IkLlamaBackend(gguf, 1, "smollm", 512, True, None)
+        try:
+            assert chosen.min_rows == rows and chosen.kind.endswith("-blocks2") == blocks
+            assert chosen.batch_noise == 0
+        finally:
+            chosen.close()

@@ -40,18 +40,20 @@ DEFAULT_BATCH = 512  # tokens per llama_decode call of a prompt prefill
 IK = "ik"
 
 
-# A target is fed blocks of at least this many rows (IkLlamaBackend's `min_rows`);
-# ADASPEC_MIN_ROWS=1 lets lone tokens take the single-row kernels (faster plain steps, and
-# greedy speculation then parts from plain decoding at near-ties).
+# A target is fed blocks of at least this many rows (IkLlamaBackend's `min_rows`). Unset:
+# 1 where the library scores a lone token as it scores it in a block (checked at load), else
+# 2. ADASPEC_MIN_ROWS=1 on a library that does not lets lone tokens take the one-row kernels
+# (faster plain steps, and greedy speculation then parts from plain decoding at near-ties).
 MIN_ROWS_ENV = "ADASPEC_MIN_ROWS"
 LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library's path
-TARGET_MIN_ROWS = 2
+BLOCK_ROWS = 2  # a block: this runtime scores the rows of any block of 2 or more alike
 
 
-def target_min_rows() -> int:
+def target_min_rows() -> int | None:
+    """ADASPEC_MIN_ROWS, or None: decided at load by `IkLlamaBackend.rows_alike()`."""
     text = os.environ.get(MIN_ROWS_ENV, "").strip()
     if not text:
-        return TARGET_MIN_ROWS
+        return None
     if not text.isdigit() or int(text) < 1:
         raise AdaspecError(f"{MIN_ROWS_ENV} must be an integer >= 1, got {text!r}")
     return int(text)
@@ -180,15 +182,16 @@ class IkLlamaBackend(ChainBackend):
         name: str = "ik_llama",
         n_ctx: int = DEFAULT_CONTEXT,
         repack: bool = True,
-        min_rows: int = 1,
+        min_rows: int | None = 1,
     ) -> None:
         """min_rows: feed every call at least this many rows (padding a shorter one with
-        copies of its last token, whose rows and cache entries are dropped). 2 for a target:
-        this runtime scores a row of any block of 2 or more tokens bit for bit alike
-        (experiments/batch_noise.py: blocks of 2, 3, 4, 8), but a lone token through other
-        kernels, up to 0.47 logits apart; with every call a block, plain decoding and
-        verification score the same numbers and greedy speculation emits plain decoding's
-        tokens exactly."""
+        copies of its last token, whose rows and cache entries are dropped). This runtime
+        scores a row of any block of 2 or more tokens bit for bit alike
+        (experiments/batch_noise.py: blocks of 2, 3, 4, 8); a lone token too with the
+        library `adaspec runtime build` makes (`ik_build.PATCHES`), but through other kernels,
+        up to 0.5 logits apart, with the prebuilt wheel. None (a target): 1 if
+        `rows_alike()`, else 2, so plain decoding and verification score the same numbers
+        and greedy speculation emits plain decoding's tokens exactly."""
         api = library()
         lib = api.adaspec_lib
         self._lib = lib
@@ -222,6 +225,13 @@ class IkLlamaBackend(ChainBackend):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
         self.name = name
+        self.vocab_size = int(lib.llama_n_vocab(self._model))
+        self.max_context = int(lib.llama_n_ctx(self._ctx))
+        self._len = 0
+        self.min_rows = 1
+        if min_rows is None:
+            self.rows_match = self.rows_alike()
+            min_rows = 1 if self.rows_match else BLOCK_ROWS
         self.min_rows = max(1, int(min_rows))
         # Another library (built for this CPU) or n = 1 costing a block: another cost curve,
         # another profile.
@@ -230,16 +240,36 @@ class IkLlamaBackend(ChainBackend):
             self.kind = f"{self.kind}-{self.build}"
         if self.min_rows > 1:
             self.kind = f"{self.kind}-blocks{self.min_rows}"
-        # padded to blocks, verification scores what plain decoding scores: nothing to recheck
-        self.batch_noise = batch_noise_setting(0.0 if self.min_rows > 1
-                                               else type(self).batch_noise)
-        self.vocab_size = int(lib.llama_n_vocab(self._model))
-        self.max_context = int(lib.llama_n_ctx(self._ctx))
+        # padded to blocks, or lone rows scored as in blocks: verification scores what plain
+        # decoding scores, nothing to recheck
+        alike = self.min_rows > 1 or getattr(self, "rows_match", False)
+        self.batch_noise = batch_noise_setting(0.0 if alike else type(self).batch_noise)
         self.hidden_size = int(lib.llama_model_n_embd(self._model))
         self.num_layers = int(lib.llama_n_layer(self._model))
         self.bytes_per_forward = int(lib.llama_model_size(self._model))
         self.n_threads = n_threads
-        self._len = 0
+
+    def rows_alike(self) -> bool:
+        """Whether a token fed alone gets bit for bit the logits it gets as the first row of
+        a block of 2, at two positions after a short prefix (the kernels decide it, not the
+        tokens: one check at load). Leaves the cache empty."""
+        ids = [(7 + 131 * i) % self.vocab_size for i in range(10)]
+        try:
+            self._feed_rows(ids[:6], every_row=False)
+            alike = True
+            for tok in ids[6:8]:
+                start = self._len
+                lone = self._feed_rows([tok], every_row=True)
+                self._remove_from(start)
+                self._len = start
+                block = self._feed_rows([tok, ids[9]], every_row=True)[:1]
+                self._remove_from(start + 1)
+                self._len = start + 1
+                alike = alike and torch.equal(lone, block)
+        finally:
+            self._remove_from(0)
+            self._len = 0
+        return alike
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
         pad = min(self.min_rows - len(ids), self.max_context - self._len - len(ids))

@@ -48,13 +48,17 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from adaspec.backends import ikllama
-    from adaspec.backends.ik_build import build_info, native_library, runtime_dir
+    from adaspec.backends.ik_build import build_info, current, native_library, runtime_dir
 
     native = native_library(ikllama.IK_VERSION)
     info = build_info(ikllama.IK_VERSION)
     if native is not None:
+        patches = ", ".join((info or {}).get("patches") or []) or "none"
         print(f"native build for this CPU: {native.parent} (built "
-              f"{info.get('built_at') if info else '?'})")
+              f"{info.get('built_at') if info else '?'}; source patches: {patches})")
+        if not current(info):
+            print("  made without this adaspec's source patches: `adaspec runtime build` "
+                  "builds it again (lone tokens then score like blocks, see docs/exactness.md)")
     elif info is not None:
         print(f"native build at {runtime_dir(ikllama.IK_VERSION)} is for another CPU "
               f"({info.get('cpu_signature', {}).get('cpu')}); `adaspec runtime build` "

@@ -1,12 +1,13 @@
 """Length controllers: how many tokens to draft before verifying. One registry: `ctrl=NAME`
-in a method string selects an entry, whose `build` reads the method's typed parameters. The
-bench adds `ctrl=oracle` (`lab/bench/oracle.py`), which needs the target's output in advance."""
+in a method string selects an entry, whose `build` reads the `LengthSettings` the method's
+parameters give (`ChainParams.length_settings`). The bench adds `ctrl=oracle`
+(`lab/bench/oracle.py`), which needs the target's output in advance."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adaspec.control.base import LengthController
 from adaspec.control.confidence import HF_DEFAULT_THRESHOLD, ConfidenceLength
@@ -19,33 +20,56 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ControllerKind:
-    """build(params, profile): params carry k, k_max and the dynamic settings (threshold,
-    disco, sl_max, stop, guess); profile prices DISCO's stop=cost."""
+class DiscoSettings:
+    """ctrl=disco's settings: the artifact, and what overrides its tuned values (None: the
+    artifact's)."""
 
-    build: Callable[[Any, CostProfile | None], LengthController]
+    artifact: str
+    tau: float | None = None  # stop=tau: stop below this acceptance probability
+    sl_max: int | None = None  # most tokens per draft
+    stop: str = "tau"  # tau | cost
+    guess: str | None = None  # stop=cost: last | mean
+
+
+@dataclass(frozen=True)
+class LengthSettings:
+    """What a length controller is built from: k and its bound, the confidence threshold
+    (None: the controller's default), and DISCO's settings (ctrl=disco only)."""
+
+    k: int
+    k_max: int
+    threshold: float | None = None
+    disco: DiscoSettings | None = None
+
+
+@dataclass(frozen=True)
+class ControllerKind:
+    """build(settings, profile): profile prices DISCO's stop=cost."""
+
+    build: Callable[[LengthSettings, CostProfile | None], LengthController]
     reads_draft: bool = False  # reads the draft model's distributions (needs draft:)
     summary: str = ""
 
 
-def _disco(params: Any, profile: CostProfile | None) -> LengthController:
+def _disco(settings: LengthSettings, profile: CostProfile | None) -> LengthController:
     from adaspec.control.disco import DiscoLength  # loads torch.nn only when used
 
-    tau = params.threshold if params.threshold >= 0 else None
+    disco = settings.disco or DiscoSettings("")  # no artifact: from_file says how to make one
     return DiscoLength.from_file(
-        params.disco, tau=tau, sl_max=params.sl_max or None, stop=params.stop,
-        profile=profile if params.stop == "cost" else None, guess=params.guess or None,
+        disco.artifact, tau=disco.tau, sl_max=disco.sl_max, stop=disco.stop,
+        profile=profile if disco.stop == "cost" else None, guess=disco.guess,
     )
 
 
 CONTROLLERS: Registry[ControllerKind] = Registry("length controller")
 CONTROLLERS.register("static", ControllerKind(
-    lambda p, _: StaticLength(p.k), summary="always k tokens"))
+    lambda s, _: StaticLength(s.k), summary="always k tokens"))
 CONTROLLERS.register("heuristic", ControllerKind(
-    lambda p, _: HeuristicLength(k=p.k, k_max=max(p.k, p.k_max)),
+    lambda s, _: HeuristicLength(k=s.k, k_max=s.k_max),
     summary="k + 2 after a fully accepted draft, k - 1 otherwise (Hugging Face's schedule)"))
 CONTROLLERS.register("confidence", ControllerKind(
-    lambda p, _: ConfidenceLength(p.threshold if p.threshold >= 0 else HF_DEFAULT_THRESHOLD, p.k),
+    lambda s, _: ConfidenceLength(HF_DEFAULT_THRESHOLD if s.threshold is None else s.threshold,
+                                  s.k),
     reads_draft=True, summary="stop below a top draft probability"))
 CONTROLLERS.register("disco", ControllerKind(
     _disco, reads_draft=True,

@@ -15,6 +15,7 @@ from adaspec.methods.params import ChainParams, check, param
 from adaspec.methods.registry import Method, Models
 
 if TYPE_CHECKING:
+    from adaspec.control import LengthSettings
     from adaspec.draft.base import Drafter
 
 
@@ -81,6 +82,18 @@ class DraftParams(ChainParams):
                              "with chains")
         verify.choose(self.verify, trees=tree is not None)
 
+    def length_settings(self) -> LengthSettings:
+        """ctrl=confidence's threshold or DISCO's settings beside k (threshold is tau for
+        DISCO's stop=tau)."""
+        from adaspec.control import DiscoSettings, LengthSettings
+
+        threshold = self.threshold if self.threshold >= 0 else None
+        if self.ctrl != "disco":
+            return LengthSettings(self.k, max(self.k, self.k_max), threshold)
+        disco = DiscoSettings(self.disco, tau=threshold, sl_max=self.sl_max or None,
+                              stop=self.stop, guess=self.guess or None)
+        return LengthSettings(self.k, max(self.k, self.k_max), disco=disco)
+
     @property
     def branching(self) -> tuple[int, ...] | None:
         """The tree's branching factors per level (AutoBranching for tree=auto), or None."""
@@ -117,7 +130,7 @@ def _build(params: DraftParams, models: Models, text: str):
     drafter: Drafter
     if tree is None:
         drafter = ModelDrafter(draft)
-        controller = CONTROLLERS[params.ctrl].build(params, profile)
+        controller = CONTROLLERS[params.ctrl].build(params.length_settings(), profile)
     elif isinstance(tree, AutoBranching):
         assert profile is not None  # tree=auto prices its steps
         drafter = AutoTreeDrafter(draft, profile, tree.max_nodes)

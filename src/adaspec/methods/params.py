@@ -8,9 +8,12 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaspec.errors import InputError
+
+if TYPE_CHECKING:
+    from adaspec.control import LengthSettings
 
 
 class UnknownParameter(InputError):
@@ -81,6 +84,12 @@ class ChainParams:
     def __post_init__(self) -> None:
         check(self.k >= 1, "k must be >= 1")
         self.check_ctrl_and_verify()
+
+    def length_settings(self) -> LengthSettings:
+        """What `ctrl`'s controller is built from."""
+        from adaspec.control import LengthSettings
+
+        return LengthSettings(k=self.k, k_max=max(self.k, self.k_max))
 
     def check_ctrl_and_verify(self) -> None:
         from adaspec.control import CONTROLLERS

@@ -50,5 +50,5 @@ class OracleLength(LengthController):
 # `ctrl=oracle` in a method string, wherever the bench is loaded (`lab.bench.references`)
 if "oracle" not in CONTROLLERS:
     CONTROLLERS.register("oracle", ControllerKind(
-        lambda p, _: OracleLength(k_max=p.k_max), reads_draft=True,
+        lambda s, _: OracleLength(k_max=s.k_max), reads_draft=True,
         summary="the length the target would accept (measurement only)"))
