@@ -111,3 +111,16 @@ def test_the_bench_runner_reaches_both_branches(tmp_path, target, draft, tokeniz
     runtime_noise(min(gaps) - 1e-3)  # just below the narrowest gap: bugs again
     ex, _ = _broken_run(tmp_path, target, draft, tokenizer, "below")
     assert (ex["differs"], ex["bugs"], ex["numerical_ties"]) == (2, 2, 0)
+
+
+def test_the_tie_tolerance_is_what_the_target_runtime_measures():
+    """An ik_llama.cpp target that scores lone tokens and blocks alike (batch_noise 0) has no
+    ties at all: any divergence is a bug. Its noisy settings and llama.cpp keep the measured
+    0.5; torch bf16 one ulp."""
+    from types import SimpleNamespace as Target
+
+    assert exactness.tie_tolerance(Target(kind="ik_llama-native+child", batch_noise=0.0)) == 0
+    assert exactness.tie_tolerance(Target(kind="ik_llama-blocks2+child", batch_noise=0.0)) == 0
+    assert exactness.tie_tolerance(Target(kind="ik_llama+child", batch_noise=0.75)) == 0.5
+    assert exactness.tie_tolerance(Target(kind="llamacpp+child", batch_noise=0.0)) == 0.5
+    assert exactness.tie_tolerance(Target(kind="torch", batch_noise=0.0)) == 0.125
