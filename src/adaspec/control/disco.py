@@ -74,6 +74,7 @@ class DiscoLength(LengthController):
             # see the context, and the rule only compares lengths within one step.
             self.step_ms = [profile.step_ms(n, n) for n in range(self.sl_max + 1)]
         self.cursor = GenerationCursor()
+        self.builtin = False  # the classifier shipped for the built-in pair
         self.last_probability: float | None = None
         self._step: list[float] = []  # this step's acceptance probabilities
         self._sum, self._count = 0.0, 0  # the request's, for guess=mean
@@ -88,16 +89,33 @@ class DiscoLength(LengthController):
         profile: CostProfile | None = None,
         guess: str | None = None,
     ):
-        if not path:
+        """path "": the classifier shipped for the built-in pair (`control/builtin`)."""
+        from adaspec.control.builtin import DISCO_BUILTIN
+
+        builtin = not path
+        if builtin and not DISCO_BUILTIN.is_file():
             raise InputError(
                 "ctrl=disco needs disco=PATH, an artifact that `adaspec disco collect`, "
                 "`disco train` and `disco tune` build (docs/disco.md)"
             )
-        return cls(DiscoArtifact.load(path), tau, sl_max, stop, profile, guess)
+        controller = cls(DiscoArtifact.load(path or DISCO_BUILTIN), tau, sl_max, stop,
+                         profile, guess)
+        controller.builtin = builtin
+        return controller
 
     def check_models(self, target: str, draft: str) -> None:
         """Called by build_engine with the backends' names."""
-        self.artifact.check_pair(target, draft)
+        try:
+            self.artifact.check_pair(target, draft)
+        except InputError as exc:
+            if not self.builtin:
+                raise
+            raise InputError(
+                f"the DISCO classifier shipped with adaspec is for draft {self.artifact.draft!r}"
+                f" with target {self.artifact.target!r}; for draft {draft!r} with target "
+                f"{target!r} build one (adaspec disco collect / train / tune, docs/disco.md) "
+                "and pass disco=PATH"
+            ) from exc
 
     def start(self) -> None:
         self.cursor.start()
