@@ -127,7 +127,7 @@ def main() -> None:
         prompts += load_suite(name, int(limit) if limit else None)
     results = {}
     for runtime in args.runtimes.split(","):
-        backend, tokenizer, _ = load_backend(args.target, quant=runtime)
+        backend, tokenizer, _ = load_backend(args.target, weights=runtime)
         rows = []
         for prompt in prompts:
             got = measure(backend, chat_ids(tokenizer, prompt.text), args.tokens, sizes)

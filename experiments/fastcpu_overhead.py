@@ -6,7 +6,7 @@ the decode loop's own cost (drafting logic, verification, sampling, cache bookke
 Writes overhead.json and overhead.md to --out.
 
     flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/fastcpu_overhead.py \
-        --quant int8-dyn --draft-quant int4
+        --weights int8-dyn --draft-weights int4
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def main() -> None:
     ap.add_argument("--methods", default="ar;ngram;draft:k=4")
     ap.add_argument("--suite", default="humaneval:2,spec-bench:2")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--quant", default="none")
-    ap.add_argument("--draft-quant", default="none")
+    ap.add_argument("--weights", default="none")
+    ap.add_argument("--draft-weights", default="none")
     ap.add_argument("--out", default="experiments/results/fastcpu")
     args = ap.parse_args()
     torch.set_num_threads(2)
     target, tok, draft, eos = load_backends(
-        TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16", args.quant, args.draft_quant
+        TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16", args.weights, args.draft_weights
     )
     timers = {"target": ForwardTimer(target), "draft": ForwardTimer(draft)}
     prompts = []
@@ -89,11 +89,11 @@ def main() -> None:
                      "ms_per_token": round(1000 * t["wall"] / t["tokens"], 1)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = f"{args.quant}-{args.draft_quant}"
-    meta = {"quant": args.quant, "draft_quant": args.draft_quant, "suite": args.suite,
+    tag = f"{args.weights}-{args.draft_weights}"
+    meta = {"weights": args.weights, "draft_weights": args.draft_weights, "suite": args.suite,
             "max_new_tokens": args.max_new_tokens, "prompts": [p.id for p in prompts]}
     (out / f"overhead-{tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
-    lines = [f"# Loop overhead (target {args.quant}, draft {args.draft_quant}; "
+    lines = [f"# Loop overhead (target {args.weights}, draft {args.draft_weights}; "
              f"{len(prompts)} prompts x {args.max_new_tokens} tokens, greedy)", "",
              "| method | ms/token | wall s | target forwards s | draft forwards s | "
              "outside forwards s | overhead share |",

@@ -66,8 +66,8 @@ def load_rows(run: Path) -> list[Row]:
             budget = 1
         else:
             depth = nodes = budget = 0
-        verify = str(getattr(spec.params, "verify", "auto"))
-        if verify == "auto":
+        verify = str(getattr(spec.params, "verify", "default"))
+        if verify == "default":
             verify = ("greedy" if temperature == 0 else "mcss-wor") if factors else (
                 "greedy" if temperature == 0 else "speculative")
         rows.append(Row(

@@ -363,6 +363,12 @@ _E = {
         27: "a pip command holds one `pip install`", 32: "a pip command holds one `pip install`",
     },
 }
+# `draft.model_tree.PricedTreeDrafter` was `AutoTreeDrafter` (issue 32): the ledger keeps the
+# results measured under the old name, a new run records them under the new one.
+for _f in ("_observe", "propose"):
+    _E[f"draft.model_tree.xǁPricedTreeDrafterǁ{_f}"] = (
+        _E[f"draft.model_tree.xǁAutoTreeDrafterǁ{_f}"])
+
 EQUIVALENT: dict[str, str] = {
     f"adaspec.{func}__mutmut_{n}": reason
     for func, reasons in _E.items() for n, reason in reasons.items()

@@ -11,7 +11,7 @@ STEPS=${*:-data stream ablation engine}
 mkdir -p "$OUT"
 PROFILE="$OUT/profile-ik-target-int8-draft.json"
 profile() {  # the cost profile of the pair online distillation serves: ik target, int8 draft
-  [ -f "$PROFILE" ] || adaspec profile --target $TARGET --draft $DRAFT --draft-quant int8 \
+  [ -f "$PROFILE" ] || adaspec profile --target $TARGET --draft $DRAFT --draft-weights int8 \
     --out "$PROFILE"
 }
 for step in $STEPS; do
@@ -44,10 +44,10 @@ for step in $STEPS; do
     # the real engine: recording overhead, exactness (each difference classified) and the
     # CPU the updates take from serving, the update worker at nice 0, then at nice 19
     profile
-    adaspec osd simulate --target $TARGET --draft $DRAFT --draft-quant int8 --replay engine \
+    adaspec osd simulate --target $TARGET --draft $DRAFT --draft-weights int8 --replay engine \
       --profile "$PROFILE" --blocks humaneval:4,wmt:4,sharegpt:4,spec-bench:4 --interval 4 \
       --overhead-requests 6 --osd-nice 0 --runs "frozen;online" --out "$OUT/engine"
-    adaspec osd simulate --target $TARGET --draft $DRAFT --draft-quant int8 --replay engine \
+    adaspec osd simulate --target $TARGET --draft $DRAFT --draft-weights int8 --replay engine \
       --profile "$PROFILE" --blocks humaneval:4,wmt:4,sharegpt:4,spec-bench:4 --interval 4 \
       --runs "frozen;online" --out "$OUT/engine-nice" ;;
   *) echo "unknown step $step (steps: data stream ablation engine)"; exit 2 ;;

@@ -2,8 +2,9 @@
 # The router measurement (issue 6): greedy, 48 new tokens, every step resumable, each under
 # the CPU lock. Defaults (with ALPHA=0.1) reproduce the Xeon run (bf16 built-in pair,
 # experiments/results/router);
-# on another machine set OUT, QUANT / DRAFT_QUANT and ARMS, e.g. the AVX2 run:
-#   OUT=experiments/results/router-epyc QUANT=int8 DRAFT_QUANT=int4 \
+# on another machine set OUT, WEIGHTS / DRAFT_WEIGHTS (formerly QUANT / DRAFT_QUANT, still
+# read) and ARMS, e.g. the AVX2 run:
+#   OUT=experiments/results/router-epyc WEIGHTS=int8 DRAFT_WEIGHTS=int4 \
 #     ARMS=ar,ngram,draft:k=1,draft:k=3 TRAIN_SUITES=sharegpt:18,humaneval:10,wmt:10 \
 #     TEST_SUITES=spec-bench:1,humaneval:2,wmt:2 experiments/router.sh
 #   train: ShareGPT first turns + the second half of HumanEval and WMT (the router's data)
@@ -14,7 +15,7 @@ OUT=${OUT:-experiments/results/router}
 LOCK="flock /tmp/adaspec-cpu.lock"
 ADASPEC=.venv/bin/adaspec
 ARMS=${ARMS:-ar,ngram,draft:k=4,draft:ctrl=heuristic,k=4}
-MODEL="--quant ${QUANT:-none} --draft-quant ${DRAFT_QUANT:-none}"
+MODEL="--weights ${WEIGHTS:-${QUANT:-none}} --draft-weights ${DRAFT_WEIGHTS:-${DRAFT_QUANT:-none}}"
 TEST_SUITES=${TEST_SUITES:-spec-bench:1,humaneval:2,wmt:2}
 EPOCHS=${EPOCHS:-300}
 

@@ -56,7 +56,7 @@ def main() -> int:
     meta = read_meta(args.data)
     rows = read_rows(args.data)
     val = [r for r in rows if r.split == "val" and r.output][: args.limit]
-    target, _, _, _ = load_backends(meta["target"], None, "bfloat16", "auto", "none")
+    target, _, _, _ = load_backends(meta["target"], None, "bfloat16", "fastest", "none")
     profile = profile_for(target, None, loop_overhead=loop_overhead_ms)
     results = []
     for source, exits in CANDIDATES:

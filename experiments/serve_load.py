@@ -320,8 +320,8 @@ def http_overhead_phase(url: str, model: str, prompts: list[str], max_tokens: in
 def library_phase(args, prompts: list[str], max_tokens: int) -> list[tuple[float, int, str]]:
     from adaspec.methods.build import load_engine
 
-    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.quant,
-                         args.draft_quant)
+    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.weights,
+                         args.draft_weights)
     engine.generate(prompts[0], 4)  # warm up
     rows = []
     for p in prompts:
@@ -355,7 +355,8 @@ def summary_md(run: dict) -> str:
         "# adaspec serve under load",
         "",
         f"{run['date']} on {run['machine']}; target `{cfg['target']}`, draft `{cfg['draft']}`, "
-        f"method `{cfg['method']}`, weights `{cfg['quant']}`; loopback only.",
+        f"method `{cfg['method']}`, weights `{cfg.get('weights', cfg.get('quant'))}`; "
+        "loopback only.",
         "",
         f"Command: `{run['command']}`",
         "",
@@ -422,8 +423,8 @@ def main() -> int:
     p.add_argument("--target", default=None)
     p.add_argument("--draft", default=None)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--quant", default="auto")
-    p.add_argument("--draft-quant", default="auto")
+    p.add_argument("--weights", default="fastest")
+    p.add_argument("--draft-weights", default="fastest")
     p.add_argument("--tiny", action="store_true",
                    help="random tiny models (a check that the script works; numbers mean nothing)")
     p.add_argument("--seed", type=int, default=0)
@@ -442,7 +443,7 @@ def main() -> int:
 
         tmp = Path(tempfile.mkdtemp(prefix="serve-load-"))
         args.target, args.draft = save_tiny_pair(tmp, context=1024)
-        args.dtype, args.quant, args.draft_quant = "float32", "none", "none"
+        args.dtype, args.weights, args.draft_weights = "float32", "none", "none"
         if args.method == "auto":
             args.method = "draft:k=3"
         env["ADASPEC_HOME"] = str(tmp / "home")
@@ -463,8 +464,8 @@ def main() -> int:
         prompts, min(args.overhead_requests, len(prompts)))
 
     server = Server(["--method", args.method, "--target", args.target, "--draft", args.draft,
-                     "--dtype", args.dtype, "--quant", args.quant, "--draft-quant",
-                     args.draft_quant, "--max-queue", str(args.clients),
+                     "--dtype", args.dtype, "--weights", args.weights, "--draft-weights",
+                     args.draft_weights, "--max-queue", str(args.clients),
                      "--model-name", "adaspec"], out / "server.log", env)
     print(f"server at {server.url}; load: {args.clients} clients, {args.minutes} min",
           flush=True)
@@ -504,8 +505,8 @@ def main() -> int:
     run = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _cpu_name(), "command": " ".join(["python", *sys.argv]),
-        "config": {k: getattr(args, k) for k in ("method", "target", "draft", "dtype", "quant",
-                                                 "draft_quant", "max_tokens", "clients",
+        "config": {k: getattr(args, k) for k in ("method", "target", "draft", "dtype", "weights",
+                                                 "draft_weights", "max_tokens", "clients",
                                                  "minutes", "stream_share", "suites")},
         "load": load, "overhead": overhead, "server_exit": code,
         "http_overhead_requests": [asdict(o) for o in http],

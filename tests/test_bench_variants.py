@@ -1,5 +1,5 @@
-"""Methods written NAME@QUANT[/DRAFT_QUANT] run on quantized copies of the models in the same
-bench run; each is checked for exactness against plain decoding of its own target."""
+"""Methods written NAME@WEIGHTS[/DRAFT_WEIGHTS] run on quantized copies of the models in the
+same bench run; each is checked for exactness against plain decoding of its own target."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_gguf_is_a_weights_variant_with_its_own_baseline_and_bad_variants_are_na
     from adaspec.methods.spec import parse_method
 
     spec = parse_method("draft:k=3@gguf/gguf")
-    assert (spec.quant, spec.draft_quant) == ("gguf", "gguf")
+    assert (spec.weights, spec.draft_weights) == ("gguf", "gguf")
     assert with_variant_baselines(["ar", "ngram@gguf"]) == ["ar", "ar@gguf", "ngram@gguf"]
     with pytest.raises(InputError, match="unknown weights 'int3' after '@'.*gguf"):
         parse_method("ngram@int3")

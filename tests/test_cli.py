@@ -109,3 +109,61 @@ def test_parsing_arguments_imports_no_model_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------- old option names and values (issue 32)
+@pytest.mark.parametrize(
+    ("argv", "weights", "draft_weights", "note"),
+    [
+        (["--quant", "int8"], "int8", "fastest", "--quant is deprecated; use --weights instead"),
+        (["--draft-quant", "int4"], "fastest", "int4",
+         "--draft-quant is deprecated; use --draft-weights instead"),
+        (["--weights", "auto"], "fastest", "fastest",
+         "weights 'auto' are now called 'fastest'"),
+        (["--draft-weights", "auto"], "fastest", "fastest",
+         "weights 'auto' are now called 'fastest'"),
+    ],
+)
+def test_old_weights_options_and_value_still_work_with_a_one_line_note(
+        capsys, argv, weights, draft_weights, note):
+    """--quant / --draft-quant (the names before --weights) and the value `auto` (now
+    `fastest`) still parse, to the new values, each with one line on stderr."""
+    from adaspec.cli import build_parser
+
+    args = build_parser().parse_args(["generate", "hi", *argv])
+    assert (args.weights, args.draft_weights) == (weights, draft_weights)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and note in err, err
+
+
+def test_old_option_with_the_old_value_says_both():
+    import subprocess
+    import sys
+
+    code = ("from adaspec.cli import build_parser\n"
+            "a = build_parser().parse_args(['bench', '--quant', 'auto'])\n"
+            "print(a.weights)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "fastest"
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2 and "use --weights" in lines[1] and "'fastest'" in lines[0]
+
+
+def test_the_old_options_are_hidden_from_help(capsys):
+    from adaspec.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert "--weights {fastest,none,int8,int4,int8-dyn,gguf,ik}" in out
+    assert "--draft-weights" in out and "--quant" not in out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "hi", "--quant", "int3"])  # same choices
+
+
+def test_a_library_caller_giving_weights_auto_is_told_the_new_name():
+    from adaspec.backends.load import start_backend
+    from adaspec.errors import InputError
+
+    with pytest.raises(InputError, match="weights 'auto' are now called 'fastest'"):
+        start_backend("/no/such/model", weights="auto")

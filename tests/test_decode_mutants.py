@@ -187,7 +187,7 @@ def test_choose_branching_reads_costs_at_the_context():
 
 
 def test_choose_branching_breaks_ties_by_fewer_nodes_and_keeps_the_node_limit():
-    from adaspec.core.token_tree import AutoBranching
+    from adaspec.core.token_tree import PricedBranching
     from adaspec.draft.model_tree import choose_branching
 
     flat = _profile((1.0, 1.0))
@@ -197,7 +197,7 @@ def test_choose_branching_breaks_ties_by_fewer_nodes_and_keeps_the_node_limit():
     assert choose_branching(flat, (0.5,), [(2, 2)], max_nodes=6) == (2, 2)  # 6 nodes: fits
     with pytest.raises(InputError, match="no candidate tree fits"):
         choose_branching(flat, (0.5,), [(2, 2)], max_nodes=5)
-    assert AutoBranching(2).candidates() == [(1,), (1, 1)]
+    assert PricedBranching(2).candidates() == [(1,), (1, 1)]
 
 
 @pytest.mark.parametrize("messages", [
@@ -342,7 +342,7 @@ def test_oracle_k_max_bounds():
         OracleLength(0)
 
 
-# ------------------------------------------------------------ draft/model_tree (tree=auto)
+# ------------------------------------------------------------ draft/model_tree (tree=priced)
 
 
 def _context_profile(short_draft_ms: float, long_draft_ms: float, long: int = 8):
@@ -356,16 +356,16 @@ def _context_profile(short_draft_ms: float, long_draft_ms: float, long: int = 8)
     return CostProfile(target=target, draft=draft)
 
 
-def test_auto_tree_shape_is_bounded_by_the_step_and_priced_at_the_context(toy):
-    from adaspec.draft.model_tree import AutoTreeDrafter
+def test_priced_tree_shape_is_bounded_by_the_step_and_priced_at_the_context(toy):
+    from adaspec.draft.model_tree import PricedTreeDrafter
 
-    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 500.0))
+    drafter = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 500.0))
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # past the profile's long context: drafts are dear
     drafter.start(ctx)
     proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
     assert drafter.branching == (1,) and proposal.depth == 1
     drafter.commit([*ctx, 0], [])
-    cheap = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
+    cheap = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
     cheap.start(ctx)
     for limit in (2, 3):  # cheap drafts: as deep as the step allows, wide first levels
         proposal = cheap.propose(ctx, limit, StaticLength(limit), SamplingParams(), None)
@@ -377,10 +377,10 @@ def test_auto_tree_shape_is_bounded_by_the_step_and_priced_at_the_context(toy):
     assert cheap.shapes[cheap.branching] == 2
 
 
-def test_auto_tree_draws_siblings_as_asked(toy):
-    from adaspec.draft.model_tree import AutoTreeDrafter
+def test_priced_tree_draws_siblings_as_asked(toy):
+    from adaspec.draft.model_tree import PricedTreeDrafter
 
-    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
+    drafter = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
     ctx = [3, 1, 4, 1, 5]
     params = SamplingParams(1.0)
     gen = torch.Generator().manual_seed(0)
@@ -390,11 +390,11 @@ def test_auto_tree_draws_siblings_as_asked(toy):
     assert drafter.propose(ctx, 2, StaticLength(2), params, gen, True).replacement is True
 
 
-def test_auto_tree_learns_per_rank_with_a_short_prior(toy):
+def test_priced_tree_learns_per_rank_with_a_short_prior(toy):
     """Ranks past the prior's last entry share its estimate."""
-    from adaspec.draft.model_tree import AutoTreeDrafter
+    from adaspec.draft.model_tree import PricedTreeDrafter
 
-    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01),
+    drafter = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01),
                               prior=(0.6, 0.3))
     drafter.candidates = [(4, 1)]
     ctx = [3, 1, 4, 1, 5]
@@ -407,12 +407,12 @@ def test_auto_tree_learns_per_rank_with_a_short_prior(toy):
     assert (rest.trials, rest.successes) == (3, 0)
 
 
-def test_auto_tree_counts_each_level_it_reached(toy):
+def test_priced_tree_counts_each_level_it_reached(toy):
     """Path [2, 5] through a 2x2x1 tree: level 1 hit at rank 2 (rank 1 missed), level 2 hit
     at rank 1, level 3 missed (its one candidate)."""
-    from adaspec.draft.model_tree import AutoTreeDrafter
+    from adaspec.draft.model_tree import PricedTreeDrafter
 
-    drafter = AutoTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
+    drafter = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
     assert drafter.branching == drafter.candidates[0] == (1,)
     assert drafter.shapes == {}
     drafter.candidates = [(2, 2, 1)]
@@ -426,14 +426,14 @@ def test_auto_tree_counts_each_level_it_reached(toy):
     assert counts == [(3, 1), (1, 1), (0, 0)]
 
 
-def test_auto_tree_needs_a_draft_cost(toy):
+def test_priced_tree_needs_a_draft_cost(toy):
     from adaspec.cost.profile import CostProfile, Curve
-    from adaspec.draft.model_tree import AutoTreeDrafter
+    from adaspec.draft.model_tree import PricedTreeDrafter
 
     no_draft = CostProfile(target=Curve([1], [0], [[1.0]]))
     with pytest.raises(InputError) as err:
-        AutoTreeDrafter(TorchBackend(toy), no_draft)
-    assert str(err.value) == ("tree=auto prices draft forwards: it needs a cost profile that "
+        PricedTreeDrafter(TorchBackend(toy), no_draft)
+    assert str(err.value) == ("tree=priced prices draft forwards: it needs a cost profile that "
                               "measured the draft (adaspec profile, with a draft model)")
 
 
@@ -1061,7 +1061,7 @@ def test_time_spent_routing_is_not_counted_as_prefill(toy):
 def test_small_edges_of_the_decode_helpers(toy):
     """Edges the engine's own calls never reach, each with the documented result."""
     from adaspec.core.sampling import argmax
-    from adaspec.core.token_tree import AutoBranching, TokenTree, parse_branching
+    from adaspec.core.token_tree import PricedBranching, TokenTree, parse_branching
     from adaspec.draft.model_tree import ModelTreeDrafter
     from adaspec.engine.loop import Engine
     from adaspec.verify import MCSSVerifier
@@ -1083,10 +1083,10 @@ def test_small_edges_of_the_decode_helpers(toy):
     assert int(argmax(grad)) == 1
     rows = torch.tensor([[0.1, 0.9], [0.8, 0.2]], requires_grad=True)
     assert argmax(rows).tolist() == [1, 0]  # per row, as on the numpy path
-    assert parse_branching("auto", 1) == AutoBranching(1)
+    assert parse_branching("priced", 1) == PricedBranching(1)
     with pytest.raises(InputError) as err:
-        parse_branching("auto", 0)
-    assert str(err.value) == "tree=auto needs max_nodes >= 1, got 0"
+        parse_branching("priced", 0)
+    assert str(err.value) == "tree=priced needs max_nodes >= 1, got 0"
     with pytest.raises(ValueError):
         TokenTree.root(5).add_level([0, 0], [1])  # one parent per token
     p = torch.full((1, 4), 0.25)

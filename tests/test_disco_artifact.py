@@ -26,6 +26,17 @@ def test_round_trip(tmp_path):
     )
 
 
+def test_the_weights_of_the_training_data_under_old_and_new_names():
+    """Data collected before issue 32 named the weights `quant` / `draft_quant` and `fastest`
+    `auto`; an artifact trained on it still loads its pair with those weights."""
+    art = artifact(stop_at_position(2))
+    assert art.weights == ("none", "none")  # collected before weights were recorded
+    art.provenance = {"data": {"quant": "int8", "draft_quant": "auto"}}
+    assert art.weights == ("int8", "fastest")
+    art.provenance = {"data": {"weights": "ik", "draft_weights": "int4", "quant": "int8"}}
+    assert art.weights == ("ik", "int4")
+
+
 def test_another_pair_is_an_error():
     art = artifact(stop_at_position(2))
     art.check_pair("tiny-target", "tiny-draft")

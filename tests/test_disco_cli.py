@@ -114,18 +114,18 @@ def test_errors_are_one_line(pair, tmp_path, capsys):
 
 
 def test_model_options_come_from_the_shared_helper():
-    """collect takes the usual pair and quantization; tune and bench default to the
-    artifact's pair and take its quantization from the file, so --quant is refused there."""
+    """collect takes the usual pair and weights; tune and bench default to the artifact's
+    pair and take its weights from the file, so --weights is refused there."""
     from adaspec.cli import build_parser
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
     parser = build_parser()
-    c = parser.parse_args(["disco", "collect", "--out", "d.pt", "--draft-quant", "int4"])
+    c = parser.parse_args(["disco", "collect", "--out", "d.pt", "--draft-weights", "int4"])
     assert (c.target, c.draft, c.dtype) == (TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16")
-    assert (c.quant, c.draft_quant) == ("none", "int4")
+    assert (c.weights, c.draft_weights) == ("none", "int4")
     for cmd in (["tune", "--artifact", "a.pt"], ["bench", "--artifacts", "a.pt", "--out", "o"]):
         args = parser.parse_args(["disco", *cmd, "--data", "d.pt", "--dtype", "float32"])
         assert (args.target, args.draft, args.dtype) == (None, None, "float32")
-        assert not hasattr(args, "quant")
+        assert not hasattr(args, "weights")
         with pytest.raises(SystemExit):
-            parser.parse_args(["disco", *cmd, "--data", "d.pt", "--quant", "int8"])
+            parser.parse_args(["disco", *cmd, "--data", "d.pt", "--weights", "int8"])

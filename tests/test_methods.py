@@ -46,6 +46,35 @@ def test_bad_method_strings_name_the_problem(text, message):
         parse_method(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("draft:verify=auto", "verify=auto is now verify=default"),
+        ("ngram:verify=auto", "verify=auto is now verify=default"),
+        ("auto:verify=auto", "verify=auto is now verify=default"),
+        ("draft:tree=auto", "tree=auto is now tree=priced"),
+        ("draft:tree=AUTO,verify=mcss-wor", "tree=auto is now tree=priced"),
+        ("ar@auto", "unknown weights 'auto' after '@'"),
+    ],
+)
+def test_old_names_of_renamed_values_name_the_new_one(text, message):
+    """`auto` named the default verifier and the priced tree shape before issue 32 (it names
+    only the method `auto` now): the old spelling is an InputError naming the new one."""
+    with pytest.raises(InputError, match=message):
+        parse_method(text)
+
+
+def test_the_renamed_values_parse():
+    from adaspec.core.token_tree import PricedBranching
+    from adaspec.verify import choose
+
+    assert parse_method("draft:verify=default")["verify"] == "default"
+    assert parse_method("draft")["verify"] == "default"
+    assert isinstance(parse_method("draft:tree=priced").tree, PricedBranching)
+    with pytest.raises(InputError, match="verify=auto is now verify=default"):
+        choose("auto", trees=False)
+
+
 def test_controllers_built_from_spec(target, tokenizer, draft):
     def controller(method):
         return build_engine(method, target, tokenizer, draft).controller

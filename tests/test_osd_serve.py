@@ -94,7 +94,7 @@ def _data(capsys, model_dirs, out) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ADASPEC_DATA_DIR", str(wmt.parent))
         code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
-                           "--quant", "none", "--dtype", "float32", "--suite",
+                           "--weights", "none", "--dtype", "float32", "--suite",
                            "humaneval:6,wmt:6", "--max-new-tokens", "12", "--out", str(out),
                            "--no-progress")
     assert code == 0, err
@@ -106,7 +106,7 @@ def test_osd_simulate_writes_its_results(capsys, model_dirs, tmp_path):
     _data(capsys, model_dirs, data)
     out = tmp_path / "out"
     code, text, err = run(
-        capsys, "osd", "simulate", "--target", target, "--draft", draft, "--quant", "none",
+        capsys, "osd", "simulate", "--target", target, "--draft", draft, "--weights", "none",
         "--dtype", "float32", "--data", str(data), "--blocks", "humaneval,wmt",
         "--runs", "frozen;online:interval=2,domains=field;offline:0.5", "--osd-layers", "1",
         "--osd-steps", "2", "--offline-steps", "2", "--inline", "--out", str(out))
@@ -160,8 +160,8 @@ def test_osd_simulate_engine_replay_decodes_exactly_and_measures_recording(
     _data(capsys, model_dirs, data)
     out = tmp_path / "out"
     code, text, err = run(
-        capsys, "osd", "simulate", "--target", target, "--draft", draft, "--quant", "none",
-        "--draft-quant", "none", "--dtype", "float32", "--data", str(data), "--replay",
+        capsys, "osd", "simulate", "--target", target, "--draft", draft, "--weights", "none",
+        "--draft-weights", "none", "--dtype", "float32", "--data", str(data), "--replay",
         "engine", "--blocks", "humaneval,wmt", "--overhead-requests", "2", "--runs",
         "frozen;online:interval=2", "--osd-layers", "1", "--osd-steps", "2", "--inline",
         "--out", str(out))
@@ -182,7 +182,7 @@ def test_engine_replay_refuses_a_gguf_draft(capsys, model_dirs, tmp_path):
     data = tmp_path / "data"
     _data(capsys, model_dirs, data)
     code, _, err = run(capsys, "osd", "simulate", "--target", target, "--draft", draft,
-                       "--data", str(data), "--replay", "engine", "--draft-quant", "ik",
+                       "--data", str(data), "--replay", "engine", "--draft-weights", "ik",
                        "--out", str(tmp_path / "o"))
     assert code == 2 and "torch" in err
 
@@ -221,7 +221,7 @@ def test_engine_replay_classifies_a_difference_from_the_stored_output(
 
     target, draft = model_dirs
     engine = load_engine("draft:k=2", target=target, draft=draft, dtype="float32",
-                         quant="none", draft_quant="none")
+                         weights="none", draft_weights="none")
     prompt = [5, 9, 11, 3]
     out = engine.generate(prompt, max_new_tokens=8).token_ids
     wrong = out[:4] + [(out[4] + 1) % engine.target.vocab_size] + out[5:]

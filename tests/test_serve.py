@@ -514,7 +514,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(model_dirs):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # ADASPEC_HOME: the module's
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaspec", "serve", "--target", target, "--draft", draft,
-         "--dtype", "float32", "--quant", "none", "--draft-quant", "none", "--method", "ar",
+         "--dtype", "float32", "--weights", "none", "--draft-weights", "none", "--method", "ar",
          "--port", "0", "--model-name", MODEL, "--log-level", "warning"],
         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:

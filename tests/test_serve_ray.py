@@ -34,7 +34,7 @@ def ray_url(model_dirs, tmp_path_factory):
     target, draft = model_dirs
     port = free_port()
     config = ServeConfig(method="draft:k=3", target=target, draft=draft, dtype="float32",
-                         quant="none", draft_quant="none", model_name=MODEL, port=port,
+                         weights="none", draft_weights="none", model_name=MODEL, port=port,
                          max_queue=4)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              _temp_dir=str(tmp_path_factory.mktemp("ray")),

@@ -1,4 +1,4 @@
-"""Tree shapes chosen by expected accepted tokens per unit of measured cost (`tree=auto`):
+"""Tree shapes chosen by expected accepted tokens per unit of measured cost (`tree=priced`):
 a chain where every verified token is dear, a wide tree where verification is nearly free;
 the drafter learns the request's acceptance per candidate rank; greedy output stays exact."""
 
@@ -13,14 +13,14 @@ from adaspec.control.static import StaticLength
 from adaspec.core.sampling import SamplingParams
 from adaspec.core.token_tree import (
     CANDIDATE_SHAPES,
-    AutoBranching,
+    PricedBranching,
     parse_branching,
     tree_node_count,
 )
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.model_tree import (
     DEFAULT_RANK_RATES,
-    AutoTreeDrafter,
+    PricedTreeDrafter,
     choose_branching,
     expected_tokens,
     level_hit,
@@ -90,17 +90,17 @@ def test_acceptance_moves_the_choice():
 
 
 def test_method_string(target, tokenizer, draft):
-    spec = parse_method("draft:tree=auto")
-    assert isinstance(spec.tree, AutoBranching) and spec.tree.max_nodes == 64
-    assert isinstance(parse_branching("AUTO", 10), AutoBranching)
-    assert all(tree_node_count(c) <= 10 for c in parse_branching("auto", 10).candidates())
+    spec = parse_method("draft:tree=priced")
+    assert isinstance(spec.tree, PricedBranching) and spec.tree.max_nodes == 64
+    assert isinstance(parse_branching("PRICED", 10), PricedBranching)
+    assert all(tree_node_count(c) <= 10 for c in parse_branching("priced", 10).candidates())
     ctrl = build_engine(spec, target, tokenizer, draft).controller
     assert isinstance(ctrl, StaticLength) and ctrl.max_tokens() == 8
     with pytest.raises(InputError, match="fixed shape"):
-        parse_method("draft:tree=auto,ctrl=heuristic")
+        parse_method("draft:tree=priced,ctrl=heuristic")
     with pytest.raises(InputError, match="verify=speculative checks chains"):
-        parse_method("draft:tree=auto,verify=speculative")
-    parse_method("draft:tree=auto,verify=mcss-wor,profile=flat")
+        parse_method("draft:tree=priced,verify=speculative")
+    parse_method("draft:tree=priced,verify=mcss-wor,profile=flat")
 
 
 # ------------------------------------------------------------------------ the engine
@@ -109,9 +109,9 @@ def test_greedy_equals_plain_decoding(target, draft, target_model):
     where it is dear small shapes (a chain, or two candidates when the draft is poor)."""
     shapes: dict[str, set] = {}
     for name, costs in (("flat", flat()), ("steep", steep())):
-        engine = build_engine("draft:tree=auto", target, None, draft, eos_token_ids=[],
+        engine = build_engine("draft:tree=priced", target, None, draft, eos_token_ids=[],
                               profile=costs)
-        assert isinstance(engine.drafter, AutoTreeDrafter)
+        assert isinstance(engine.drafter, PricedTreeDrafter)
         shapes[name] = set()
         for prompt in PROMPTS:
             res = engine.generate(prompt, max_new_tokens=30)
@@ -123,14 +123,14 @@ def test_greedy_equals_plain_decoding(target, draft, target_model):
 
 
 def test_the_machines_profile_by_default(target, draft, measured):
-    engine = build_engine("draft:tree=auto", target, None, draft, eos_token_ids=[])
+    engine = build_engine("draft:tree=priced", target, None, draft, eos_token_ids=[])
     assert measured == [("tiny-target", "tiny-draft")] and engine.drafter.profile.simulated
     build_engine("draft:tree=4x2", target, None, draft, eos_token_ids=[])
     assert len(measured) == 1  # a fixed shape reads no costs
 
 
 def test_the_methods_own_profile(target, draft, target_model):
-    engine = build_engine("draft:tree=auto,profile=flat,max_nodes=20", target, None, draft,
+    engine = build_engine("draft:tree=priced,profile=flat,max_nodes=20", target, None, draft,
                           eos_token_ids=[])
     assert engine.drafter.profile.simulated and engine.drafter.max_nodes == 20
     res = engine.generate(PROMPTS[1], max_new_tokens=20)
@@ -141,7 +141,7 @@ def test_the_methods_own_profile(target, draft, target_model):
 def test_running_acceptance_per_rank(target_model):
     """The target as its own draft: rank 1 always matches, so its rate climbs and the chain
     grows; a draft that always disagrees drives it down to one-token chains."""
-    twin = build_engine("draft:tree=auto", TorchBackend(target_model), None,
+    twin = build_engine("draft:tree=priced", TorchBackend(target_model), None,
                         TorchBackend(copy.deepcopy(target_model)), eos_token_ids=[],
                         profile=steep())
     res = twin.generate(PROMPTS[0], max_new_tokens=40)
@@ -149,7 +149,7 @@ def test_running_acceptance_per_rank(target_model):
     drafter = twin.drafter
     assert drafter.rates[0] > DEFAULT_RANK_RATES[0] + 0.2
     assert max(len(s) for s in drafter.shapes) > len(choose_branching(steep()))
-    no = build_engine("draft:tree=auto", TorchBackend(target_model), None,
+    no = build_engine("draft:tree=priced", TorchBackend(target_model), None,
                       NegatedBackend(copy.deepcopy(target_model)), eos_token_ids=[],
                       profile=flat())
     res = no.generate(PROMPTS[0], max_new_tokens=30)
@@ -159,7 +159,7 @@ def test_running_acceptance_per_rank(target_model):
 
 
 def test_sampled_trees_run(target, draft):
-    engine = build_engine("draft:tree=auto", target, None, draft, eos_token_ids=[],
+    engine = build_engine("draft:tree=priced", target, None, draft, eos_token_ids=[],
                           profile=flat())
     a = engine.generate(PROMPTS[2], 20, SamplingParams(temperature=0.8, seed=3)).token_ids
     b = engine.generate(PROMPTS[2], 20, SamplingParams(temperature=0.8, seed=3)).token_ids
@@ -168,4 +168,4 @@ def test_sampled_trees_run(target, draft):
 
 def test_needs_a_profile_with_a_draft(draft):
     with pytest.raises(InputError, match="measured the draft"):
-        AutoTreeDrafter(draft, CostProfile(target=Curve([1], [0], [[10.0]])))
+        PricedTreeDrafter(draft, CostProfile(target=Curve([1], [0], [[10.0]])))

@@ -456,7 +456,7 @@ def test_registry_and_choose():
     with pytest.raises(InputError, match="unknown verifier 'magic'; known: greedy, speculative"):
         VERIFIERS["magic"]
     assert isinstance(choose(None, trees=False, greedy=True), GreedyVerifier)
-    assert isinstance(choose("auto", trees=False, greedy=None), GreedyVerifier)
+    assert isinstance(choose("default", trees=False, greedy=None), GreedyVerifier)
     assert isinstance(choose(None, trees=False, greedy=False), SpeculativeVerifier)
     assert isinstance(choose(None, trees=True, greedy=False), MCSSWithoutReplacementVerifier)
     assert isinstance(choose("mcns", trees=True, greedy=False), MCNSVerifier)

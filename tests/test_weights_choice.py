@@ -1,4 +1,4 @@
-"""The runtime `auto` picks, the shared-tokenizer shortcut, and numpy's argmax stand-in."""
+"""The runtime `fastest` picks, the shared-tokenizer shortcut, and numpy's argmax stand-in."""
 
 from __future__ import annotations
 

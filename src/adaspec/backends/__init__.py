@@ -1,2 +1,2 @@
 """Model runtimes behind one interface (`base.ModelBackend`): torch, llama.cpp and
-ik_llama.cpp (in a child process), and how `auto` picks the fastest one installed."""
+ik_llama.cpp (in a child process), and how `fastest` picks the fastest one installed."""

@@ -36,7 +36,7 @@ IK_VERSION = "0.1.5"
 INSTALL_HINT = f"pip install 'ik-llama-cpp-python=={IK_VERSION}' (a prebuilt AVX2 wheel)"
 DEFAULT_CONTEXT = 8192  # tokens
 DEFAULT_BATCH = 512  # tokens per llama_decode call of a prompt prefill
-# The weights variant (`--quant ik`, `NAME@ik`): a model's GGUF run by ik_llama.cpp.
+# The weights variant (`--weights ik`, `NAME@ik`): a model's GGUF run by ik_llama.cpp.
 IK = "ik"
 
 

@@ -42,7 +42,7 @@ EXTRA_BUFFERS_ENV = "ADASPEC_LLAMACPP_EXTRA_BUFFERS"
 PROBE_TIMEOUT = 600  # seconds: a load with repacking of a large model on a slow disk
 
 
-# The weights variant (`--quant gguf`, `NAME@gguf`) that runs a model's GGUF through llama.cpp.
+# The weights variant (`--weights gguf`, `NAME@gguf`) that runs a model's GGUF through llama.cpp.
 GGUF = "gguf"
 
 

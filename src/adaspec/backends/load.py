@@ -1,5 +1,6 @@
-"""Load models as backends: the runtime `auto` picks ((backends/weights.py)), torch or a llama.cpp
-runtime in a child process, several at once; their tokenizers and end-of-sequence ids."""
+"""Load models as backends: the runtime `fastest` picks (backends/weights.py), torch or a
+llama.cpp runtime in a child process, several at once; their tokenizers and end-of-sequence
+ids."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from adaspec.backends.base import ModelBackend
+from adaspec.backends.weights import FASTEST
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
@@ -35,19 +37,19 @@ def load_backends(
     target: str = TARGET_DEFAULT,
     draft: str | None = DRAFT_DEFAULT,
     dtype: str = "bfloat16",
-    quant: str = "auto",
-    draft_quant: str = "auto",
+    weights: str = FASTEST,
+    draft_weights: str = FASTEST,
 ) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
-    """Load the target (and draft), each with its own weights (`auto`: the fastest runtime
+    """Load the target (and draft), each with its own weights (`fastest`: the fastest runtime
     this machine has); the draft's tokenizer must match the target's. Models that run in
     child processes load at the same time. Returns (target, tokenizer, draft or None, EOS
     ids)."""
     from adaspec.store.model_store import check_tokenizer_pair
 
-    finish_target = start_backend(target, dtype, quant, role="target")
+    finish_target = start_backend(target, dtype, weights, role="target")
     finish_draft = None
     if draft:
-        finish_draft = start_backend(draft, dtype, draft_quant, role="draft",
+        finish_draft = start_backend(draft, dtype, draft_weights, role="draft",
                                      tokenizer_like=target)
     tgt, tokenizer, eos = finish_target()
     draft_backend = None
@@ -63,16 +65,16 @@ Loaded = tuple[ModelBackend, object, list[int]]
 
 
 def load_backend(
-    name: str, dtype: str = "bfloat16", quant: str = "auto", role: str = "target"
+    name: str, dtype: str = "bfloat16", weights: str = FASTEST, role: str = "target"
 ) -> Loaded:
     """One model as a backend, with its tokenizer and EOS ids (see `start_backend`)."""
-    return start_backend(name, dtype, quant, role)()
+    return start_backend(name, dtype, weights, role)()
 
 
 def start_backend(
     name: str,
     dtype: str = "bfloat16",
-    quant: str = "auto",
+    weights: str = FASTEST,
     role: str = "target",
     tokenizer_like: str | None = None,
 ) -> Callable[[], Loaded]:
@@ -80,10 +82,10 @@ def start_backend(
     ids). With `tokenizer_like` (another model) the tokenizer of a runtime that does not need
     one is not loaded when both carry the same tokenizer files: it comes back as None.
 
-    quant `ik` / `gguf` run the model's GGUF with ik_llama.cpp / llama.cpp (the tokenizer
+    weights `ik` / `gguf` run the model's GGUF with ik_llama.cpp / llama.cpp (the tokenizer
     still comes from the verified cache) in a child process of its own, started here so
     several load at once: beside torch in one process the two thread pools slow each other
-    down about 2x, and a native abort in the child is a one-line error. `auto` is the
+    down about 2x, and a native abort in the child is a one-line error. `fastest` is the
     fastest runtime installed (backends/weights.py). Otherwise it is a torch model with that
     weight quantization; a quantized target (row-independent Linear layers) gets
     row-invariant attention, so verifying a block scores bit-for-bit what plain decoding
@@ -92,20 +94,20 @@ def start_backend(
     with sliding-window layers (not handled by the row-invariant path)."""
     from adaspec.backends.ikllama import IK, IkLlamaBackend, target_min_rows
     from adaspec.backends.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
-    from adaspec.backends.weights import AUTO, best_weights, llama_threads
+    from adaspec.backends.weights import best_weights, check_weights, llama_threads
     from adaspec.store.loading import same_vocabulary_files, tokenizer_dir
     from adaspec.store.model_store import load_tokenizer
 
-    if quant == AUTO:
-        quant = best_weights(name)
-    if quant in (GGUF, IK):
+    if check_weights(weights) == FASTEST:
+        weights = best_weights(name)
+    if weights in (GGUF, IK):
         from adaspec.backends.process_backend import ProcessBackend
 
         # fails fast (package missing, no GGUF), before a child process starts
-        args: tuple[Any, ...] = gguf_backend_args(name, llama_threads(), runtime=quant)
-        if quant == IK and role == "target":
+        args: tuple[Any, ...] = gguf_backend_args(name, llama_threads(), runtime=weights)
+        if weights == IK and role == "target":
             args = (*args, True, target_min_rows())  # repacked; blocks only (exact greedy)
-        backend = ProcessBackend(IkLlamaBackend if quant == IK else LlamaCppBackend, *args,
+        backend = ProcessBackend(IkLlamaBackend if weights == IK else LlamaCppBackend, *args,
                                  wait=False)
 
         def finish() -> Loaded:
@@ -122,10 +124,11 @@ def start_backend(
             return backend, tokenizer, eos_ids_of(None, tokenizer) if tokenizer else []
 
         return finish
-    return lambda: _load_torch_backend(name, dtype, quant, role)
+    return lambda: _load_torch_backend(name, dtype, weights, role)
 
 
 def _load_torch_backend(name: str, dtype: str, quant: str, role: str) -> Loaded:
+    """A torch model with weight quantization `quant` (store/quant.py)."""
     from adaspec.backends.attention import row_invariance_supported
     from adaspec.backends.torch_backend import TorchBackend
     from adaspec.store.model_store import load_model

@@ -16,7 +16,7 @@ from typing import Any
 from adaspec.cli.model_options import add_model_options
 
 # Plain decoding, llama.cpp's own plain loop and prompt lookup (what a CPU user has), the
-# default method and two static ones. (`hf-assisted` needs torch weights: --quant none.)
+# default method and two static ones. (`hf-assisted` needs torch weights: --weights none.)
 DEFAULT_METHODS = "ar,llamacpp,llamacpp-lookup:k=4,auto,ngram,draft:k=3"
 DEFAULTS: dict[str, Any] = {
     "suite": "spec-bench",
@@ -195,8 +195,8 @@ def run_bench(args: argparse.Namespace) -> int:
         target=args.target,
         draft=args.draft,
         dtype=args.dtype,
-        quant=resolve_weights(args.quant, args.target),
-        draft_quant=resolve_weights(args.draft_quant, args.draft),
+        weights=resolve_weights(args.weights, args.target),
+        draft_weights=resolve_weights(args.draft_weights, args.draft),
         profile=args.preset,
         limit=opts["limit"],
         method_order=args.method_order,
@@ -218,11 +218,11 @@ def run_bench(args: argparse.Namespace) -> int:
     return _run(config, prompts, needs_draft, progress=not args.no_progress)
 
 
-def resolve_weights(quant: str, model: str | None) -> str:
-    """`auto` as the concrete weights it stands for, so the results record what ran."""
-    from adaspec.backends.weights import AUTO, best_weights
+def resolve_weights(weights: str, model: str | None) -> str:
+    """`fastest` as the concrete weights it stands for, so the results record what ran."""
+    from adaspec.backends.weights import FASTEST, best_weights
 
-    return best_weights(model) if quant == AUTO and model else quant
+    return best_weights(model) if weights == FASTEST and model else weights
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -274,13 +274,13 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     )
     t0 = time.perf_counter()
     target, tokenizer, draft, eos = load_backends(
-        config.target, config.draft if needs_draft else None, config.dtype, config.quant,
-        config.draft_quant,
+        config.target, config.draft if needs_draft else None, config.dtype, config.weights,
+        config.draft_weights,
     )
 
-    def load_variant(role: str, quant: str) -> ModelBackend:
+    def load_variant(role: str, weights: str) -> ModelBackend:
         name = config.target if role == "target" else config.draft
-        return load_backend(name, config.dtype, quant, role=role)[0]
+        return load_backend(name, config.dtype, weights, role=role)[0]
     load_s = time.perf_counter() - t0
     say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
     machine = describe_machine()

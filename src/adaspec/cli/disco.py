@@ -16,7 +16,7 @@ import sys
 
 from adaspec.cli.model_options import add_model_options
 
-# tune and bench load the pair an artifact was trained for, with its quantization, unless told
+# tune and bench load the pair an artifact was trained for, with its weights, unless told
 ARTIFACT_PAIR = "the artifact"
 MACHINE = "machine"  # `disco tune --profile machine`: this machine's cached cost profile
 
@@ -59,7 +59,7 @@ def _add_collect(cmds: argparse._SubParsersAction) -> None:
         help="leave out the prompts of these data files: with --split 0,0,1 this collects "
         "held-out test prompts for artifacts trained on them",
     )
-    add_model_options(c, default_quant="none")
+    add_model_options(c, default_weights="none")
     c.add_argument("--out", required=True, help="data file to write (.pt)")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_collect)
@@ -89,7 +89,7 @@ def _add_tune(cmds: argparse._SubParsersAction) -> None:
     u.add_argument("--artifact", required=True, help="artifact from train (updated in place)")
     u.add_argument("--data", required=True)
     u.add_argument("--suite", default=None, help="val suites (default: the training suites)")
-    add_model_options(u, quant=False, default_from=ARTIFACT_PAIR)
+    add_model_options(u, weights=False, default_from=ARTIFACT_PAIR)
     u.add_argument("--repeats", type=int, default=5, help="timing repeats per forward size")
     u.add_argument(
         "--costs-from",
@@ -141,7 +141,7 @@ def _add_bench(cmds: argparse._SubParsersAction) -> None:
         metavar="FILE|flat",
         help="the cost profile of --stop-cost (default: this machine's, measured on first use)",
     )
-    add_model_options(b, quant=False, default_from=ARTIFACT_PAIR)
+    add_model_options(b, weights=False, default_from=ARTIFACT_PAIR)
     b.add_argument("--questions", default=None, metavar="PATH", help="Spec-Bench question file")
     b.add_argument("--resume", action="store_true")
     b.add_argument("--overwrite", action="store_true")
@@ -191,7 +191,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         raise InputError(f"no prompts left in {args.suite} once --exclude is applied")
     splits = assign_splits(prompts, fractions, args.seed)
     target, tokenizer, draft, eos = load_backends(
-        args.target, args.draft, args.dtype, args.quant, args.draft_quant
+        args.target, args.draft, args.dtype, args.weights, args.draft_weights
     )
     assert draft is not None
     engine = build_engine(spec, target, tokenizer, draft, eos_token_ids=eos)
@@ -210,8 +210,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
             "target": target.name,
             "draft": draft.name,
             "dtype": args.dtype,
-            "quant": args.quant,
-            "draft_quant": args.draft_quant,
+            "weights": args.weights,
+            "draft_weights": args.draft_weights,
             "suites": [f"{n}:{lim}" if lim is not None else n for n, lim in suites],
             "questions": args.questions,
             "max_new_tokens": args.max_new_tokens,
@@ -302,7 +302,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from adaspec.backends.load import load_backends
 
         target, tokenizer, draft, eos = load_backends(
-            args.target or art.target, args.draft or art.draft, args.dtype, *art.quants
+            args.target or art.target, args.draft or art.draft, args.dtype, *art.weights
         )
         assert draft is not None
         art.check_pair(target.name, draft.name)

@@ -55,7 +55,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise InputError("prompt is empty: give some text to continue")
     engine = load_engine(
-        args.method, args.target, args.draft, args.dtype, args.quant, args.draft_quant
+        args.method, args.target, args.draft, args.dtype, args.weights, args.draft_weights
     )
     result: GenerationResult | None = None
     for item in engine.stream(

@@ -83,6 +83,9 @@ def run_status(args: argparse.Namespace) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from adaspec.backends.ikllama import IK
+    from adaspec.backends.llamacpp import GGUF
+    from adaspec.backends.weights import FASTEST
     from adaspec.errors import InputError
     from adaspec.lab.osd.simulate import parse_run, run_config
     from adaspec.lab.osd.stream import build_stream
@@ -98,8 +101,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     cfg = replace(online_config(args), save=False)  # a simulation saves no adapters
     for spec in specs:  # every run's settings are checked before anything loads
         run_config(cfg, spec)
-    if args.replay == "engine" and args.draft_quant in ("auto", "ik", "gguf"):
-        raise InputError("the engine replay trains the draft in torch: give --draft-quant "
+    if args.replay == "engine" and args.draft_weights in (FASTEST, IK, GGUF):
+        raise InputError("the engine replay trains the draft in torch: give --draft-weights "
                          "int8, int4 or none")
     draft = args.draft or DRAFT_DEFAULT
     data = Path(args.data) if args.data else default_data_dir(args.target)
@@ -141,7 +144,7 @@ def _teacher_forced_runs(args, specs, cfg, stream, meta, draft, out):
 
     targets = TargetCache(out / "target_topk.pt", cfg.top_k)
     if any(r.prompt_id not in targets.rows for r in stream):
-        backend, _, _ = load_backend(args.target, args.dtype, args.quant, role="target")
+        backend, _, _ = load_backend(args.target, args.dtype, args.weights, role="target")
         try:
             targets.fill(stream, backend)
         finally:
@@ -153,7 +156,7 @@ def _teacher_forced_runs(args, specs, cfg, stream, meta, draft, out):
     needs_target = any(s.settings.get("sampling", cfg.distill.sampling) != "teacher"
                        for s in specs if s.kind == "online")
     service = OnlineDistiller(cfg, student.model, draft, args.target if needs_target else "",
-                              args.quant, in_process=args.inline, wait=True)
+                              args.weights, in_process=args.inline, wait=True)
     try:
         replay = TeacherForcedReplay(stream, student, service, targets, args.k,
                                      meta["max_new_tokens"], args.label_every,
@@ -170,15 +173,16 @@ def _engine_runs(args, specs, cfg, stream, meta, draft):
     from adaspec.online.service import OnlineDistiller
 
     engine = load_engine(f"draft:k={args.k}", target=args.target, draft=draft,
-                         dtype=args.dtype, quant=args.quant, draft_quant=args.draft_quant)
-    extra: dict = {"draft_quant": args.draft_quant, "target_quant": args.quant}
+                         dtype=args.dtype, weights=args.weights,
+                         draft_weights=args.draft_weights)
+    extra: dict = {"draft_weights": args.draft_weights, "target_weights": args.weights}
     if args.overhead_requests:
         extra["recording_overhead"] = recording_overhead(
             engine, stream[: args.overhead_requests], meta["max_new_tokens"], cfg.top_k)
     service = None
     if any(s.kind == "online" for s in specs):
         service = OnlineDistiller(cfg, engine.drafter.backend.model, draft, args.target,
-                                  args.quant, in_process=args.inline, wait=False)
+                                  args.weights, in_process=args.inline, wait=False)
         service.attach(engine)
     try:
         runs = [engine_run(engine, service, stream, meta["max_new_tokens"], spec)

@@ -38,8 +38,8 @@ def run_profile(args: argparse.Namespace) -> int:
     from adaspec.engine.overhead import loop_overhead_ms
 
     target, tokenizer, draft, _ = load_backends(
-        args.target, None if args.no_draft else args.draft, args.dtype, args.quant,
-        args.draft_quant,
+        args.target, None if args.no_draft else args.draft, args.dtype, args.weights,
+        args.draft_weights,
     )
     profile = profile_for(target, draft, tokenizer, remeasure=args.force, quiet=True,
                           loop_overhead=loop_overhead_ms)

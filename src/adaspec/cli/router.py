@@ -22,7 +22,7 @@ ALPHAS = "0,0.1,0.25,0.5,0.75,1"
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The shared model options, plus the progress switch both model-loading commands take."""
-    add_model_options(p, default_quant="none")  # the router reads torch hidden states
+    add_model_options(p, default_weights="none")  # the router reads torch hidden states
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -126,7 +126,8 @@ def _load(args: argparse.Namespace, need_draft: bool):
 
     hf_logging.set_verbosity_error()
     return load_backends(
-        args.target, args.draft if need_draft else None, args.dtype, args.quant, args.draft_quant
+        args.target, args.draft if need_draft else None, args.dtype, args.weights,
+        args.draft_weights,
     )
 
 
@@ -157,7 +158,7 @@ def run_collect(args: argparse.Namespace) -> int:
         arms=arms, out=args.out, max_new_tokens=args.max_new_tokens,
         sample_temperature=args.sample_temperature, seed=args.seed, overwrite=args.overwrite,
         dtype=args.dtype,
-        quant=(args.quant, args.draft_quant),
+        weights=(args.weights, args.draft_weights),
     )
     collect(config, prompts, target, tokenizer, draft, eos, progress=not args.no_progress)
     print(f"adaspec router collect: done; train with `adaspec router train {args.out}`",

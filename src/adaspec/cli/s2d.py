@@ -119,8 +119,8 @@ def run_data(args: argparse.Namespace) -> int:
     if not pairs:
         raise InputError("no training prompts selected: check --suite")
     out = args.out or str(default_data_dir(args.target))
-    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.quant,
-                         args.draft_quant)
+    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.weights,
+                         args.draft_weights)
     print(f"adaspec s2d data: {len(pairs)} prompts, greedy, {args.max_new_tokens} new tokens "
           f"-> {out}", file=sys.stderr)
     target: Any = getattr(engine, "target", engine)  # a backend: it has a name

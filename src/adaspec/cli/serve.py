@@ -69,7 +69,7 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
         g.add_argument("--online-distill", action="store_true",
                        help="keep distilling the draft on served traffic (needs torch "
                             "draft weights and a draft-model chain method, e.g. --method "
-                            "draft:k=3 --draft-quant int8)")
+                            "draft:k=3 --draft-weights int8)")
     g.add_argument("--interval", type=int, default=16,
                    help="requests of a domain between two updates (default 16)")
     g.add_argument("--osd-positions", type=int, default=0,
@@ -136,7 +136,7 @@ def run_serve(args: argparse.Namespace) -> int:
               f"(--api-key or ${API_KEY_ENV})", file=sys.stderr)
     config = ServeConfig(
         method=args.method, target=args.target, draft=args.draft, dtype=args.dtype,
-        quant=args.quant, draft_quant=args.draft_quant, host=args.host, port=args.port,
+        weights=args.weights, draft_weights=args.draft_weights, host=args.host, port=args.port,
         max_queue=args.max_queue, timeout=args.timeout, api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,
         drain_timeout=args.drain_timeout, online=online, history=args.history,

@@ -32,11 +32,15 @@ class DiscoArtifact:
     tuning: dict = field(default_factory=dict)  # latency tuning of tau, SL_max and baselines
 
     @property
-    def quants(self) -> tuple[str, str]:
-        """Weight quantization of (target, draft) the training data was collected with: the
-        classifier reads that draft's distributions, so it is used with the same weights."""
+    def weights(self) -> tuple[str, str]:
+        """The weights of (target, draft) the training data was collected with: the
+        classifier reads that draft's distributions, so it is used with the same weights.
+        Data collected before issue 32 names them `quant` / `draft_quant`."""
+        from adaspec.backends.weights import read_weights
+
         data = self.provenance.get("data", {})
-        return str(data.get("quant", "none")), str(data.get("draft_quant", "none"))
+        return (read_weights(str(data.get("weights", data.get("quant", "none")))),
+                read_weights(str(data.get("draft_weights", data.get("draft_quant", "none")))))
 
     def check_pair(self, target: str, draft: str) -> None:
         if (target, draft) != (self.target, self.draft):

@@ -10,7 +10,7 @@ every node has one child.
 Which shape pays depends on the machine: where verifying more tokens is nearly free (a GPU)
 wide trees buy accepted tokens cheaply; where every verified token costs a good part of a
 forward (a CPU), a chain is usually best. `draft.model_tree.choose_branching` picks the shape
-with the most expected tokens per millisecond under a cost profile (`tree=auto`).
+with the most expected tokens per millisecond under a cost profile (`tree=priced`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import torch
 from adaspec.errors import InputError
 
 DEFAULT_MAX_NODES = 64
-AUTO_TREE = "auto"
+PRICED_TREE = "priced"
+OLD_PRICED_TREE = "auto"  # PRICED_TREE's name before issue 32: an InputError naming the new one
 
-# The shapes `tree=auto` chooses from: chains of 1..8 tokens, and trees that spend their
+# The shapes `tree=priced` chooses from: chains of 1..8 tokens, and trees that spend their
 # width at the first levels, where one more candidate catches the most misses.
 CANDIDATE_SHAPES: tuple[tuple[int, ...], ...] = (
     *((1,) * k for k in range(1, 9)),
@@ -34,14 +35,14 @@ CANDIDATE_SHAPES: tuple[tuple[int, ...], ...] = (
     (4, 1), (4, 2, 1), (4, 2, 1, 1), (4, 2, 2, 1), (4, 2, 2, 1, 1), (4, 4, 2, 1),
     (8, 1), (8, 2, 1), (8, 4, 2, 1),
 )
-class AutoBranching(tuple):
-    """`tree=auto`: no fixed shape, the drafter picks one per step
+class PricedBranching(tuple):
+    """`tree=priced`: no fixed shape, the drafter picks one per step
     (`draft.model_tree.choose_branching`).
     As a shape it is empty; it keeps the node limit and the depth bound of the candidates."""
 
     max_nodes: int
 
-    def __new__(cls, max_nodes: int = DEFAULT_MAX_NODES) -> AutoBranching:
+    def __new__(cls, max_nodes: int = DEFAULT_MAX_NODES) -> PricedBranching:
         obj = super().__new__(cls, ())
         obj.max_nodes = max_nodes
         return obj
@@ -54,20 +55,23 @@ class AutoBranching(tuple):
         return max(len(c) for c in self.candidates())
 
     def __repr__(self) -> str:
-        return f"AutoBranching(max_nodes={self.max_nodes})"
+        return f"PricedBranching(max_nodes={self.max_nodes})"
 
 
 def parse_branching(text: str, max_nodes: int = DEFAULT_MAX_NODES) -> tuple[int, ...]:
     """Parse a branching config such as ``4x2x2x1`` (4 candidates at depth 1, 2 children per
     node at depth 2, ...). The budget is the product of the factors (the number of
     root-to-leaf paths); the tree has sum over depths of the running product nodes, and that
-    count must not exceed `max_nodes`. ``auto`` gives an AutoBranching (a shape per step)."""
+    count must not exceed `max_nodes`. ``priced`` gives a PricedBranching (a shape per
+    step)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("tree config is empty: give branching factors like 4x2x2x1")
-    if text.strip().lower() == AUTO_TREE:
+    if text.strip().lower() == OLD_PRICED_TREE:
+        raise InputError(f"tree={OLD_PRICED_TREE} is now tree={PRICED_TREE}")
+    if text.strip().lower() == PRICED_TREE:
         if max_nodes < 1:
-            raise InputError(f"tree=auto needs max_nodes >= 1, got {max_nodes}")
-        return AutoBranching(max_nodes)
+            raise InputError(f"tree={PRICED_TREE} needs max_nodes >= 1, got {max_nodes}")
+        return PricedBranching(max_nodes)
     parts = text.strip().lower().split("x")
     factors: list[int] = []
     for part in parts:

@@ -9,7 +9,7 @@ already drawn: Algorithm 2 and the naive verifier); at temperature 0 they are th
 distinct tokens. After verification `commit` compacts the draft cache to the accepted
 path, so it holds exactly the accepted context, as the target's does.
 
-`AutoTreeDrafter` (`tree=auto`) picks the shape every step: the chain or tree with the most
+`PricedTreeDrafter` (`tree=priced`) picks the shape every step: the chain or tree with the most
 expected tokens per millisecond under the machine's cost profile, from this request's own
 acceptance per candidate rank.
 """
@@ -28,7 +28,7 @@ from adaspec.core.sampling import SamplingParams, process_logits
 from adaspec.core.token_tree import (
     CANDIDATE_SHAPES,
     DEFAULT_MAX_NODES,
-    AutoBranching,
+    PricedBranching,
     TokenTree,
     tree_node_count,
 )
@@ -43,7 +43,7 @@ from adaspec.errors import InputError
 # Rank 1 agrees about 60% of the time for a small draft of the same family; a second
 # candidate catches about a third of the misses, further ones fewer and fewer (top-2 covers
 # 74%, top-4 82%, top-8 88%). A running estimate per request replaces them as steps are
-# verified (`draft.model_tree.AutoTreeDrafter`).
+# verified (`draft.model_tree.PricedTreeDrafter`).
 DEFAULT_RANK_RATES = (0.6, 0.35, 0.2, 0.15, 0.1, 0.08, 0.06, 0.05)
 
 
@@ -247,15 +247,15 @@ class ModelTreeDrafter(Drafter):
         self._fed = 0
 
 
-class AutoTreeDrafter(ModelTreeDrafter):
-    """`tree=auto`: before each step, the candidate shape (chains of 1..8, trees such as
+class PricedTreeDrafter(ModelTreeDrafter):
+    """`tree=priced`: before each step, the candidate shape (chains of 1..8, trees such as
     4x2x2x1) with the most expected tokens per ms under `profile`; expected tokens from a
     running acceptance estimate per candidate rank, which starts at `prior` (the assumed
     DEFAULT_RANK_RATES) and learns from every verified step of the request: at each level the
     walk reached, the accepted candidate's rank is a hit and the ranks before it misses; at
     the level where it stopped, every candidate a miss."""
 
-    name = "draft-tree-auto"
+    name = "draft-tree-priced"
 
     def __init__(
         self,
@@ -265,9 +265,9 @@ class AutoTreeDrafter(ModelTreeDrafter):
         prior: Sequence[float] = DEFAULT_RANK_RATES,
     ) -> None:
         if profile.draft is None:
-            raise InputError("tree=auto prices draft forwards: it needs a cost profile that "
+            raise InputError("tree=priced prices draft forwards: it needs a cost profile that "
                              "measured the draft (adaspec profile, with a draft model)")
-        self.candidates = AutoBranching(max_nodes).candidates()
+        self.candidates = PricedBranching(max_nodes).candidates()
         super().__init__(backend, self.candidates[0])
         self.profile = profile
         self.max_nodes = max_nodes

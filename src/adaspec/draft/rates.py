@@ -1,5 +1,5 @@
 """Running acceptance estimates, shared by the drafters that price their own proposals
-(`auto` per n-gram match length, draft confidence and history match, `tree=auto` per candidate
+(`auto` per n-gram match length, draft confidence and history match, `tree=priced` per candidate
 rank)."""
 
 from __future__ import annotations

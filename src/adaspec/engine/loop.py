@@ -172,7 +172,7 @@ class Engine(TextGenerator):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.controller = controller or StaticLength(4)
-        # None or "auto": greedy at temperature 0; above, speculative sampling (mcss-wor
+        # None or "default": greedy at temperature 0; above, speculative sampling (mcss-wor
         # for a drafter of trees). A name or a Verifier is checked against the drafter now.
         self.verifier = verifier
         verify.choose(verifier, self.drafts_trees)

@@ -32,13 +32,13 @@ class AutoParams:
         "acceptance (default: running per-confidence-bucket rates)",
     )
     verify: str = param(
-        "auto",
-        "verifier: auto (greedy at T=0, speculative above) | greedy | speculative | mcss | "
+        "default",
+        "verifier: default (greedy at T=0, speculative above) | greedy | speculative | mcss | "
         "mcss-wor | mcns",
     )
 
     def __post_init__(self) -> None:
-        from adaspec.verify import verifier_names
+        from adaspec.verify import check_verifier_name
 
         use = self.sources
         check(bool(use) and all(u in SOURCES for u in use) and len(set(use)) == len(use),
@@ -46,8 +46,7 @@ class AutoParams:
               "(e.g. ngram+history+draft)")
         check(self.k_max >= 1, "k_max must be >= 1")
         check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
-        check(self.verify in verifier_names(),
-              f"unknown verifier {self.verify!r}; use one of {verifier_names()}")
+        check_verifier_name(self.verify)
         if self.disco and "draft" not in use:
             raise InputError("disco= estimates draft-model tokens; it needs draft in use= "
                              "(e.g. use=ngram+draft)")

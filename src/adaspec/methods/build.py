@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from adaspec.backends.base import ModelBackend
 from adaspec.backends.load import load_backends
+from adaspec.backends.weights import FASTEST
 from adaspec.cost.profile import CostProfile
 from adaspec.draft.history import HistoryIndex
 from adaspec.engine.loop import TextGenerator
@@ -28,7 +29,7 @@ def build_engine(
     history: HistoryIndex | None = None,
 ) -> TextGenerator:
     """The engine of a method on loaded models. `profile` prices the steps of cost-aware
-    methods (`auto`, DISCO's stop=cost, tree=auto); by default, the method's profile=...,
+    methods (`auto`, DISCO's stop=cost, tree=priced); by default, the method's profile=...,
     else this machine's profile of these models (measured on first use, then cached).
     `history`: the cross-request index a method drafting from history uses (a server shares
     one between its engines); by default each such engine keeps its own."""
@@ -44,16 +45,16 @@ def load_engine(
     target: str = TARGET_DEFAULT,
     draft: str | None = DRAFT_DEFAULT,
     dtype: str = "bfloat16",
-    quant: str = "auto",
-    draft_quant: str = "auto",
+    weights: str = FASTEST,
+    draft_weights: str = FASTEST,
 ) -> TextGenerator:
-    """Load the models a method needs (from the verified cache, quantized as asked) and build
-    its engine."""
+    """Load the models a method needs (from the verified cache, with the weights asked for:
+    `fastest`, a torch quantization or a llama.cpp runtime) and build its engine."""
     spec = parse_method(method)
     if spec.needs_draft_model() and draft is None:
         raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
     tgt, tokenizer, drf, eos = load_backends(  # a method's own `@int8/int4` wins
-        target, draft if spec.needs_draft_model() else None, dtype, spec.quant or quant,
-        spec.draft_quant or draft_quant,
+        target, draft if spec.needs_draft_model() else None, dtype, spec.weights or weights,
+        spec.draft_weights or draft_weights,
     )
     return build_engine(spec, tgt, tokenizer, drf, eos_token_ids=eos)

@@ -1,5 +1,5 @@
 """`draft`: the draft model proposes tokens, as a chain (k tokens, any length controller) or
-as a token tree (tree=4x2x2x1, or tree=auto: the shape with the most expected tokens per ms
+as a token tree (tree=4x2x2x1, or tree=priced: the shape with the most expected tokens per ms
 under the cost profile)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from adaspec.control.confidence import HF_DEFAULT_THRESHOLD
 from adaspec.control.disco import GUESSES, STOP_RULES
-from adaspec.core.token_tree import DEFAULT_MAX_NODES, AutoBranching, parse_branching
+from adaspec.core.token_tree import DEFAULT_MAX_NODES, PricedBranching, parse_branching
 from adaspec.errors import InputError
 from adaspec.methods.params import ChainParams, check, param
 from adaspec.methods.registry import Method, Models
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class DraftParams(ChainParams):
     tree: str = param(
         "",
-        "token tree, candidates per level, e.g. 4x2x2x1, or auto (each step the chain or "
+        "token tree, candidates per level, e.g. 4x2x2x1, or priced (each step the chain or "
         "tree with the most expected tokens per ms under the cost profile, from the "
         "request's acceptance per candidate rank) (unset: a chain of k)",
     )
@@ -53,7 +53,7 @@ class DraftParams(ChainParams):
     )
     profile: str = param(
         "",
-        "cost profile of stop=cost and tree=auto: a JSON file, 'flat' or 'linear:...'; "
+        "cost profile of stop=cost and tree=priced: a JSON file, 'flat' or 'linear:...'; "
         "default: this machine's, measured on first use and cached",
     )
     vocab: int = param(
@@ -74,8 +74,8 @@ class DraftParams(ChainParams):
         if self.stop == "cost" and self.threshold >= 0:
             raise InputError("threshold is tau, the stop=tau rule's; stop=cost has none")
         tree = self.branching  # parses: a bad shape raises here
-        if self.profile and self.stop != "cost" and not isinstance(tree, AutoBranching):
-            raise InputError("profile prices stop=cost and tree=auto only; the other "
+        if self.profile and self.stop != "cost" and not isinstance(tree, PricedBranching):
+            raise InputError("profile prices stop=cost and tree=priced only; the other "
                              "settings do not read costs")
         if tree is not None and self.ctrl != "static":
             raise InputError(f"a token tree has a fixed shape; ctrl={self.ctrl} only works "
@@ -96,14 +96,15 @@ class DraftParams(ChainParams):
 
     @property
     def branching(self) -> tuple[int, ...] | None:
-        """The tree's branching factors per level (AutoBranching for tree=auto), or None."""
+        """The tree's branching factors per level (PricedBranching for tree=priced), or
+        None."""
         return parse_branching(self.tree, self.max_nodes) if self.tree else None
 
     @property
     def prices_steps(self) -> bool:
-        """Reads the cost profile: DISCO's cost rule or tree=auto."""
+        """Reads the cost profile: DISCO's cost rule or tree=priced."""
         return (self.ctrl == "disco" and self.stop == "cost") or isinstance(
-            self.branching, AutoBranching
+            self.branching, PricedBranching
         )
 
 
@@ -112,7 +113,7 @@ def _build(params: DraftParams, models: Models, text: str):
     from adaspec.control import CONTROLLERS
     from adaspec.control.static import StaticLength
     from adaspec.draft.model import ModelDrafter
-    from adaspec.draft.model_tree import AutoTreeDrafter, ModelTreeDrafter
+    from adaspec.draft.model_tree import ModelTreeDrafter, PricedTreeDrafter
     from adaspec.engine.loop import Engine
 
     if models.draft is None:
@@ -131,9 +132,9 @@ def _build(params: DraftParams, models: Models, text: str):
     if tree is None:
         drafter = ModelDrafter(draft)
         controller = CONTROLLERS[params.ctrl].build(params.length_settings(), profile)
-    elif isinstance(tree, AutoBranching):
-        assert profile is not None  # tree=auto prices its steps
-        drafter = AutoTreeDrafter(draft, profile, tree.max_nodes)
+    elif isinstance(tree, PricedBranching):
+        assert profile is not None  # tree=priced prices its steps
+        drafter = PricedTreeDrafter(draft, profile, tree.max_nodes)
         controller = StaticLength(tree.max_depth)  # the drafter picks a shape this deep
     else:
         drafter = ModelTreeDrafter(draft, tree)
@@ -154,7 +155,7 @@ def _build(params: DraftParams, models: Models, text: str):
 METHOD = Method(
     "draft",
     "the draft model proposes tokens autoregressively: a chain of k, or a token tree "
-    "(tree=4x2x2x1 or auto; [mcsd.md](docs/mcsd.md))",
+    "(tree=4x2x2x1 or priced; [mcsd.md](docs/mcsd.md))",
     DraftParams,
     _build,
     needs_draft=lambda params: True,

@@ -76,8 +76,8 @@ class ChainParams:
     )
     k_max: int = param(16, "upper bound on k for ctrl=heuristic and ctrl=oracle")
     verify: str = param(
-        "auto",
-        "verifier: auto (greedy at T=0, speculative above; mcss-wor above for trees) | "
+        "default",
+        "verifier: default (greedy at T=0, speculative above; mcss-wor above for trees) | "
         "greedy | speculative | mcss | mcss-wor | mcns (the last three also walk trees)",
     )
 
@@ -93,11 +93,10 @@ class ChainParams:
 
     def check_ctrl_and_verify(self) -> None:
         from adaspec.control import CONTROLLERS
-        from adaspec.verify import verifier_names
+        from adaspec.verify import check_verifier_name
 
         if self.ctrl not in CONTROLLERS:
             raise InputError(
                 f"unknown length controller {self.ctrl!r}; use one of {CONTROLLERS.names()}"
             )
-        check(self.verify in verifier_names(),
-              f"unknown verifier {self.verify!r}; use one of {verifier_names()}")
+        check_verifier_name(self.verify)

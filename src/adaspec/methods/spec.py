@@ -1,6 +1,6 @@
 """The one parser for method strings, shared by the CLI, the bench and the library.
 
-Grammar: ``NAME[:key=value[,key=value...]][@QUANT[/DRAFT_QUANT]]``, e.g. ``ar``, ``ngram:k=8``,
+Grammar: ``NAME[:key=value[,key=value...]][@WEIGHTS[/DRAFT_WEIGHTS]]``, e.g. ``ar``, ``ngram:k=8``,
 ``draft:k=4``, ``draft:ctrl=heuristic,k=4``, ``draft:k=6,verify=speculative``,
 ``draft:tree=4x2x2x1,verify=mcss-wor`` (a token tree, multi-candidate verification),
 ``draft:k=4@int8/int4`` (int8 target, int4 draft weights). The name selects an entry of the
@@ -12,18 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adaspec.backends.ikllama import IK
-from adaspec.backends.llamacpp import GGUF
+from adaspec.backends.weights import WEIGHT_VARIANTS
 from adaspec.errors import InputError
 from adaspec.methods.params import UnknownParameter, as_dict, build_params, fields_of
 from adaspec.methods.registry import METHODS, Method
 from adaspec.registry import Registry
-from adaspec.store.quant import QUANT_MODES
 
 DEFAULT_METHOD = "auto"  # what `adaspec generate` and `load_engine` run
-# What may follow a method's `@`: torch weight quantizations, or the GGUF run by llama.cpp
-# (`gguf`) or by ik_llama.cpp (`ik`).
-WEIGHT_VARIANTS = (*QUANT_MODES, GGUF, IK)
 
 
 @dataclass(frozen=True)
@@ -31,10 +26,10 @@ class MethodSpec:
     name: str
     params: Any  # the method's typed parameter dataclass
     text: str = ""
-    # `@int8/int4` after the method: weight quantization of target / draft for this method
-    # (None: whatever the run loaded), so the bench can put quantizations side by side.
-    quant: str | None = None
-    draft_quant: str | None = None
+    # `@int8/int4` after the method: the weights of target / draft for this method (None:
+    # whatever the run loaded), so the bench can put weights variants side by side.
+    weights: str | None = None
+    draft_weights: str | None = None
     method: Method | None = None
 
     def __getitem__(self, key: str) -> object:
@@ -75,17 +70,17 @@ def split_method_list(text: str) -> list[str]:
 
 def _parse_variant(text: str, variant: str) -> tuple[str | None, str | None]:
     """`int8` or `int8/int4` (target / draft weights) after a method's `@`: a torch
-    quantization, or `gguf` (the model's GGUF run by llama.cpp)."""
-    quant, _, draft_quant = (v.strip() for v in variant.partition("/"))
-    for value in (quant, draft_quant):
+    quantization, or `gguf` / `ik` (the model's GGUF run by llama.cpp / ik_llama.cpp)."""
+    weights, _, draft_weights = (v.strip() for v in variant.partition("/"))
+    for value in (weights, draft_weights):
         if value and value not in WEIGHT_VARIANTS:
             raise InputError(
                 f"method {text!r}: unknown weights {value!r} after '@'; use "
                 f"{'|'.join(WEIGHT_VARIANTS)}, e.g. draft:k=4@int8/int4 (target/draft)"
             )
-    if not quant:
-        raise InputError(f"method {text!r}: give a quantization after '@', e.g. ar@int8")
-    return quant, draft_quant or None
+    if not weights:
+        raise InputError(f"method {text!r}: give the weights after '@', e.g. ar@int8")
+    return weights, draft_weights or None
 
 
 def parse_method(text: str, extra: Registry[Method] | None = None) -> MethodSpec:
@@ -98,7 +93,7 @@ def parse_method(text: str, extra: Registry[Method] | None = None) -> MethodSpec
         raise InputError(f"empty method name; known methods: {known}")
     text = text.strip()
     body, at, variant = text.partition("@")
-    quant, draft_quant = _parse_variant(text, variant) if at else (None, None)
+    weights, draft_weights = _parse_variant(text, variant) if at else (None, None)
     name, _, rest = body.partition(":")
     name = name.strip()
     if name in METHODS:
@@ -122,7 +117,7 @@ def parse_method(text: str, extra: Registry[Method] | None = None) -> MethodSpec
         raise InputError(f"method {name!r} {exc}") from None
     except InputError as exc:
         raise InputError(f"method {text!r}: {exc}") from None
-    return MethodSpec(name, params, text, quant, draft_quant, method)
+    return MethodSpec(name, params, text, weights, draft_weights, method)
 
 
 def describe_methods(extra: Registry[Method] | None = None) -> str:
@@ -155,8 +150,8 @@ def methods_markdown() -> str:
         needs = " (draft model only)" if kind.reads_draft else ""
         lines.append(f"| `{name}` | {cell(kind.summary)}{needs} |")
     lines += ["", "| `verify=` | verifier |", "| --- | --- |",
-              "| `auto` | greedy at temperature 0; above it, speculative (chains) or mcss-wor "
-              "(trees) |"]
+              "| `default` | greedy at temperature 0; above it, speculative (chains) or "
+              "mcss-wor (trees) |"]
     for name, factory in VERIFIERS.items():
         verifier = factory()
         scope = "chains and trees" if verifier.walks_trees else "chains"

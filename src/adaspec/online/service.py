@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from adaspec.backends.weights import FASTEST
 from adaspec.errors import InputError
 from adaspec.online.adapters import Adapter, adapters_root, load_adapter
 from adaspec.online.buffer import DomainBuffers
@@ -77,7 +78,7 @@ def serving_state(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]
         dense = getattr(layer, "dense", None)
         if dense is None:
             raise InputError(f"the draft's {getattr(layer, 'mode', '?')} layers keep no float "
-                             "weights to start from: serve the draft with --draft-quant none, "
+                             "weights to start from: serve the draft with --draft-weights none, "
                              "int8 or int4 for online distillation")
         state[name] = dense.detach().float().clone()
     return state
@@ -85,8 +86,8 @@ def serving_state(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]
 
 class OnlineDistiller:
     def __init__(self, cfg: OnlineConfig, draft_model: nn.Module, draft_name: str,
-                 target_name: str = "", target_quant: str = "auto", in_process: bool = False,
-                 wait: bool = False, student=None) -> None:
+                 target_name: str = "", target_weights: str = FASTEST,
+                 in_process: bool = False, wait: bool = False, student=None) -> None:
         """`draft_model` is the serving draft (changed in place by swaps). `wait`: each
         update finishes before the next request (deterministic; the simulator's default)."""
         self.cfg = cfg
@@ -95,7 +96,7 @@ class OnlineDistiller:
         self.names = trainable_names(draft_model, cfg.layers)
         self.base = serving_state(draft_model, self.names)
         self.root = Path(cfg.root) if cfg.root else adapters_root(draft_name, cfg.layers)
-        self._names = (draft_name, target_name, target_quant)
+        self._names = (draft_name, target_name, target_weights)
         settings = self.worker_settings(cfg)
         self.worker = (InlineWorker(settings, student) if in_process
                        else ProcessWorker(settings))
@@ -115,8 +116,8 @@ class OnlineDistiller:
         self._lock = threading.Lock()  # status() is read from the server's event loop
 
     def worker_settings(self, cfg: OnlineConfig) -> WorkerSettings:
-        draft, target, quant = self._names
-        return WorkerSettings(draft, cfg.layers, cfg.distill, str(self.root), target, quant,
+        draft, target, weights = self._names
+        return WorkerSettings(draft, cfg.layers, cfg.distill, str(self.root), target, weights,
                               cfg.top_k, cfg.tolerance, save=cfg.save, nice=cfg.nice)
 
     # ------------------------------------------------------------ the engine
@@ -127,7 +128,7 @@ class OnlineDistiller:
         if getattr(backend, "model", None) is not self.model:
             raise InputError("online distillation needs the default method to draft with the "
                              "torch draft model (for example --method draft:k=3 with "
-                             "--draft-quant int8)")
+                             "--draft-weights int8)")
         engine.recorder = self.recorder
         self._engine = engine
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from adaspec.backends.weights import FASTEST
 from adaspec.errors import AdaspecError, InputError
 from adaspec.online.adapters import Adapter, load_all, save_adapter
 from adaspec.online.distill import DistillConfig, TargetScorer, agreement, distill
@@ -31,7 +32,7 @@ class WorkerSettings:
     distill: DistillConfig
     root: str  # where adapters are saved
     target: str = ""  # the target model, loaded only for student sampling
-    target_quant: str = "auto"
+    target_weights: str = FASTEST  # the target's weights there (backends/weights.py)
     top_k: int = 32
     tolerance: float = 0.0  # the guard accepts a probe agreement down by at most this
     threads: int = 0  # torch threads (0: leave torch's default)
@@ -104,7 +105,7 @@ class UpdateRunner:
         if self._scorer is None:
             if not self.settings.target:
                 raise InputError("student sampling needs the target model in the worker")
-            self._scorer = backend_scorer(self.settings.target, self.settings.target_quant,
+            self._scorer = backend_scorer(self.settings.target, self.settings.target_weights,
                                           self.settings.top_k)
         return self._scorer
 
@@ -151,11 +152,11 @@ class UpdateRunner:
         return result
 
 
-def backend_scorer(target: str, quant: str, top_k: int) -> TargetScorer:
+def backend_scorer(target: str, weights: str, top_k: int) -> TargetScorer:
     """Scores token sequences with the target (its own backend in the worker)."""
     from adaspec.backends.load import load_backend
 
-    backend, _, _ = load_backend(target, "bfloat16", quant, role="target")
+    backend, _, _ = load_backend(target, "bfloat16", weights, role="target")
 
     def score(tokens: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = backend.prefill(torch.tensor(tokens[:start])).logits[-1:]

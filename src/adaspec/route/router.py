@@ -125,7 +125,7 @@ def build_arm_engines(
     profile: CostProfile | None = None,
 ) -> dict[str, Engine]:
     """One engine per arm; `profile` prices the cost-aware arms (auto, DISCO's stop=cost,
-    tree=auto), by default each arm's own profile=... or this machine's."""
+    tree=priced), by default each arm's own profile=... or this machine's."""
     from adaspec.methods.build import build_engine
 
     specs = check_arms(arms)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from adaspec.backends.weights import FASTEST
 from adaspec.draft.history import DEFAULT_BUDGET
 from adaspec.methods.spec import DEFAULT_METHOD
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
@@ -18,8 +19,8 @@ class ServeConfig:
     target: str = TARGET_DEFAULT
     draft: str | None = DRAFT_DEFAULT
     dtype: str = "bfloat16"
-    quant: str = "auto"
-    draft_quant: str = "auto"
+    weights: str = FASTEST  # `fastest`, a torch quantization or a llama.cpp runtime
+    draft_weights: str = FASTEST
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int = 16  # requests waiting behind the one being decoded; more get 429

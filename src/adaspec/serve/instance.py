@@ -55,7 +55,7 @@ class ModelInstance:
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelInstance:
-        """Load the configured pair (a method's own `@int8/int4` wins over --quant)."""
+        """Load the configured pair (a method's own `@int8/int4` wins over --weights)."""
         from adaspec.backends.load import load_backends
 
         spec = parse_method(config.method)
@@ -64,7 +64,8 @@ class ModelInstance:
             raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
         target, tokenizer, draft, eos = load_backends(
             config.target, config.draft if needs_draft or config.draft else None,
-            config.dtype, spec.quant or config.quant, spec.draft_quant or config.draft_quant,
+            config.dtype, spec.weights or config.weights,
+            spec.draft_weights or config.draft_weights,
         )
         try:
             history = ServedHistory.open(config.history, target, tokenizer,
@@ -94,9 +95,9 @@ class ModelInstance:
         model = getattr(self.draft, "model", None)
         if not isinstance(model, nn.Module):
             raise InputError("--online-distill trains the draft in torch: give the draft "
-                             "torch weights (--draft-quant int8, int4 or none)")
+                             "torch weights (--draft-weights int8, int4 or none)")
         self.online = OnlineDistiller(config.online, model, config.draft or "",
-                                      config.target, config.quant)
+                                      config.target, config.weights)
         self.online.attach(self.default_engine)
 
     @property
@@ -106,10 +107,10 @@ class ModelInstance:
     def check_method(self, text: str) -> MethodSpec:
         """Parse a request's method string; every mistake is a one-line InputError."""
         spec = parse_method(text)
-        if spec.quant or spec.draft_quant:
+        if spec.weights or spec.draft_weights:
             raise InputError(
                 f"method {spec.text!r}: the weights are fixed when the server starts "
-                "(--quant, --draft-quant); drop the '@...' part"
+                "(--weights, --draft-weights); drop the '@...' part"
             )
         named = [k for k in FILE_PARAMS if spec.settings().get(k)]
         if named and spec.text != getattr(self, "default_method", None):

@@ -48,7 +48,8 @@ DENSE_PREFILL_MODES = ("int8", "int4")
 
 
 def check_quant(mode: str) -> str:
-    """Validate a quantization mode name (what `--quant` accepts)."""
+    """Validate a torch quantization mode name (among what `--weights` takes; what `adaspec
+    models prepare --quant` takes)."""
     if mode not in QUANT_MODES:
         raise InputError(f"unknown quantization {mode!r}; use one of {', '.join(QUANT_MODES)}")
     return mode

@@ -17,7 +17,8 @@ from adaspec.verify.multi_candidate import (
 )
 from adaspec.verify.speculative import SpeculativeVerifier, speculative_sample
 
-AUTO = "auto"  # greedy at temperature 0; above it, speculative for chains, mcss-wor for trees
+DEFAULT = "default"  # greedy at temperature 0; above it, speculative for chains, mcss-wor for trees
+OLD_DEFAULT = "auto"  # DEFAULT's name before issue 32: an InputError naming the new one
 
 VERIFIERS: Registry[Callable[[], Verifier]] = Registry("verifier")
 for _factory in (
@@ -31,7 +32,15 @@ for _factory in (
 
 
 def verifier_names() -> list[str]:
-    return [AUTO, *VERIFIERS.names()]
+    return [DEFAULT, *VERIFIERS.names()]
+
+
+def check_verifier_name(name: str) -> None:
+    """An InputError unless `name` is a verifier's (or `default`), naming the fix."""
+    if name == OLD_DEFAULT:
+        raise InputError(f"verify={OLD_DEFAULT} is now verify={DEFAULT}")
+    if name not in verifier_names():
+        raise InputError(f"unknown verifier {name!r}; use one of {verifier_names()}")
 
 
 def choose(
@@ -40,7 +49,9 @@ def choose(
     """The verifier for a drafter that proposes chains or (`trees`) token trees, at
     temperature 0 (`greedy`) or above; None when the temperature is not known yet (a
     method's settings are checked before any request). Every mismatch is an InputError."""
-    if verifier is None or verifier == AUTO:
+    if isinstance(verifier, str):
+        check_verifier_name(verifier)
+    if verifier is None or verifier == DEFAULT:
         if greedy or greedy is None:
             return GreedyVerifier()
         return MCSSWithoutReplacementVerifier() if trees else SpeculativeVerifier()
@@ -61,7 +72,7 @@ def choose(
 
 
 __all__ = [
-    "AUTO",
+    "DEFAULT",
     "VERIFIERS",
     "GreedyVerifier",
     "MCNSVerifier",
@@ -70,6 +81,7 @@ __all__ = [
     "SpeculativeVerifier",
     "Verdict",
     "Verifier",
+    "check_verifier_name",
     "choose",
     "speculative_sample",
     "verifier_names",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from adaspec.backends.attention import batched_attention
 from adaspec.backends.base import ModelBackend
+from adaspec.backends.weights import read_weights
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import TextGenerator
@@ -52,11 +53,13 @@ RESUME_KEYS = (
     "target",
     "draft",
     "dtype",
-    "quant",
-    "draft_quant",
+    "weights",
+    "draft_weights",
 )
-# What a run.json written before a setting existed meant by it.
-_OLD_DEFAULTS = {"quant": "none", "draft_quant": "none"}
+# What a run.json written before a setting existed meant by it, and what it called a setting
+# renamed since (issue 32: `quant` is `weights`, its value `auto` is `fastest`).
+_OLD_DEFAULTS = {"weights": "none", "draft_weights": "none"}
+_OLD_NAMES = {"weights": "quant", "draft_weights": "draft_quant"}
 _SUM_FIELDS = (
     "prompt_tokens",
     "new_tokens",
@@ -90,8 +93,8 @@ class BenchConfig:
     target: str = ""
     draft: str = ""
     dtype: str = ""
-    quant: str = "none"
-    draft_quant: str = "none"
+    weights: str = "none"  # backends/weights.py: a torch quantization or a llama.cpp runtime
+    draft_weights: str = "none"
     profile: str | None = None
     limit: int | None = None
     # "rotate": each (prompt, repeat) starts the method list one further along, so an effect
@@ -106,18 +109,30 @@ class BenchConfig:
         return SamplingParams(self.temperature, self.top_k, self.top_p, seed)
 
 
-def with_variant_baselines(methods: list[str], run_quant: str = "none") -> list[str]:
-    """Add `ar@Q` right after `ar` for every target quantization Q a method asks for, so each
+def _earlier_setting(before: dict, key: str) -> object:
+    """A setting as a run.json read back says it, under its name of the time; a renamed
+    weights setting's old value `auto` is `fastest`."""
+    if key in before:
+        value = before[key]
+    elif _OLD_NAMES.get(key, key) in before:
+        value = before[_OLD_NAMES[key]]
+    else:
+        return _OLD_DEFAULTS.get(key)
+    return read_weights(value) if key in _OLD_NAMES and isinstance(value, str) else value
+
+
+def with_variant_baselines(methods: list[str], run_weights: str = "none") -> list[str]:
+    """Add `ar@W` right after `ar` for every target weights W a method asks for, so each
     method is checked against plain decoding of its own target (exactness is per target)."""
-    quants: list[str] = []
+    variants: list[str] = []
     for m in methods:
         try:
-            q = parse_bench_method(m).quant
+            w = parse_bench_method(m).weights
         except InputError:
             continue  # custom engines (tests) and bad names are reported where they are built
-        if q is not None and q != run_quant and q not in quants:
-            quants.append(q)
-    baselines = [f"ar@{q}" for q in quants if f"ar@{q}" != methods[0]]
+        if w is not None and w != run_weights and w not in variants:
+            variants.append(w)
+    baselines = [f"ar@{w}" for w in variants if f"ar@{w}" != methods[0]]
     rest = [m for m in methods[1:] if m not in baselines]
     return [methods[0], *baselines, *rest]
 
@@ -192,8 +207,8 @@ class BenchRunner:
         """target_gguf: the target's GGUF file, for the llama.cpp reference methods
         (`llamacpp`, `llamacpp-lookup`, `llamacpp-draft`; the last runs the GGUF of
         `config.draft` as its draft model).
-        load_variant(role, quant): loads the "target" or "draft" with that weight
-        quantization, for methods written `NAME@QUANT[/DRAFT_QUANT]`."""
+        load_variant(role, weights): loads the "target" or "draft" with those weights, for
+        methods written `NAME@WEIGHTS[/DRAFT_WEIGHTS]`."""
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
@@ -201,7 +216,7 @@ class BenchRunner:
         self.progress = progress
         self._log = log
         custom = dict(engines or {})
-        self.methods = with_variant_baselines(normalize_methods(config.methods), config.quant)
+        self.methods = with_variant_baselines(normalize_methods(config.methods), config.weights)
         self._load_variant = load_variant
         self._variants: dict[tuple[str, str | None], ModelBackend | None] = {
             ("target", None): target, ("draft", None): draft,
@@ -294,24 +309,24 @@ class BenchRunner:
                     close()
 
     # ---------------------------------------------------------------- helpers
-    def _variant(self, role: str, quant: str | None) -> ModelBackend | None:
-        if quant == (self.config.quant if role == "target" else self.config.draft_quant):
-            quant = None  # what the run loaded anyway
-        if (role, quant) not in self._variants:
+    def _variant(self, role: str, weights: str | None) -> ModelBackend | None:
+        if weights == (self.config.weights if role == "target" else self.config.draft_weights):
+            weights = None  # what the run loaded anyway
+        if (role, weights) not in self._variants:
             if self._load_variant is None:
-                raise InputError(f"this run cannot load a {quant} {role} (no loader given)")
-            self.log(f"loading the {role} with {quant} weights")
-            assert quant is not None  # (role, None) is in _variants from the start
-            self._variants[(role, quant)] = self._load_variant(role, quant)
-        return self._variants[(role, quant)]
+                raise InputError(f"this run cannot load a {weights} {role} (no loader given)")
+            self.log(f"loading the {role} with {weights} weights")
+            assert weights is not None  # (role, None) is in _variants from the start
+            self._variants[(role, weights)] = self._load_variant(role, weights)
+        return self._variants[(role, weights)]
 
     def _backends_for(self, spec: MethodSpec) -> tuple[ModelBackend, ModelBackend | None]:
-        """The target and draft a method runs on: the run's, or its `@quant` variant."""
-        target = self._variant("target", spec.quant)
+        """The target and draft a method runs on: the run's, or its `@weights` variant."""
+        target = self._variant("target", spec.weights)
         assert target is not None
         draft = self.draft
         if spec.needs_draft_model():
-            draft = self._variant("draft", spec.draft_quant)
+            draft = self._variant("draft", spec.draft_weights)
         return target, draft
 
     def baseline(self) -> str | None:
@@ -324,9 +339,9 @@ class BenchRunner:
     def baseline_of(self, method: str) -> str:
         """The plain-decoding method whose output `method` must reproduce (same target)."""
         spec = self.specs.get(method)
-        if spec is None or spec.quant in (None, self.config.quant):
+        if spec is None or spec.weights in (None, self.config.weights):
             return "ar"
-        return f"ar@{spec.quant}"
+        return f"ar@{spec.weights}"
 
     def log(self, message: str) -> None:
         if self._log is not None:
@@ -542,9 +557,9 @@ class BenchRunner:
                 if run_file.exists():
                     before = json.loads(run_file.read_text()).get("settings", {})
                     diff = {
-                        k: (before.get(k, _OLD_DEFAULTS.get(k)), v)
+                        k: (_earlier_setting(before, k), v)
                         for k, v in settings.items()
-                        if before.get(k, _OLD_DEFAULTS.get(k)) != v
+                        if _earlier_setting(before, k) != v
                     }
                     if diff:
                         what = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in diff.items())

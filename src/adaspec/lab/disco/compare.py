@@ -144,7 +144,7 @@ def load_artifacts(paths: Sequence[str]) -> list[tuple[str, DiscoArtifact]]:
     arts = [(p, DiscoArtifact.load(p)) for p in paths]
     if not arts:
         raise InputError("--artifacts needs at least one tuned artifact")
-    pairs = {(a.target, a.draft, a.quants) for _, a in arts}
+    pairs = {(a.target, a.draft, a.weights) for _, a in arts}
     if len(pairs) > 1:
         raise InputError(f"the artifacts were trained for different model pairs: {pairs}")
     return arts
@@ -174,7 +174,7 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
     methods = list(dict.fromkeys(a.method for a in arms))
     target_name, draft_name = arts[0][1].target, arts[0][1].draft
     out = Path(args.out)
-    quant, draft_quant = arts[0][1].quants
+    weights, draft_weights = arts[0][1].weights
     config = BenchConfig(
         methods=methods,
         suites=data.suites,
@@ -185,13 +185,13 @@ def run_disco_bench(args, log: Callable[[str], None]) -> int:
         target=target_name,
         draft=draft_name,
         dtype=args.dtype,
-        quant=quant,
-        draft_quant=draft_quant,
+        weights=weights,
+        draft_weights=draft_weights,
     )
     check_out(config)
     log(f"disco bench: {len(prompts)} test prompts x {len(methods)} methods -> {out}")
     target, tokenizer, draft, eos = load_backends(
-        args.target or target_name, args.draft or draft_name, args.dtype, quant, draft_quant
+        args.target or target_name, args.draft or draft_name, args.dtype, weights, draft_weights
     )
     assert draft is not None  # a draft model was named (by the artifact or --draft)
     arts[0][1].check_pair(target.name, draft.name)  # every artifact names the same pair

@@ -296,7 +296,9 @@ def disco_report(
             "target": cfg.get("target"),
             "draft": cfg.get("draft"),
             "dtype": cfg.get("dtype"),
-            "quant": f"{cfg.get('quant', 'none')}/{cfg.get('draft_quant', 'none')}",
+            # a summary written before issue 32 names the weights `quant` / `draft_quant`
+            "weights": f"{cfg.get('weights', cfg.get('quant', 'none'))}/"
+                       f"{cfg.get('draft_weights', cfg.get('draft_quant', 'none'))}",
             "max_new_tokens": cfg.get("max_new_tokens"),
             "test_prompts": len({r["prompt_id"] for r in rows}),
             "categories": {c: suite_of.get(c) for c in categories},
@@ -398,8 +400,8 @@ def to_markdown(report: dict) -> str:
     lines = [
         "# DISCO: dynamic speculation length (issue 4)",
         "",
-        f"Target `{st['target']}`, draft `{st['draft']}`, {st['dtype']}, weight quantization "
-        f"target/draft {st.get('quant')}; greedy; "
+        f"Target `{st['target']}`, draft `{st['draft']}`, {st['dtype']}, weights "
+        f"target/draft {st.get('weights', st.get('quant'))}; greedy; "
         f"{st['max_new_tokens']} new tokens; {st['test_prompts']} test prompts. Training data: "
         f"{st['data'].get('suites')} ({st['data'].get('prompts')} prompts, "
         f"{st['data'].get('tokens')} tokens of {st['data'].get('max_new_tokens')}-token greedy "

@@ -29,7 +29,10 @@ from adaspec.route.router import build_arm_engines, prompt_state
 from adaspec.store.atomic import trim_torn_tail, write_json
 
 # Settings that change what a collected row means: a resumed collection must match them.
-MATCH_KEYS = ("arms", "target", "draft", "dtype", "quant", "max_new_tokens", "sample_temperature")
+MATCH_KEYS = ("arms", "target", "draft", "dtype", "weights", "max_new_tokens",
+              "sample_temperature")
+# `weights` was called `quant` (and `fastest` `auto`) in collections before issue 32.
+_OLD_NAMES = {"weights": "quant"}
 
 
 @dataclass
@@ -41,14 +44,14 @@ class CollectConfig:
     seed: int = 0
     overwrite: bool = False
     dtype: str = ""
-    quant: tuple[str, str] = ("none", "none")  # target, draft weight quantization
+    weights: tuple[str, str] = ("none", "none")  # target, draft weights (backends/weights.py)
 
 
 def _check_meta(folder: Path, meta: dict, overwrite: bool) -> None:
     path = folder / META
     if overwrite or not path.exists():
         return
-    before = json.loads(path.read_text(encoding="utf-8"))
+    before = collection_settings(json.loads(path.read_text(encoding="utf-8")))
     diff = [k for k in MATCH_KEYS if before.get(k) != meta.get(k)]
     if diff:
         what = ", ".join(f"{k} was {before.get(k)!r}, now {meta.get(k)!r}" for k in diff)
@@ -56,6 +59,19 @@ def _check_meta(folder: Path, meta: dict, overwrite: bool) -> None:
             f"{folder} holds a collection with other settings ({what}): use the same "
             "settings, --overwrite, or another --out"
         )
+
+
+def collection_settings(meta: dict) -> dict:
+    """A collect.json as this version names its settings: an older one's `quant` is
+    `weights` (its value `auto` is `fastest`)."""
+    from adaspec.backends.weights import read_weights
+
+    meta = dict(meta)
+    for new, old in _OLD_NAMES.items():
+        if new not in meta and old in meta:
+            value = meta.pop(old)
+            meta[new] = [read_weights(v) for v in value] if isinstance(value, list) else value
+    return meta
 
 
 def record_states(
@@ -128,7 +144,7 @@ def collect(
         "draft": getattr(draft, "name", None),
         "dtype": config.dtype,
         # recorded only when used, so collections from before quantization still resume
-        "quant": list(config.quant) if config.quant != ("none", "none") else None,
+        "weights": list(config.weights) if config.weights != ("none", "none") else None,
         "max_new_tokens": config.max_new_tokens,
         "sample_temperature": config.sample_temperature,
         "params": [arm_parameters(s, target_params, draft_params) for s in specs.values()],
@@ -155,8 +171,8 @@ def collect(
             target=target.name,
             draft=str(getattr(draft, "name", "")),
             dtype=config.dtype,
-            quant=config.quant[0],
-            draft_quant=config.quant[1],
+            weights=config.weights[0],
+            draft_weights=config.weights[1],
         ),
         target,
         tokenizer,

@@ -87,10 +87,10 @@ def priced_decode_ms(
     overhead per pass, every draft forward one single-token draft forward (a tree's level
     forwards over that level's nodes) and the draft's prompt prefill when the arm drafted.
     Priced at the prompt's length + half the answer, per turn (the context a step sees)."""
-    from adaspec.core.token_tree import AutoBranching, tree_node_count
+    from adaspec.core.token_tree import PricedBranching, tree_node_count
 
-    if isinstance(branching, AutoBranching):
-        raise InputError("a tree=auto arm records its steps' depth, not their shapes: price "
+    if isinstance(branching, PricedBranching):
+        raise InputError("a tree=priced arm records its steps' depth, not their shapes: price "
                          "the router with --cost measured, or give the arm a fixed tree")
     steps = [(int(d), int(a)) for d, a in row.get("steps") or []]
     turns = max(1, len(row.get("turn_tokens") or [1]))

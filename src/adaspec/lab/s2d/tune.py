@@ -232,7 +232,7 @@ def run_tune(args: argparse.Namespace) -> int:
     rows = [r for r in read_rows(args.data) if r.split == "val" and r.output]
     if not rows:
         raise InputError(f"no validation rows in {args.data}")
-    target, _, _, _ = load_backends(args.target, None, args.dtype, args.quant, "none")
+    target, _, _, _ = load_backends(args.target, None, args.dtype, args.weights, "none")
     if meta["target"] != target.name:
         raise InputError(f"{args.data} holds {meta['target']}'s outputs, not {target.name}'s")
     profile = (load_profile(args.profile) if args.profile
