@@ -9,10 +9,10 @@ W=${1:-/tmp/disco-builtin}
 A=.venv/bin/adaspec
 SUITES=humaneval:10,spec-bench:4,wmt:4,sharegpt:4
 mkdir -p "$W"
-COLLECT="adaspec disco collect --suite $SUITES --max-new-tokens 64 --quant ik --draft-quant ik --out data.pt"
+COLLECT="adaspec disco collect --suite $SUITES --max-new-tokens 64 --weights ik --draft-weights ik --out data.pt"
 TRAIN="adaspec disco train --data data.pt --out disco.pt"
 TUNE="adaspec disco tune --artifact disco.pt --data data.pt --profile machine"
-$A disco collect --suite $SUITES --max-new-tokens 64 --quant ik --draft-quant ik --out "$W/data.pt" --no-progress
+$A disco collect --suite $SUITES --max-new-tokens 64 --weights ik --draft-weights ik --out "$W/data.pt" --no-progress
 $A disco train --data "$W/data.pt" --out "$W/disco.pt"
 $A disco tune --artifact "$W/disco.pt" --data "$W/data.pt" --profile machine
 OUT=src/adaspec/control/builtin/disco-qwen2.5-coder-1.5b-instruct+qwen2.5-coder-0.5b-instruct

@@ -41,7 +41,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adaspec.store import atomic, native_build
+from adaspec.store import native_build
+from adaspec.store.atomic import write_text
 from adaspec.store.native_build import BUILD_INFO, NativeBuildError, cpu_signature
 
 PACKAGE = "ik-llama-cpp-python"
@@ -128,7 +129,7 @@ def patch_source(src: Path) -> int:
     if count == 0:
         raise IkBuildError(f"cannot patch {WHAT}: no one-row shortcut in {ONE_ROW_FILE}")
     text = text[:start] + region.replace(ONE_ROW_SHORTCUT, ONE_ROW_GUARDED) + text[end:]
-    atomic.write_text(path, ONE_ROW_MACRO + text)  # a stopped build never leaves half a file
+    write_text(path, ONE_ROW_MACRO + text)  # atomic: a stopped build never leaves half a file
     return count
 
 

@@ -34,7 +34,8 @@ class DraftParams(ChainParams):
         f"{HF_DEFAULT_THRESHOLD}, as Hugging Face; k bounds the draft); ctrl=disco: tau, "
         "stop below this acceptance probability (default: the artifact's tuned tau)",
     )
-    disco: str = param("", "ctrl=disco: the artifact file from `adaspec disco tune`")
+    disco: str = param("", "ctrl=disco: the artifact file from `adaspec disco tune` (default: "
+                           "the classifier shipped for the built-in pair)")
     sl_max: int = param(
         0,
         "ctrl=disco: most tokens per draft (0: the artifact's tuned SL_max, for stop=cost the "
