@@ -266,7 +266,8 @@ def test_confidence_controller_bounds_and_rule():
 # ----------------------------------------------------------------------- control/disco
 
 
-def test_disco_from_file_passes_every_setting(tmp_path):
+def test_disco_from_file_passes_every_setting(tmp_path, monkeypatch):
+    import adaspec.control.builtin as builtin
     from adaspec.control.disco import DiscoLength
     from tests.cost_helpers import steep
     from tests.disco_helpers import artifact, constant_classifier
@@ -277,7 +278,9 @@ def test_disco_from_file_passes_every_setting(tmp_path):
     ctrl = DiscoLength.from_file(str(path), 0.3, 5, "cost", profile, "mean")
     assert (ctrl.tau, ctrl.sl_max, ctrl.stop, ctrl.guess) == (0.3, 5, "cost", "mean")
     assert ctrl.profile is profile
-    with pytest.raises(InputError) as err:
+    assert DiscoLength.from_file("").builtin  # no path: the shipped classifier
+    monkeypatch.setattr(builtin, "DISCO_BUILTIN", tmp_path / "not-shipped.pt")
+    with pytest.raises(InputError) as err:  # an install without it: how to make one
         DiscoLength.from_file("")
     assert str(err.value) == (
         "ctrl=disco needs disco=PATH, an artifact that `adaspec disco collect`, `disco train` "
