@@ -15,6 +15,7 @@ import torch
 from adaspec.errors import InputError
 
 SEED_MAX = 2**64 - 1  # the largest seed a torch generator takes
+TOP_LOGPROBS_MAX = 20  # alternatives per token a request may ask for (OpenAI's bound)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    # log-probabilities of the emitted tokens, with this many alternatives each (None: off)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -44,6 +47,11 @@ class SamplingParams:
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not 0 <= self.seed <= SEED_MAX):
             raise InputError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
+        n = self.logprobs
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool)
+                              or not 0 <= n <= TOP_LOGPROBS_MAX):
+            raise InputError(f"top logprobs must be an integer in [0, {TOP_LOGPROBS_MAX}], "
+                             f"got {n!r}")
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +65,42 @@ class SamplingParams:
         else:
             g.manual_seed(self.seed)
         return g
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target, and the most likely tokens'
+    (most likely first) at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def log_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities [..., V] of the distribution a token is drawn from: the processed
+    one (temperature, top-k, top-p; -inf where they remove a token) above temperature 0, the
+    model's own softmax at temperature 0 (greedy draws the argmax of it)."""
+    if params.greedy:
+        return torch.log_softmax(logits.float(), dim=-1)
+    return torch.log(process_logits(logits, params))
+
+
+def token_logprobs(rows: torch.Tensor, tokens: list[int],
+                   params: SamplingParams) -> list[TokenLogprob]:
+    """rows: [n, V] the target's logits that chose `tokens` (row i chose tokens[i]), read
+    from the pass that verified them: no extra target call."""
+    logs = log_distribution(rows[: len(tokens)], params)
+    n = params.logprobs or 0
+    out = []
+    for i, tok in enumerate(tokens):
+        top: tuple[tuple[int, float], ...] = ()
+        if n:
+            values, ids = torch.topk(logs[i], n)
+            top = tuple((int(t), float(v)) for t, v in zip(ids, values, strict=True)
+                        if v > float("-inf"))
+        out.append(TokenLogprob(int(tok), float(logs[i, tok]), top))
+    return out
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,14 @@ from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
 from adaspec.core.metrics import RequestStats
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, argmax, process_logits, top2_gap
+from adaspec.core.sampling import (
+    SamplingParams,
+    TokenLogprob,
+    argmax,
+    process_logits,
+    token_logprobs,
+    top2_gap,
+)
 from adaspec.core.text import TextAssembler
 from adaspec.draft.base import Drafter
 from adaspec.errors import InputError
@@ -37,6 +44,7 @@ class GenerationResult:
     stats: RequestStats
     finish_reason: str  # "eos" | "length" | "stop"
     prompt_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
 
 
 # How a token came out of a step: a drafted token the target accepted, the target's own token
@@ -50,6 +58,7 @@ class StreamChunk:
     text: str  # newly final text (held back while it could still be part of a stop string)
     token_ids: list[int]  # tokens accepted in this step
     sources: list[str] = field(default_factory=list)  # per token: ACCEPTED | CORRECTION | ...
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, when asked for
 
 
 class TextGenerator(ABC):
@@ -221,6 +230,10 @@ class Engine(TextGenerator):
         self._last_prompt = list(prompt_ids)
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill.logits[-1:], sampling,
                              generator, verifier).next_token
+        want_logprobs = sampling.logprobs is not None
+        step_logprobs = (token_logprobs(prefill.logits[-1:], [first], sampling)
+                         if want_logprobs else [])
+        generated_logprobs: list[TokenLogprob] = []
         stats.target_calls += 1
         stats.prefill_time = time.perf_counter() - t_start - stats.route_time
         self.controller.start()
@@ -246,15 +259,18 @@ class Engine(TextGenerator):
                 if len(generated) >= max_new_tokens:
                     finish = "length"
                     break
+            generated_logprobs += step_logprobs[: len(emitted)]
             piece, hit_stop = text_out.push(generated, final=finish is not None)
             if hit_stop:
                 finish = "stop"
                 kept = text_out.tokens_through_stop(generated)
                 emitted = emitted[: max(0, len(emitted) - (len(generated) - kept))]
                 del generated[kept:]
+                del generated_logprobs[kept:]
             if piece or emitted:
                 yield StreamChunk(text=piece, token_ids=emitted,
-                                  sources=step_sources[: len(emitted)])
+                                  sources=step_sources[: len(emitted)],
+                                  logprobs=step_logprobs[: len(emitted)])
             if finish is not None:
                 break
 
@@ -268,9 +284,11 @@ class Engine(TextGenerator):
             k = min(
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
-            step_tokens, step_sources = self._step(
+            step_tokens, step_sources, rows = self._step(
                 context, k, sampling, generator, verifier, stats
             )
+            if want_logprobs:
+                step_logprobs = token_logprobs(rows, step_tokens, sampling)
             context = context + step_tokens
 
         stats.new_tokens = len(generated)
@@ -281,6 +299,7 @@ class Engine(TextGenerator):
             stats=stats,
             finish_reason=finish,
             prompt_ids=prompt_ids,
+            logprobs=generated_logprobs if want_logprobs else None,
         )
 
     def _step(
@@ -291,10 +310,10 @@ class Engine(TextGenerator):
         generator: torch.Generator,
         verifier: Verifier,
         stats: RequestStats,
-    ) -> tuple[list[int], list[str]]:
+    ) -> tuple[list[int], list[str], torch.Tensor]:
         """Propose at most k levels below the last token, score root + proposal in one target
-        pass, verify, roll both caches back to the accepted path; the accepted tokens and how
-        each came out."""
+        pass, verify, roll both caches back to the accepted path; the accepted tokens, how
+        each came out, and the target's logits rows [len(tokens), V] that chose them."""
         root = len(context) - 1  # cache index and position of the last token
         proposal = Proposal.chain(context[-1], [])
         if self.drafter is not None and k > 0:
@@ -316,8 +335,12 @@ class Engine(TextGenerator):
         stats.target_calls += 1
         verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
         self._roll_back(root, verdict.path)
+        rows = target_logits[[0, *verdict.path]]  # row of node i chose the token after it
         if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
-            verdict = self._settle_near_tie(proposal, target_logits, verdict, root, stats)
+            verdict, alone = self._settle_near_tie(proposal, target_logits, verdict, root,
+                                                   stats)
+            if alone is not None:  # its last token chosen by the row scored alone
+                rows = torch.cat([target_logits[[0, *verdict.path]][:-1], alone[-1:]])
         if self.recorder is not None:
             self.recorder.step(root, proposal.depth, verdict.path, target_logits)
         stats.verify_time += time.perf_counter() - t0
@@ -337,22 +360,24 @@ class Engine(TextGenerator):
         last = PLAIN if not proposal.depth else (
             BONUS if verdict.accepted == proposal.depth else CORRECTION
         )
-        return accepted, [ACCEPTED] * verdict.accepted + [last]
+        return accepted, [ACCEPTED] * verdict.accepted + [last], rows
 
     def _settle_near_tie(
         self, proposal: Proposal, logits: torch.Tensor, verdict: Verdict, root: int,
         stats: RequestStats,
-    ) -> Verdict:
+    ) -> tuple[Verdict, torch.Tensor | None]:
         """Greedy on a runtime whose multi-token pass rounds otherwise than its single-token
         pass: a row whose top-2 gap is within that noise may pick another token than plain
         decoding picks. Cut the path at the first such row of the walk and re-score that row
         alone, as plain decoding does; the rows before it are settled.
 
-        logits: [n, V] of the multi-token pass; the caches hold the context and the path."""
+        logits: [n, V] of the multi-token pass; the caches hold the context and the path.
+        Returns the verdict and None when no row is that near, else the cut verdict and the
+        lone pass's logits [1, V]."""
         walk = [0, *verdict.path]  # the rows that chose each emitted token, in order
         near = (top2_gap(logits[walk]) <= self.target.batch_noise).nonzero()
         if not len(near):
-            return verdict
+            return verdict, None
         cut = int(near[0])
         # keep the context and the path before row `cut`'s node; feed that node alone
         self.target.truncate(root + cut)
@@ -360,7 +385,7 @@ class Engine(TextGenerator):
         alone = self.target.forward(torch.tensor([node_token])).logits
         stats.target_calls += 1
         stats.rechecks += 1
-        return Verdict(verdict.path[:cut], int(argmax(alone[-1])))
+        return Verdict(verdict.path[:cut], int(argmax(alone[-1]))), alone
 
     @staticmethod
     def _verify(proposal, logits, sampling, generator, verifier):
