@@ -204,6 +204,45 @@ def test_chat_streaming_and_not_give_the_library_text(client, instance):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
 
 
+def test_logprobs_are_the_engines_and_streamed_alike(base, instance):
+    """Chat: logprobs true + top_logprobs N; completions: logprobs N. Each emitted token's
+    log-probability is the engine's (no extra target call), streamed or not; bad
+    combinations are 400s naming logprobs."""
+    from adaspec.core.sampling import SamplingParams
+
+    engine = instance.engine(METHOD)
+    expect = engine.generate(PROMPT, 8, SamplingParams(logprobs=2), chat=True).logprobs
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    r = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == pytest.approx([e.logprob for e in expect])
+    assert [c["token"] for c in content] == [instance.token_text(e.token) for e in expect]
+    assert all(len(c["top_logprobs"]) == 2 and c["bytes"] == list(c["token"].encode())
+               for c in content)
+    assert "".join(c["token"] for c in content) == r.json()["choices"][0]["message"]["content"]
+    streamed = httpx.post(base + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=30)
+    parts = [json.loads(e) for e in sse_events(streamed)[:-1]]
+    lps = [c for p in parts for ch in p["choices"] if ch["logprobs"]
+           for c in ch["logprobs"]["content"]]
+    assert lps == content
+    plain = httpx.post(base + "/v1/chat/completions", timeout=30,
+                       json={**body, "logprobs": False, "top_logprobs": None})
+    assert plain.json()["choices"][0]["logprobs"] is None
+
+    r = httpx.post(base + "/v1/completions", timeout=30,
+                   json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+    assert all(len(top) <= 3 for top in lp["top_logprobs"]) and lp["text_offset"][0] == 0
+    assert lp["text_offset"][1:] == [sum(map(len, lp["tokens"][:i])) for i in range(1, 6)]
+    bad = httpx.post(base + "/v1/chat/completions", timeout=30,
+                     json={**body, "logprobs": None})  # top_logprobs without logprobs
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
+
+
 def test_completion_streaming_gives_the_same_text(client, instance):
     expected = library_text(instance, PROMPT, 12, chat=False)
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12,
@@ -295,7 +334,9 @@ BAD = [
     ({"prompt": PROMPT, "method": "draft:ctrl=disco,disco=/etc/passwd"}, "method"),
     ({"prompt": PROMPT, "method": "auto:profile=/etc/hostname"}, "method"),
     ({"prompt": PROMPT, "maxtokens": 5}, "maxtokens"),
-    ({"prompt": PROMPT, "logprobs": 2}, None),
+    ({"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+    ({"prompt": PROMPT, "logprobs": True}, "logprobs"),  # a completion asks for a number
+    ({"prompt": PROMPT, "top_logprobs": 2}, "logprobs"),  # a chat completion's field
     ({"prompt": PROMPT, "stop": [""]}, "stop"),
     ({"prompt": "x" * 300, "max_tokens": 5}, "prompt"),
     ({"prompt": PROMPT, "max_tokens": 250}, "prompt"),

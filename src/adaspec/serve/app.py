@@ -232,7 +232,12 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
         except InputError as exc:
             raise errors.bad_request(str(exc), param="method") from None
     try:
-        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.seed)
+        logprobs = body.logprob_count(chat)
+    except ValueError as exc:
+        raise errors.bad_request(str(exc), param="logprobs") from None
+    try:
+        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.seed,
+                                  logprobs=logprobs)
     except InputError as exc:
         raise errors.bad_request(str(exc)) from None
     field = "messages" if chat else "prompt"
@@ -316,7 +321,9 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
         assert event.result is not None
         use = responses.usage(event.result, job.method, job.queue_time())
         build = responses.chat_completion if chat else responses.completion
-        return JSONResponse(build(rid, created, state.model, event.result, use))
+        instance, _ = state.ready()
+        return JSONResponse(build(rid, created, state.model, event.result, use,
+                                  instance.token_text))
     finally:
         if not handed_over:
             watcher.cancel()
@@ -334,6 +341,7 @@ async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first
         if chat:
             yield responses.sse(responses.chunk(True, rid, created, model, role=True, text=""))
         event = first
+        offset = 0  # completions' text_offset: characters of the tokens streamed so far
         while True:
             if event.kind == CHUNK:
                 assert event.chunk is not None
@@ -341,9 +349,17 @@ async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first
                 if event.pieces is not None:
                     tokens = [[p, s] for p, s in zip(event.pieces, event.chunk.sources,
                                                      strict=False)]
-                if event.chunk.text or tokens:
+                logprobs = None
+                if job.sampling.logprobs is not None and event.chunk.logprobs:
+                    instance, _ = state.ready()
+                    logprobs = responses.logprobs(chat, event.chunk.logprobs,
+                                                  instance.token_text, offset)
+                    if not chat:
+                        offset += sum(len(t) for t in logprobs["tokens"])
+                if event.chunk.text or tokens or logprobs:
                     yield responses.sse(responses.chunk(chat, rid, created, model,
-                                                        text=event.chunk.text, tokens=tokens))
+                                                        text=event.chunk.text, tokens=tokens,
+                                                        logprobs=logprobs))
             elif event.kind == DONE:
                 assert event.result is not None
                 use = responses.usage(event.result, job.method, job.queue_time())

@@ -149,6 +149,10 @@ class ModelInstance:
                 del self._engines[oldest]
         return engine
 
+    def token_text(self, token: int) -> str:
+        """One token id's text, as logprobs name it."""
+        return self.tokenizer.decode([token])
+
     def encode(self, prompt, chat: bool) -> list[int]:
         """Token ids of a prompt (text, token ids or chat turns): the tokenizer only."""
         return self.default_engine.encode_prompt(prompt, chat=chat)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from adaspec.core.sampling import TokenLogprob
 from adaspec.engine.loop import GenerationResult
 from adaspec.serve.schema import (
     ChatChoice,
@@ -59,27 +61,59 @@ def usage(result: GenerationResult, method: str, queue_time: float) -> Usage:
     )
 
 
+TokenText = Callable[[int], str]  # a token id's text (the instance's tokenizer)
+
+
+def logprobs(chat: bool, entries: Sequence[TokenLogprob], text: TokenText,
+             offset: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs object. Chat: `content`, one entry per token with its bytes and
+    `top_logprobs`; completions: the parallel lists `tokens`, `token_logprobs`,
+    `top_logprobs` and `text_offset` (character offsets from `offset`)."""
+    if chat:
+        def item(token: int, logprob: float) -> dict[str, Any]:
+            s = text(token)
+            return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+
+        return {"content": [{**item(e.token, e.logprob),
+                             "top_logprobs": [item(t, v) for t, v in e.top]}
+                            for e in entries],
+                "refusal": None}
+    tokens = [text(e.token) for e in entries]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text(t): v for t, v in e.top} for e in entries],
+            "text_offset": offsets}
+
+
 def chat_completion(rid: str, created: int, model: str, result: GenerationResult,
-                    use: Usage) -> dict[str, Any]:
+                    use: Usage, text: TokenText | None = None) -> dict[str, Any]:
+    lp = (logprobs(True, result.logprobs, text)
+          if result.logprobs is not None and text is not None else None)
     return ChatCompletion(
         id=rid, created=created, model=model, usage=use,
         choices=[ChatChoice(message=ChatResponseMessage(content=result.text),
-                            finish_reason=FINISH[result.finish_reason])],
+                            finish_reason=FINISH[result.finish_reason], logprobs=lp)],
     ).model_dump()
 
 
 def completion(rid: str, created: int, model: str, result: GenerationResult,
-               use: Usage) -> dict[str, Any]:
+               use: Usage, text: TokenText | None = None) -> dict[str, Any]:
+    lp = (logprobs(False, result.logprobs, text)
+          if result.logprobs is not None and text is not None else None)
     return Completion(
         id=rid, created=created, model=model, usage=use,
         choices=[CompletionChoice(text=result.text,
-                                  finish_reason=FINISH[result.finish_reason])],
+                                  finish_reason=FINISH[result.finish_reason], logprobs=lp)],
     ).model_dump()
 
 
 def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, finish_reason: str | None = None, use: Usage | None = None,
-          tokens: list[list[str]] | None = None, no_choice: bool = False) -> dict[str, Any]:
+          tokens: list[list[str]] | None = None, no_choice: bool = False,
+          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk. `tokens` ([piece, source] per token) is adaspec's extra for the
     playground; `no_choice` is the usage-only chunk of stream_options.include_usage."""
     body: dict[str, Any] = {
@@ -96,10 +130,10 @@ def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = 
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+        body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs,
                             "finish_reason": finish_reason}]
     else:
-        body["choices"] = [{"index": 0, "text": text or "", "logprobs": None,
+        body["choices"] = [{"index": 0, "text": text or "", "logprobs": logprobs,
                             "finish_reason": finish_reason}]
     if use is not None:
         body["usage"] = use.model_dump()

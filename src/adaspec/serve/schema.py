@@ -14,9 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adaspec.core.sampling import SEED_MAX
+from adaspec.core.sampling import SEED_MAX, TOP_LOGPROBS_MAX
 
 StrictInt = Annotated[int, Field(strict=True)]
+StrictBool = Annotated[bool, Field(strict=True)]
 
 
 class TextPart(BaseModel):
@@ -68,10 +69,11 @@ class GenerationRequest(BaseModel):
     # request's domain, whose draft serves it under --online-distill --osd-domains field
     token_sources: bool = False  # extra: stream chunks carry each token's text and source
 
+    # chat: logprobs true, with top_logprobs alternatives; completions: logprobs N
+    logprobs: StrictBool | StrictInt | None = None
+    top_logprobs: StrictInt | None = None
     # OpenAI fields refused unless left at their neutral value, then accounting hints that
     # change nothing here
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -135,8 +137,6 @@ class GenerationRequest(BaseModel):
     @model_validator(mode="after")
     def _unsupported(self) -> GenerationRequest:
         refused = {
-            "logprobs": self.logprobs not in (None, False, 0),
-            "top_logprobs": self.top_logprobs not in (None, 0),
             "presence_penalty": self.presence_penalty not in (None, 0),
             "frequency_penalty": self.frequency_penalty not in (None, 0),
             "logit_bias": bool(self.logit_bias),
@@ -145,6 +145,29 @@ class GenerationRequest(BaseModel):
             if bad:
                 raise ValueError(f"{name} is not supported by adaspec serve; leave it unset")
         return self
+
+    def logprob_count(self, chat: bool) -> int | None:
+        """How many alternatives per emitted token the request asks for (0: only the
+        token's own log-probability), or None when it asks for no log-probabilities.
+        Chat: `logprobs: true` and `top_logprobs: N`; completions: `logprobs: N`."""
+        if chat:
+            if self.logprobs is not None and not isinstance(self.logprobs, bool):
+                raise ValueError("logprobs of a chat completion is true or false; "
+                                 "top_logprobs says how many alternatives")
+            if self.top_logprobs is not None and not self.logprobs:
+                raise ValueError("top_logprobs needs logprobs: true")
+            n = (self.top_logprobs or 0) if self.logprobs else None
+        else:
+            if self.top_logprobs is not None:
+                raise ValueError("top_logprobs is a chat completion field; a completion asks "
+                                 "with logprobs: N")
+            if isinstance(self.logprobs, bool):
+                raise ValueError("logprobs of a completion is a number of alternatives, 0 to "
+                                 f"{TOP_LOGPROBS_MAX}")
+            n = self.logprobs
+        if n is not None and not 0 <= n <= TOP_LOGPROBS_MAX:
+            raise ValueError(f"top logprobs must be in [0, {TOP_LOGPROBS_MAX}], got {n}")
+        return n
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -271,7 +294,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -288,7 +311,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class Completion(BaseModel):
