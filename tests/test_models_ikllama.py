@@ -140,3 +140,59 @@ def test_a_target_takes_lone_rows_only_where_the_library_scores_them_as_blocks(s
             assert chosen.batch_noise == 0
         finally:
             chosen.close()
+
+
+def test_a_prompt_gives_its_final_hidden_state_for_the_router(smollm):
+    """prefill(hidden_layer=num_layers): the last prompt token's final-layer state, read by a
+    second lone pass with the embeddings output on. The logits and the cache stay what a
+    plain prefill leaves (the next forward is bit for bit the same), and it crosses into a
+    child process."""
+    from adaspec.backends.process_backend import ProcessBackend
+    from adaspec.errors import InputError
+
+    gguf, backend = smollm
+    prompt, other = torch.tensor([1604, 3987, 46477, 24, 94]), torch.tensor([727, 13, 55])
+    backend.reset()
+    plain = backend.prefill(prompt)
+    after_plain = backend.forward(torch.tensor([300])).logits
+    backend.reset()
+    out = backend.prefill(prompt, hidden_layer=backend.num_layers)
+    assert out.hidden is not None and out.hidden.shape == (1, backend.hidden_size)
+    assert torch.isfinite(out.hidden).all() and out.hidden.abs().sum() > 0
+    assert torch.equal(out.logits, plain.logits) and backend.cache_len == len(prompt)
+    assert torch.equal(backend.forward(torch.tensor([300])).logits, after_plain)
+    backend.reset()
+    again = backend.prefill(prompt, hidden_layer=backend.num_layers).hidden
+    assert torch.equal(again, out.hidden)
+    backend.reset()
+    assert not torch.equal(backend.prefill(other, hidden_layer=backend.num_layers).hidden,
+                           out.hidden)
+    with pytest.raises(InputError, match="final layer's state only"):
+        backend.prefill(prompt, hidden_layer=backend.num_layers - 1)
+    backend.reset()
+
+    child = ProcessBackend(IkLlamaBackend, gguf, 1, "smollm", 512)
+    try:
+        assert child.has_hidden_states
+        crossed = child.prefill(prompt, hidden_layer=child.num_layers)
+        assert crossed.hidden is not None and torch.equal(crossed.hidden, out.hidden)
+    finally:
+        child.close()
+
+
+def test_a_router_routes_over_an_ik_llama_target(smollm):
+    """The router's prompt state now comes from the default runtime too: a routed request
+    reads it from the prefill and decodes what the picked arm decodes alone."""
+    from adaspec.methods.build import build_engine
+    from adaspec.route.router import RoutedGenerator
+
+    _, target = smollm
+    target.reset()
+    prompt = [1604, 3987, 46477, 24, 94, 727] * 3
+    arms = {name: build_engine(f"{name}@ik", target, None, None, [2])
+            for name in ("ar", "ngram:k=4")}
+    alone = arms["ar"].generate(prompt, 16).token_ids
+    router = RoutedGenerator(arms, force="ngram:k=4")
+    routed = router.generate(prompt, 16)
+    assert routed.token_ids == alone and routed.stats.route == "ngram:k=4"
+    assert router.last_state is not None and router.last_state.shape == (target.hidden_size,)

@@ -172,15 +172,27 @@ class ChainBackend(ModelBackend):
         """Score a prompt with logits for its last token only: the output head over every
         prompt row (151,936 columns for Qwen) would cost more than the prompt itself. Up to
         `reuse` leading tokens the cache already holds at the same positions are kept (at
-        least the last prompt token is scored, for its logits)."""
-        if hidden_layer is not None:
+        least the last prompt token is scored, for its logits). hidden_layer: where the
+        runtime gives it (`has_hidden_states`), the final layer's state of the last prompt
+        token [1, hidden] (the router's input)."""
+        if hidden_layer is not None and not self.has_hidden_states:
             raise InputError(f"the {self.runtime} backend has no hidden states")
+        if hidden_layer is not None and hidden_layer != self.num_layers:
+            raise InputError(f"the {self.runtime} backend gives the final layer's state only "
+                             f"(layer {self.num_layers}), not layer {hidden_layer}")
         ids = [int(t) for t in tokens.reshape(-1)]
         if not ids:
             raise InputError("empty prompt")
         kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
         self.truncate(kept)
-        return ForwardOutput(logits=self._checked_feed(ids[kept:], every_row=False))
+        logits = self._checked_feed(ids[kept:], every_row=False)
+        hidden = self._final_state() if hidden_layer is not None else None
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _final_state(self) -> torch.Tensor:
+        """The last cached token's final-layer state [1, hidden], its cache entry as it
+        was (runtimes with `has_hidden_states` give it)."""
+        raise InputError(f"the {self.runtime} backend has no hidden states")
 
     def _token_ids(self) -> list[int]:
         """The tokens whose keys and values the cache holds, in order."""

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from adaspec.backends.base import ChainBackend, batch_noise_setting
-from adaspec.errors import AdaspecError
+from adaspec.errors import AdaspecError, InputError
 
 IK_VERSION = "0.1.5"
 INSTALL_HINT = f"pip install 'ik-llama-cpp-python=={IK_VERSION}' (a prebuilt AVX2 wheel)"
@@ -144,6 +144,8 @@ def library() -> Any:
         "llama_kv_cache_clear": ([c.c_void_p], None),
         "llama_get_logits": ([c.c_void_p], c.POINTER(c.c_float)),
         "llama_get_logits_ith": ([c.c_void_p, c.c_int32], c.POINTER(c.c_float)),
+        "llama_set_embeddings": ([c.c_void_p, c.c_bool], None),
+        "llama_get_embeddings_ith": ([c.c_void_p, c.c_int32], c.POINTER(c.c_float)),
     }
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
@@ -171,6 +173,7 @@ class IkLlamaBackend(ChainBackend):
 
     kind = "ik_llama"
     runtime = "ik_llama.cpp"
+    has_hidden_states = True  # the final layer's, for the router (`_final_state`)
     # experiments/batch_noise.py (EPYC Zen 5): a row's top-2 gap moved by up to 0.74 between
     # its single-token pass and a block of 2-8 (1,176 rows); greedy rows within it are rechecked.
     batch_noise = 0.75
@@ -304,6 +307,36 @@ class IkLlamaBackend(ChainBackend):
             rows.append(np.ctypeslib.as_array(logits, shape=(1, self.vocab_size)).copy())
         out = rows[0] if len(rows) == 1 else np.concatenate(rows)
         return torch.from_numpy(out)
+
+    def _final_state(self) -> torch.Tensor:
+        """The last cached token fed again with the context's embeddings output on (which
+        gives no logits in this runtime, hence the second pass: one token, padded to
+        `min_rows` as every call is, so its cache entry is what it was)."""
+        lib, batch = self._lib, self._batch
+        ids = self._token_ids()
+        if not ids or self._len != len(ids):
+            raise InputError("no prompt in the cache to read a hidden state from")
+        start = self._len - 1
+        self._remove_from(start)
+        rows = max(1, min(self.min_rows, self.max_context - start))
+        for i in range(rows):
+            batch.token[i] = ids[-1]
+            batch.pos[i] = start + i
+            batch.logits[i] = i == 0
+        batch.n_tokens = rows
+        lib.llama_set_embeddings(self._ctx, True)
+        try:
+            code = lib.llama_decode(self._ctx, batch)
+            if code != 0:
+                raise AdaspecError(f"ik_llama.cpp decode failed (code {code}) for a hidden state")
+            state = lib.llama_get_embeddings_ith(self._ctx, 0)
+            if not state:
+                raise AdaspecError("ik_llama.cpp gave no hidden state")
+            hidden = np.ctypeslib.as_array(state, shape=(1, self.hidden_size)).copy()
+        finally:
+            lib.llama_set_embeddings(self._ctx, False)
+            self._remove_from(start + 1)  # the padding rows
+        return torch.from_numpy(hidden)
 
     def _remove_from(self, length: int) -> None:
         self._lib.llama_kv_cache_seq_rm(self._ctx, -1, length, -1)

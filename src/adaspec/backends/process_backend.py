@@ -22,7 +22,7 @@ from adaspec.backends.child_process import ChildProcess
 from adaspec.errors import InputError
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
-               "bytes_per_forward", "kind", "batch_noise")
+               "bytes_per_forward", "kind", "batch_noise", "has_hidden_states")
 
 
 class _SharedRows:
@@ -74,9 +74,12 @@ class _BackendServer:
         shape = self.rows.write(self.backend.forward(torch.tensor(ids)).logits)
         return shape, self.backend.cache_len
 
-    def prefill(self, ids: list[int], reuse: int = 0) -> tuple[tuple[int, int], int]:
-        shape = self.rows.write(self.backend.prefill(torch.tensor(ids), reuse=reuse).logits)
-        return shape, self.backend.cache_len
+    def prefill(self, ids: list[int], reuse: int = 0, hidden_layer: int | None = None
+                ) -> tuple[tuple[int, int], int, list[float] | None]:
+        out = self.backend.prefill(torch.tensor(ids), hidden_layer=hidden_layer, reuse=reuse)
+        shape = self.rows.write(out.logits)
+        hidden = None if out.hidden is None else out.hidden.reshape(-1).tolist()
+        return shape, self.backend.cache_len, hidden
 
     def truncate(self, length: int) -> int:
         self.backend.truncate(length)
@@ -88,11 +91,11 @@ class _BackendServer:
 
 
 class ProcessBackend(ModelBackend):
-    """`factory(*args)`'s backend, run in a child process; chains only (no tree masks, no
-    hidden states cross the socket)."""
+    """`factory(*args)`'s backend, run in a child process; chains only (no tree masks);
+    the final layer's state of a prompt where the child's backend gives it."""
 
     supports_trees = False
-    has_hidden_states = False
+    has_hidden_states = False  # until the child says
 
     def __init__(self, factory: Callable[..., ModelBackend], *args: Any,
                  wait: bool = True) -> None:
@@ -145,11 +148,12 @@ class ProcessBackend(ModelBackend):
     def prefill(
         self, tokens: torch.Tensor, hidden_layer: int | None = None, reuse: int = 0
     ) -> ForwardOutput:
-        if hidden_layer is not None:
-            raise InputError("a model in a child process gives no hidden states")
+        if hidden_layer is not None and not self.has_hidden_states:
+            raise InputError(f"this model's runtime ({self.kind}) gives no hidden states")
         ids = [int(t) for t in tokens.reshape(-1)]
-        shape, self._len = self._child.call("prefill", ids, int(reuse))
-        return ForwardOutput(logits=self._rows.read(*shape))
+        shape, self._len, hidden = self._child.call("prefill", ids, int(reuse), hidden_layer)
+        state = None if hidden is None else torch.tensor(hidden).reshape(1, -1)
+        return ForwardOutput(logits=self._rows.read(*shape), hidden=state)
 
     def truncate(self, length: int) -> None:
         if length < self._len:
