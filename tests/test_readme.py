@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import adaspec.lab.bench.references  # noqa: F401  (ctrl=oracle: `adaspec methods` lists it)
 from adaspec.control import CONTROLLERS
 from adaspec.methods.registry import METHODS
 from adaspec.methods.spec import methods_markdown

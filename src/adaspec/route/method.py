@@ -12,15 +12,25 @@ from adaspec.route.policy import MODES
 
 @dataclass(frozen=True)
 class RouterParams:
-    artifact: str = param("", "trained router (adaspec router train); router:PATH is short")
+    artifact: str = param("", "trained router (adaspec router train); router:PATH is short "
+                              "(default: the policy shipped for the built-in pair)")
     mode: str = param("greedy", "greedy (the policy's argmax) | dynamic (sample the policy)")
     seed: int = param(0, "seed of the dynamic policy (a request's own seed wins)")
 
     def __post_init__(self) -> None:
-        check(bool(self.artifact),
+        from adaspec.route.builtin import ROUTER_BUILTIN
+
+        check(bool(self.artifact) or ROUTER_BUILTIN.is_file(),
               "give the router artifact, e.g. router:router.pt; `adaspec router collect` then "
               "`adaspec router train` build one (docs/router.md)")
         check(self.mode in MODES, "mode must be greedy or dynamic")
+
+    @property
+    def path(self) -> str:
+        """The artifact given, or the one shipped for the built-in pair."""
+        from adaspec.route.builtin import ROUTER_BUILTIN
+
+        return self.artifact or str(ROUTER_BUILTIN)
 
 
 def _needs_draft(params: RouterParams) -> bool:
@@ -28,7 +38,7 @@ def _needs_draft(params: RouterParams) -> bool:
     from adaspec.methods.spec import parse_method
     from adaspec.route.artifact import load_artifact
 
-    arms = load_artifact(params.artifact).arms.values()
+    arms = load_artifact(params.path).arms.values()
     return any(parse_method(m).needs_draft_model() for m in arms)
 
 
@@ -38,10 +48,11 @@ def _build(params: RouterParams, models: Models, text: str):
     if not models.target.has_hidden_states:
         raise InputError(
             f"method {text!r} reads the target's hidden state, which its backend "
-            f"({type(models.target).__name__}) does not give; run the router on torch weights"
+            f"({type(models.target).__name__}) does not give; run the router on torch or ik "
+            "weights"
         )
     return router_from_artifact(
-        params.artifact, models.target, models.tokenizer, models.draft, models.eos_token_ids,
+        params.path, models.target, models.tokenizer, models.draft, models.eos_token_ids,
         mode=params.mode, seed=params.seed, profile=models.profile,
     )
 
