@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 W=${1:-/tmp/router-builtin}
 A=.venv/bin/adaspec
 ARMS=ar,ngram,auto,draft:k=4
-COLLECT="adaspec router collect --arms $ARMS --out data --overwrite"
+W_ARGS="--weights ik --draft-weights ik"
+COLLECT="adaspec router collect --arms $ARMS $W_ARGS --out data --overwrite"
 TRAIN="adaspec router train data --hidden 128 --out router.pt"
-$A router collect --arms $ARMS --out "$W/data" --overwrite --no-progress
+$A router collect --arms $ARMS $W_ARGS --out "$W/data" --overwrite --no-progress
 $A router train "$W/data" --hidden 128 --out "$W/router.pt"
 OUT=src/adaspec/route/builtin/router-qwen2.5-coder-1.5b-instruct
 cp "$W/router.pt" "$OUT.pt"

@@ -97,6 +97,6 @@ def test_router_model_options_come_from_the_shared_helper():
         TARGET_DEFAULT, "float32", "int8-dyn", "int4")  # fmt: skip
     assert c.no_progress
     f = parser.parse_args(["router", "features", "--suite", "wmt:1", "--out", "o"])
-    assert f.draft is None and f.weights == "none" and not f.no_progress
+    assert f.draft is None and f.weights == "fastest" and not f.no_progress  # ik gives states
     with pytest.raises(SystemExit):
         parser.parse_args(["router", "collect", "--weights", "int3"])

@@ -137,6 +137,7 @@ def library() -> Any:
         "llama_n_layer": ([c.c_void_p], c.c_int32),
         "llama_model_n_embd": ([c.c_void_p], c.c_int32),
         "llama_model_size": ([c.c_void_p], c.c_uint64),
+        "llama_model_n_params": ([c.c_void_p], c.c_uint64),
         "llama_batch_init": ([c.c_int32, c.c_int32, c.c_int32], api.llama_batch),
         "llama_batch_free": ([api.llama_batch], None),
         "llama_decode": ([c.c_void_p, api.llama_batch], c.c_int32),
@@ -250,6 +251,7 @@ class IkLlamaBackend(ChainBackend):
         self.hidden_size = int(lib.llama_model_n_embd(self._model))
         self.num_layers = int(lib.llama_n_layer(self._model))
         self.bytes_per_forward = int(lib.llama_model_size(self._model))
+        self.n_params = int(lib.llama_model_n_params(self._model))  # the router's cost input
         self.n_threads = n_threads
 
     def rows_alike(self) -> bool:

@@ -22,7 +22,7 @@ from adaspec.backends.child_process import ChildProcess
 from adaspec.errors import InputError
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
-               "bytes_per_forward", "kind", "batch_noise", "has_hidden_states")
+               "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params")
 
 
 class _SharedRows:
@@ -68,7 +68,7 @@ class _BackendServer:
         self.rows = _SharedRows(rows_fd)
 
     def attributes(self) -> dict[str, Any]:
-        return {a: getattr(self.backend, a) for a in _ATTRIBUTES}
+        return {a: getattr(self.backend, a) for a in _ATTRIBUTES if hasattr(self.backend, a)}
 
     def forward(self, ids: list[int]) -> tuple[tuple[int, int], int]:
         shape = self.rows.write(self.backend.forward(torch.tensor(ids)).logits)

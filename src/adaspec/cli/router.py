@@ -22,7 +22,7 @@ ALPHAS = "0,0.1,0.25,0.5,0.75,1"
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The shared model options, plus the progress switch both model-loading commands take."""
-    add_model_options(p, default_weights="none")  # the router reads torch hidden states
+    add_model_options(p)  # the fastest weights: ik_llama.cpp gives prompt states too
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -79,8 +79,10 @@ def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | Non
 
 
 def count_parameters(backend) -> int | None:
-    """Parameter count of a torch backend's model (None for a backend without one)."""
+    """Parameter count of a backend's model: a torch model's, or what a GGUF runtime reports
+    (`n_params`); None for a backend that tells neither."""
     model = getattr(backend, "model", None)
     if model is None:
-        return None
+        n = getattr(backend, "n_params", None)
+        return int(n) if n else None
     return int(sum(p.numel() for p in model.parameters()))
