@@ -285,9 +285,9 @@ class Engine(TextGenerator):
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
             step_tokens, step_sources, rows = self._step(
-                context, k, sampling, generator, verifier, stats
+                context, k, sampling, generator, verifier, stats, keep_rows=want_logprobs
             )
-            if want_logprobs:
+            if rows is not None:
                 step_logprobs = token_logprobs(rows, step_tokens, sampling)
             context = context + step_tokens
 
@@ -310,10 +310,12 @@ class Engine(TextGenerator):
         generator: torch.Generator,
         verifier: Verifier,
         stats: RequestStats,
-    ) -> tuple[list[int], list[str], torch.Tensor]:
+        keep_rows: bool = False,
+    ) -> tuple[list[int], list[str], torch.Tensor | None]:
         """Propose at most k levels below the last token, score root + proposal in one target
         pass, verify, roll both caches back to the accepted path; the accepted tokens, how
-        each came out, and the target's logits rows [len(tokens), V] that chose them."""
+        each came out, and (keep_rows: logprobs asked for; the copy is not made otherwise) the
+        target's logits rows [len(tokens), V] that chose them."""
         root = len(context) - 1  # cache index and position of the last token
         proposal = Proposal.chain(context[-1], [])
         if self.drafter is not None and k > 0:
@@ -335,12 +337,15 @@ class Engine(TextGenerator):
         stats.target_calls += 1
         verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
         self._roll_back(root, verdict.path)
-        rows = target_logits[[0, *verdict.path]]  # row of node i chose the token after it
+        alone = None
         if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
             verdict, alone = self._settle_near_tie(proposal, target_logits, verdict, root,
                                                    stats)
-            if alone is not None:  # its last token chosen by the row scored alone
-                rows = torch.cat([target_logits[[0, *verdict.path]][:-1], alone[-1:]])
+        rows = None
+        if keep_rows:  # row of node i chose the token after it; a recheck's lone row the last
+            rows = target_logits[[0, *verdict.path]]
+            if alone is not None:
+                rows = torch.cat([rows[:-1], alone[-1:]])
         if self.recorder is not None:
             self.recorder.step(root, proposal.depth, verdict.path, target_logits)
         stats.verify_time += time.perf_counter() - t0
