@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from adaspec.backends.base import ChainBackend, batch_noise_setting
+from adaspec.backends.sequences import ALL, LAST, Feed, SequenceView
 from adaspec.errors import AdaspecError, InputError
 
 IK_VERSION = "0.1.5"
@@ -187,6 +188,7 @@ class IkLlamaBackend(ChainBackend):
         n_ctx: int = DEFAULT_CONTEXT,
         repack: bool = True,
         min_rows: int | None = 1,
+        sequences: int = 1,
     ) -> None:
         """min_rows: feed every call at least this many rows (padding a shorter one with
         copies of its last token, whose rows and cache entries are dropped). This runtime
@@ -195,7 +197,10 @@ class IkLlamaBackend(ChainBackend):
         library `adaspec runtime build` makes (`ik_build.PATCHES`), but through other kernels,
         up to 0.5 logits apart, with the prebuilt wheel. None (a target): 1 if
         `rows_alike()`, else 2, so plain decoding and verification score the same numbers
-        and greedy speculation emits plain decoding's tokens exactly."""
+        and greedy speculation emits plain decoding's tokens exactly.
+        sequences: how many sequences the KV cache holds (`sequences()` hands out views of
+        1 .. sequences - 1; 0 is this backend's own). With more than one, n_ctx tokens are
+        shared by all of them."""
         api = library()
         lib = api.adaspec_lib
         self._lib = lib
@@ -215,7 +220,9 @@ class IkLlamaBackend(ChainBackend):
         cparams.n_ctx = n_ctx
         cparams.n_batch = min(DEFAULT_BATCH, n_ctx)
         cparams.n_ubatch = min(DEFAULT_BATCH, n_ctx)
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = max(1, int(sequences))
+        if sequences > 1:  # requests come and go: compact the cache's holes now and then
+            cparams.defrag_thold = 0.1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.flash_attn = False
@@ -227,7 +234,7 @@ class IkLlamaBackend(ChainBackend):
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
         for i in range(self._n_batch):
             self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
+        self.max_sequences = max(1, int(sequences))
         self.name = name
         self.vocab_size = int(lib.llama_n_vocab(self._model))
         self.max_context = int(lib.llama_n_ctx(self._ctx))
@@ -260,14 +267,14 @@ class IkLlamaBackend(ChainBackend):
         tokens: one check at load). Leaves the cache empty."""
         ids = [(7 + 131 * i) % self.vocab_size for i in range(10)]
         try:
-            self._feed_rows(ids[:6], every_row=False)
+            self._feed(ids[:6], every_row=False)
             alike = True
             for tok in ids[6:8]:
                 start = self._len
-                lone = self._feed_rows([tok], every_row=True)
+                lone = self._feed([tok], every_row=True)
                 self._remove_from(start)
                 self._len = start
-                block = self._feed_rows([tok, ids[9]], every_row=True)[:1]
+                block = self._feed([tok, ids[9]], every_row=True)[:1]
                 self._remove_from(start + 1)
                 self._len = start + 1
                 alike = alike and torch.equal(lone, block)
@@ -277,38 +284,82 @@ class IkLlamaBackend(ChainBackend):
         return alike
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
-        pad = min(self.min_rows - len(ids), self.max_context - self._len - len(ids))
-        if pad <= 0:
-            return self._feed_rows(ids, every_row)
-        rows = self._feed_rows(ids + ids[-1:] * pad, every_row=True)[: len(ids)]
-        self._remove_from(self._len - pad)
-        self._len -= pad
-        return rows if every_row else rows[-1:]
+        out = self.feed_many([Feed(0, self._len, ids, ALL if every_row else LAST)])[0]
+        self._len += len(ids)
+        return out
 
-    def _feed_rows(self, ids: list[int], every_row: bool) -> torch.Tensor:
-        lib, batch = self._lib, self._batch
-        rows = []
-        for start in range(0, len(ids), self._n_batch):
-            chunk = ids[start : start + self._n_batch]
-            n = len(chunk)
-            last = start + n == len(ids)
-            for i, tok in enumerate(chunk):
-                batch.token[i] = tok
-                batch.pos[i] = self._len + i
-                batch.logits[i] = every_row or (last and i == n - 1)
-            batch.n_tokens = n
-            code = lib.llama_decode(self._ctx, batch)
-            if code != 0:
-                raise AdaspecError(f"ik_llama.cpp decode failed (code {code}) for {n} tokens")
-            self._len += n
-            if every_row:
-                logits = lib.llama_get_logits(self._ctx)
-                rows.append(np.ctypeslib.as_array(logits, shape=(n, self.vocab_size)).copy())
-        if not every_row:
-            logits = lib.llama_get_logits_ith(self._ctx, -1)
-            rows.append(np.ctypeslib.as_array(logits, shape=(1, self.vocab_size)).copy())
-        out = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        return torch.from_numpy(out)
+    def _fill(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        batch = self._batch
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = logits
+
+    def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
+        """Score every feed after its sequence's cache in one llama_decode (several where
+        they hold more than a batch of tokens); per feed its rows (`sequences.Feed`). A call
+        of fewer than `min_rows` tokens is padded with copies of its last token, whose rows
+        and cache entries are dropped. A failed call leaves no entry of its feeds behind."""
+        feeds = list(feeds)
+        total = sum(len(f.ids) for f in feeds)
+        padded = None
+        if feeds and 0 < total < self.min_rows:
+            last = feeds[-1]
+            pad = min(self.min_rows - total, self.max_context - last.start - len(last.ids))
+            if pad > 0:
+                padded = last
+                feeds[-1] = Feed(last.seq, last.start, last.ids + last.ids[-1:] * pad, ALL)
+        flat = [(k, f.seq, f.start + j, tok,
+                 f.rows == ALL or (f.rows == LAST and j == len(f.ids) - 1))
+                for k, f in enumerate(feeds) for j, tok in enumerate(f.ids)]
+        got: list[list[np.ndarray]] = [[] for _ in feeds]
+        lib, vocab = self._lib, self.vocab_size
+        try:
+            for start in range(0, len(flat), self._n_batch):
+                chunk = flat[start : start + self._n_batch]
+                for i, (_, seq, pos, tok, want) in enumerate(chunk):
+                    self._fill(i, tok, pos, seq, want)
+                self._batch.n_tokens = len(chunk)
+                code = lib.llama_decode(self._ctx, self._batch)
+                if code == 1:
+                    raise AdaspecError(f"ik_llama.cpp: the KV cache ({self.max_context} "
+                                       f"tokens) has no room for {len(chunk)} more")
+                if code != 0:
+                    raise AdaspecError(f"ik_llama.cpp decode failed (code {code}) for "
+                                       f"{len(chunk)} tokens")
+                wanted = [k for k, *_, want in chunk if want]  # feed of each output row
+                if wanted:
+                    rows = np.ctypeslib.as_array(lib.llama_get_logits(self._ctx),
+                                                 shape=(len(wanted), vocab))
+                    a = 0
+                    while a < len(wanted):  # a feed's rows are one run: one copy each
+                        b = a
+                        while b < len(wanted) and wanted[b] == wanted[a]:
+                            b += 1
+                        got[wanted[a]].append(rows[a:b].copy())
+                        a = b
+        except BaseException:
+            for f in feeds:
+                self.remove_seq(f.seq, f.start)
+            raise
+        out = [torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
+               if rows else torch.empty(0, vocab) for rows in got]
+        if padded is not None:
+            self.remove_seq(padded.seq, padded.start + len(padded.ids))
+            keep = out[-1][: len(padded.ids)]
+            out[-1] = keep if padded.rows == ALL else keep[-1:] if padded.rows == LAST \
+                else keep[:0]
+        return out
+
+    def remove_seq(self, seq: int, start: int) -> None:
+        self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1)
+
+    def sequences(self, n: int) -> list[SequenceView]:
+        """Views of sequences 1 .. n, each a backend of its own sharing this KV cache."""
+        if n >= self.max_sequences:
+            raise InputError(f"this ik_llama.cpp context holds {self.max_sequences - 1} "
+                             f"sequences besides its own, not {n}")
+        return [SequenceView(self, seq, self.max_context) for seq in range(1, n + 1)]
 
     def _final_state(self) -> torch.Tensor:
         """The last cached token fed again with the context's embeddings output on (which
@@ -322,9 +373,7 @@ class IkLlamaBackend(ChainBackend):
         self._remove_from(start)
         rows = max(1, min(self.min_rows, self.max_context - start))
         for i in range(rows):
-            batch.token[i] = ids[-1]
-            batch.pos[i] = start + i
-            batch.logits[i] = i == 0
+            self._fill(i, ids[-1], start + i, 0, i == 0)
         batch.n_tokens = rows
         lib.llama_set_embeddings(self._ctx, True)
         try:
@@ -341,7 +390,7 @@ class IkLlamaBackend(ChainBackend):
         return torch.from_numpy(hidden)
 
     def _remove_from(self, length: int) -> None:
-        self._lib.llama_kv_cache_seq_rm(self._ctx, -1, length, -1)
+        self.remove_seq(0, length)
 
     def close(self) -> None:
         if self._batch is not None:

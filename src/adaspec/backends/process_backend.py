@@ -19,10 +19,12 @@ import torch
 
 from adaspec.backends.base import ForwardOutput, ModelBackend, chain_ids
 from adaspec.backends.child_process import ChildProcess
+from adaspec.backends.sequences import Feed, SequenceView
 from adaspec.errors import InputError
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
-               "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params")
+               "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params",
+               "max_sequences")
 
 
 class _SharedRows:
@@ -84,6 +86,19 @@ class _BackendServer:
     def truncate(self, length: int) -> int:
         self.backend.truncate(length)
         return self.backend.cache_len
+
+    def feed_many(self, feeds: list[tuple[int, int, list[int], str]]) -> list[int]:
+        """Every feed's rows, one after the other in the shared rows; their counts."""
+        run: Any = self.backend  # a multi-sequence runtime (the parent checked)
+        out = run.feed_many([Feed(*f) for f in feeds])
+        rows = [int(o.shape[0]) for o in out]
+        if sum(rows):
+            self.rows.write(torch.cat([o for o in out if o.shape[0]]))
+        return rows
+
+    def remove_seq(self, seq: int, start: int) -> None:
+        run: Any = self.backend
+        run.remove_seq(seq, start)
 
     def keep(self, indices: list[int]) -> int:
         self.backend.keep(torch.tensor(indices))
@@ -158,6 +173,27 @@ class ProcessBackend(ModelBackend):
     def truncate(self, length: int) -> None:
         if length < self._len:
             self._len = self._child.call("truncate", int(length))
+
+    max_sequences = 1  # until the child says
+
+    def sequences(self, n: int) -> list[SequenceView]:
+        """Views of the child's sequences 1 .. n (its runtime holds several)."""
+        if n >= self.max_sequences:
+            raise InputError(f"this model's runtime ({self.kind}) was loaded for "
+                             f"{self.max_sequences - 1} sequences besides its own, not {n}")
+        return [SequenceView(self, seq, self.max_context) for seq in range(1, n + 1)]
+
+    def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
+        counts = self._child.call("feed_many", [(f.seq, f.start, f.ids, f.rows) for f in feeds])
+        rows = self._rows.read(sum(counts), self.vocab_size) if sum(counts) else None
+        out, at = [], 0
+        for n in counts:
+            out.append(rows[at : at + n] if rows is not None else torch.empty(0, self.vocab_size))
+            at += n
+        return out
+
+    def remove_seq(self, seq: int, start: int) -> None:
+        self._child.call("remove_seq", int(seq), int(start))
 
     def keep(self, indices: torch.Tensor) -> None:
         self._len = self._child.call("keep", [int(i) for i in indices.reshape(-1)])

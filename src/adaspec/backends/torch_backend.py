@@ -128,6 +128,15 @@ class TorchBackend(ModelBackend):
         with prefill_arithmetic(self.model), batched_attention():
             return self._run(tokens, None, None, hidden_layer, last_row_only=True)
 
+    def sequences(self, n: int) -> list[TorchBackend]:
+        """`n` backends over these weights, each with its own cache: requests decoded
+        together run one after the other (no batched kernels in this runtime)."""
+        views = [TorchBackend(self.model, self.name, self.row_invariant) for _ in range(n)]
+        for view in views:  # what a caller set on this one (a test's batch noise, say)
+            view.__dict__.update({k: v for k, v in self.__dict__.items()
+                                  if k in ("kind", "batch_noise")})
+        return views
+
     def _layers(self) -> list:
         assert self._cache is not None
         return list(self._cache.layers)

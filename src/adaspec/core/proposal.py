@@ -31,6 +31,9 @@ class Proposal:
     replacement: bool | None = None
     # drafted tokens per part of the drafter that produced them (S2D: per exit), if it says
     drafted_by: dict[str, int] | None = None
+    # the drafter's estimate, per drafted level, that it is accepted when the levels before
+    # it are (a batch of requests prices how much of each draft to verify with it)
+    accept: list[float] | None = None
 
     @classmethod
     def chain(
@@ -40,9 +43,10 @@ class Proposal:
         probs: torch.Tensor | None = None,
         forward_calls: int = 0,
         drafted_by: dict[str, int] | None = None,
+        accept: list[float] | None = None,
     ) -> Proposal:
         tree = TokenTree([int(root), *map(int, tokens)], list(range(-1, len(tokens))))
-        return cls(tree, probs, forward_calls, drafted_by=drafted_by)
+        return cls(tree, probs, forward_calls, drafted_by=drafted_by, accept=accept)
 
     @property
     def depth(self) -> int:
@@ -57,6 +61,19 @@ class Proposal:
     def tokens(self) -> list[int]:
         """The drafted tokens in node order (for a chain: the draft, in order)."""
         return self.tree.tokens[1:]
+
+    def cut(self, k: int) -> Proposal:
+        """The chain's first k drafted tokens (a batch verifies no more of it)."""
+        if not self.is_chain:
+            raise ValueError("only a chain is cut")
+        if k >= self.depth:
+            return self
+        return Proposal.chain(
+            self.tree.tokens[0], self.tokens[:k],
+            None if self.probs is None or k == 0 else self.probs[:k], self.forward_calls,
+            drafted_by={p: min(n, k) for p, n in (self.drafted_by or {}).items()} or None,
+            accept=None if self.accept is None else self.accept[:k],
+        )
 
     def tokens_on(self, path: list[int]) -> list[int]:
         return [self.tree.tokens[i] for i in path]

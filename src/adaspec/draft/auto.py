@@ -212,6 +212,11 @@ class AutoDrafter(Drafter):
                 break
         self.history.add_request(self._prompt, output)
 
+    def cut(self, depth: int) -> None:
+        if self._last is not None:
+            self._last.tokens = self._last.tokens[:depth]
+            self._last.buckets = self._last.buckets[:depth]
+
     def commit(self, context: list[int], path: list[int]) -> None:
         self._context = context
         last, self._last = self._last, None
@@ -362,12 +367,15 @@ class AutoDrafter(Drafter):
             self.choices.ngram += 1
             tokens = ngram_tokens[:n]
             self._last = Choice("ngram", tokens, ctx, match=match)
-            return Proposal.chain(context[-1], tokens, drafted_by={"ngram": n})
+            rate = self.ngram_rates[min(match, 4)].rate
+            return Proposal.chain(context[-1], tokens, drafted_by={"ngram": n},
+                                  accept=[rate] * n)
         if kind == "history":
             self.choices.history += 1
             tokens = history_tokens[:n]
             self._last = Choice("history", tokens, ctx, buckets=cells[:n])
-            return Proposal.chain(context[-1], tokens, drafted_by={"history": n})
+            return Proposal.chain(context[-1], tokens, drafted_by={"history": n},
+                                  accept=[self.history_rates[c].rate for c in cells[:n]])
         self.choices.draft += 1
         return self._draft(context, limit, params, generator)
 
@@ -438,5 +446,5 @@ class AutoDrafter(Drafter):
         self._last = Choice("draft", tokens, ctx, buckets=buckets)
         return Proposal.chain(
             context[-1], tokens, torch.stack(rows[:best]) if rows and best else None, calls,
-            drafted_by={"draft": best} if best else None,
+            drafted_by={"draft": best} if best else None, accept=accept[:best],
         )

@@ -36,6 +36,10 @@ class Drafter(ABC):
         `max_tokens` levels deep, below the root context[-1]. `replacement`: how to draw
         sibling candidates (the verifier's rule), for drafters that branch."""
 
+    def cut(self, depth: int) -> None:
+        """The engine verifies only the first `depth` levels of the last proposal (a batch
+        of requests priced the rest out); a drafter crediting its proposals hears it here."""
+
     def commit(self, context: list[int], path: list[int]) -> None:
         """Verification is done: `path` are the accepted nodes of the last proposal and
         `context` the new accepted prefix (roll caches back to it)."""

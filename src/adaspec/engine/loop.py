@@ -61,6 +61,52 @@ class StreamChunk:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, when asked for
 
 
+@dataclass
+class TargetCall:
+    """A target pass a request needs: `Engine.steps` yields it, a driver runs it alone
+    (`run`) or with other requests' calls in one runtime call (engine/batch.py) and sets
+    `out`. A step's call carries its chain or tree; a batch may cut a chain shorter first."""
+
+    backend: ModelBackend
+    tokens: torch.Tensor  # [n]
+    positions: torch.Tensor | None = None  # [n], tree steps
+    mask: torch.Tensor | None = None  # [n, n], tree steps
+    prompt_reuse: int | None = None  # a prompt: leading tokens the cache may keep (prefill)
+    proposal: Proposal | None = None  # a step's: the root and the drafted nodes
+    root: int = 0  # a step's: cache index and position of the root
+    fixed: bool = False  # a step whose draft may not be cut (its random draws depend on it)
+    out: ForwardOutput | None = None
+
+    def run(self) -> ForwardOutput:
+        if self.prompt_reuse is not None:
+            self.out = self.backend.prefill(self.tokens, reuse=self.prompt_reuse)
+        else:
+            self.out = self.backend.forward(self.tokens, self.positions, self.mask)
+        return self.out
+
+    def cut(self, k: int) -> None:
+        """Verify the chain's first k drafted tokens only."""
+        assert self.proposal is not None and self.out is None
+        self.proposal = self.proposal.cut(k)
+        self.tokens, self.positions, self.mask = self.proposal.target_inputs(self.root)
+
+
+def run_alone(
+    steps: Iterator[StreamChunk | GenerationResult | TargetCall],
+) -> Iterator[StreamChunk | GenerationResult]:
+    """Drive a request's steps with each target call run at once (one request at a time)."""
+    try:
+        for item in steps:
+            if isinstance(item, TargetCall):
+                item.run()
+            else:
+                yield item
+    finally:
+        close = getattr(steps, "close", None)
+        if close is not None:
+            close()
+
+
 class TextGenerator(ABC):
     """What every engine offers a caller: prompts in (text, chat turns or token ids), tokens
     and text out, streamed or whole. `Engine` decodes; `route.router.RoutedGenerator` picks an
@@ -161,6 +207,13 @@ class TextGenerator(ABC):
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Decode checked prompt ids."""
 
+    def steps(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
+    ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
+        """`decode`, yielding the target calls a driver may batch with other requests'
+        (`TargetCall`); a generator that yields none runs its own at once."""
+        return self.decode(prompt_ids, max_new_tokens, sampling, stop)
+
 
 class Engine(TextGenerator):
     """Target backend + tokenizer + decoding method (drafter, length controller, verifier)."""
@@ -214,6 +267,18 @@ class Engine(TextGenerator):
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Decode after the prompt. `prefill`: the target already scored the prompt into its
         cache (a router did, to read the prompt's state), with `stats` it started."""
+        return run_alone(self.steps(prompt_ids, max_new_tokens, sampling, stop, prefill, stats))
+
+    def steps(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        stop: list[str],
+        prefill: ForwardOutput | None = None,
+        stats: RequestStats | None = None,
+    ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
+        """The decode loop, yielding its chunks and the target calls it needs."""
         stats = stats or RequestStats(prompt_tokens=len(prompt_ids))
         if self.recorder is not None:
             self.recorder.begin(prompt_ids)
@@ -226,7 +291,10 @@ class Engine(TextGenerator):
             # A server's requests share their chat template's system turn: the target may
             # keep what it already holds of the prefix this prompt shares with the last one.
             reuse = common_prefix(prompt_ids, self._last_prompt)
-            prefill = self.target.prefill(torch.tensor(prompt_ids), reuse=reuse)
+            call = TargetCall(self.target, torch.tensor(prompt_ids), prompt_reuse=reuse)
+            yield call
+            assert call.out is not None
+            prefill = call.out
         self._last_prompt = list(prompt_ids)
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill.logits[-1:], sampling,
                              generator, verifier).next_token
@@ -284,7 +352,7 @@ class Engine(TextGenerator):
             k = min(
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
-            step_tokens, step_sources, rows = self._step(
+            step_tokens, step_sources, rows = yield from self._step(
                 context, k, sampling, generator, verifier, stats, keep_rows=want_logprobs
             )
             if rows is not None:
@@ -311,7 +379,7 @@ class Engine(TextGenerator):
         verifier: Verifier,
         stats: RequestStats,
         keep_rows: bool = False,
-    ) -> tuple[list[int], list[str], torch.Tensor | None]:
+    ) -> Generator[TargetCall, None, tuple[list[int], list[str], torch.Tensor | None]]:
         """Propose at most k levels below the last token, score root + proposal in one target
         pass, verify, roll both caches back to the accepted path; the accepted tokens, how
         each came out, and (keep_rows: logprobs asked for; the copy is not made otherwise) the
@@ -325,15 +393,24 @@ class Engine(TextGenerator):
             )
             stats.draft_time += time.perf_counter() - t0
             stats.draft_calls += proposal.forward_calls
-            for part, n in (proposal.drafted_by or {}).items():
-                stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
             if proposal.depth > k:
                 raise RuntimeError(f"drafter {self.drafter.name!r} proposed {proposal.depth} "
                                    f"levels, more than the {k} asked")
 
-        t0 = time.perf_counter()
         tokens, positions, mask = proposal.target_inputs(root)
-        target_logits = self.target.forward(tokens, positions, mask).logits
+        call = TargetCall(self.target, tokens, positions, mask, proposal=proposal, root=root,
+                          fixed=not sampling.greedy and sampling.seed is not None)
+        t0 = time.perf_counter()
+        yield call
+        assert call.out is not None and call.proposal is not None
+        target_logits = call.out.logits
+        if call.proposal is not proposal:  # a batch verifies less of the draft
+            proposal = call.proposal
+            tokens = call.tokens
+            if self.drafter is not None:
+                self.drafter.cut(proposal.depth)
+        for part, n in (proposal.drafted_by or {}).items():
+            stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
         stats.target_calls += 1
         verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
         self._roll_back(root, verdict.path)

@@ -1,0 +1,142 @@
+"""Several sequences in one model: how a server scores every active request's next token (or
+draft) in one runtime call.
+
+A multi-sequence runtime (ik_llama.cpp: one KV cache whose entries carry a sequence id) is an
+*owner*: it feeds `Feed`s of several sequences in one call and removes one sequence's tail.
+Each request decodes on a `SequenceView`, a chain backend of its own (its cache length, its
+prompt for prefix reuse), so the engine runs on it unchanged; `forward_together` scores the
+next inputs of many views in one call of their owner. A runtime without sequences (torch)
+gives independent backends over the shared weights instead: `forward_together` then runs
+them one after the other (correct, not faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from adaspec.backends.base import ChainBackend, ModelBackend, common_prefix
+from adaspec.errors import InputError
+
+# Which rows of a feed come back: every fed token's (verification), the last one's (the end
+# of a prompt), none (a prompt chunk that is not the last).
+ALL, LAST, NONE = "all", "last", "none"
+
+# the attributes a view copies from its owner (what engines, profiles and routers read)
+_SHARED = ("name", "vocab_size", "num_layers", "hidden_size", "bytes_per_forward", "kind",
+           "batch_noise", "n_params")
+
+
+@dataclass
+class Feed:
+    seq: int  # the runtime's sequence id
+    start: int  # position of ids[0]: the sequence's cache length
+    ids: list[int]
+    rows: str = ALL  # ALL | LAST | NONE
+
+
+class SequenceOwner(Protocol):
+    """A runtime that holds several sequences in one KV cache."""
+
+    max_context: int
+    max_sequences: int  # sequence ids 0 .. max_sequences - 1; 0 is the owner's own
+
+    def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
+        """Score every feed after its sequence's cache in one call (split only where the
+        batch is full); per feed its rows: [n, V] (ALL), [1, V] (LAST), [0, V] (NONE)."""
+        ...
+
+    def remove_seq(self, seq: int, start: int) -> None:
+        """Drop sequence `seq`'s cached positions from `start` on."""
+        ...
+
+
+class SequenceView(ChainBackend):
+    """One sequence of a multi-sequence runtime, as a backend of its own."""
+
+    def __init__(self, owner: SequenceOwner, seq: int, max_context: int) -> None:
+        for attr in _SHARED:
+            if hasattr(owner, attr):
+                setattr(self, attr, getattr(owner, attr))
+        self.runtime = getattr(owner, "runtime", "this runtime")
+        self.has_hidden_states = False  # the router reads its state on the owner's sequence
+        self.owner = owner
+        self.seq = seq
+        self.max_context = max_context
+        self._len = 0
+
+    def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
+        out = self.owner.feed_many([Feed(self.seq, self._len, ids, ALL if every_row else LAST)])
+        self._len += len(ids)
+        return out[0]
+
+    def _remove_from(self, length: int) -> None:
+        self.owner.remove_seq(self.seq, length)
+
+    def plan_prefill(self, ids: list[int], reuse: int) -> list[int]:
+        """The start of a prefill fed in chunks (`forward_together` with LAST / NONE rows):
+        keep what the cache holds of the prompt (up to `reuse`, at least one token left to
+        score) and return the tokens still to feed."""
+        if not ids:
+            raise InputError("empty prompt")
+        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
+        self.truncate(kept)
+        return ids[kept:]
+
+
+def forward_together(
+    items: Sequence[tuple[ModelBackend, list[int], str]],
+) -> list[torch.Tensor]:
+    """Score each backend's tokens after its cache: (backend, ids, rows) -> rows as in
+    `Feed`. Views of one owner go in one runtime call; any other backend is fed alone
+    (ALL rows through `forward`; LAST / NONE are for views only)."""
+    out: list[torch.Tensor | None] = [None] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, (backend, ids, rows) in enumerate(items):
+        if isinstance(backend, SequenceView):
+            groups.setdefault(id(backend.owner), []).append(i)
+        elif rows != ALL:
+            raise InputError("only a sequence of a multi-sequence runtime feeds prompt chunks")
+        else:
+            out[i] = backend.forward(torch.tensor(ids)).logits
+    for members in groups.values():
+        views = [_view(items[i][0]) for i in members]
+        if len({v.seq for v in views}) != len(views):
+            raise RuntimeError("two feeds of one sequence in one call")
+        for i, view in zip(members, views, strict=True):
+            n = len(items[i][1])
+            if view._len + n > view.max_context:
+                raise InputError(f"context too long for {view.runtime}: {view._len + n} > "
+                                 f"{view.max_context} tokens")
+            del view._token_ids()[view._len :]
+        feeds = [Feed(v.seq, v._len, list(items[i][1]), items[i][2])
+                 for i, v in zip(members, views, strict=True)]
+        try:
+            scored = views[0].owner.feed_many(feeds)
+        except BaseException:
+            for view in views:  # what the runtime kept of a failed call is unknown
+                del view._token_ids()[:]
+            raise
+        for i, view, got in zip(members, views, scored, strict=True):
+            view._len += len(items[i][1])
+            view._token_ids().extend(items[i][1])
+            out[i] = got
+    return [o if o is not None else torch.empty(0) for o in out]
+
+
+def _view(backend: ModelBackend) -> SequenceView:
+    assert isinstance(backend, SequenceView)
+    return backend
+
+
+def sequences(backend: ModelBackend, n: int) -> list[ModelBackend]:
+    """`n` backends over `backend`'s weights, each with a cache of its own, for requests
+    decoded together; InputError naming the fix where the runtime keeps one sequence."""
+    make = getattr(backend, "sequences", None)
+    if make is None:
+        raise InputError(f"the {backend.kind} runtime keeps one sequence: decoding requests "
+                         "together needs ik_llama.cpp (--weights ik) or torch weights")
+    return list(make(n))
