@@ -177,6 +177,18 @@ class TextGenerator(ABC):
         chat: bool = True,
     ) -> Generator[StreamChunk | GenerationResult, None, None]:
         """Yield StreamChunks as tokens are accepted, then the final GenerationResult."""
+        yield from run_alone(self.stream_steps(prompt, max_new_tokens, sampling, stop, chat))
+
+    def stream_steps(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        chat: bool = True,
+    ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
+        """`stream` with the target calls left to the caller (`steps`); bad input fails
+        here, before any compute."""
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):
             stop = [stop]
@@ -184,7 +196,7 @@ class TextGenerator(ABC):
             raise InputError("stop strings must be non-empty strings")
         prompt_ids = self.encode_prompt(prompt, chat=chat)
         self._check_lengths(prompt_ids, max_new_tokens)
-        yield from self.decode(prompt_ids, max_new_tokens, sampling, list(stop))
+        return self.steps(prompt_ids, max_new_tokens, sampling, list(stop))
 
     def generate(
         self,
@@ -397,6 +409,8 @@ class Engine(TextGenerator):
                 raise RuntimeError(f"drafter {self.drafter.name!r} proposed {proposal.depth} "
                                    f"levels, more than the {k} asked")
 
+        if proposal.depth and proposal.accept is None:  # a batch prices the draft with it
+            proposal.accept = [_chain_rate(stats)] * proposal.depth
         tokens, positions, mask = proposal.target_inputs(root)
         call = TargetCall(self.target, tokens, positions, mask, proposal=proposal, root=root,
                           fixed=not sampling.greedy and sampling.seed is not None)
@@ -482,6 +496,13 @@ class Engine(TextGenerator):
             self.target.truncate(root + 1 + len(path))
         else:
             self.target.keep(torch.tensor([*range(root + 1), *(root + i for i in path)]))
+
+
+def _chain_rate(stats: RequestStats) -> float:
+    """A request's running per-token acceptance: accepted tokens over accepted tokens plus
+    the steps that stopped at a rejection (with one of each as a prior)."""
+    rejected = sum(1 for drafted, accepted in stats.steps if accepted < drafted)
+    return (stats.accepted + 1) / (stats.accepted + rejected + 2)
 
 
 def _eos_ids(tokenizer) -> list[int]:

@@ -1,0 +1,132 @@
+"""The batch dimension of the cost profile: what one target call costs when it carries the
+tokens of several sequences (requests decoded together), by total tokens and by sequences.
+
+Why: a call's time grows far slower than its tokens (on the 2-vCPU EPYC ik_llama.cpp scores
+8 tokens for 3.75 single-token passes), and that slack is what both more requests and longer
+drafts spend. `engine/batch.py` prices each step's drafts against it. Measured per machine
+and runtime on first use, cached beside the cost profile.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from adaspec.backends.base import ModelBackend
+from adaspec.backends.sequences import ALL, forward_together
+from adaspec.cost.profile import Curve
+from adaspec.errors import InputError
+from adaspec.store.atomic import write_json
+
+SEQUENCES = [1, 2, 4, 8, 16]
+PER_SEQUENCE = [1, 2, 4, 8]  # tokens each sequence feeds
+CONTEXT = 128  # cached tokens per sequence while timing
+REPEATS = 3
+FORMAT = 1
+
+
+@dataclass
+class BatchCost:
+    """ms of one call by total tokens (`curve.sizes`) and by sequences (`curve.contexts`:
+    the curve's second axis counts sequences here)."""
+
+    curve: Curve
+    key: dict
+    measured_s: float = 0.0
+
+    def ms(self, tokens: int, sequences: int) -> float:
+        return self.curve(tokens, sequences)
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BatchCost:
+        if d.get("format") != FORMAT:
+            raise InputError("not a batch cost file of this adaspec")
+        return cls(Curve(**d["curve"]), dict(d.get("key", {})), float(d.get("measured_s", 0)))
+
+    def save(self, path: Path) -> Path:
+        return write_json(path, self.to_dict(), indent=1)
+
+
+def measure_batch_cost(
+    views: Sequence[ModelBackend], key: dict, repeats: int = REPEATS,
+    progress: Callable[[str], None] | None = None,
+) -> BatchCost:
+    """Time calls of s sequences x t tokens (s up to len(views)), each sequence after
+    CONTEXT cached tokens, in rounds that interleave the shapes; medians after a warm-up
+    round. The views' caches are left empty."""
+    from adaspec.cost.measure import context_ids
+
+    t_start = time.perf_counter()
+    seqs = [s for s in SEQUENCES if s <= len(views)] or [1]
+    for i, view in enumerate(views[: seqs[-1]]):
+        view.reset()
+        view.forward(torch.tensor(context_ids(CONTEXT, view.vocab_size, seed=i)))
+    shapes = [(s, t) for s in seqs for t in PER_SEQUENCE]
+    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    for round_ in range(repeats + 1):
+        for s, t in shapes:
+            items = [(v, context_ids(t, v.vocab_size, seed=100 + j), ALL)
+                     for j, v in enumerate(views[:s])]
+            t0 = time.perf_counter()
+            forward_together(items)
+            ms = 1000 * (time.perf_counter() - t0)
+            for v in views[:s]:
+                v.truncate(CONTEXT)
+            if round_:
+                times[(s, t)].append(ms)
+        if progress:
+            progress(f"batch cost: round {round_ + 1}/{repeats + 1}")
+    for view in views:
+        view.reset()
+    # one row per sequence count, over total tokens s * t
+    sizes = sorted({s * t for s, t in shapes})
+    rows = []
+    for s in seqs:
+        points = {s * t: statistics.median(times[(s, t)]) for t in PER_SEQUENCE}
+        xs = sorted(points)
+        row = []
+        for n in sizes:  # read each row at every size: linear between its own points
+            if n <= xs[0]:
+                row.append(points[xs[0]] * (n / xs[0] if n < xs[0] else 1.0))
+                continue
+            j = next((i for i, x in enumerate(xs) if x >= n), len(xs) - 1)
+            a, b = xs[j - 1], xs[j]
+            row.append(max(1e-3, points[a] + (points[b] - points[a]) * (n - a) / (b - a)))
+        rows.append(row)
+    return BatchCost(Curve(sizes, seqs, rows), key, time.perf_counter() - t_start)
+
+
+def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend]) -> BatchCost:
+    """This machine's batch cost of `target`'s runtime: read from the profiles folder, or
+    measured now (a few seconds, said on stderr) and stored."""
+    from adaspec.cost.cache import profile_key, profile_path
+
+    key = {**profile_key(target, None), "batch": FORMAT}
+    path = profile_path(key).with_name(profile_path(key).stem + "-batch.json")
+    if path.is_file():
+        try:
+            import json
+
+            cost = BatchCost.from_dict(json.loads(path.read_text()))
+            if cost.key == key:
+                return cost
+        except (OSError, ValueError, KeyError, TypeError, InputError):
+            pass  # unreadable: measure again
+
+    def say(text: str) -> None:
+        print(f"adaspec: {text}", file=sys.stderr, flush=True)
+
+    say(f"measuring the batch cost of {target.name} ({target.kind}) on this machine, once")
+    cost = measure_batch_cost(views, key, progress=say)
+    cost.save(path)
+    say(f"batch cost measured in {cost.measured_s:.0f} s, saved to {path}")
+    return cost

@@ -1,0 +1,240 @@
+"""Requests decoded together (continuous batching): one target call per round for all.
+
+Each request keeps its own engine (drafter, length controller, verifier), sampling
+parameters, random generator, stop rules and stats: it runs as `Engine.steps`, which yields
+the target calls it needs. A round
+  1. runs every request until it needs the target (its drafter proposes on its own);
+  2. gives each waiting prompt a chunk of its prefill (at most `prefill_tokens` a round in
+     all), so a long prompt never holds the others up for more than a chunk;
+  3. cuts the drafts to what pays over the whole batch (`choose_lengths`): the call's slack
+     goes to more requests or to longer drafts, whichever gives more expected tokens per ms;
+  4. scores everything in one call of the runtime (`backends/sequences.forward_together`);
+     each request verifies on its own rows in its next round.
+A request that fails is dropped with its error; the others go on.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.backends.base import ForwardOutput
+from adaspec.backends.sequences import ALL, LAST, NONE, SequenceView, forward_together
+from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall
+
+# ms of one call by (total tokens, sequences)
+BatchCostFn = Callable[[int, int], float]
+PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
+
+
+@dataclass
+class _Member:
+    key: Hashable
+    steps: Iterator[StreamChunk | GenerationResult | TargetCall]
+    call: TargetCall | None = None
+    prompt_left: list[int] | None = None  # a chunked prefill's tokens still to feed
+
+
+@dataclass
+class RoundStats:
+    """What the last round did (for metrics and tests)."""
+
+    sequences: int = 0
+    tokens: int = 0
+    prefill_tokens: int = 0
+    drafted: int = 0  # drafted tokens verified
+    cut: int = 0  # drafted tokens the pricing left out
+    lengths: list[int] = field(default_factory=list)
+
+
+def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
+                   cost: BatchCostFn) -> list[int]:
+    """How many drafted tokens of each request one call verifies. accepts[i]: request i's
+    drafted levels' acceptance estimates (None: its draft is fixed, verified whole, counted in
+    `fixed_tokens` with the call's other tokens beyond one per request). Adds drafted tokens
+    in order of expected gain and keeps the count with the most expected tokens per ms;
+    verifying no draft at all is one of the candidates, so the choice never expects less than
+    the batch without speculation."""
+    sequences = len(accepts)
+    tokens = sequences + fixed_tokens
+    value = float(sequences)
+    lengths = [0] * len(accepts)
+    best, best_lengths = value / cost(tokens, sequences), list(lengths)
+    heap = [(-a[0], i, 0, a[0]) for i, a in enumerate(accepts) if a]
+    heapq.heapify(heap)
+    while heap:
+        _, i, level, gain = heapq.heappop(heap)
+        lengths[i] = level + 1
+        tokens += 1
+        value += gain
+        rate = value / cost(tokens, sequences)
+        if rate > best:
+            best, best_lengths = rate, list(lengths)
+        a = accepts[i]
+        assert a is not None
+        if level + 1 < len(a):
+            nxt = gain * a[level + 1]
+            heapq.heappush(heap, (-nxt, i, level + 1, nxt))
+    return best_lengths
+
+
+def _batchable(call: TargetCall | None) -> bool:
+    return (call is not None and isinstance(call.backend, SequenceView)
+            and call.mask is None and call.positions is None)
+
+
+class BatchDecoder:
+    """The requests being decoded together, keyed by the caller's handle."""
+
+    def __init__(self, cost: BatchCostFn | None = None,
+                 prefill_tokens: int = PREFILL_TOKENS) -> None:
+        """cost: ms of a call by (total tokens, sequences); None: drafts are verified as
+        their engines proposed them (no batch pricing)."""
+        self.cost = cost
+        self.prefill_tokens = max(1, prefill_tokens)
+        self._members: dict[Hashable, _Member] = {}
+        self.last = RoundStats()
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._members
+
+    def add(self, key: Hashable, steps: Iterator[StreamChunk | GenerationResult | TargetCall]
+            ) -> None:
+        if key in self._members:
+            raise ValueError(f"request {key!r} is already decoding")
+        self._members[key] = _Member(key, steps)
+
+    def drop(self, key: Hashable) -> None:
+        """Stop a request where it is (its sequence is free for the next one)."""
+        member = self._members.pop(key, None)
+        if member is not None:
+            close = getattr(member.steps, "close", None)
+            if close is not None:
+                close()
+
+    def round(self) -> list[tuple[Hashable, StreamChunk | GenerationResult | Exception]]:
+        """One round (see the module's docstring): what each request produced, in order; a
+        request ends after its GenerationResult or its Exception."""
+        events: list[tuple[Hashable, StreamChunk | GenerationResult | Exception]] = []
+        for member in list(self._members.values()):
+            if member.call is not None and member.call.out is None:
+                continue  # a prefill still in chunks
+            member.call = None
+            try:
+                while True:
+                    item = next(member.steps)
+                    if isinstance(item, TargetCall):
+                        member.call = item
+                        break
+                    events.append((member.key, item))
+                    if isinstance(item, GenerationResult):
+                        self._members.pop(member.key, None)
+                        break
+            except StopIteration:
+                self._members.pop(member.key, None)
+            except Exception as exc:  # this request's own failure: the others go on
+                events.append((member.key, exc))
+                self.drop(member.key)
+        self._run_calls(events)
+        return events
+
+    def _run_calls(self, events: list) -> None:
+        stats = RoundStats()
+        steps: list[_Member] = []
+        chunks: list[tuple[_Member, list[int], str]] = []
+        alone: list[_Member] = []
+        budget = self.prefill_tokens
+        for member in self._members.values():
+            call = member.call
+            if call is None:
+                continue
+            view = call.backend if isinstance(call.backend, SequenceView) else None
+            if call.prompt_reuse is None:
+                steps.append(member)
+            elif view is None:
+                alone.append(member)
+            else:
+                if member.prompt_left is None:
+                    member.prompt_left = view.plan_prefill(call.tokens.tolist(),
+                                                           call.prompt_reuse)
+                if budget <= 0:
+                    continue  # its next chunk waits for the next round
+                chunk, member.prompt_left = (member.prompt_left[:budget],
+                                             member.prompt_left[budget:])
+                budget -= len(chunk)
+                chunks.append((member, chunk, NONE if member.prompt_left else LAST))
+        prefill = sum(len(c) for _, c, _ in chunks)
+        self._price(steps, prefill, len(chunks), stats)
+        # chains on sequences of one runtime go in one call; anything else runs on its own
+        alone += [m for m in steps if not _batchable(m.call)]
+        steps = [m for m in steps if _batchable(m.call)]
+        items = [(m.call.backend, m.call.tokens.tolist(), ALL) for m in steps if m.call]
+        items += [(m.call.backend, chunk, rows) for m, chunk, rows in chunks if m.call]
+        owners = [m for m in steps] + [m for m, _, _ in chunks]
+        try:
+            results: list[torch.Tensor | None] = list(forward_together(items)) if items else []
+        except Exception:  # find whose call failed: each on its own
+            results = []
+            for member, item in zip(owners, items, strict=True):
+                try:
+                    results.extend(forward_together([item]))
+                except Exception as exc:
+                    events.append((member.key, exc))
+                    self.drop(member.key)
+                    results.append(None)
+        for member, rows in zip(owners, results, strict=True):
+            if rows is None or member.call is None:
+                continue
+            if member.prompt_left:  # more chunks to come
+                continue
+            member.call.out = ForwardOutput(logits=rows)
+            member.prompt_left = None
+        for member in alone:
+            assert member.call is not None
+            try:
+                member.call.run()
+            except Exception as exc:
+                events.append((member.key, exc))
+                self.drop(member.key)
+        stats.sequences = len(items) + len(alone)
+        stats.tokens = sum(len(i[1]) for i in items)
+        stats.prefill_tokens = prefill
+        self.last = stats
+
+    def _price(self, steps: list[_Member], prefill: int, chunks: int, stats: RoundStats) -> None:
+        calls = [m.call for m in steps if m.call is not None]
+        accepts: list[list[float] | None] = []
+        fixed = prefill
+        for call in calls:
+            proposal = call.proposal
+            depth = proposal.depth if proposal is not None else 0
+            if proposal is None or depth == 0:
+                accepts.append([])
+            elif call.fixed or not proposal.is_chain or self.cost is None:
+                accepts.append(None)
+                fixed += depth
+            else:
+                accepts.append(list(proposal.accept or [0.5] * depth))
+        if self.cost is not None and calls:
+            cost = self.cost
+            lengths = choose_lengths(accepts, fixed,
+                                     lambda n, s: cost(n, s + chunks))
+        else:
+            lengths = [len(a) if a else 0 for a in accepts]
+        for call, a, n in zip(calls, accepts, lengths, strict=True):
+            if a is None:
+                assert call.proposal is not None
+                stats.drafted += call.proposal.depth
+                stats.lengths.append(call.proposal.depth)
+                continue
+            if n < len(a):
+                call.cut(n)
+                stats.cut += len(a) - n
+            stats.drafted += n
+            stats.lengths.append(n)

@@ -1,0 +1,285 @@
+"""Requests decoded together (engine/batch.py) on tiny models: each request's output is what
+it gets decoded alone (greedy), follows the target's law (sampling, with a swapped-rows
+negative control), reproduces whatever else is in the batch (seeded, with a
+shared-generator negative control); the batch pricing cuts drafts without changing outputs;
+one request's failure or cancellation leaves the others as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.core.sampling import SamplingParams
+from adaspec.engine import batch as batch_mod
+from adaspec.engine.batch import BatchDecoder, choose_lengths
+from adaspec.engine.loop import GenerationResult, StreamChunk
+from adaspec.methods.build import build_engine
+
+from .conftest import tiny_model
+from .stats_helpers import assert_caught, assert_exact
+from .test_engine_sampling import PROMPT, V, check
+
+PROMPTS = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+           [33], [7, 7, 7, 7, 7, 7], [20, 21, 22, 20, 21, 22, 20]]
+METHODS = ["ar", "ngram:k=4", "draft:k=3", "draft:ctrl=heuristic,k=4", "auto:profile=flat",
+           "draft:k=5"]
+
+
+def slot_engines(target, draft, methods):
+    """One engine per request, each on a sequence of its own over the shared weights."""
+    targets = target.sequences(len(methods))
+    drafts = draft.sequences(len(methods))
+    return [build_engine(m, t, None, d, eos_token_ids=[])
+            for m, t, d in zip(methods, targets, drafts, strict=True)]
+
+
+def run_together(decoder: BatchDecoder, requests, arrive_every: int = 0,
+                 drop: dict | None = None):
+    """Feed `requests` (key -> steps) into the decoder, one more every `arrive_every`
+    rounds (0: all at once), until all end; results by key (an Exception for a failed one).
+    drop: key -> round at which that request is cancelled."""
+    pending = list(requests.items())
+    results: dict = {}
+    chunks: dict = {key: [] for key in requests}
+    rounds = 0
+    while pending or len(decoder):
+        if pending and (arrive_every == 0 or rounds % arrive_every == 0):
+            while pending:
+                key, steps = pending.pop(0)
+                decoder.add(key, steps)
+                if arrive_every:
+                    break
+        for key, item in decoder.round():
+            if isinstance(item, StreamChunk):
+                chunks[key].extend(item.token_ids)
+            else:
+                results[key] = item
+        for key, at in (drop or {}).items():
+            if rounds == at and key in decoder:
+                decoder.drop(key)
+                results[key] = "dropped"
+        rounds += 1
+        assert rounds < 10_000
+    return results, chunks
+
+
+def alone(target, draft, method, prompt, n, sampling=None, stop=()):
+    engine = build_engine(method, TorchBackend(target.model), None, TorchBackend(draft.model),
+                          eos_token_ids=[])
+    return engine.generate(prompt, max_new_tokens=n, sampling=sampling, stop=stop)
+
+
+def steep_cost(tokens: int, sequences: int) -> float:
+    """A call whose every token costs as much as the call itself: drafts never pay."""
+    return 10.0 * tokens
+
+
+def flat_cost(tokens: int, sequences: int) -> float:
+    """A call whose tokens cost almost nothing: every draft pays."""
+    return 10.0 + 1e-9 * tokens
+
+
+@pytest.mark.parametrize("cost", [None, steep_cost, flat_cost], ids=["unpriced", "steep", "flat"])
+@pytest.mark.parametrize("arrive_every", [0, 3])
+def test_greedy_together_equals_alone(target, draft, cost, arrive_every):
+    engines = slot_engines(target, draft, METHODS)
+    lengths = [30, 12, 40, 25, 33, 18]
+    requests = {i: e.stream_steps(p, max_new_tokens=n)
+                for i, (e, p, n) in enumerate(zip(engines, PROMPTS, lengths, strict=True))}
+    decoder = BatchDecoder(cost=cost)
+    cut = 0
+    original = decoder._run_calls
+
+    def counting(events):
+        nonlocal cut
+        original(events)
+        cut += decoder.last.cut
+
+    decoder._run_calls = counting  # type: ignore[method-assign]
+    results, chunks = run_together(decoder, requests, arrive_every)
+    for i, (method, prompt, n) in enumerate(zip(METHODS, PROMPTS, lengths, strict=True)):
+        want = alone(target, draft, method, prompt, n)
+        assert isinstance(results[i], GenerationResult), results[i]
+        assert results[i].token_ids == want.token_ids, (method, prompt)
+        assert chunks[i] == want.token_ids
+    if cost is steep_cost:
+        assert cut > 0  # the pricing cut drafts, and outputs did not change
+        assert sum(r.stats.drafted for r in results.values()) == 0
+    if cost is flat_cost or cost is None:
+        assert cut == 0
+
+
+def test_stop_strings_and_lengths_together(target, draft, tokenizer):
+    engines = [build_engine(m, t, tokenizer, d, eos_token_ids=[])
+               for m, t, d in zip(["ngram:k=4", "ar", "draft:k=3"], target.sequences(3),
+                                  draft.sequences(3), strict=True)]
+    prompts = ["abcabcabc", "hello hello", "xyz"]
+    stops = [["ca"], [], ["q", "zz"]]
+    requests = {i: e.stream_steps(p, max_new_tokens=20, stop=s, chat=False)
+                for i, (e, p, s) in enumerate(zip(engines, prompts, stops, strict=True))}
+    results, _ = run_together(BatchDecoder(cost=flat_cost), requests)
+    for i, (m, p, s) in enumerate(zip(["ngram:k=4", "ar", "draft:k=3"], prompts, stops,
+                                      strict=True)):
+        engine = build_engine(m, TorchBackend(target.model), tokenizer,
+                              TorchBackend(draft.model), eos_token_ids=[])
+        want = engine.generate(p, max_new_tokens=20, stop=s, chat=False)
+        assert (results[i].text, results[i].finish_reason) == (want.text, want.finish_reason)
+
+
+def test_choose_lengths_never_expects_less_than_no_drafts():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        accepts = [torch.rand(int(torch.randint(0, 6, (1,), generator=g)), generator=g).tolist()
+                   for _ in range(n)]
+        slope = float(torch.rand(1, generator=g)) * 3
+
+        def cost(tokens, sequences, slope=slope):
+            return 20.0 + slope * tokens
+
+        lengths = choose_lengths(accepts, 0, cost)
+        value = n
+        for a, k in zip(accepts, lengths, strict=True):
+            assert 0 <= k <= len(a)
+            p = 1.0
+            for x in a[:k]:
+                p *= x
+                value += p
+        assert value / cost(n + sum(lengths), n) >= n / cost(n, n) - 1e-12
+    # the slack goes where it pays most: the sure draft before the doubtful one
+    assert choose_lengths([[0.99, 0.99], [0.1, 0.1]], 0, lambda t, s: 10 + t) == [2, 0]
+    assert choose_lengths([[0.9], [0.9]], 0, lambda t, s: 10.0 * t) == [0, 0]
+
+
+def test_cancel_mid_batch_leaves_the_others(target, draft):
+    engines = slot_engines(target, draft, METHODS[:4])
+    requests = {i: e.stream_steps(p, max_new_tokens=30)
+                for i, (e, p) in enumerate(zip(engines, PROMPTS, strict=False))}
+    results, _ = run_together(BatchDecoder(cost=flat_cost), requests, drop={1: 3})
+    assert results[1] == "dropped"
+    for i in (0, 2, 3):
+        assert results[i].token_ids == alone(target, draft, METHODS[i], PROMPTS[i], 30).token_ids
+
+
+def test_a_failing_request_leaves_the_others(target, draft):
+    engines = slot_engines(target, draft, ["draft:k=3", "ngram:k=4", "ar"])
+    calls = {"n": 0}
+    propose = engines[0].drafter.propose
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("draft model crashed")
+        return propose(*args, **kwargs)
+
+    engines[0].drafter.propose = failing
+    requests = {i: e.stream_steps(p, max_new_tokens=25)
+                for i, (e, p) in enumerate(zip(engines, PROMPTS, strict=False))}
+    results, _ = run_together(BatchDecoder(cost=flat_cost), requests)
+    assert isinstance(results[0], RuntimeError)
+    for i, m in ((1, "ngram:k=4"), (2, "ar")):
+        assert results[i].token_ids == alone(target, draft, m, PROMPTS[i], 25).token_ids
+
+
+# ------------------------------------------------------------------------------- sampling
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_model(vocab=V, seed=5, sharpen=6.0), tiny_model(vocab=V, seed=6, layers=1,
+                                                                sharpen=6.0)
+
+
+PARAMS = SamplingParams(1.0, top_k=6)
+OTHER = [4, 4, 1]  # the companions' prompt
+
+
+class SwappedRows(BatchDecoder):
+    """A broken batch: each round hands every request the rows of another one of the same
+    shape (what a wrong offset into one runtime call's rows does)."""
+
+    def _run_calls(self, events):
+        super()._run_calls(events)
+        calls = [m.call for m in self._members.values()
+                 if m.call is not None and m.call.out is not None and m.call.proposal]
+        by_shape: dict = {}
+        for call in calls:
+            by_shape.setdefault(tuple(call.out.logits.shape), []).append(call)
+        for group in by_shape.values():
+            outs = [c.out for c in group]
+            for c, o in zip(group, outs[1:] + outs[:1], strict=True):
+                c.out = o
+
+
+def sampled_cells(target_model, draft_model, decoder_type, runs: int, seeded: bool):
+    """The first three tokens of `runs` requests for PROMPT, decoded 4 at a time beside 4
+    requests for another prompt, as cells a * V^2 + b * V + c."""
+    t, d = TorchBackend(target_model), TorchBackend(draft_model)
+    methods = ["draft:k=3", "ngram:k=2", "draft:k=2", "ar"] * 2
+    cells = []
+    engines = slot_engines(t, d, methods)
+    for wave in range(runs // 4):
+        requests = {}
+        for i, engine in enumerate(engines):
+            mine = i % 2 == 0
+            seed = wave * 8 + i if seeded else None
+            requests[i] = engine.stream_steps(PROMPT if mine else OTHER, max_new_tokens=5,
+                                              sampling=SamplingParams(1.0, top_k=6, seed=seed))
+        results, _ = run_together(decoder_type(cost=flat_cost), requests)
+        for i in range(0, 8, 2):
+            a, b, c = results[i].token_ids[:3]
+            cells.append((a * V + b) * V + c)
+    return torch.tensor(cells)
+
+
+def test_concurrent_sampling_follows_the_target_law(pair):
+    target_model, draft_model = pair
+    cells = sampled_cells(target_model, draft_model, BatchDecoder, 1000, seeded=False)
+    assert_exact(check(cells, target_model, PARAMS), "together")
+
+
+def test_swapped_rows_are_caught(pair):
+    target_model, draft_model = pair
+    cells = sampled_cells(target_model, draft_model, SwappedRows, 1000, seeded=False)
+    assert_caught(check(cells, target_model, PARAMS), "swapped rows")
+
+
+def seeded_outputs(target_model, draft_model, companions: list[str]):
+    t, d = TorchBackend(target_model), TorchBackend(draft_model)
+    methods = ["draft:k=3", *companions]
+    engines = slot_engines(t, d, methods)
+    requests = {0: engines[0].stream_steps(PROMPT, max_new_tokens=12,
+                                           sampling=SamplingParams(1.0, top_k=6, seed=7))}
+    for i, engine in enumerate(engines[1:], 1):
+        requests[i] = engine.stream_steps(OTHER, max_new_tokens=12,
+                                          sampling=SamplingParams(1.0, top_k=6, seed=100 + i))
+    results, _ = run_together(BatchDecoder(cost=steep_cost), requests)
+    return results[0].token_ids
+
+
+def test_seeded_request_ignores_its_companions(pair):
+    target_model, draft_model = pair
+    outputs = {tuple(seeded_outputs(target_model, draft_model, c))
+               for c in ([], ["ar"], ["draft:k=2", "ngram:k=3"], ["ar"] * 5)}
+    assert len(outputs) == 1
+
+
+def test_a_shared_generator_is_caught(pair, monkeypatch):
+    """The negative control: requests drawing from one generator depend on each other."""
+    target_model, draft_model = pair
+    shared = torch.Generator().manual_seed(0)
+
+    def one_generator(self):
+        return shared
+
+    monkeypatch.setattr(SamplingParams, "generator", one_generator)
+    outputs = set()
+    for companions in ([], ["ar"], ["draft:k=2", "ngram:k=3"], ["ar"] * 5):
+        shared.manual_seed(7)
+        outputs.add(tuple(seeded_outputs(target_model, draft_model, companions)))
+    assert len(outputs) > 1
+
+
+def test_module_names_its_default_prefill_budget():
+    assert batch_mod.PREFILL_TOKENS >= 1
