@@ -48,9 +48,17 @@ class SlowBackend:
         return getattr(self._inner, name)
 
     def forward(self, *args, **kwargs):
-        if self.delay:
-            time.sleep(self.delay)
+        delay = self._parent.delay if "_parent" in self.__dict__ else self.delay
+        if delay:
+            time.sleep(delay)
         return self._inner.forward(*args, **kwargs)
+
+    def sequences(self, n: int) -> list:
+        """Sequences of a server decoding requests together, slowed with this backend."""
+        views = [SlowBackend(v) for v in self._inner.sequences(n)]
+        for view in views:
+            view._parent = self
+        return views
 
     def prefill(self, tokens, hidden_layer=None, reuse=0):
         self._inner.reset()

@@ -50,6 +50,12 @@ LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library'
 BLOCK_ROWS = 2  # a block: this runtime scores the rows of any block of 2 or more alike
 
 
+def context_for(sequences: int) -> int:
+    """KV cache tokens for a context of `sequences` sequences (shared by them; a request is
+    admitted while its prompt and budget fit)."""
+    return max(DEFAULT_CONTEXT, 2048 * max(1, sequences))
+
+
 def target_min_rows() -> int | None:
     """ADASPEC_MIN_ROWS, or None: decided at load by `IkLlamaBackend.rows_alike()`."""
     text = os.environ.get(MIN_ROWS_ENV, "").strip()

@@ -39,18 +39,20 @@ def load_backends(
     dtype: str = "bfloat16",
     weights: str = FASTEST,
     draft_weights: str = FASTEST,
+    sequences: int = 1,
 ) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
     """Load the target (and draft), each with its own weights (`fastest`: the fastest runtime
     this machine has); the draft's tokenizer must match the target's. Models that run in
     child processes load at the same time. Returns (target, tokenizer, draft or None, EOS
-    ids)."""
+    ids). sequences: how many sequences a multi-sequence runtime holds (a server decoding
+    requests together: its batch, plus the runtime's own)."""
     from adaspec.store.model_store import check_tokenizer_pair
 
-    finish_target = start_backend(target, dtype, weights, role="target")
+    finish_target = start_backend(target, dtype, weights, role="target", sequences=sequences)
     finish_draft = None
     if draft:
         finish_draft = start_backend(draft, dtype, draft_weights, role="draft",
-                                     tokenizer_like=target)
+                                     tokenizer_like=target, sequences=sequences)
     tgt, tokenizer, eos = finish_target()
     draft_backend = None
     if finish_draft is not None:
@@ -77,6 +79,7 @@ def start_backend(
     weights: str = FASTEST,
     role: str = "target",
     tokenizer_like: str | None = None,
+    sequences: int = 1,
 ) -> Callable[[], Loaded]:
     """Start loading one model; the returned function finishes it: (backend, tokenizer, EOS
     ids). With `tokenizer_like` (another model) the tokenizer of a runtime that does not need
@@ -92,7 +95,7 @@ def start_backend(
     scores. A float target's batched GEMMs are not row-invariant anyway: it keeps the faster
     batched attention and the exactness check's tie rule, as does every draft and a model
     with sliding-window layers (not handled by the row-invariant path)."""
-    from adaspec.backends.ikllama import IK, IkLlamaBackend, target_min_rows
+    from adaspec.backends.ikllama import IK, IkLlamaBackend, context_for, target_min_rows
     from adaspec.backends.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
     from adaspec.backends.weights import best_weights, check_weights, llama_threads
     from adaspec.store.loading import same_vocabulary_files, tokenizer_dir
@@ -105,8 +108,9 @@ def start_backend(
 
         # fails fast (package missing, no GGUF), before a child process starts
         args: tuple[Any, ...] = gguf_backend_args(name, llama_threads(), runtime=weights)
-        if weights == IK and role == "target":
-            args = (*args, True, target_min_rows())  # repacked; blocks only (exact greedy)
+        if weights == IK:  # repacked; a target's blocks decided at load (exact greedy)
+            args = (*gguf_backend_args(name, llama_threads(), context_for(sequences), IK),
+                    True, target_min_rows() if role == "target" else 1, sequences)
         backend = ProcessBackend(IkLlamaBackend if weights == IK else LlamaCppBackend, *args,
                                  wait=False)
 

@@ -31,6 +31,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait behind the one decoding (default 16); "
                         "more get 429 with Retry-After")
+    p.add_argument("--max-batch", type=int, default=1, metavar="N",
+                   help="requests decoded together, one target call a step for all of them "
+                        "(continuous batching; needs ik_llama.cpp or torch weights; default "
+                        "1: one at a time)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a request may take from arrival to its last token (default 600)")
     p.add_argument("--api-key", default=None,
@@ -109,7 +113,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"adaspec serve needs {', '.join(missing)}: pip install -e '.[serve]'")
     parse_method(args.method)  # a typo fails before any model loads
-    for name, value, low in (("--max-queue", args.max_queue, 0), ("--max-tokens",
+    for name, value, low in (("--max-queue", args.max_queue, 0), ("--max-batch",
+                             args.max_batch, 1), ("--max-tokens",
                              args.max_tokens, 1), ("--replicas", args.replicas, 1),
                              ("--history-every", args.history_every, 1),
                              ("--history-tokens", args.history_tokens, 1)):
@@ -126,6 +131,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.online_distill:
         if args.ray:
             raise InputError("--online-distill runs in one server process; drop --ray")
+        if args.max_batch > 1:
+            raise InputError("--online-distill records one request at a time; drop "
+                             "--max-batch (or give 1)")
         from adaspec.online.options import online_config
 
         online = online_config(args)
@@ -137,7 +145,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(
         method=args.method, target=args.target, draft=args.draft, dtype=args.dtype,
         weights=args.weights, draft_weights=args.draft_weights, host=args.host, port=args.port,
-        max_queue=args.max_queue, timeout=args.timeout, api_key=api_key,
+        max_queue=args.max_queue, max_batch=args.max_batch, timeout=args.timeout,
+        api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,
         drain_timeout=args.drain_timeout, online=online, history=args.history,
         history_every=args.history_every, history_tokens=args.history_tokens,

@@ -66,7 +66,13 @@ class ServeState:
     def start(self, instance: ModelInstance) -> Scheduler:
         self.instance = instance
         if self.scheduler is None:
-            self.scheduler = Scheduler(instance, self.config.max_queue, self.metrics)
+            if self.config.max_batch > 1:
+                from adaspec.serve.batching import BatchScheduler
+
+                self.scheduler = BatchScheduler(instance, self.config.max_queue,
+                                                self.config.max_batch, self.metrics)
+            else:
+                self.scheduler = Scheduler(instance, self.config.max_queue, self.metrics)
         self.scheduler.start()
         return self.scheduler
 

@@ -23,7 +23,8 @@ class ServeConfig:
     draft_weights: str = FASTEST
     host: str = "127.0.0.1"
     port: int = 8000
-    max_queue: int = 16  # requests waiting behind the one being decoded; more get 429
+    max_queue: int = 16  # requests waiting behind the ones being decoded; more get 429
+    max_batch: int = 1  # requests decoded together (sequences of one KV cache)
     timeout: float = 600.0  # seconds from arrival to the last token; then 504 (or an error event)
     api_key: str | None = None
     model_name: str | None = None  # the id /v1/models lists (default: the target's name)

@@ -52,6 +52,10 @@ class ModelInstance:
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
         self.online: OnlineDistiller | None = None  # see `start_online`
+        # requests decoded together (`open_slots`): per slot a target and a draft sequence,
+        # and the engines built on them, by method
+        self.slots: list[tuple[ModelBackend, ModelBackend | None]] = []
+        self._slot_engines: list[OrderedDict[str, TextGenerator]] = []
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelInstance:
@@ -66,6 +70,7 @@ class ModelInstance:
             config.target, config.draft if needs_draft or config.draft else None,
             config.dtype, spec.weights or config.weights,
             spec.draft_weights or config.draft_weights,
+            sequences=config.max_batch + 1 if config.max_batch > 1 else 1,
         )
         try:
             history = ServedHistory.open(config.history, target, tokenizer,
@@ -149,6 +154,39 @@ class ModelInstance:
                 del self._engines[oldest]
         return engine
 
+    def open_slots(self, n: int) -> None:
+        """Give each of `n` requests decoded together a sequence of its own in the target
+        (and the draft): InputError naming the fix where a runtime keeps one sequence."""
+        from adaspec.backends.sequences import sequences
+
+        targets = sequences(self.target, n)
+        drafts: list[ModelBackend | None] = [None] * n
+        if self.draft is not None:
+            drafts = list(sequences(self.draft, n))
+        self.slots = list(zip(targets, drafts, strict=True))
+        self._slot_engines = [OrderedDict() for _ in range(n)]
+
+    def slot_engine(self, method: str, slot: int) -> TextGenerator:
+        """The engine of a method on slot `slot`'s sequences: its own drafter and length
+        controller (their state is one request's at a time), the history shared."""
+        from adaspec.methods.build import build_engine
+
+        engines = self._slot_engines[slot]
+        engine = engines.get(method)
+        if engine is not None:
+            engines.move_to_end(method)
+            return engine
+        self.engine(method)  # checks the method (and measures a profile it needs) once
+        spec = parse_method(method)
+        target, draft = self.slots[slot]
+        engine = build_engine(spec, target, self.tokenizer, draft,
+                              eos_token_ids=self.eos_token_ids,
+                              history=self.history.index if self.history else None)
+        engines[method] = engine
+        while len(engines) > self.max_engines:
+            engines.popitem(last=False)
+        return engine
+
     def token_text(self, token: int) -> str:
         """One token id's text, as logprobs name it."""
         return self.tokenizer.decode([token])
@@ -167,6 +205,7 @@ class ModelInstance:
         if history is not None:
             with self._lock:
                 engines = list(self._engines.values())
+            engines += [e for slot in getattr(self, "_slot_engines", []) for e in slot.values()]
             history.close(engines)
         online: OnlineDistiller | None = getattr(self, "online", None)
         if online is not None:

@@ -1,0 +1,216 @@
+"""Continuous batching: up to `max_batch` requests decoded together by the one worker thread.
+
+Each running request has a slot: a sequence of its own in the target's (and the draft's)
+KV cache and engines built on it (engine/batch.py runs them, one target call a round).
+Waiting requests join at round boundaries, while a slot is free and the KV cache has room
+for their prompt and token budget (else they wait); a long prompt prefills in chunks between
+rounds. Cancellation (the client left) and deadlines are checked every round: the request
+stops there and its slot is free for the next one. The queue, 429, timeouts and the
+SIGTERM drain are the FIFO scheduler's (`serve/scheduler.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from adaspec.backends.base import common_prefix
+from adaspec.engine.batch import BatchDecoder
+from adaspec.engine.loop import GenerationResult, StreamChunk, TextGenerator
+from adaspec.errors import AdaspecError, InputError
+from adaspec.serve import errors
+from adaspec.serve.instance import ModelInstance
+from adaspec.serve.metrics import ServeMetrics
+from adaspec.serve.pieces import TokenPieces
+from adaspec.serve.scheduler import CHUNK, Event, Job, Scheduler
+
+log = logging.getLogger("adaspec.serve")
+
+DRAFT_ROOM = 17  # KV entries a step may add beyond a request's budget (k_max + 1)
+
+
+@dataclass
+class _Running:
+    job: Job
+    slot: int
+    engine: TextGenerator
+    pieces: TokenPieces | None
+    reserved: int  # KV entries it may come to hold
+
+
+class BatchScheduler(Scheduler):
+    """The FIFO queue in front of a batch of up to `max_batch` requests decoded together."""
+
+    def __init__(self, instance: ModelInstance, max_queue: int, max_batch: int,
+                 metrics: ServeMetrics | None = None, priced: bool = True) -> None:
+        super().__init__(instance, max_queue, metrics)
+        self.max_batch = max_batch
+        instance.open_slots(max_batch)  # InputError where a runtime keeps one sequence
+        self.kv_tokens = min(view.max_context for view, _ in instance.slots)
+        self.priced = priced
+        self.decoder = BatchDecoder()
+        self._running: dict[str, _Running] = {}
+        self._free = list(range(max_batch))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    def submit(self, job: Job) -> None:
+        self.start()
+        with self._cond:
+            if self.draining:
+                raise errors.draining()
+            free = self.max_batch - len(self._running)
+            if len(self._waiting) >= self.max_queue + max(0, free):
+                raise errors.queue_full(self.retry_after(len(self._waiting) + 1))
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "running": len(self._running), "max_batch": self.max_batch,
+                "kv_tokens": self.kv_tokens}
+
+    # ------------------------------------------------------------ worker side
+    def _run(self) -> None:
+        if self.priced:
+            self._measure_cost()
+        while True:
+            with self._cond:
+                while not self._waiting and not self._running and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    for running in list(self._running.values()):
+                        self.decoder.drop(running.job.id)
+                        self._end(running.job, "cancelled", errors.draining())
+                    self._running.clear()
+                    return
+                admitted = self._admit()
+            for job, slot in admitted:
+                self._start_job(job, slot)
+            self._check_running()
+            if not self._running:
+                continue
+            try:
+                events = self.decoder.round()
+            except Exception:  # never let one round kill the worker
+                log.exception("a decoding round failed")
+                for running in list(self._running.values()):
+                    self._finish(running, error=errors.ServeError(
+                        500, "internal error while decoding", type="server_error"))
+                continue
+            for key, item in events:
+                member = self._running.get(str(key))
+                if member is not None:
+                    self._deliver(member, item)
+
+    def _measure_cost(self) -> None:
+        from adaspec.cost.batch import batch_cost_for
+
+        try:
+            views = [view for view, _ in self.instance.slots]
+            cost = batch_cost_for(self.instance.target, views)
+            self.decoder.cost = cost.ms
+        except Exception:  # unpriced batches still serve: drafts as their engines chose
+            log.exception("measuring the batch cost failed; drafts go unpriced")
+
+    def _admit(self) -> list[tuple[Job, int]]:
+        """Waiting requests that get a slot now (under the lock): in order, while a slot is
+        free and the KV cache has room for the head of the queue."""
+        admitted = []
+        while self._waiting and self._free:
+            job = self._waiting[0]
+            need = len(job.prompt_ids) + job.max_tokens + DRAFT_ROOM
+            held = sum(r.reserved for r in self._running.values())
+            held += sum(len(self._slot_ids(s)) for s in self._free)
+            if held + need > self.kv_tokens:
+                for slot in self._free:  # drop what idle slots keep for prefix reuse
+                    self._reset_slot(slot)
+                held = sum(r.reserved for r in self._running.values())
+                if held + need > self.kv_tokens and self._running:
+                    break  # waits for a running request to end
+            self._waiting.popleft()
+            slot = max(self._free, key=lambda s: common_prefix(self._slot_ids(s),
+                                                               job.prompt_ids))
+            self._free.remove(slot)
+            self._running[job.id] = _Running(job, slot, None, None, need)  # type: ignore[arg-type]
+            admitted.append((job, slot))
+        return admitted
+
+    def _slot_ids(self, slot: int) -> list[int]:
+        view = self.instance.slots[slot][0]
+        ids = getattr(view, "_token_ids", None)
+        return ids() if callable(ids) else []
+
+    def _reset_slot(self, slot: int) -> None:
+        for backend in self.instance.slots[slot]:
+            if backend is not None:
+                backend.reset()
+
+    def _start_job(self, job: Job, slot: int) -> None:
+        running = self._running[job.id]
+        if job.cancelled:
+            self._finish(running, error=errors.client_gone(), outcome=job.cancel_reason)
+            return
+        job.started = time.monotonic()
+        if self.metrics:
+            self.metrics.queue_wait.observe(job.queue_time())
+        if job.started > job.deadline:
+            self._finish(running, error=errors.timed_out(job.timeout), outcome="timeout")
+            return
+        try:
+            running.engine = self.instance.slot_engine(job.method, slot)
+            steps = running.engine.stream_steps(job.prompt_ids, job.max_tokens, job.sampling,
+                                                job.stop, chat=False)
+        except AdaspecError as exc:  # a method its parts cannot be built for, a bad input
+            self._finish(running, error=errors.bad_request(str(exc), param="method"))
+            return
+        running.pieces = TokenPieces(self.instance.tokenizer) if job.token_sources else None
+        self.decoder.add(job.id, steps)
+
+    def _check_running(self) -> None:
+        now = time.monotonic()
+        for running in list(self._running.values()):
+            job = running.job
+            if job.id not in self.decoder:
+                continue
+            if job.cancelled:
+                self._finish(running, error=errors.client_gone(), outcome=job.cancel_reason)
+            elif now > job.deadline:
+                self._finish(running, error=errors.timed_out(job.timeout), outcome="timeout")
+
+    def _deliver(self, running: _Running, item: StreamChunk | GenerationResult | Exception
+                 ) -> None:
+        job = running.job
+        if isinstance(item, StreamChunk):
+            if job.first_token is None and item.token_ids:
+                job.first_token = time.monotonic()
+            if job.stream:
+                cut = [running.pieces.push(t) for t in item.token_ids] if running.pieces \
+                    else None
+                job.put(Event(CHUNK, chunk=item, pieces=cut))
+        elif isinstance(item, GenerationResult):
+            self._finished(job, item)
+            self._learn(running.engine)
+            self._finish(running)
+        elif isinstance(item, InputError):  # e.g. a prompt too long for this method's draft
+            self._finish(running, error=errors.bad_request(str(item)))
+        else:
+            log.error("request %s failed: %s: %s", job.id, type(item).__name__, item)
+            self._finish(running, error=errors.ServeError(
+                500, "internal error while decoding", type="server_error"))
+
+    def _finish(self, running: _Running, error: errors.ServeError | None = None,
+                outcome: str = "error") -> None:
+        """The request is over (done, failed or stopped): its slot is free."""
+        job = running.job
+        self.decoder.drop(job.id)
+        if error is not None:
+            self._end(job, outcome, error)
+        with self._cond:
+            if self._running.pop(job.id, None) is not None:
+                self._free.append(running.slot)
+        if job.started is not None:
+            self._durations.append(time.monotonic() - job.started)

@@ -1,0 +1,123 @@
+"""`adaspec serve --max-batch N` on tiny models over loopback: concurrent requests decoded
+together answer what each gets served alone (greedy, mixed methods, lengths, stops and
+arrivals), a seeded sampled answer does not depend on its companions, a client leaving
+mid-batch stops only its own request, and the queue limits and health still hold."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from .test_serve import (  # noqa: E402
+    PROMPT,
+    health,
+    live_server,
+    served_instance,
+    wait_until,
+)
+
+PROMPTS = [PROMPT, "class Point:", "def fibonacci(n):", "x = [1, 2, 3]\nfor",
+           "import os\n", "def add(a, b):\n    return"]
+METHODS = ["draft:k=3", "ngram:k=4", "ar", "draft:k=5", "auto", "ngram:k=2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def adaspec_home(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADASPEC_HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def instance(model_dirs, adaspec_home):
+    inst = served_instance(*model_dirs)
+    yield inst
+    inst.close()
+
+
+def body(i: int, n: int = 24, **extra) -> dict:
+    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": n, "temperature": 0,
+            "method": METHODS[i % len(METHODS)], **extra}
+
+
+def alone(url: str, b: dict) -> dict:
+    r = httpx.post(url + "/v1/completions", json=b, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_concurrent_requests_answer_what_they_get_alone(instance):
+    bodies = [body(i, n=10 + 5 * i) for i in range(6)]
+    bodies.append(body(0, stop=["\n"]))
+    bodies.append(body(1, n=3))
+    with live_server(instance, max_batch=4) as url:
+        want = [alone(url, b)["choices"][0] for b in bodies]  # one at a time
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(lambda b: alone(url, b)["choices"][0], bodies))
+        h = health(url)
+    assert [g["text"] for g in got] == [w["text"] for w in want]
+    assert [g["finish_reason"] for g in got] == [w["finish_reason"] for w in want]
+    assert h["max_batch"] == 4
+
+
+def test_a_seeded_answer_ignores_its_companions(instance):
+    seeded = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1.0, "seed": 11,
+              "method": "draft:k=3"}
+    with live_server(instance, max_batch=4) as url:
+        first = alone(url, seeded)["choices"][0]["text"]
+        with ThreadPoolExecutor(4) as pool:
+            others = [pool.submit(alone, url, body(i, n=30)) for i in range(3)]
+            again = pool.submit(alone, url, seeded)
+            assert again.result()["choices"][0]["text"] == first
+            for o in others:
+                o.result()
+
+
+def test_a_client_leaving_mid_batch_stops_only_its_request(instance):
+    with live_server(instance, max_batch=4) as url:
+        want = [alone(url, body(i, n=40)) for i in range(3)]
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(alone, url, body(i, n=40)) for i in range(3)]
+            stream = {**body(3, n=200), "stream": True}
+            with httpx.stream("POST", url + "/v1/completions", json=stream, timeout=30) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+            got = [f.result() for f in futures]
+        assert [g["choices"][0]["text"] for g in got] == [w["choices"][0]["text"]
+                                                          for w in want]
+        wait_until(lambda: health(url)["running"] == 0, timeout=10)
+        r = httpx.post(url + "/v1/completions", json=body(0, n=4), timeout=30)
+        assert r.status_code == 200
+
+
+def test_the_queue_behind_a_full_batch_answers_429(instance):
+    with live_server(instance, max_batch=2, max_queue=1) as url, \
+            ThreadPoolExecutor(4) as pool:
+        instance.target.delay = 0.02
+        try:
+            running = [pool.submit(httpx.post, url + "/v1/completions", json=body(i, n=60),
+                                   timeout=60) for i in range(3)]
+            wait_until(lambda: health(url)["running"] == 2 and health(url)["queue_depth"] == 1,
+                       timeout=20)
+            r = httpx.post(url + "/v1/completions", json=body(0, n=5))
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert all(f.result().status_code == 200 for f in running)
+        finally:
+            instance.target.delay = 0.0
+    time.sleep(0)
+
+
+def test_a_runtime_with_one_sequence_is_named(model_dirs):
+    from adaspec.backends.sequences import sequences
+    from adaspec.errors import InputError
+
+    class OneSequence:
+        kind = "llamacpp"
+
+    with pytest.raises(InputError, match="keeps one sequence.*ik_llama.cpp"):
+        sequences(OneSequence(), 2)  # type: ignore[arg-type]
