@@ -196,3 +196,41 @@ def test_a_router_routes_over_an_ik_llama_target(smollm):
     routed = router.generate(prompt, 16)
     assert routed.token_ids == alone and routed.stats.route == "ngram:k=4"
     assert router.last_state is not None and router.last_state.shape == (target.hidden_size,)
+
+
+def test_sequences_share_one_cache_and_keep_apart(smollm):
+    """Several sequences of one ik_llama.cpp context: a view alone scores what the backend's
+    own sequence scores (chunked prefill included), views fed in one call get their own
+    rows (not a neighbour's), a rollback of one leaves the other, and a call that finds no
+    room in the cache fails with a clear error and leaves nothing behind."""
+    from adaspec.backends.sequences import ALL, LAST, NONE, forward_together
+
+    gguf, _ = smollm
+    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=512, sequences=4)
+    a, b = owner.sequences(2)
+    p = [1604, 3987, 46477, 24, 94, 17, 400, 9, 2001, 36]
+    q = [77, 78, 79, 80, 81, 82]
+    want = owner.prefill(torch.tensor(p)).logits
+    step = owner.forward(torch.tensor([5, 6, 7])).logits
+    owner.reset()
+    left = a.plan_prefill(p, 0)
+    forward_together([(a, left[:4], NONE)])
+    got = forward_together([(a, left[4:], LAST)])[0]
+    assert torch.equal(got, want)  # alone: bit for bit, in chunks too
+    assert torch.equal(a.forward(torch.tensor([5, 6, 7])).logits, step)
+    a.truncate(len(p))
+    b.prefill(torch.tensor(q))
+    rows_a, rows_b = forward_together([(a, [5, 6, 7], ALL), (b, [8, 9], ALL)])
+    assert rows_a.shape[0] == 3 and rows_b.shape[0] == 2
+    # beside another sequence's cells the sums group otherwise: near, not bit-equal
+    assert (rows_a - step).abs().max() < 1.0
+    assert (rows_a.argmax(-1) == step.argmax(-1)).all()
+    b.truncate(2)  # b's rollback leaves a's entries
+    assert a.cache_len == len(p) + 3 and b.cache_len == 2
+    again = a.forward(torch.tensor([11])).logits
+    a.truncate(len(p) + 3)
+    assert torch.equal(a.forward(torch.tensor([11])).logits, again)
+    with pytest.raises(Exception, match="context too long|no room"):
+        forward_together([(b, list(range(100, 700)), ALL)])
+    assert b.cache_len == 2
+    owner.close()
