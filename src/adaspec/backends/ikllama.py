@@ -273,14 +273,14 @@ class IkLlamaBackend(ChainBackend):
         tokens: one check at load). Leaves the cache empty."""
         ids = [(7 + 131 * i) % self.vocab_size for i in range(10)]
         try:
-            self._feed(ids[:6], every_row=False)
+            self._feed_rows(ids[:6], every_row=False)
             alike = True
             for tok in ids[6:8]:
                 start = self._len
-                lone = self._feed([tok], every_row=True)
+                lone = self._feed_rows([tok], every_row=True)
                 self._remove_from(start)
                 self._len = start
-                block = self._feed([tok, ids[9]], every_row=True)[:1]
+                block = self._feed_rows([tok, ids[9]], every_row=True)[:1]
                 self._remove_from(start + 1)
                 self._len = start + 1
                 alike = alike and torch.equal(lone, block)
@@ -290,7 +290,12 @@ class IkLlamaBackend(ChainBackend):
         return alike
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
-        out = self.feed_many([Feed(0, self._len, ids, ALL if every_row else LAST)])[0]
+        return self._feed_rows(ids, every_row, pad=True)
+
+    def _feed_rows(self, ids: list[int], every_row: bool, pad: bool = False) -> torch.Tensor:
+        """Feed this backend's own sequence; pad: to `min_rows` (rows_alike compares a
+        lone token's rows unpadded)."""
+        out = self.feed_many([Feed(0, self._len, ids, ALL if every_row else LAST)], pad)[0]
         self._len += len(ids)
         return out
 
@@ -301,7 +306,7 @@ class IkLlamaBackend(ChainBackend):
         batch.seq_id[i][0] = seq
         batch.logits[i] = logits
 
-    def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
+    def feed_many(self, feeds: list[Feed], pad: bool = True) -> list[torch.Tensor]:
         """Score every feed after its sequence's cache in one llama_decode (several where
         they hold more than a batch of tokens); per feed its rows (`sequences.Feed`). A call
         of fewer than `min_rows` tokens is padded with copies of its last token, whose rows
@@ -309,7 +314,7 @@ class IkLlamaBackend(ChainBackend):
         feeds = list(feeds)
         total = sum(len(f.ids) for f in feeds)
         padded = None
-        if feeds and 0 < total < self.min_rows:
+        if pad and feeds and 0 < total < self.min_rows:
             last = feeds[-1]
             pad = min(self.min_rows - total, self.max_context - last.start - len(last.ids))
             if pad > 0:
