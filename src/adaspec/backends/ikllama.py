@@ -316,10 +316,10 @@ class IkLlamaBackend(ChainBackend):
         padded = None
         if pad and feeds and 0 < total < self.min_rows:
             last = feeds[-1]
-            pad = min(self.min_rows - total, self.max_context - last.start - len(last.ids))
-            if pad > 0:
+            extra = min(self.min_rows - total, self.max_context - last.start - len(last.ids))
+            if extra > 0:
                 padded = last
-                feeds[-1] = Feed(last.seq, last.start, last.ids + last.ids[-1:] * pad, ALL)
+                feeds[-1] = Feed(last.seq, last.start, last.ids + last.ids[-1:] * extra, ALL)
         flat = [(k, f.seq, f.start + j, tok,
                  f.rows == ALL or (f.rows == LAST and j == len(f.ids) - 1))
                 for k, f in enumerate(feeds) for j, tok in enumerate(f.ids)]
