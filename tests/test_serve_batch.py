@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from .test_serve import (  # noqa: E402
+from .test_serve import (  # noqa: E402, F401  (adaspec_home: this module's fixture too)
     PROMPT,
+    adaspec_home,
     health,
     live_server,
     served_instance,
@@ -26,15 +27,8 @@ PROMPTS = [PROMPT, "class Point:", "def fibonacci(n):", "x = [1, 2, 3]\nfor",
 METHODS = ["draft:k=3", "ngram:k=4", "ar", "draft:k=5", "auto", "ngram:k=2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def adaspec_home(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ADASPEC_HOME", str(tmp_path_factory.mktemp("home")))
-        yield
-
-
 @pytest.fixture(scope="module")
-def instance(model_dirs, adaspec_home):
+def instance(model_dirs):  # after the autouse adaspec_home
     inst = served_instance(*model_dirs)
     yield inst
     inst.close()

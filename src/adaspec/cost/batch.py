@@ -111,7 +111,8 @@ def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend]) -> Batch
     from adaspec.cost.cache import profile_key, profile_path
 
     key = {**profile_key(target, None), "batch": FORMAT}
-    path = profile_path(key).with_name(profile_path(key).stem + "-batch.json")
+    base = profile_path(key)
+    path = base.with_name(base.stem + "-batch.json")
     if path.is_file():
         try:
             import json

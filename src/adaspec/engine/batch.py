@@ -176,7 +176,7 @@ class BatchDecoder:
         steps = [m for m in steps if _batchable(m.call)]
         items = [(m.call.backend, m.call.tokens.tolist(), ALL) for m in steps if m.call]
         items += [(m.call.backend, chunk, rows) for m, chunk, rows in chunks if m.call]
-        owners = [m for m in steps] + [m for m, _, _ in chunks]
+        owners = steps + [m for m, _, _ in chunks]
         try:
             results: list[torch.Tensor | None] = list(forward_together(items)) if items else []
         except Exception:  # find whose call failed: each on its own
