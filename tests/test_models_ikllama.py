@@ -243,3 +243,74 @@ def test_sequences_share_one_cache_and_keep_apart(smollm):
         forward_together([(b, list(range(100, 700)), ALL)])
     assert b.cache_len == 2
     owner.close()
+
+
+def test_sequences_share_a_prompt_prefix(smollm):
+    """A prompt whose first tokens another sequence holds takes them from its cache (shared
+    entries, not computed): it scores what the whole prompt computed alone scores; the
+    donor's later rollback leaves the copy; a prefix shorter than MIN_SHARE is computed. A
+    view that only claims the prefix without the entries (negative control) scores other
+    logits, so the check can tell."""
+    from adaspec.backends.sequences import MIN_SHARE
+
+    gguf, _ = smollm
+    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=512, sequences=4)
+    a, b, c = owner.sequences(3)
+    system = [(7 * i + 3) % 900 + 100 for i in range(MIN_SHARE + 4)]
+    p, q = system + [1604, 3987, 46477, 24], system + [94, 17, 400, 9, 2001]
+    want = owner.prefill(torch.tensor(q)).logits  # the owner's own sequence: no siblings
+    want_next = owner.forward(torch.tensor([5])).logits
+    a.prefill(torch.tensor(p))
+    assert b.available_prefix(q, 0) == len(system)
+    left = b.plan_prefill(q, 0)
+    assert left == q[len(system):] and b.shared_tokens == len(system)
+    got = b.prefill(torch.tensor(q), reuse=len(q)).logits  # scores the rest only
+    assert (got - want).abs().max() < 1.0 and torch.equal(got.argmax(-1), want.argmax(-1))
+    a.truncate(2)  # the donor rolls back: the copy stays
+    step = b.forward(torch.tensor([5])).logits
+    assert (step - want_next).abs().max() < 1.0
+    # negative control: the entries claimed, not copied
+    c._token_ids().extend(system)
+    c._len = len(system)
+    wrong = c.prefill(torch.tensor(q), reuse=len(q)).logits
+    assert c.shared_tokens == 0 and (wrong - want).abs().max() > 1.0
+    # a prefix shorter than MIN_SHARE is computed, not shared
+    c.reset()
+    a.prefill(torch.tensor(system[: MIN_SHARE - 1] + [9, 9, 9]))
+    short = system[: MIN_SHARE - 1] + [5, 5, 5]
+    assert c.plan_prefill(short, 0) == short and c.shared_tokens == 0
+    owner.close()
+
+
+def test_batch_prefills_a_shared_prefix_once(smollm):
+    """Requests that arrive together with a common system turn: the batch holds all but
+    the first back a round, then each takes the turn from the first one's cache; every
+    request decodes what it decodes alone."""
+    from adaspec.backends.sequences import MIN_SHARE
+    from adaspec.core.sampling import SamplingParams
+    from adaspec.engine.batch import BatchDecoder
+    from adaspec.engine.loop import GenerationResult
+    from adaspec.methods.build import build_engine
+
+    gguf, _ = smollm
+    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=1024, sequences=4)
+    system = [(11 * i + 5) % 900 + 100 for i in range(MIN_SHARE + 8)]
+    prompts = [system + [1604 + i, 3987, 46477, 24 + i] for i in range(3)]
+    alone = []
+    for p in prompts:
+        owner.reset()
+        alone.append(build_engine("ar@ik", owner, None, None, [2]).generate(p, 8).token_ids)
+    decoder = BatchDecoder()
+    views = owner.sequences(3)
+    for i, (view, p) in enumerate(zip(views, prompts, strict=True)):
+        engine = build_engine("ar@ik", view, None, None, [2])
+        decoder.add(i, engine.steps(p, 8, SamplingParams(), []))
+    together: dict[int, list[int]] = {}
+    while len(decoder):
+        for key, item in decoder.round():
+            assert not isinstance(item, Exception), item
+            if isinstance(item, GenerationResult):
+                together[key] = item.token_ids
+    assert [v.shared_tokens for v in views] == [0, len(system), len(system)]
+    assert [together[i] for i in range(3)] == alone
+    owner.close()

@@ -183,11 +183,17 @@ class ChainBackend(ModelBackend):
         ids = [int(t) for t in tokens.reshape(-1)]
         if not ids:
             raise InputError("empty prompt")
-        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
-        self.truncate(kept)
+        kept = self._keep_prefix(ids, reuse)
         logits = self._checked_feed(ids[kept:], every_row=False)
         hidden = self._final_state() if hidden_layer is not None else None
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _keep_prefix(self, ids: list[int], reuse: int) -> int:
+        """Keep what the cache holds of prompt `ids` (up to `reuse` tokens, at least one
+        left to score); how many tokens are kept."""
+        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
+        self.truncate(kept)
+        return kept
 
     def _final_state(self) -> torch.Tensor:
         """The last cached token's final-layer state [1, hidden], its cache entry as it

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from adaspec.backends.base import ChainBackend, batch_noise_setting
-from adaspec.backends.sequences import ALL, LAST, Feed, SequenceView
+from adaspec.backends.sequences import ALL, LAST, Feed, SequenceView, views
 from adaspec.errors import AdaspecError, InputError
 
 IK_VERSION = "0.1.5"
@@ -149,6 +149,8 @@ def library() -> Any:
         "llama_batch_free": ([api.llama_batch], None),
         "llama_decode": ([c.c_void_p, api.llama_batch], c.c_int32),
         "llama_kv_cache_seq_rm": ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32], c.c_bool),
+        "llama_kv_cache_seq_cp": ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32, c.c_int32],
+                                  None),
         "llama_kv_cache_clear": ([c.c_void_p], None),
         "llama_get_logits": ([c.c_void_p], c.POINTER(c.c_float)),
         "llama_get_logits_ith": ([c.c_void_p, c.c_int32], c.POINTER(c.c_float)),
@@ -365,12 +367,18 @@ class IkLlamaBackend(ChainBackend):
     def remove_seq(self, seq: int, start: int) -> None:
         self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1)
 
+    def copy_seq(self, src: int, dst: int, length: int) -> None:
+        """Sequence `dst` holds `src`'s first `length` positions and nothing else: the cache
+        entries are shared (tagged with both ids), not computed again."""
+        self._lib.llama_kv_cache_seq_rm(self._ctx, dst, 0, -1)
+        self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, 0, length)
+
     def sequences(self, n: int) -> list[SequenceView]:
         """Views of sequences 1 .. n, each a backend of its own sharing this KV cache."""
         if n >= self.max_sequences:
             raise InputError(f"this ik_llama.cpp context holds {self.max_sequences - 1} "
                              f"sequences besides its own, not {n}")
-        return [SequenceView(self, seq, self.max_context) for seq in range(1, n + 1)]
+        return views(self, n)
 
     def _final_state(self) -> torch.Tensor:
         """The last cached token fed again with the context's embeddings output on (which

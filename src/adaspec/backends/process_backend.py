@@ -19,7 +19,7 @@ import torch
 
 from adaspec.backends.base import ForwardOutput, ModelBackend, chain_ids
 from adaspec.backends.child_process import ChildProcess
-from adaspec.backends.sequences import Feed, SequenceView
+from adaspec.backends.sequences import Feed, SequenceView, views
 from adaspec.errors import InputError
 
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
@@ -99,6 +99,10 @@ class _BackendServer:
     def remove_seq(self, seq: int, start: int) -> None:
         run: Any = self.backend
         run.remove_seq(seq, start)
+
+    def copy_seq(self, src: int, dst: int, length: int) -> None:
+        run: Any = self.backend
+        run.copy_seq(src, dst, length)
 
     def keep(self, indices: list[int]) -> int:
         self.backend.keep(torch.tensor(indices))
@@ -181,7 +185,7 @@ class ProcessBackend(ModelBackend):
         if n >= self.max_sequences:
             raise InputError(f"this model's runtime ({self.kind}) was loaded for "
                              f"{self.max_sequences - 1} sequences besides its own, not {n}")
-        return [SequenceView(self, seq, self.max_context) for seq in range(1, n + 1)]
+        return views(self, n)
 
     def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
         counts = self._child.call("feed_many", [(f.seq, f.start, f.ids, f.rows) for f in feeds])
@@ -194,6 +198,9 @@ class ProcessBackend(ModelBackend):
 
     def remove_seq(self, seq: int, start: int) -> None:
         self._child.call("remove_seq", int(seq), int(start))
+
+    def copy_seq(self, src: int, dst: int, length: int) -> None:
+        self._child.call("copy_seq", int(src), int(dst), int(length))
 
     def keep(self, indices: torch.Tensor) -> None:
         self._len = self._child.call("keep", [int(i) for i in indices.reshape(-1)])

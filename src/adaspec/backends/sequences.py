@@ -25,6 +25,10 @@ from adaspec.errors import InputError
 # of a prompt), none (a prompt chunk that is not the last).
 ALL, LAST, NONE = "all", "last", "none"
 
+# the fewest prompt tokens worth taking from a sibling's cache (a batch may hold a prompt
+# back a round for it: engine/batch.py)
+MIN_SHARE = 16
+
 # the attributes a view copies from its owner (what engines, profiles and routers read)
 _SHARED = ("name", "vocab_size", "num_layers", "hidden_size", "bytes_per_forward", "kind",
            "batch_noise", "n_params")
@@ -54,6 +58,14 @@ class SequenceOwner(Protocol):
         ...
 
 
+class SharingOwner(SequenceOwner, Protocol):
+    """An owner whose sequences can share cache entries (a common prompt prefix)."""
+
+    def copy_seq(self, src: int, dst: int, length: int) -> None:
+        """Sequence `dst` holds `src`'s first `length` positions and nothing else."""
+        ...
+
+
 class SequenceView(ChainBackend):
     """One sequence of a multi-sequence runtime, as a backend of its own."""
 
@@ -67,6 +79,8 @@ class SequenceView(ChainBackend):
         self.seq = seq
         self.max_context = max_context
         self._len = 0
+        self.siblings: Sequence[SequenceView] = ()  # the owner's other views (`views`)
+        self.shared_tokens = 0  # prompt tokens taken from a sibling's cache, not computed
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
         out = self.owner.feed_many([Feed(self.seq, self._len, ids, ALL if every_row else LAST)])
@@ -78,13 +92,59 @@ class SequenceView(ChainBackend):
 
     def plan_prefill(self, ids: list[int], reuse: int) -> list[int]:
         """The start of a prefill fed in chunks (`forward_together` with LAST / NONE rows):
-        keep what the cache holds of the prompt (up to `reuse`, at least one token left to
-        score) and return the tokens still to feed."""
+        keep what the cache holds of the prompt (`_keep_prefix`) and return the tokens
+        still to feed."""
         if not ids:
             raise InputError("empty prompt")
+        return ids[self._keep_prefix(ids, reuse):]
+
+    def _held(self) -> list[int]:
+        return self._token_ids()[: self._len]
+
+    def available_prefix(self, ids: list[int], reuse: int) -> int:
+        """How many leading tokens of prompt `ids` a prefill would not compute: kept in
+        this sequence (up to `reuse`) or taken from a sibling."""
+        own = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._held(), ids))
+        return max(own, self.shareable(ids))
+
+    def shareable(self, ids: list[int]) -> int:
+        """How many leading tokens of prompt `ids` a sibling's cache holds (at least one
+        token left to score)."""
+        if not hasattr(self.owner, "copy_seq"):
+            return 0
+        held = [common_prefix(v._held(), ids) for v in self.siblings if v is not self]
+        return min(max(held, default=0), len(ids) - 1)
+
+    def _keep_prefix(self, ids: list[int], reuse: int) -> int:
+        """What this sequence keeps of the prompt, or a longer prefix a sibling holds (a
+        shared system turn, a conversation's earlier turns): its cache entries are shared,
+        not computed again (ik_llama.cpp tags them with both sequence ids), when that
+        saves at least MIN_SHARE tokens."""
         kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
-        self.truncate(kept)
-        return ids[kept:]
+        best = self.shareable(ids)
+        if best - kept < MIN_SHARE:
+            self.truncate(kept)
+            return kept
+        donor = next(v for v in self.siblings
+                     if v is not self and common_prefix(v._held(), ids) >= best)
+        owner: SharingOwner = self.owner  # type: ignore[assignment]
+        cached = self._token_ids()
+        del cached[:]  # if the copy fails, nothing is taken as held
+        self._len = 0
+        owner.copy_seq(donor.seq, self.seq, best)
+        cached.extend(ids[:best])
+        self._len = best
+        self.shared_tokens += best - kept
+        return best
+
+
+def views(owner: SequenceOwner, n: int) -> list[SequenceView]:
+    """Views of `owner`'s sequences 1 .. n (0 is its own), each knowing the others: a
+    prompt may take its prefix from a sibling's cache."""
+    out = [SequenceView(owner, seq, owner.max_context) for seq in range(1, n + 1)]
+    for view in out:
+        view.siblings = out
+    return out
 
 
 def forward_together(

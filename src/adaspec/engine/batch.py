@@ -21,8 +21,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaspec.backends.base import ForwardOutput
-from adaspec.backends.sequences import ALL, LAST, NONE, SequenceView, forward_together
+from adaspec.backends.base import ForwardOutput, common_prefix
+from adaspec.backends.sequences import (
+    ALL,
+    LAST,
+    MIN_SHARE,
+    NONE,
+    SequenceView,
+    forward_together,
+)
 from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall
 
 # ms of one call by (total tokens, sequences)
@@ -160,11 +167,13 @@ class BatchDecoder:
             elif view is None:
                 alone.append(member)
             else:
-                if member.prompt_left is None:
-                    member.prompt_left = view.plan_prefill(call.tokens.tolist(),
-                                                           call.prompt_reuse)
                 if budget <= 0:
                     continue  # its next chunk waits for the next round
+                if member.prompt_left is None:
+                    ids = call.tokens.tolist()
+                    if self._wait_for_prefix(view, ids, call.prompt_reuse):
+                        continue
+                    member.prompt_left = view.plan_prefill(ids, call.prompt_reuse)
                 chunk, member.prompt_left = (member.prompt_left[:budget],
                                              member.prompt_left[budget:])
                 budget -= len(chunk)
@@ -206,6 +215,20 @@ class BatchDecoder:
         stats.tokens = sum(len(i[1]) for i in items)
         stats.prefill_tokens = prefill
         self.last = stats
+
+    def _wait_for_prefix(self, view: SequenceView, ids: list[int], reuse: int) -> bool:
+        """Whether a prompt should start its prefill a round later: another prompt being
+        prefilled on the same runtime will by then hold at least MIN_SHARE more of its
+        leading tokens than any cache does now (`SequenceView.plan_prefill` then shares
+        them instead of computing them twice, e.g. a chat template's system turn)."""
+        filling = [m.call.tokens.tolist() for m in self._members.values()
+                   if m.prompt_left is not None and m.call is not None
+                   and isinstance(m.call.backend, SequenceView)
+                   and m.call.backend.owner is view.owner and m.call.backend is not view]
+        if not filling:
+            return False
+        coming = min(max(common_prefix(ids, p) for p in filling), len(ids) - 1)
+        return coming - view.available_prefix(ids, reuse) >= MIN_SHARE
 
     def _price(self, steps: list[_Member], prefill: int, chunks: int, stats: RoundStats) -> None:
         calls = [m.call for m in steps if m.call is not None]
