@@ -119,6 +119,25 @@ def target(target_model):
     return TorchBackend(target_model, name="tiny-target")
 
 
+# The torch runtimes a target can run on: transformers with its dynamic cache, and
+# adaspec's static-cache decoder (backends/static_torch.py) over the same weights. Modules
+# whose tests must hold on every runtime take `target` from `runtime_target`.
+TORCH_RUNTIMES = ["torch", "static"]
+
+
+def runtime_backend(kind: str, model, name: str):
+    if kind == "static":
+        from adaspec.backends.static_torch import static_backend
+
+        return static_backend(model, name)
+    return TorchBackend(model, name=name)
+
+
+@pytest.fixture(params=TORCH_RUNTIMES)
+def runtime_target(request, target_model):
+    return runtime_backend(request.param, target_model, "tiny-target")
+
+
 @pytest.fixture
 def draft(draft_model):
     return TorchBackend(draft_model, name="tiny-draft")

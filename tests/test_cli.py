@@ -155,7 +155,7 @@ def test_the_old_options_are_hidden_from_help(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--help"])
     out = capsys.readouterr().out
-    assert "--weights {fastest,none,int8,int4,int8-dyn,gguf,ik}" in out
+    assert "--weights {fastest,none,int8,int4,int8-dyn,gguf,ik,static}" in out
     assert "--draft-weights" in out and "--quant" not in out
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "hi", "--quant", "int3"])  # same choices

@@ -12,6 +12,12 @@ from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 
+
+@pytest.fixture
+def target(runtime_target):
+    """Every test here runs on each torch runtime (tests/conftest.py)."""
+    return runtime_target
+
 PROMPTS = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [33]]
 
 

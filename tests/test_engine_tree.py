@@ -26,6 +26,12 @@ from .test_engine import PROMPTS, NegatedBackend, reference_greedy
 from .test_tree import cache_equals_prefill
 
 
+@pytest.fixture
+def target(runtime_target):
+    """Every test here runs on each torch runtime (tests/conftest.py)."""
+    return runtime_target
+
+
 @pytest.mark.parametrize(
     "method",
     [

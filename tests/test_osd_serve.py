@@ -69,6 +69,40 @@ def test_serve_distils_between_requests_and_answers_stay_exact(model_dirs, tmp_p
     assert saved and all(json.loads(f.read_text())["step"] >= 2 for f in saved)
 
 
+def test_requests_decoded_together_are_recorded_each_and_stay_exact(model_dirs, tmp_path):
+    """--online-distill with --max-batch: every request decoded in the batch is recorded on
+    its own slot under its own domain (the buffers fill and updates happen), and answers
+    stay the target's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from adaspec.serve.config import ServeConfig
+
+    inst = served_instance(*model_dirs)
+    plain = {p: library_text(inst, p, 10, chat=False, temperature=0.0)
+             for ps in PROMPTS.values() for p in ps}
+    cfg = OnlineConfig(interval=2, layers=1, probe_every=2, domains="field",
+                       distill=DistillConfig(steps=2), root=str(tmp_path / "adapters"),
+                       tolerance=1.0, nice=0)
+    inst.start_online(ServeConfig(method=METHOD, target=model_dirs[0], draft=model_dirs[1],
+                                  online=cfg))
+    bodies = [{"model": "tiny", "prompt": p, "max_tokens": 10, "temperature": 0,
+               "domain": domain} for domain, ps in PROMPTS.items() for p in ps] * 2
+    try:
+        with live_server(inst, max_batch=3) as base:
+            with ThreadPoolExecutor(3) as pool:
+                answers = list(pool.map(lambda b: httpx.post(
+                    base + "/v1/completions", json=b, timeout=60), bodies))
+            for b, r in zip(bodies, answers, strict=True):
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["text"] == plain[b["prompt"]]
+            wait_until(lambda: health(base)["online_distillation"]["updates"] >= 1, 120)
+            assert health(base)["max_batch"] == 3
+            assert inst.online is not None and sum(inst.online.seen.values()) == len(bodies)
+            assert set(inst.online.seen) == {"code", "prose"}
+    finally:
+        inst.close()
+
+
 def test_serve_refuses_online_distillation_without_a_torch_draft(model_dirs):
     from adaspec.errors import InputError
     from adaspec.serve.config import ServeConfig

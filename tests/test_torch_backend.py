@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaspec.backends.torch_backend import TorchBackend
+
+
+@pytest.fixture
+def target(runtime_target):
+    """Every test here runs on each torch runtime (tests/conftest.py)."""
+    return runtime_target
 
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:

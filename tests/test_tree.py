@@ -93,13 +93,21 @@ def test_flattened_tree_scores_each_node_as_its_path(target, target_model):
         torch.testing.assert_close(logits[i], expected, rtol=1e-4, atol=1e-4)
 
 
-def cache_equals_prefill(backend: TorchBackend, model, tokens: list[int]) -> None:
+def cached_kv(backend) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer the keys and values a torch runtime holds for its cached tokens."""
+    if hasattr(backend, "_layers"):  # transformers' dynamic cache
+        return [(layer.keys, layer.values) for layer in backend._layers()]
+    n = backend.cache_len  # the static runtime: the first cache_len slots
+    return [(k[:, :, :n], v[:, :, :n]) for k, v in backend._cache]
+
+
+def cache_equals_prefill(backend, model, tokens: list[int]) -> None:
     fresh = TorchBackend(model)
     fresh.prefill(torch.tensor(tokens))
     assert backend.cache_len == len(tokens)
-    for got, want in zip(backend._layers(), fresh._layers(), strict=True):
-        torch.testing.assert_close(got.keys, want.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(got.values, want.values, rtol=1e-4, atol=1e-5)
+    for got, want in zip(cached_kv(backend), cached_kv(fresh), strict=True):
+        torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("replacement", [True, False])

@@ -22,8 +22,26 @@ def test_a_builtin_model_gets_the_fastest_runtime_installed(monkeypatch, ik, lla
     import adaspec.backends.ikllama as ikllama
 
     monkeypatch.setattr(ikllama, "available", lambda: ik)
-    monkeypatch.setattr(weights, "_llama_cpp_installed", lambda: llama)
+    monkeypatch.setattr(weights, "llama_cpp_installed", lambda: llama)
     assert weights.best_weights("qwen2.5-coder-1.5b-instruct") == expected
+
+
+def test_on_a_gpu_fastest_is_torch_and_cpu_runtimes_are_refused(monkeypatch):
+    """The registry: only torch in the model's dtype runs on cuda, whatever is installed."""
+    import adaspec.backends.ikllama as ikllama
+    from adaspec.backends.runtimes import fastest_weights, runtime_for
+    from adaspec.errors import InputError
+
+    monkeypatch.setattr(ikllama, "available", lambda: True)
+    assert fastest_weights("qwen2.5-coder-1.5b-instruct", "cuda") == "static"
+    assert fastest_weights("qwen2.5-coder-1.5b-instruct", "cpu") == "ik"
+    assert runtime_for("none", "cuda").name == "torch"
+    assert runtime_for("static", "cpu").name == "torch-static"
+    assert runtime_for("ik", "cpu").name == "ik_llama.cpp"
+    for variant in ("ik", "gguf", "int8"):
+        with pytest.raises(InputError, match=f"--weights {variant} does not run on --device "
+                                             "cuda; there: static, none"):
+            runtime_for(variant, "cuda")
 
 
 def test_threads_follow_the_environment(monkeypatch):

@@ -1,13 +1,14 @@
-"""Load models as backends: the runtime `fastest` picks (backends/weights.py), torch or a
-llama.cpp runtime in a child process, several at once; their tokenizers and end-of-sequence
-ids."""
+"""Load models as backends on a device: the runtime the registry gives for the weights
+(backends/runtimes.py; `fastest` picks one), several at once; their tokenizers and
+end-of-sequence ids."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from adaspec.backends.base import ModelBackend
+from adaspec.backends.device import AUTO, CPU, resolve_device
+from adaspec.backends.runtimes import Loaded
 from adaspec.backends.weights import FASTEST
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
@@ -40,19 +41,23 @@ def load_backends(
     weights: str = FASTEST,
     draft_weights: str = FASTEST,
     sequences: int = 1,
+    device: str = AUTO,
 ) -> tuple[ModelBackend, object, ModelBackend | None, list[int]]:
     """Load the target (and draft), each with its own weights (`fastest`: the fastest runtime
     this machine has); the draft's tokenizer must match the target's. Models that run in
     child processes load at the same time. Returns (target, tokenizer, draft or None, EOS
     ids). sequences: how many sequences a multi-sequence runtime holds (a server decoding
-    requests together: its batch, plus the runtime's own)."""
+    requests together: its batch, plus the runtime's own). device: where they run
+    (backends/device.py: `auto` is a CUDA GPU where torch sees one)."""
     from adaspec.store.model_store import check_tokenizer_pair
 
-    finish_target = start_backend(target, dtype, weights, role="target", sequences=sequences)
+    device = resolve_device(device)
+    finish_target = start_backend(target, dtype, weights, role="target", sequences=sequences,
+                                  device=device)
     finish_draft = None
     if draft:
         finish_draft = start_backend(draft, dtype, draft_weights, role="draft",
-                                     tokenizer_like=target, sequences=sequences)
+                                     tokenizer_like=target, sequences=sequences, device=device)
     tgt, tokenizer, eos = finish_target()
     draft_backend = None
     if finish_draft is not None:
@@ -63,14 +68,12 @@ def load_backends(
     return tgt, tokenizer, draft_backend, eos
 
 
-Loaded = tuple[ModelBackend, object, list[int]]
-
-
 def load_backend(
-    name: str, dtype: str = "bfloat16", weights: str = FASTEST, role: str = "target"
+    name: str, dtype: str = "bfloat16", weights: str = FASTEST, role: str = "target",
+    device: str = AUTO,
 ) -> Loaded:
     """One model as a backend, with its tokenizer and EOS ids (see `start_backend`)."""
-    return start_backend(name, dtype, weights, role)()
+    return start_backend(name, dtype, weights, role, device=resolve_device(device))()
 
 
 def start_backend(
@@ -80,67 +83,42 @@ def start_backend(
     role: str = "target",
     tokenizer_like: str | None = None,
     sequences: int = 1,
+    device: str = CPU,
 ) -> Callable[[], Loaded]:
     """Start loading one model; the returned function finishes it: (backend, tokenizer, EOS
     ids). With `tokenizer_like` (another model) the tokenizer of a runtime that does not need
     one is not loaded when both carry the same tokenizer files: it comes back as None.
 
-    weights `ik` / `gguf` run the model's GGUF with ik_llama.cpp / llama.cpp (the tokenizer
-    still comes from the verified cache) in a child process of its own, started here so
-    several load at once: beside torch in one process the two thread pools slow each other
-    down about 2x, and a native abort in the child is a one-line error. `fastest` is the
-    fastest runtime installed (backends/weights.py). Otherwise it is a torch model with that
-    weight quantization; a quantized target (row-independent Linear layers) gets
-    row-invariant attention, so verifying a block scores bit-for-bit what plain decoding
-    scores. A float target's batched GEMMs are not row-invariant anyway: it keeps the faster
-    batched attention and the exactness check's tie rule, as does every draft and a model
-    with sliding-window layers (not handled by the row-invariant path)."""
-    from adaspec.backends.ikllama import IK, IkLlamaBackend, context_for, target_min_rows
-    from adaspec.backends.llamacpp import GGUF, LlamaCppBackend, gguf_backend_args
-    from adaspec.backends.weights import best_weights, check_weights, llama_threads
-    from adaspec.store.loading import same_vocabulary_files, tokenizer_dir
-    from adaspec.store.model_store import load_tokenizer
+    The runtime comes from the registry (backends/runtimes.py) by weights and device:
+    `ik` / `gguf` run the model's GGUF with ik_llama.cpp / llama.cpp in a child process of
+    its own, `fastest` is the fastest runtime installed for the device. Otherwise it is a
+    torch model with that weight quantization; a quantized target (row-independent Linear
+    layers) gets row-invariant attention, so verifying a block scores bit-for-bit what
+    plain decoding scores. A float target's batched GEMMs are not row-invariant anyway: it
+    keeps the faster batched attention and the exactness check's tie rule, as does every
+    draft and a model with sliding-window layers (not handled by the row-invariant path).
+    On `cuda` (a resolved device) only torch in the model's dtype runs."""
+    from adaspec.backends.runtimes import LoadRequest, fastest_weights, runtime_for
+    from adaspec.backends.weights import check_weights
 
     if check_weights(weights) == FASTEST:
-        weights = best_weights(name)
-    if weights in (GGUF, IK):
-        from adaspec.backends.process_backend import ProcessBackend
-
-        # fails fast (package missing, no GGUF), before a child process starts
-        args: tuple[Any, ...] = gguf_backend_args(name, llama_threads(), runtime=weights)
-        if weights == IK:  # repacked; a target's blocks decided at load (exact greedy)
-            args = (*gguf_backend_args(name, llama_threads(), context_for(sequences), IK),
-                    True, target_min_rows() if role == "target" else 1, sequences)
-        backend = ProcessBackend(IkLlamaBackend if weights == IK else LlamaCppBackend, *args,
-                                 wait=False)
-
-        def finish() -> Loaded:
-            try:
-                tokenizer = None
-                if tokenizer_like is None or not same_vocabulary_files(
-                    tokenizer_dir(name, dtype), tokenizer_dir(tokenizer_like, dtype)
-                ):
-                    tokenizer = load_tokenizer(name, dtype)
-                backend.ready()
-            except BaseException:
-                backend.close()
-                raise
-            return backend, tokenizer, eos_ids_of(None, tokenizer) if tokenizer else []
-
-        return finish
-    return lambda: _load_torch_backend(name, dtype, weights, role)
+        weights = fastest_weights(name, device)
+    runtime = runtime_for(weights, device)
+    return runtime.start(LoadRequest(name, dtype, weights, role, device, tokenizer_like,
+                                     sequences))
 
 
-def _load_torch_backend(name: str, dtype: str, quant: str, role: str) -> Loaded:
+def load_torch_backend(name: str, dtype: str, quant: str, role: str,
+                       device: str = CPU) -> Loaded:
     """A torch model with weight quantization `quant` (store/quant.py)."""
     from adaspec.backends.attention import row_invariance_supported
     from adaspec.backends.torch_backend import TorchBackend
     from adaspec.store.model_store import load_model
 
     loaded = load_model(name, dtype=dtype, quant=quant)
-    invariant = (role == "target" and loaded.quant != "none"
+    invariant = (device == CPU and role == "target" and loaded.quant != "none"
                  and row_invariance_supported(loaded.model))
-    backend = TorchBackend(loaded.model, name=loaded.name, row_invariant=invariant)
+    backend = TorchBackend(loaded.model.to(device), name=loaded.name, row_invariant=invariant)
     return backend, loaded.tokenizer, eos_ids_of(loaded.model, loaded.tokenizer)
 
 

@@ -40,6 +40,8 @@ class TorchBackend(ModelBackend):
         self.num_layers = int(cfg.num_hidden_layers)
         self.hidden_size = int(cfg.hidden_size)
         self.dtype = next(model.parameters()).dtype
+        # where the weights are (`cpu` or `cuda`): inputs go there, logits come back to the CPU
+        self.device = next(model.parameters()).device.type
         self.bytes_per_forward = self._weight_bytes_read()
         self._cache: DynamicCache | None = None
         self._len = 0
@@ -97,6 +99,9 @@ class TorchBackend(ModelBackend):
                 full = torch.ones(n, self._len + n, dtype=torch.bool)
                 full[:, self._len :] = tree_mask
             mask = full[None, None]
+        if self.device != "cpu":
+            tokens, positions = tokens.to(self.device), positions.to(self.device)
+            mask = mask.to(self.device) if mask is not None else None
         # the model may be shared with a row-invariant backend: this one's switch decides
         with nullcontext() if self.row_invariant else batched_attention():
             out = self.model(
@@ -113,8 +118,8 @@ class TorchBackend(ModelBackend):
         if hidden_layer is not None:
             if not 0 <= hidden_layer <= self.num_layers:
                 raise ValueError(f"hidden_layer must be in [0, {self.num_layers}]")
-            hidden = out.hidden_states[hidden_layer][0]
-        return ForwardOutput(logits=out.logits[0], hidden=hidden)
+            hidden = out.hidden_states[hidden_layer][0].cpu()
+        return ForwardOutput(logits=out.logits[0].cpu(), hidden=hidden)
 
     @torch.inference_mode()
     def prefill(
@@ -153,6 +158,7 @@ class TorchBackend(ModelBackend):
     def keep(self, indices: torch.Tensor) -> None:
         for layer in self._layers():
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys = layer.keys.index_select(-2, indices)
-                layer.values = layer.values.index_select(-2, indices)
+                at = indices.to(layer.keys.device)
+                layer.keys = layer.keys.index_select(-2, at)
+                layer.values = layer.values.index_select(-2, at)
         self._len = int(indices.numel())

@@ -17,13 +17,14 @@ from pathlib import Path
 
 from adaspec.backends.ikllama import IK
 from adaspec.backends.llamacpp import GGUF
+from adaspec.backends.static_torch import STATIC
 from adaspec.errors import InputError
 from adaspec.store.quant import QUANT_MODES
 
 FASTEST = "fastest"
 # What may follow a method's `@` and what --weights names besides `fastest`: torch weight
 # quantizations, or the GGUF run by llama.cpp (`gguf`) or by ik_llama.cpp (`ik`).
-WEIGHT_VARIANTS = (*QUANT_MODES, GGUF, IK)
+WEIGHT_VARIANTS = (*QUANT_MODES, GGUF, IK, STATIC)
 WEIGHTS_CHOICES = (FASTEST, *WEIGHT_VARIANTS)
 # `fastest` was called `auto` (a word now left to the method `auto`): older command lines and
 # files (a bench run.json, a DISCO dataset, a router collection) may still say it.
@@ -44,7 +45,7 @@ def check_weights(value: str) -> str:
     return value
 
 
-def _has_gguf(name: str) -> bool:
+def has_gguf(name: str) -> bool:
     from adaspec.store.catalog import model_catalog
 
     if name in model_catalog():
@@ -53,7 +54,7 @@ def _has_gguf(name: str) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 
 
-def _llama_cpp_installed() -> bool:
+def llama_cpp_installed() -> bool:
     try:
         import llama_cpp  # noqa: F401
     except Exception:
@@ -62,15 +63,11 @@ def _llama_cpp_installed() -> bool:
 
 
 def best_weights(name: str) -> str:
-    """The weights variant `fastest` resolves to for model `name`."""
-    from adaspec.backends.ikllama import available
+    """The weights variant `fastest` resolves to for model `name` on the CPU
+    (backends/runtimes.py)."""
+    from adaspec.backends.runtimes import fastest_weights
 
-    if _has_gguf(name):
-        if available():
-            return IK
-        if _llama_cpp_installed():
-            return GGUF
-    return "none"
+    return fastest_weights(name)
 
 
 def llama_threads() -> int:

@@ -117,7 +117,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         help="also report every method's end-to-end, decode and first-token ratios to this "
         "method (one of --methods; default llama-server or llamacpp when one of them runs)",
     )
-    add_model_options(p)
+    add_model_options(p, device=True)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)
     psub = p.add_subparsers(dest="bench_command", metavar="{build-peers}")
@@ -162,6 +162,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from adaspec.backends.device import resolve_device
     from adaspec.errors import InputError
     from adaspec.lab.bench.references import parse_bench_method
     from adaspec.lab.bench.runner import BenchConfig, check_out, normalize_methods
@@ -174,6 +175,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise InputError("--profile prices a --replay; to run with other costs, give the "
                          "method its own profile, e.g. auto:profile=FILE")
     opts = resolve_options(args)
+    device = resolve_device(args.device)  # a missing GPU is named before anything loads
     suites = parse_suites(opts["suite"], opts["limit"], args.limit is not None)
     methods = normalize_methods(split_method_list(opts["methods"]))
     specs = [parse_bench_method(m) for m in methods]
@@ -195,8 +197,9 @@ def run_bench(args: argparse.Namespace) -> int:
         target=args.target,
         draft=args.draft,
         dtype=args.dtype,
-        weights=resolve_weights(args.weights, args.target),
-        draft_weights=resolve_weights(args.draft_weights, args.draft),
+        weights=resolve_weights(args.weights, args.target, device),
+        draft_weights=resolve_weights(args.draft_weights, args.draft, device),
+        device=device,
         profile=args.preset,
         limit=opts["limit"],
         method_order=args.method_order,
@@ -218,11 +221,13 @@ def run_bench(args: argparse.Namespace) -> int:
     return _run(config, prompts, needs_draft, progress=not args.no_progress)
 
 
-def resolve_weights(weights: str, model: str | None) -> str:
-    """`fastest` as the concrete weights it stands for, so the results record what ran."""
-    from adaspec.backends.weights import FASTEST, best_weights
+def resolve_weights(weights: str, model: str | None, device: str = "cpu") -> str:
+    """`fastest` as the concrete weights it stands for on `device`, so the results record
+    what ran (torch in the model's dtype on a GPU)."""
+    from adaspec.backends.runtimes import fastest_weights
+    from adaspec.backends.weights import FASTEST
 
-    return best_weights(model) if weights == FASTEST and model else weights
+    return fastest_weights(model, device) if weights == FASTEST and model else weights
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -275,12 +280,12 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
     t0 = time.perf_counter()
     target, tokenizer, draft, eos = load_backends(
         config.target, config.draft if needs_draft else None, config.dtype, config.weights,
-        config.draft_weights,
+        config.draft_weights, device=config.device,
     )
 
     def load_variant(role: str, weights: str) -> ModelBackend:
         name = config.target if role == "target" else config.draft
-        return load_backend(name, config.dtype, weights, role=role)[0]
+        return load_backend(name, config.dtype, weights, role=role, device=config.device)[0]
     load_s = time.perf_counter() - t0
     say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
     machine = describe_machine()

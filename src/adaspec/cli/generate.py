@@ -23,7 +23,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_METHOD,
         help=f"decoding method (default {DEFAULT_METHOD}; see `adaspec methods`)",
     )
-    add_model_options(p)
+    add_model_options(p, device=True)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -44,6 +44,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from adaspec.backends.device import resolve_device
     from adaspec.engine.loop import GenerationResult, StreamChunk
     from adaspec.errors import InputError
     from adaspec.methods.build import load_engine
@@ -54,8 +55,10 @@ def run_generate(args: argparse.Namespace) -> int:
     _check_method(args.method)
     if not args.prompt.strip():
         raise InputError("prompt is empty: give some text to continue")
+    resolve_device(args.device)  # a missing GPU is named before any model loads
     engine = load_engine(
-        args.method, args.target, args.draft, args.dtype, args.weights, args.draft_weights
+        args.method, args.target, args.draft, args.dtype, args.weights, args.draft_weights,
+        args.device,
     )
     result: GenerationResult | None = None
     for item in engine.stream(

@@ -8,15 +8,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from adaspec.backends.device import AUTO, DEVICES
 from adaspec.backends.weights import FASTEST, OLD_FASTEST, WEIGHTS_CHOICES
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.store.loading import DTYPES
 
 WEIGHTS_HELP = (
-    "weights: fastest (default: the fastest this machine has, ik > gguf > none), none (bf16 "
-    "torch), int8 / int4 weight-only, int8-dyn (int8 weights and per-token int8 "
-    "activations), gguf (the model's GGUF run by llama.cpp, chains only; the llamacpp "
-    "extra) or ik (the GGUF run by ik_llama.cpp with repacked weights, chains only)"
+    "weights: fastest (default: the fastest for the device: ik > gguf > none on a CPU, static "
+    "on a GPU), none (bf16 torch), static (bf16, adaspec's static-KV-cache torch runtime), "
+    "int8 / int4 weight-only, int8-dyn (int8 weights and per-token int8 activations), gguf "
+    "(the model's GGUF run by llama.cpp, chains only; the llamacpp extra) or ik (the GGUF run "
+    "by ik_llama.cpp with repacked weights, chains only)"
 )
 # The options' names before issue 32 (they named the runtime too, not only a quantization):
 # still accepted, hidden from --help, with a one-line note.
@@ -48,6 +50,7 @@ def add_model_options(
     weights: bool = True,
     default_from: str | None = None,
     default_weights: str = FASTEST,
+    device: bool = False,
 ) -> None:
     """--target, --draft, --dtype, --weights and --draft-weights, defined once for every
     command.
@@ -57,7 +60,8 @@ def add_model_options(
     default to None, meaning that pair; weights=False leaves out --weights / --draft-weights
     for commands that take the weights from such a file too. default_weights: the weights
     when --weights is not given (`fastest`: the fastest this machine has). The old names
-    --quant / --draft-quant set the same values (hidden, with a one-line note)."""
+    --quant / --draft-quant set the same values (hidden, with a one-line note).
+    device=True adds --device (where the models run: auto, cpu or cuda)."""
     where = "built-in model name, HF model directory or .gguf path"
     defaults: tuple[str | None, str | None]
     if default_from is None:
@@ -80,3 +84,7 @@ def add_model_options(
             old = next(o for o, new in OLD_OPTIONS.items() if new == flag)
             p.add_argument(old, dest=dest, type=weights_value, choices=WEIGHTS_CHOICES,
                            action=_OldOption, help=argparse.SUPPRESS)
+    if device:
+        p.add_argument("--device", default=AUTO, choices=list(DEVICES),
+                       help="where the models run: auto (default: a CUDA GPU when torch sees "
+                            "one, else the CPU), cpu, or cuda (torch weights on the GPU)")

@@ -20,7 +20,7 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "$ADASPEC_HOME/profiles and reused by every cost-aware decision. `show` prints them.",
     )
     psub = p.add_subparsers(dest="profile_command")
-    add_model_options(p)
+    add_model_options(p, device=True)
     p.add_argument("--no-draft", action="store_true", help="profile the target alone")
     p.add_argument("--force", action="store_true", help="measure again even if cached")
     p.add_argument("--out", default=None, help="also write the profile to this JSON file")
@@ -39,7 +39,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     target, tokenizer, draft, _ = load_backends(
         args.target, None if args.no_draft else args.draft, args.dtype, args.weights,
-        args.draft_weights,
+        args.draft_weights, device=args.device,
     )
     profile = profile_for(target, draft, tokenizer, remeasure=args.force, quiet=True,
                           loop_overhead=loop_overhead_ms)

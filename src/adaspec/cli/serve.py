@@ -24,7 +24,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", default=DEFAULT_METHOD,
                    help=f"default decoding method (default {DEFAULT_METHOD}; a request's "
                         "`method` field overrides it; see `adaspec methods`)")
-    add_model_options(p)
+    add_model_options(p, device=True)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
@@ -125,15 +125,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ray and importlib.util.find_spec("ray") is None:
         raise InputError("--ray needs Ray Serve: pip install -e '.[ray]'")
 
+    from adaspec.backends.device import resolve_device
     from adaspec.serve.config import ServeConfig
 
+    resolve_device(args.device)  # a missing GPU is named before any model loads
     online = None
     if args.online_distill:
         if args.ray:
             raise InputError("--online-distill runs in one server process; drop --ray")
-        if args.max_batch > 1:
-            raise InputError("--online-distill records one request at a time; drop "
-                             "--max-batch (or give 1)")
         from adaspec.online.options import online_config
 
         online = online_config(args)
@@ -144,7 +143,8 @@ def run_serve(args: argparse.Namespace) -> int:
               f"(--api-key or ${API_KEY_ENV})", file=sys.stderr)
     config = ServeConfig(
         method=args.method, target=args.target, draft=args.draft, dtype=args.dtype,
-        weights=args.weights, draft_weights=args.draft_weights, host=args.host, port=args.port,
+        weights=args.weights, draft_weights=args.draft_weights, device=args.device,
+        host=args.host, port=args.port,
         max_queue=args.max_queue, max_batch=args.max_batch, timeout=args.timeout,
         api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,

@@ -47,12 +47,18 @@ def describe_backend(backend: ModelBackend) -> dict:
 
 
 def profile_key(target: ModelBackend, draft: ModelBackend | None) -> dict:
-    return {
+    key = {
         "cpu": cpu_model(),
         "threads": llama_threads(),
         "target": describe_backend(target),
         "draft": describe_backend(draft) if draft is not None else None,
     }
+    device = getattr(target, "device", "cpu")
+    if device != "cpu":  # a CPU profile's key stays as before the device axis
+        from adaspec.backends.device import device_name
+
+        key["device"] = device_name(device)
+    return key
 
 
 def profiles_dir() -> Path:

@@ -2,9 +2,9 @@
 
 Sub-model e is layers [0, exits[e]) followed by the shared final norm and output head, so
 the smallest exit is a prefix of every larger one (Kavehzadeh et al., "S2D: Sorted
-Speculative Decoding"). The decoder is written out here, not borrowed from transformers,
-because drafting needs what a stock KV cache cannot give: per-segment caches that run at
-different depths (`ExitState`).
+Speculative Decoding"). The decoder is adaspec's own (backends/decoder.py), not
+transformers', because drafting needs what a stock KV cache cannot give: per-segment caches
+that run at different depths (`ExitState`).
 
 The head may keep only a token subset (the rows of `token_ids`): each exit check reads
 N x hidden head weights instead of vocab x hidden, and logits come back over the full
@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from adaspec.backends.decoder import DecoderLayer, RMSNorm, rope
 
 
 @dataclass(frozen=True)
@@ -73,97 +74,6 @@ class SortedConfig:
             rope_theta=float(theta),
             exits=tuple(exits),
         )
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n, head_dim] for absolute positions (the rotate-half convention)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[:, None] * inv[None]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: SortedConfig) -> None:
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=True)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=True)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=True)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x [b, n, hidden]; past: keys/values [b, kv_heads, L, d] of earlier positions.
-        The new tokens see the whole past and each other causally."""
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if past is not None and past[0].shape[-2]:
-            k = torch.cat((past[0], k), dim=-2)
-            v = torch.cat((past[1], v), dim=-2)
-        total = k.shape[-2]
-        gqa = self.heads != self.kv_heads  # grouped heads read shared keys, not copies
-        if n == 1:
-            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-        elif total == n:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
-        return self.o_proj(out), (k, v)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: SortedConfig) -> None:
-        super().__init__()
-        h, m = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, m, bias=False)
-        self.up_proj = nn.Linear(h, m, bias=False)
-        self.down_proj = nn.Linear(m, h, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    """One Qwen2 decoder layer; parameter names match transformers' checkpoints."""
-
-    def __init__(self, cfg: SortedConfig) -> None:
-        super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, past=None):
-        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, past)
-        x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
 class SortedDraftLM(nn.Module):

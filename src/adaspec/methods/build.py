@@ -47,14 +47,16 @@ def load_engine(
     dtype: str = "bfloat16",
     weights: str = FASTEST,
     draft_weights: str = FASTEST,
+    device: str = "auto",
 ) -> TextGenerator:
     """Load the models a method needs (from the verified cache, with the weights asked for:
-    `fastest`, a torch quantization or a llama.cpp runtime) and build its engine."""
+    `fastest`, a torch quantization or a llama.cpp runtime, on `device`) and build its
+    engine."""
     spec = parse_method(method)
     if spec.needs_draft_model() and draft is None:
         raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
     tgt, tokenizer, drf, eos = load_backends(  # a method's own `@int8/int4` wins
         target, draft if spec.needs_draft_model() else None, dtype, spec.weights or weights,
-        spec.draft_weights or draft_weights,
+        spec.draft_weights or draft_weights, device=device,
     )
     return build_engine(spec, tgt, tokenizer, drf, eos_token_ids=eos)

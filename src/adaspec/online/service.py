@@ -123,14 +123,18 @@ class OnlineDistiller:
     # ------------------------------------------------------------ the engine
     def attach(self, engine) -> None:
         """Record this engine's requests (a draft-model chain engine on this draft)."""
+        self.check_engine(engine)
+        engine.recorder = self.recorder
+        self._engine = engine
+
+    def check_engine(self, engine) -> None:
+        """InputError unless `engine` drafts with the draft model distilled here."""
         drafter = getattr(engine, "drafter", None)
         backend = getattr(drafter, "backend", None)
         if getattr(backend, "model", None) is not self.model:
             raise InputError("online distillation needs the default method to draft with the "
                              "torch draft model (for example --method draft:k=3 with "
                              "--draft-weights int8)")
-        engine.recorder = self.recorder
-        self._engine = engine
 
     # ------------------------------------------------------------ per request
     def domain(self, requested: str | None, prompt_ids: list[int]) -> str:

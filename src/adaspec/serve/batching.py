@@ -7,6 +7,11 @@ for their prompt and token budget (else they wait); a long prompt prefills in ch
 rounds. Cancellation (the client left) and deadlines are checked every round: the request
 stops there and its slot is free for the next one. The queue, 429, timeouts and the
 SIGTERM drain are the FIFO scheduler's (`serve/scheduler.py`).
+
+With online distillation each slot records its own request (a recorder per slot, taken
+when the request ends, under the request's domain). The draft's tensors are one for all
+slots: a request switches them to its domain's draft only when no running request has
+another domain (else it drafts with the one in use; its record still trains its domain).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class _Running:
     engine: TextGenerator
     pieces: TokenPieces | None
     reserved: int  # KV entries it may come to hold
+    domain: str | None = None  # online distillation: the domain its record trains
 
 
 class BatchScheduler(Scheduler):
@@ -53,6 +59,7 @@ class BatchScheduler(Scheduler):
         self.decoder = BatchDecoder()
         self._running: dict[str, _Running] = {}
         self._free = list(range(max_batch))
+        self._recorders: dict[int, Any] = {}  # online distillation: a Recorder per slot
 
     @property
     def busy(self) -> bool:
@@ -78,9 +85,12 @@ class BatchScheduler(Scheduler):
         if self.priced:
             self._measure_cost()
         while True:
+            online = self.instance.online
             with self._cond:
                 while not self._waiting and not self._running and not self._stopping:
-                    self._cond.wait()
+                    # with online distillation an idle worker takes finished updates
+                    if not self._cond.wait(timeout=1.0 if online is not None else None):
+                        self._collect(online)
                 if self._stopping:
                     for running in list(self._running.values()):
                         self.decoder.drop(running.job.id)
@@ -105,6 +115,13 @@ class BatchScheduler(Scheduler):
                 member = self._running.get(str(key))
                 if member is not None:
                     self._deliver(member, item)
+
+    @staticmethod
+    def _collect(online: Any) -> None:
+        try:
+            online.collect()
+        except Exception:  # distillation never stops serving
+            log.exception("online distillation: collecting updates failed")
 
     def _measure_cost(self) -> None:
         from adaspec.cost.batch import batch_cost_for
@@ -162,6 +179,7 @@ class BatchScheduler(Scheduler):
             return
         try:
             running.engine = self.instance.slot_engine(job.method, slot)
+            self._start_recording(running, slot)
             steps = running.engine.stream_steps(job.prompt_ids, job.max_tokens, job.sampling,
                                                 job.stop, chat=False)
         except AdaspecError as exc:  # a method its parts cannot be built for, a bad input
@@ -169,6 +187,46 @@ class BatchScheduler(Scheduler):
             return
         running.pieces = TokenPieces(self.instance.tokenizer) if job.token_sources else None
         self.decoder.add(job.id, steps)
+
+    def _start_recording(self, running: _Running, slot: int) -> None:
+        """Online distillation of a default-method request: this slot's recorder on its
+        engine, the request's domain chosen, the draft switched to it where no running
+        request has another domain (`OnlineDistiller.before_request`)."""
+        online = self.instance.online
+        engine: Any = running.engine
+        if online is None or running.job.method != self.instance.default_method:
+            if online is not None:
+                engine.recorder = None
+            return
+        from adaspec.online.record import Recorder
+
+        try:
+            online.check_engine(engine)  # it drafts with the distilled draft
+            recorder = self._recorders.get(slot)
+            if recorder is None:
+                recorder = self._recorders[slot] = Recorder(online.cfg.top_k,
+                                                            online.cfg.record)
+            engine.recorder = recorder
+            running.domain = online.domain(running.job.domain, running.job.prompt_ids)
+            others = {r.domain for r in self._running.values()
+                      if r is not running and r.domain is not None}
+            if others <= {running.domain}:
+                online.before_request(running.domain)
+        except Exception:  # distillation never fails a request: serve the current draft
+            log.exception("online distillation: starting the record failed")
+            engine.recorder = None
+            running.domain = None
+
+    def _record_slot(self, running: _Running, result: GenerationResult) -> None:
+        online = self.instance.online
+        recorder = getattr(running.engine, "recorder", None)
+        if online is None or running.domain is None or recorder is None:
+            return
+        try:
+            online.after_request(recorder.take(result.token_ids, running.domain,
+                                               result.stats.drafted, result.stats.accepted))
+        except Exception:  # distillation never fails a request
+            log.exception("online distillation: recording the request failed")
 
     def _check_running(self) -> None:
         now = time.monotonic()
@@ -192,6 +250,7 @@ class BatchScheduler(Scheduler):
                     else None
                 job.put(Event(CHUNK, chunk=item, pieces=cut))
         elif isinstance(item, GenerationResult):
+            self._record_slot(running, item)
             self._finished(job, item)
             self._learn(running.engine)
             self._finish(running)

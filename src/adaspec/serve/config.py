@@ -21,6 +21,7 @@ class ServeConfig:
     dtype: str = "bfloat16"
     weights: str = FASTEST  # `fastest`, a torch quantization or a llama.cpp runtime
     draft_weights: str = FASTEST
+    device: str = "auto"  # backends/device.py: where the models run
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int = 16  # requests waiting behind the ones being decoded; more get 429

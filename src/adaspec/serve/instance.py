@@ -71,6 +71,7 @@ class ModelInstance:
             config.dtype, spec.weights or config.weights,
             spec.draft_weights or config.draft_weights,
             sequences=config.max_batch + 1 if config.max_batch > 1 else 1,
+            device=config.device,
         )
         try:
             history = ServedHistory.open(config.history, target, tokenizer,

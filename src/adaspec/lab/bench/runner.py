@@ -95,6 +95,7 @@ class BenchConfig:
     dtype: str = ""
     weights: str = "none"  # backends/weights.py: a torch quantization or a llama.cpp runtime
     draft_weights: str = "none"
+    device: str = "cpu"  # backends/device.py: where the models run (a resolved device)
     profile: str | None = None
     limit: int | None = None
     # "rotate": each (prompt, repeat) starts the method list one further along, so an effect

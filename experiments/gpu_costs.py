@@ -1,0 +1,163 @@
+"""What a pass costs on a GPU (issue 34), measured without weights: random-init models of the
+real shapes (the built-in 1.5B target and 0.5B draft), bf16, on adaspec's static-cache
+runtime and on transformers. Writes small summaries (gpu_costs.json / gpu_costs.md) to --out
+(the device tool's $OUT):
+
+- a pass of n = 1..64 tokens after a 512-token cache (the verification curve), per runtime;
+- plain decoding ms/token of Hugging Face `generate` (static cache, greedy);
+- the physical floor: weight bytes a pass reads over the measured device copy bandwidth.
+
+On the device machine (nothing to install: torch and transformers are there):
+
+    PYTHONPATH=src python experiments/gpu_costs.py --out $OUT
+
+`--device cpu --tiny` runs the same code on small shapes (a smoke test on any machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+# The built-in models' shapes (their config.json in the model store).
+SHAPES = {
+    "qwen2.5-coder-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                               num_attention_heads=12, num_key_value_heads=2),
+    "qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                               num_attention_heads=14, num_key_value_heads=2),
+}
+TINY = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2)}
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, reps: int) -> float:
+    """Median ms of `fn()` over `reps` runs after one warm-up."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: str, mib: int) -> float:
+    """GB/s of a device-to-device copy (bytes read + written)."""
+    a = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    ms = timed(lambda: b.copy_(a), device, 10)
+    return 2 * a.numel() / (ms / 1000) / 1e9
+
+
+def model_of(shape: dict, vocab: int, device: str, dtype: torch.dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab, max_position_embeddings=4096, rope_theta=1e6,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, **shape)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(dtype).eval()
+    return model
+
+
+def curve(backend, device: str, reps: int, context: int) -> dict[int, float]:
+    """ms of a pass of n tokens after `context` cached ones (rolled back after each)."""
+    backend.reset()
+    backend.prefill(torch.randint(0, 1000, (context,)))
+    out = {}
+    for n in SIZES:
+        tokens = torch.randint(0, 1000, (n,))
+
+        def one(tokens=tokens) -> None:
+            backend.forward(tokens)
+            backend.truncate(context)
+
+        out[n] = timed(one, device, reps)
+    return out
+
+
+def hf_generate_ms(model, device: str, tokens: int) -> float:
+    """ms per token of transformers' greedy `generate` with a static cache."""
+    prompt = torch.randint(0, 1000, (1, 64), device=device)
+    kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                  pad_token_id=0, cache_implementation="static")
+    model.generate(prompt, **kwargs)  # warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    model.generate(prompt, **kwargs)
+    sync(device)
+    return 1000 * (time.perf_counter() - t0) / tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--generate-tokens", type=int, default=128)
+    ap.add_argument("--out", default="experiments/results/gpu-costs")
+    args = ap.parse_args()
+
+    from adaspec.backends.static_torch import static_backend
+    from adaspec.backends.torch_backend import TorchBackend
+
+    device, dtype = args.device, torch.bfloat16
+    shapes, vocab = (TINY, 1000) if args.tiny else (SHAPES, 151_936)
+    machine = (torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
+    bandwidth = copy_bandwidth(device, 64 if args.tiny else 1024)
+    record: dict = {"machine": machine, "torch": torch.__version__, "dtype": "bfloat16",
+                    "copy_gbs": round(bandwidth, 1), "context": args.context, "models": {},
+                    "command": "PYTHONPATH=src python experiments/gpu_costs.py "
+                               + ("--tiny --device cpu" if args.tiny else "--out $OUT"),
+                    "note": "random-init weights of the real shapes: costs, not outputs"}
+    for name, shape in shapes.items():
+        model = model_of(shape, vocab, device, dtype)
+        static = static_backend(model, name, device, max_context=args.context + 128)
+        floor = static.bytes_per_forward / (bandwidth * 1e9) * 1000
+        row = {"weight_bytes": static.bytes_per_forward, "floor_ms": round(floor, 3),
+               "static_ms": {n: round(v, 3) for n, v in
+                             curve(static, device, args.reps, args.context).items()}}
+        del static
+        hf = TorchBackend(model, name)
+        row["transformers_ms"] = {n: round(v, 3) for n, v in
+                                  curve(hf, device, args.reps, args.context).items()}
+        del hf
+        row["hf_generate_ms_per_token"] = round(
+            hf_generate_ms(model, device, args.generate_tokens), 3)
+        row["static_1_over_floor"] = round(row["static_ms"][1] / floor, 2)
+        record["models"][name] = row
+        print(name, json.dumps(row))
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_costs.json").write_text(json.dumps(record, indent=2))
+    lines = [f"# Pass costs on {machine} (bf16, random-init weights of the real shapes)", "",
+             f"Copy bandwidth {record['copy_gbs']} GB/s; cache {args.context} tokens; "
+             f"`{record['command']}`", "",
+             "| model | floor ms | static n=1 | n=8 | n=64 | transformers n=1 | n=8 | "
+             "HF generate ms/token |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in record["models"].items():
+        s, t = r["static_ms"], r["transformers_ms"]
+        lines.append(f"| {name} | {r['floor_ms']} | {s[1]} | {s[8]} | {s[64]} | {t[1]} | "
+                     f"{t[8]} | {r['hf_generate_ms_per_token']} |")
+    (out / "gpu_costs.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

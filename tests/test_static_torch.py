@@ -1,0 +1,106 @@
+"""The static-cache torch runtime (`--weights static`, backends/static_torch.py) on tiny
+models: Hugging Face's greedy `generate` on the same weights, the transformers runtime's
+logits for prompts, chains and trees with rollbacks after every kind of step, loading
+through the runtime registry, and clear errors for what it does not run. (The engine's
+exactness tests and the backend tests run on it too: tests/conftest.py `runtime_target`.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.backends.static_torch import DecoderConfig, static_backend
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.errors import InputError
+from adaspec.methods.build import build_engine
+
+from .conftest import tiny_model
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a.float(), b.float(), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_greedy_is_hugging_face_generate(tie):
+    model = tiny_model(seed=3, tie=tie, random_norms=True)
+    prompt = [5, 9, 2, 33, 17, 8]
+    want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    engine = build_engine("ar", static_backend(model, "tiny"), None, None, eos_token_ids=[])
+    assert engine.generate(prompt, 24).token_ids == want
+    spec = build_engine("draft:tree=2x2x1", static_backend(model, "tiny"), None,
+                        TorchBackend(tiny_model(seed=4, layers=1), "draft"), eos_token_ids=[])
+    assert spec.generate(prompt, 24).token_ids == want
+
+
+def test_logits_match_the_transformers_runtime_through_rollbacks():
+    model = tiny_model(seed=5, random_norms=True)
+    ref, new = TorchBackend(model, "ref"), static_backend(model, "new")
+    prompt = torch.tensor([3, 14, 15, 9, 26, 5, 35])
+    close(new.prefill(prompt).logits, ref.prefill(prompt).logits)
+    chain = torch.tensor([8, 9, 7])
+    close(new.forward(chain).logits, ref.forward(chain).logits)
+    for b in (new, ref):
+        b.truncate(8)  # a chain's rollback
+    # a tree: root 1 with children 2 and 3, child 4 under 2
+    tokens = torch.tensor([11, 12, 13, 14])
+    parents = [-1, 0, 0, 1]
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        while p >= 0:
+            mask[i, p] = True
+            p = parents[p]
+    positions = torch.tensor([8, 9, 9, 10])
+    close(new.forward(tokens, positions, mask).logits, ref.forward(tokens, positions, mask)
+          .logits)
+    keep = torch.tensor([*range(8), 8, 9, 11])  # the accepted path: root, child 2, child 4
+    for b in (new, ref):
+        b.keep(keep)
+    assert new.cache_len == ref.cache_len == 11
+    nxt = torch.tensor([21, 22])
+    close(new.forward(nxt).logits, ref.forward(nxt).logits)
+    hidden_new = new.prefill(prompt, hidden_layer=2).hidden
+    hidden_ref = ref.prefill(prompt, hidden_layer=2).hidden
+    assert hidden_new is not None and hidden_ref is not None
+    close(hidden_new, hidden_ref)
+
+
+def test_prefill_keeps_a_shared_prefix():
+    model = tiny_model(seed=6)
+    new = static_backend(model, "new")
+    ref = TorchBackend(model, "ref")
+    first = torch.tensor([4, 5, 6, 7, 8])
+    new.prefill(first)
+    second = torch.tensor([4, 5, 6, 9, 10, 11])
+    out = new.prefill(second, reuse=3)
+    close(out.logits, ref.prefill(second).logits)
+    assert new.cache_len == len(second)
+
+
+def test_loads_through_the_registry(model_dirs):
+    from adaspec.backends.load import load_backend
+
+    target, _ = model_dirs
+    static, tokenizer, eos = load_backend(target, "float32", "static", device="cpu")
+    plain, _, _ = load_backend(target, "float32", "none", device="cpu")
+    assert static.kind == "torch-static" and eos
+    prompt = tokenizer("def add(a, b):")["input_ids"]
+    want = build_engine("ar", plain, tokenizer, None, eos_token_ids=eos).generate(prompt, 16)
+    got = build_engine("ar", static, tokenizer, None, eos_token_ids=eos).generate(prompt, 16)
+    assert got.token_ids == want.token_ids
+
+
+def test_clear_errors():
+    model = tiny_model(seed=7, context=16)
+    backend = static_backend(model, "tiny")
+    assert backend.max_context == 16
+    with pytest.raises(InputError, match="context too long for the static runtime"):
+        backend.prefill(torch.arange(1, 20))
+    with pytest.raises(InputError, match="empty prompt"):
+        backend.prefill(torch.tensor([], dtype=torch.long))
+    cfg = model.config
+    cfg.model_type = "gpt2"
+    with pytest.raises(InputError, match="runs qwen2 and llama models, not 'gpt2'"):
+        DecoderConfig.from_hf(cfg)
