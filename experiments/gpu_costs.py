@@ -54,14 +54,6 @@ def timed(fn, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(device: str, mib: int) -> float:
-    """GB/s of a device-to-device copy (bytes read + written)."""
-    a = torch.empty(mib << 20, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    ms = timed(lambda: b.copy_(a), device, 10)
-    return 2 * a.numel() / (ms / 1000) / 1e9
-
-
 def model_of(shape: dict, vocab: int, device: str, dtype: torch.dtype):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -113,11 +105,12 @@ def main() -> None:
 
     from adaspec.backends.static_torch import static_backend
     from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.cost.measure import copy_bandwidth_gbs
 
     device, dtype = args.device, torch.bfloat16
     shapes, vocab = (TINY, 1000) if args.tiny else (SHAPES, 151_936)
     machine = (torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
-    bandwidth = copy_bandwidth(device, 64 if args.tiny else 1024)
+    bandwidth = copy_bandwidth_gbs(64 if args.tiny else 1024, 10, device)
     record: dict = {"machine": machine, "torch": torch.__version__, "dtype": "bfloat16",
                     "copy_gbs": round(bandwidth, 1), "context": args.context, "models": {},
                     "command": "PYTHONPATH=src python experiments/gpu_costs.py "

@@ -104,3 +104,18 @@ def test_clear_errors():
     cfg.model_type = "gpt2"
     with pytest.raises(InputError, match="runs qwen2 and llama models, not 'gpt2'"):
         DecoderConfig.from_hf(cfg)
+
+
+def test_a_cost_profile_measures_on_it(tokenizer):
+    """`adaspec profile` on the static runtime (what `--device cuda` runs): its curves, its
+    floor's bandwidth measured in its device's memory, its own profile key."""
+    from adaspec.cost.cache import profile_key
+    from adaspec.cost.measure import measure_profile
+    from adaspec.engine.overhead import loop_overhead_ms
+
+    target = static_backend(tiny_model(seed=8, vocab=len(tokenizer)), "tiny-static")
+    profile = measure_profile(target, None, tokenizer, sizes=[1, 2, 4], contexts=[16, 48],
+                              repeats=1, progress=False, loop_overhead=loop_overhead_ms)
+    assert profile.target(1) > 0 and profile.bandwidth_gbs > 0
+    assert profile_key(target, None)["target"]["kind"] == "torch-static"
+    assert "device" not in profile_key(target, None)  # a CPU profile's key as before

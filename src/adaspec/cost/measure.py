@@ -70,15 +70,20 @@ def _time_curve(
     return Curve(list(sizes), list(contexts), ms), prefill_rate
 
 
-def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 3) -> float:
-    """GB/s (bytes read + written) of a large float32 copy, best of `repeats`."""
-    src = torch.ones(megabytes * (1 << 20) // 4)
+def copy_bandwidth_gbs(megabytes: int = 256, repeats: int = 3, device: str = "cpu") -> float:
+    """GB/s (bytes read + written) of a large float32 copy in `device`'s memory (a GPU's
+    own for `cuda`), best of `repeats`: what a pass's weight reads are held against."""
+    src = torch.ones(megabytes * (1 << 20) // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
     best = float("inf")
     for _ in range(repeats):
+        if device != "cpu":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         dst.copy_(src)
+        if device != "cpu":
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return 2 * src.numel() * 4 / best / 1e9
 
@@ -186,7 +191,8 @@ def measure_profile(
         bar.update(OVERHEAD_TOKENS)
     finally:
         bar.close()
-    bandwidth = copy_bandwidth_gbs()
+    device = getattr(target, "device", "cpu")  # the floor of a GPU runtime is its memory's
+    bandwidth = copy_bandwidth_gbs(1024 if device != "cpu" else 256, device=device)
     return CostProfile(
         target=target_curve,
         draft=draft_curve,
