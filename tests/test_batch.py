@@ -283,3 +283,32 @@ def test_a_shared_generator_is_caught(pair, monkeypatch):
 
 def test_module_names_its_default_prefill_budget():
     assert batch_mod.PREFILL_TOKENS >= 1
+
+
+def test_drafts_go_first_to_the_request_with_the_most_left():
+    """The pricing weighs a request's drafted tokens by its token budget left over the most
+    any request has left: of two equally good drafts, where the call's slack pays for one
+    only, the request with more to go keeps its draft (the batch finishes when it does)."""
+    from adaspec.core.proposal import Proposal
+    from adaspec.engine.batch import RoundStats, _Member
+    from adaspec.engine.loop import TargetCall
+
+    def member(key: str, remaining: int) -> _Member:
+        proposal = Proposal.chain(7, [1, 2, 3], accept=[0.9, 0.9, 0.9])
+        tokens, positions, mask = proposal.target_inputs(0)
+        call = TargetCall(None, tokens, positions, mask,  # type: ignore[arg-type]
+                          proposal=proposal, root=0, remaining=remaining)
+        return _Member(key, iter(()), call)
+
+    def cost(tokens: int, sequences: int) -> float:
+        return 10.0 * sequences + 5.0 * max(0, tokens - sequences)
+
+    short, long_ = member("short", 5), member("long", 100)
+    decoder = BatchDecoder(cost)
+    stats = RoundStats()
+    decoder._price([short, long_], 0, 0, stats)
+    assert stats.lengths == [0, 3]  # the request with 5 tokens to go verifies no draft
+    even = [member("a", 100), member("b", 100)]
+    stats = RoundStats()
+    decoder._price(even, 0, 0, stats)
+    assert stats.lengths == [3, 3]

@@ -7,7 +7,8 @@ the target calls it needs. A round
   2. gives each waiting prompt a chunk of its prefill (at most `prefill_tokens` a round in
      all), so a long prompt never holds the others up for more than a chunk;
   3. cuts the drafts to what pays over the whole batch (`choose_lengths`): the call's slack
-     goes to more requests or to longer drafts, whichever gives more expected tokens per ms;
+     goes to more requests or to longer drafts, whichever gives more expected tokens per ms,
+     a request's drafted tokens weighed by its budget left (`_weight`);
   4. scores everything in one call of the runtime (`backends/sequences.forward_together`);
      each request verifies on its own rows in its next round.
 A request that fails is dropped with its error; the others go on.
@@ -86,6 +87,15 @@ def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
             nxt = gain * a[level + 1]
             heapq.heappush(heap, (-nxt, i, level + 1, nxt))
     return best_lengths
+
+
+def _weight(call: TargetCall, calls: list[TargetCall]) -> float:
+    """What a request's accepted drafted tokens are worth to the batch: its token budget
+    left over the most any request in the round has left. A draft shortens its own request
+    only, while every request pays for the call's extra rows; the requests decoded
+    together finish when the one with the most left does, so drafts go first to it."""
+    top = max(c.remaining for c in calls)
+    return call.remaining / top if top > 0 else 1.0
 
 
 def _batchable(call: TargetCall | None) -> bool:
@@ -243,7 +253,9 @@ class BatchDecoder:
                 accepts.append(None)
                 fixed += depth
             else:
-                accepts.append(list(proposal.accept or [0.5] * depth))
+                levels = list(proposal.accept or [0.5] * depth)
+                levels[0] *= _weight(call, calls)  # every level's gain scales with it
+                accepts.append(levels)
         if self.cost is not None and calls:
             cost = self.cost
             lengths = choose_lengths(accepts, fixed,

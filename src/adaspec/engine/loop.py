@@ -76,6 +76,7 @@ class TargetCall:
     root: int = 0  # a step's: cache index and position of the root
     fixed: bool = False  # a step whose draft may not be cut (its random draws depend on it)
     out: ForwardOutput | None = None
+    remaining: int = 0  # a step's: tokens its request may still emit (its budget left)
 
     def run(self) -> ForwardOutput:
         if self.prompt_reuse is not None:
@@ -365,7 +366,8 @@ class Engine(TextGenerator):
                 self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
             )
             step_tokens, step_sources, rows = yield from self._step(
-                context, k, sampling, generator, verifier, stats, keep_rows=want_logprobs
+                context, k, sampling, generator, verifier, stats, keep_rows=want_logprobs,
+                remaining=remaining,
             )
             if rows is not None:
                 step_logprobs = token_logprobs(rows, step_tokens, sampling)
@@ -391,6 +393,7 @@ class Engine(TextGenerator):
         verifier: Verifier,
         stats: RequestStats,
         keep_rows: bool = False,
+        remaining: int = 0,
     ) -> Generator[TargetCall, None, tuple[list[int], list[str], torch.Tensor | None]]:
         """Propose at most k levels below the last token, score root + proposal in one target
         pass, verify, roll both caches back to the accepted path; the accepted tokens, how
@@ -413,7 +416,8 @@ class Engine(TextGenerator):
             proposal.accept = [_chain_rate(stats)] * proposal.depth
         tokens, positions, mask = proposal.target_inputs(root)
         call = TargetCall(self.target, tokens, positions, mask, proposal=proposal, root=root,
-                          fixed=not sampling.greedy and sampling.seed is not None)
+                          fixed=not sampling.greedy and sampling.seed is not None,
+                          remaining=remaining)
         t0 = time.perf_counter()
         yield call
         assert call.out is not None and call.proposal is not None
