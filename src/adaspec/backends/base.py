@@ -108,6 +108,12 @@ class ModelBackend(ABC):
         """Keep only the cached tokens at `indices` (ascending), e.g. an accepted tree path."""
 
 
+def reusable_prefix(held: list[int], ids: list[int], reuse: int) -> int:
+    """How many leading tokens of prompt `ids` a cache holding `held` may keep: what both
+    share, up to `reuse`, with at least the last prompt token left to score."""
+    return min(max(0, int(reuse)), len(ids) - 1, common_prefix(held, ids))
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens `a` and `b` share."""
     n = 0
@@ -191,7 +197,7 @@ class ChainBackend(ModelBackend):
     def _keep_prefix(self, ids: list[int], reuse: int) -> int:
         """Keep what the cache holds of prompt `ids` (up to `reuse` tokens, at least one
         left to score); how many tokens are kept."""
-        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
+        kept = reusable_prefix(self._token_ids(), ids, reuse)
         self.truncate(kept)
         return kept
 

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from adaspec.backends.base import ChainBackend, ModelBackend, common_prefix
+from adaspec.backends.base import ChainBackend, ModelBackend, common_prefix, reusable_prefix
 from adaspec.errors import InputError
 
 # Which rows of a feed come back: every fed token's (verification), the last one's (the end
@@ -104,7 +104,7 @@ class SequenceView(ChainBackend):
     def available_prefix(self, ids: list[int], reuse: int) -> int:
         """How many leading tokens of prompt `ids` a prefill would not compute: kept in
         this sequence (up to `reuse`) or taken from a sibling."""
-        own = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._held(), ids))
+        own = reusable_prefix(self._held(), ids, reuse)
         return max(own, self.shareable(ids))
 
     def shareable(self, ids: list[int]) -> int:
@@ -120,7 +120,7 @@ class SequenceView(ChainBackend):
         shared system turn, a conversation's earlier turns): its cache entries are shared,
         not computed again (ik_llama.cpp tags them with both sequence ids), when that
         saves at least MIN_SHARE tokens."""
-        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._token_ids(), ids))
+        kept = reusable_prefix(self._token_ids(), ids, reuse)
         best = self.shareable(ids)
         if best - kept < MIN_SHARE:
             self.truncate(kept)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from adaspec.backends.base import ForwardOutput, ModelBackend, common_prefix
+from adaspec.backends.base import ForwardOutput, ModelBackend, reusable_prefix
 from adaspec.backends.decoder import DecoderLayer, RMSNorm, rope
 from adaspec.errors import InputError
 
@@ -187,7 +187,7 @@ class StaticTorchBackend(ModelBackend):
         ids = [int(t) for t in tokens.reshape(-1)]
         if not ids:
             raise InputError("empty prompt")
-        kept = min(max(0, int(reuse)), len(ids) - 1, common_prefix(self._ids, ids))
+        kept = reusable_prefix(self._ids, ids, reuse)
         self.truncate(kept)
         return self._run(torch.tensor(ids[kept:]), None, None, hidden_layer,
                          last_row_only=True)

@@ -89,13 +89,12 @@ def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
     return best_lengths
 
 
-def _weight(call: TargetCall, calls: list[TargetCall]) -> float:
+def _weight(remaining: int, most: int) -> float:
     """What a request's accepted drafted tokens are worth to the batch: its token budget
     left over the most any request in the round has left. A draft shortens its own request
     only, while every request pays for the call's extra rows; the requests decoded
     together finish when the one with the most left does, so drafts go first to it."""
-    top = max(c.remaining for c in calls)
-    return call.remaining / top if top > 0 else 1.0
+    return remaining / most if most > 0 else 1.0
 
 
 def _batchable(call: TargetCall | None) -> bool:
@@ -242,6 +241,7 @@ class BatchDecoder:
 
     def _price(self, steps: list[_Member], prefill: int, chunks: int, stats: RoundStats) -> None:
         calls = [m.call for m in steps if m.call is not None]
+        most = max((c.remaining for c in calls), default=0)
         accepts: list[list[float] | None] = []
         fixed = prefill
         for call in calls:
@@ -254,7 +254,7 @@ class BatchDecoder:
                 fixed += depth
             else:
                 levels = list(proposal.accept or [0.5] * depth)
-                levels[0] *= _weight(call, calls)  # every level's gain scales with it
+                levels[0] *= _weight(call.remaining, most)  # every level's gain scales
                 accepts.append(levels)
         if self.cost is not None and calls:
             cost = self.cost
