@@ -122,14 +122,16 @@ def target(target_model):
 # The torch runtimes a target can run on: transformers with its dynamic cache, and
 # adaspec's static-cache decoder (backends/static_torch.py) over the same weights. Modules
 # whose tests must hold on every runtime take `target` from `runtime_target`.
-TORCH_RUNTIMES = ["torch", "static"]
+# the transformers runtime; the static runtime at exact shapes (its CPU mode); the static
+# runtime at the fixed, padded shapes a GPU captures as CUDA graphs, run eagerly
+TORCH_RUNTIMES = ["torch", "static", "static-fixed"]
 
 
 def runtime_backend(kind: str, model, name: str):
-    if kind == "static":
+    if kind.startswith("static"):
         from adaspec.backends.static_torch import static_backend
 
-        return static_backend(model, name)
+        return static_backend(model, name, graphs="eager" if kind == "static-fixed" else "off")
     return TorchBackend(model, name=name)
 
 

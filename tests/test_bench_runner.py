@@ -286,7 +286,11 @@ def test_reference_methods_parse_only_for_the_bench():
 
     spec = parse_bench_method("hf-assisted-constant:k=3")
     assert spec.is_reference and spec.needs_draft_model() and spec["k"] == 3
-    assert parse_bench_method("hf-assisted").settings() == {}
+    assert parse_bench_method("hf-assisted").settings() == {"cache": "static"}
+    assert parse_bench_method("hf-lookup").settings() == {"cache": "static", "k": 10, "n_max": 2}
+    assert not parse_bench_method("hf:cache=dynamic").needs_draft_model()
+    with pytest.raises(InputError, match="cache must be one of static | dynamic"):
+        parse_bench_method("hf:cache=paged")
     with pytest.raises(InputError, match="unknown method 'hf-assisted'"):
         parse_method("hf-assisted")  # the runtime's parser knows adaspec methods only
     with pytest.raises(InputError, match="k must be >= 1"):
@@ -295,7 +299,7 @@ def test_reference_methods_parse_only_for_the_bench():
 
 
 def test_steps_from_hooked_calls():
-    from adaspec.lab.bench.hf_assisted import steps_from_calls
+    from adaspec.lab.bench.hf_reference import steps_from_calls
 
     # prompt of 5; call 0 feeds prompt + 3 drafts and keeps 2 (+1 target token), call 1
     # feeds last + 3 and keeps all (+1), call 2 feeds last + 2 and the run ends 2 tokens later.
@@ -304,7 +308,7 @@ def test_steps_from_hooked_calls():
 
 
 def test_hf_assisted_settings_do_not_leak(target_model, draft_model):
-    from adaspec.lab.bench.hf_assisted import hf_generate
+    from adaspec.lab.bench.hf_reference import hf_generate
 
     before = draft_model.generation_config.to_dict()
     ref, _ = hf_generate(target_model, [3, 4, 5], 10, [0])
@@ -314,3 +318,70 @@ def test_hf_assisted_settings_do_not_leak(target_model, draft_model):
     assert out == ref and all(d <= 2 for d, _ in stats.steps)
     assert stats.target_calls >= 1 and stats.draft_calls == stats.drafted
     assert draft_model.generation_config.to_dict() == before
+
+
+def test_hugging_face_peers_plain_and_prompt_lookup(tmp_path, target_model, draft, tokenizer,
+                                                    monkeypatch):
+    """`hf` and `hf-lookup` run HF's generate on the target's weights: greedy output equal to
+    plain decoding, prompt lookup verifying drafts. Where HF's static cache fails (prompt
+    lookup overran it in transformers 5.24; simulated here, as whether it overruns depends on
+    the prompt), the run falls back to the dynamic cache and says so. On a run whose target
+    is the static runtime (a GPU's default), HF runs the same checkpoint's plain weights,
+    loaded as a variant."""
+    import adaspec.lab.bench.runner as runner_module
+    from adaspec.backends.static_torch import static_backend
+    from adaspec.backends.torch_backend import TorchBackend
+
+    real = runner_module.hf_generate
+
+    def overruns_static_lookup(*args, **kwargs):
+        if kwargs.get("lookup") and kwargs.get("cache") == "static":
+            raise IndexError("index_copy_(): index 30 is out of bounds for dimension 2")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "hf_generate", overruns_static_lookup)
+    loaded = []
+
+    def load_variant(role, weights):
+        loaded.append((role, weights))
+        return TorchBackend(target_model, name="tiny-target")
+
+    config = BenchConfig(methods=["hf", "hf-lookup:k=4", "ngram:k=4"], suites=["test"],
+                         max_new_tokens=24, out=str(tmp_path / "out"), weights="static")
+    runner = BenchRunner(config, static_backend(target_model, "tiny-target"), tokenizer, draft,
+                         eos_token_ids=[0], progress=False, load_variant=load_variant)
+    prompts = [Prompt("t/0", "code", "abcabcabcabcabc abcabc"), PROMPTS[1]]
+    summary = runner.run(prompts)
+    assert loaded == [("target", "none")]  # one plain copy for both HF methods
+    rows, _ = read_rows(tmp_path / "out" / "results.jsonl")
+    by = {(r["prompt_id"], r["method"]): r for r in rows}
+    for p in prompts:
+        ar = by[(p.id, "ar")]["token_ids"]
+        assert by[(p.id, "hf")]["token_ids"] == ar
+        assert by[(p.id, "hf-lookup:k=4")]["token_ids"] == ar
+    assert by[("t/0", "hf-lookup:k=4")]["drafted"] > 0
+    assert summary["exactness"]["bugs"] == 0
+    peers = summary["peers"]
+    assert peers["hf"]["cache"] == "static" and "fallback" not in peers["hf"]
+    assert peers["hf-lookup:k=4"]["cache"] == "dynamic"
+    assert "static cache failed" in peers["hf-lookup:k=4"]["fallback"]
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["peers"] == peers
+    # the loop's own time beside the target's, per decode step, for adaspec's methods
+    ngram = by[("t/0", "ngram:k=4")]
+    assert ngram["target_ms_per_step"] > 0 and ngram["loop_ms_per_step"] >= 0
+    assert "target_ms_per_step" not in by[("t/0", "hf")]
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_hf_assisted_counts_what_it_accepted(target_model, cache):
+    """The target as its own assistant: every drafted token is accepted, with either cache
+    (the cache length comes from the fed positions: a static cache's own length counts every
+    slot ever written, rollbacks included)."""
+    import copy
+
+    from adaspec.lab.bench.hf_reference import hf_generate
+
+    twin = copy.deepcopy(target_model)  # the same weights, its own hooks
+    out, stats = hf_generate(target_model, [3, 4, 5, 3, 4, 5], 16, [0], twin,
+                             num_assistant_tokens=3, schedule="constant", cache=cache)
+    assert stats.drafted > 0 and stats.accepted == stats.drafted

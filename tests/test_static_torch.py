@@ -119,3 +119,62 @@ def test_a_cost_profile_measures_on_it(tokenizer):
     assert profile.target(1) > 0 and profile.bandwidth_gbs > 0
     assert profile_key(target, None)["target"]["kind"] == "torch-static"
     assert "device" not in profile_key(target, None)  # a CPU profile's key as before
+
+
+def tree_mask_of(parents: list[int]) -> torch.Tensor:
+    mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        while p >= 0:
+            mask[i, p] = True
+            p = parents[p]
+    return mask
+
+
+def test_fixed_shapes_score_what_exact_shapes_score():
+    """The padded, fixed-shape passes a GPU captures as CUDA graphs (run eagerly here) give
+    the exact-shape logits: chains of every padding, a tree, a tree path kept, a rollback, a
+    pass longer than the largest fixed size (which runs at its own shape)."""
+    model = tiny_model(seed=11, random_norms=True, context=256)
+    exact, fixed = static_backend(model, "exact", graphs="off"), static_backend(
+        model, "fixed", graphs="eager")
+    prompt = torch.tensor([3, 14, 15, 9, 26, 5, 35, 8])
+    close(fixed.prefill(prompt).logits, exact.prefill(prompt).logits)
+    for n in (1, 3, 5, 8, 13, 64, 65):
+        chain = torch.randint(1, 60, (n,), generator=torch.Generator().manual_seed(n))
+        close(fixed.forward(chain).logits, exact.forward(chain).logits)
+    assert set(fixed._fixed) == {1, 4, 8, 16, 64}  # 65 tokens: the exact-shape pass
+    for b in (exact, fixed):
+        b.truncate(20)  # a chain's rollback
+    tokens, parents = torch.tensor([11, 12, 13, 14, 15]), [-1, 0, 0, 1, 2]
+    mask, positions = tree_mask_of(parents), torch.tensor([20, 21, 21, 22, 22])
+    close(fixed.forward(tokens, positions, mask).logits,
+          exact.forward(tokens, positions, mask).logits)
+    keep = torch.tensor([*range(20), 20, 22, 24])  # root, child 2, its child
+    for b in (exact, fixed):
+        b.keep(keep)
+    nxt = torch.tensor([21, 22, 23])
+    close(fixed.forward(nxt).logits, exact.forward(nxt).logits)
+    assert fixed.cache_len == exact.cache_len == 26
+
+
+def test_fixed_padding_never_writes_a_cache_slot():
+    """A fixed pass of 3 tokens runs as 4: the padding's keys go to scratch slots past the
+    cache, so the slot after the real tokens stays as it was."""
+    backend = static_backend(tiny_model(seed=12), "fixed", graphs="eager")
+    backend.prefill(torch.tensor([4, 5, 6, 7]))
+    backend.forward(torch.tensor([8, 9, 10]))
+    keys, values = backend._cache[0]
+    assert bool(keys[:, :, :7].abs().sum(-1).gt(0).all())  # the real tokens were written
+    assert not bool(keys[:, :, 7:backend.max_context].any())
+    assert not bool(values[:, :, 7:backend.max_context].any())
+    assert bool(keys[:, :, backend._scratch].any())  # the padding's went to scratch
+
+
+def test_graph_settings_are_checked():
+    model = tiny_model(seed=13)
+    with pytest.raises(InputError, match="graphs must be one of auto, cuda, eager, off"):
+        static_backend(model, "tiny", graphs="always")
+    with pytest.raises(InputError, match="CUDA graphs need the model on a CUDA GPU"):
+        static_backend(model, "tiny", graphs="cuda")
+    assert static_backend(model, "tiny").graphs == "off"  # auto, on the CPU

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import torch
 
@@ -33,10 +32,24 @@ def batch_noise_setting(measured: float) -> float:
     return value
 
 
-@dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [n, vocab] float, one row per fed token
-    hidden: torch.Tensor | None = None  # [n, hidden] at the requested layer, if asked
+    """What a pass scored. `device_logits` stay where the model ran (a GPU's memory), so a
+    greedy step reads back only its argmax ids (one host transfer per step); `logits` is
+    their host copy, made once, when a reader first asks for it."""
+
+    __slots__ = ("device_logits", "hidden", "_host")
+
+    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        self.device_logits = logits  # [n, vocab] float, one row per fed token
+        self.hidden = hidden  # [n, hidden] at the requested layer (on the CPU), if asked
+        self._host: torch.Tensor | None = logits if logits.device.type == "cpu" else None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """[n, vocab] float on the CPU."""
+        if self._host is None:
+            self._host = self.device_logits.cpu()
+        return self._host
 
 
 class ModelBackend(ABC):
@@ -98,6 +111,10 @@ class ModelBackend(ABC):
         scores everything."""
         self.reset()
         return self.forward(tokens, hidden_layer=hidden_layer)
+
+    def synchronize(self) -> None:
+        """Wait until the device finished what was queued (a GPU runs passes asynchronously;
+        a CPU runtime has returned already): a timer stopped after this times the pass."""
 
     @abstractmethod
     def truncate(self, length: int) -> None:

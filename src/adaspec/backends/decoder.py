@@ -43,10 +43,19 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n, head_dim] for absolute positions (the rotate-half convention)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+def rope_frequencies(head_dim: int, theta: float, device: torch.device | str = "cpu"
+                     ) -> torch.Tensor:
+    """[head_dim / 2] float32: the rotary angle per position of each pair of dimensions."""
+    exps = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    return 1.0 / (theta ** exps)
+
+
+def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+         inv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, head_dim] for absolute positions (the rotate-half convention), where
+    `positions` are; `inv`: `rope_frequencies` computed once on that device."""
+    if inv is None:
+        inv = rope_frequencies(head_dim, theta, positions.device)
     freqs = positions.float()[:, None] * inv[None]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -95,23 +104,29 @@ class Attention(nn.Module):
         return self.o_proj(out), (k, v)
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             cache: tuple[torch.Tensor, torch.Tensor], start: int, mask: torch.Tensor
-             ) -> torch.Tensor:
+             cache: tuple[torch.Tensor, torch.Tensor], start: int, mask: torch.Tensor,
+             slots: torch.Tensor | None = None) -> torch.Tensor:
         """A static cache's pass: x [1, n, hidden] at cache slots start .. start + n (their
         rotary positions are in cos / sin [n, d], a tree's need not be consecutive); cache:
         keys/values [1, kv_heads, max_len, d], written in place; mask [n, start + n] bool,
-        True where a new token sees a slot."""
+        True where a new token sees a slot. slots [n]: the slots to write instead (a tensor,
+        so a captured graph reads them at replay); then the mask [n, max_len] spans the
+        whole cache and every shape depends on n alone."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         keys, values = cache
-        keys[:, :, start : start + n] = k
-        values[:, :, start : start + n] = v
-        out = F.scaled_dot_product_attention(
-            q, keys[:, :, : start + n], values[:, :, : start + n], attn_mask=mask,
-            enable_gqa=self.heads != self.kv_heads)
+        if slots is None:
+            keys[:, :, start : start + n] = k
+            values[:, :, start : start + n] = v
+            keys, values = keys[:, :, : start + n], values[:, :, : start + n]
+        else:
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                             enable_gqa=self.heads != self.kv_heads)
         out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
         return self.o_proj(out)
 
@@ -144,8 +159,9 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             cache: tuple[torch.Tensor, torch.Tensor], start: int, mask: torch.Tensor
-             ) -> torch.Tensor:
+             cache: tuple[torch.Tensor, torch.Tensor], start: int, mask: torch.Tensor,
+             slots: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on a static cache (`Attention.step`)."""
-        x = x + self.self_attn.step(self.input_layernorm(x), cos, sin, cache, start, mask)
+        x = x + self.self_attn.step(self.input_layernorm(x), cos, sin, cache, start, mask,
+                                    slots)
         return x + self.mlp(self.post_attention_layernorm(x))

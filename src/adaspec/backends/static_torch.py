@@ -5,6 +5,13 @@ reads them back under an explicit mask; a rollback moves a length (nothing is fr
 copied), a tree's accepted path is gathered to the front. Tokens carry explicit rotary
 positions, so a flattened token tree is scored in one pass.
 
+Passes of up to 64 tokens after the prompt (decode, verification, tree shapes) can run at
+fixed shapes (`graphs`): padded to 1, 2, 4, ..., 64 tokens, the padding written to scratch
+slots past the cache, a mask over the whole cache, so every tensor's shape depends on the
+padded size alone. On a GPU each size is captured once as a CUDA graph and replayed (one
+launch instead of hundreds of small ones, which otherwise cost more than the pass); on the
+CPU the same fixed-shape pass runs eagerly, which is how tests check it.
+
 It runs on the CPU and on a CUDA GPU alike (same code; tests run it on the CPU with tiny
 models). The weights are a transformers checkpoint's (a local Hugging Face directory of a
 Qwen2 / Llama-family model, or a built-in model), loaded as they are.
@@ -19,7 +26,7 @@ import torch
 from torch import nn
 
 from adaspec.backends.base import ForwardOutput, ModelBackend, reusable_prefix
-from adaspec.backends.decoder import DecoderLayer, RMSNorm, rope
+from adaspec.backends.decoder import DecoderLayer, RMSNorm, rope, rope_frequencies
 from adaspec.errors import InputError
 
 STATIC = "static"  # the weights variant: the model's own dtype, this runtime
@@ -28,6 +35,10 @@ DEFAULT_CONTEXT = 8192  # positions
 # engine cuts it by depth) while its nodes take a slot each
 TREE_SLOTS = 512
 ARCHITECTURES = ("qwen2", "llama")
+GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the fixed pass sizes (tokens, padding included)
+# graphs: "cuda" captures a CUDA graph per size, "eager" runs the fixed-shape pass without
+# one (the CPU's way to test it), "off" the exact-size pass; "auto": cuda on a GPU, else off
+GRAPH_MODES = ("auto", "cuda", "eager", "off")
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,7 @@ class StaticTorchBackend(ModelBackend):
     has_hidden_states = True
 
     def __init__(self, model: DecoderLM, name: str = "model",
-                 max_context: int = DEFAULT_CONTEXT) -> None:
+                 max_context: int = DEFAULT_CONTEXT, graphs: str = "auto") -> None:
         self.model = model.eval()
         self.name = name
         cfg = model.config
@@ -132,16 +143,34 @@ class StaticTorchBackend(ModelBackend):
         self.bytes_per_forward = sum(p.numel() * p.element_size() for p in model.parameters())
         if model.lm_head.weight is not weight:
             self.bytes_per_forward -= weight.numel() * weight.element_size()
-        shape = (1, cfg.num_kv_heads, self.max_context + TREE_SLOTS, cfg.head_dim)
+        if graphs not in GRAPH_MODES:
+            raise InputError(f"graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
+        if graphs == "auto":
+            graphs = "cuda" if self.device == "cuda" else "off"
+        if graphs == "cuda" and self.device != "cuda":
+            raise InputError("CUDA graphs need the model on a CUDA GPU")
+        self.graphs = graphs
+        # scratch slots past the cache: a fixed pass writes its padding there
+        self._scratch = self.max_context + TREE_SLOTS
+        pad = max(GRAPH_SIZES) if graphs != "off" else 0
+        shape = (1, cfg.num_kv_heads, self._scratch + pad, cfg.head_dim)
         self._cache = [(torch.zeros(shape, dtype=self.dtype, device=weight.device),
                         torch.zeros(shape, dtype=self.dtype, device=weight.device))
                        for _ in range(cfg.num_layers)]
+        self._inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, weight.device)
+        self._slot_ids = torch.arange(shape[2], device=weight.device)
+        self._fixed: dict[int, _FixedPass] = {}
+        self._pool: Any = None  # the captured graphs' shared memory pool
         self._len = 0
         self._ids: list[int] = []  # the cached tokens (prefix reuse)
 
     @property
     def cache_len(self) -> int:
         return self._len
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     def reset(self) -> None:
         self._len = 0
@@ -219,10 +248,28 @@ class StaticTorchBackend(ModelBackend):
                              f"{max(last + 1, start + n)} > {self.max_context} tokens")
         if hidden_layer is not None and not 0 <= hidden_layer <= self.num_layers:
             raise InputError(f"hidden_layer must be in [0, {self.num_layers}]")
+        hidden = None
+        fixed = (self.graphs != "off" and not last_row_only and hidden_layer is None
+                 and n <= GRAPH_SIZES[-1]
+                 and (tree_mask is None or tree_mask.shape[-1] == n))
+        if fixed:
+            logits = self._fixed_run(ids, pos, tree_mask)
+        else:
+            logits, hidden = self._exact_run(ids, pos, tree_mask, hidden_layer, last_row_only)
+        self._len += n
+        del self._ids[start:]
+        self._ids.extend(ids.tolist())
+        # logits stay on the device: a greedy step reads back its argmax ids only
+        return ForwardOutput(logits=logits, hidden=hidden.cpu() if hidden is not None else None)
+
+    def _exact_run(self, ids: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor | None,
+                   hidden_layer: int | None, last_row_only: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A pass at the fed tokens' own shapes (prompts, hidden states, long passes)."""
         cfg, model, dev = self.config, self.model, self._cache[0][0].device
+        n, start = int(ids.numel()), self._len
         mask = self._mask(n, tree_mask).to(dev)
-        cos, sin = rope(pos, cfg.head_dim, cfg.rope_theta, self.dtype)
-        cos, sin = cos.to(dev), sin.to(dev)
+        cos, sin = rope(pos.to(dev), cfg.head_dim, cfg.rope_theta, self.dtype, self._inv_freq)
         x = model.embed_tokens(ids.to(dev))[None]
         hidden = x[0] if hidden_layer == 0 else None
         layer: Any
@@ -234,17 +281,98 @@ class StaticTorchBackend(ModelBackend):
         if hidden_layer == self.num_layers:
             hidden = x[0]
         rows = x[0, -1:] if last_row_only else x[0]
-        logits = model.lm_head(rows)
-        self._len += n
-        del self._ids[start:]
-        self._ids.extend(ids.tolist())
-        return ForwardOutput(logits=logits.cpu(),
-                             hidden=hidden.cpu() if hidden is not None else None)
+        return model.lm_head(rows), hidden
+
+    def _fixed_run(self, ids: torch.Tensor, pos: torch.Tensor,
+                   tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """The pass padded to the next of `GRAPH_SIZES`: its inputs copied into the size's
+        buffers (two host-to-device copies), then its graph replayed (or, eagerly, the
+        fixed-shape pass run); the real rows' logits [n, V]."""
+        n, start = int(ids.numel()), self._len
+        size = next(b for b in GRAPH_SIZES if b >= n)
+        f = self._fixed.get(size)
+        if f is None:
+            f = self._fixed[size] = _FixedPass(size, self._scratch, self._cache[0][0].device)
+            if self.graphs == "cuda":
+                self._capture(f)
+        local = torch.eye(size, dtype=torch.bool)  # padding sees itself (never a bare row)
+        local[:n, :n] = (tree_mask.to(torch.bool) if tree_mask is not None
+                         else torch.ones(n, n, dtype=torch.bool).tril())
+        f.load(ids, pos, torch.arange(start, start + n), start, local)
+        if f.graph is not None:
+            f.graph.replay()
+            return f.out[:n].clone()  # the graph's output buffer is overwritten next replay
+        return self._fixed_pass(f)[:n]
+
+    def _fixed_pass(self, f: _FixedPass) -> torch.Tensor:
+        """Logits [size, V] of a fixed pass: every shape depends on the size alone, and the
+        cache length, slots and mask are read from tensors (what a captured graph replays)."""
+        cfg, model = self.config, self.model
+        total = self._slot_ids.numel()
+        mask = (self._slot_ids[None, :] < f.start).expand(f.size, total).clone()
+        mask[:, f.slots] = f.local
+        cos, sin = rope(f.positions, cfg.head_dim, cfg.rope_theta, self.dtype, self._inv_freq)
+        x = model.embed_tokens(f.ids)[None]
+        layer: Any
+        for i, layer in enumerate(model.layers):
+            x = layer.step(x, cos, sin, self._cache[i], 0, mask, slots=f.slots)
+        return model.lm_head(model.norm(x)[0])
+
+    def _capture(self, f: _FixedPass) -> None:
+        """Record `f`'s pass as a CUDA graph (after a warm-up on a side stream, which
+        initialises the kernels' workspaces); its buffers hold padding only, so neither the
+        warm-up nor the capture writes a real cache slot."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._fixed_pass(f)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            f.out = self._fixed_pass(f)
+        f.graph = graph
+
+
+class _FixedPass:
+    """The device buffers of one fixed pass size: token ids, rotary positions and cache slots
+    [size] (padding: token 0 at position 0, in scratch slots), the cache length before the
+    pass, and the new tokens' mask among themselves [size, size]; a captured graph reads
+    them at each replay."""
+
+    def __init__(self, size: int, scratch: int, device: torch.device) -> None:
+        self.size = size
+        self._scratch = torch.arange(scratch, scratch + size)
+        self._host = torch.zeros(3 * size + 1, dtype=torch.long)
+        self._ints = torch.zeros(3 * size + 1, dtype=torch.long, device=device)
+        self.ids, self.positions, self.slots = self._ints[:size], self._ints[size:2 * size], \
+            self._ints[2 * size:3 * size]
+        self.start = self._ints[3 * size]
+        self.local = torch.eye(size, dtype=torch.bool, device=device)
+        self.graph: Any = None
+        self.out: Any = None
+        self.load(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                  torch.zeros(0, dtype=torch.long), 0, torch.eye(size, dtype=torch.bool))
+
+    def load(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+             start: int, local: torch.Tensor) -> None:
+        n, b, host = int(ids.numel()), self.size, self._host
+        host.zero_()
+        host[:n] = ids
+        host[b:b + n] = positions
+        host[2 * b:2 * b + n] = slots
+        host[2 * b + n:3 * b] = self._scratch[: b - n]
+        host[3 * b] = start
+        self._ints.copy_(host)
+        self.local.copy_(local)
 
 
 def static_backend(hf_model: nn.Module, name: str, device: str = "cpu",
-                   max_context: int = DEFAULT_CONTEXT) -> StaticTorchBackend:
+                   max_context: int = DEFAULT_CONTEXT, graphs: str = "auto"
+                   ) -> StaticTorchBackend:
     """A transformers causal LM's weights in the static runtime on `device`."""
     model = DecoderLM.from_hf(hf_model).to(device)
     limit = int(getattr(hf_model.config, "max_position_embeddings", max_context))
-    return StaticTorchBackend(model, name, min(max_context, limit))
+    return StaticTorchBackend(model, name, min(max_context, limit), graphs)

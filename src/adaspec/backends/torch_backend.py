@@ -62,6 +62,10 @@ class TorchBackend(ModelBackend):
     def cache_len(self) -> int:
         return self._len
 
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
     def reset(self) -> None:
         from transformers import DynamicCache  # imported on first use: transformers is slow
 
@@ -119,7 +123,7 @@ class TorchBackend(ModelBackend):
             if not 0 <= hidden_layer <= self.num_layers:
                 raise ValueError(f"hidden_layer must be in [0, {self.num_layers}]")
             hidden = out.hidden_states[hidden_layer][0].cpu()
-        return ForwardOutput(logits=out.logits[0].cpu(), hidden=hidden)
+        return ForwardOutput(logits=out.logits[0], hidden=hidden)  # logits stay on the device
 
     @torch.inference_mode()
     def prefill(

@@ -18,6 +18,7 @@ class RequestStats:
     draft_time: float = 0.0  # every draft-model second, its prompt prefill included
     draft_prefill_time: float = 0.0  # the part of draft_time spent prefilling the prompt
     verify_time: float = 0.0  # target forward + verification (prefill excluded)
+    target_time: float = 0.0  # the target's passes alone (device drained): verify_time's share
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
     route: str | None = None  # the drafter a router picked, if any
     route_time: float = 0.0
@@ -37,6 +38,13 @@ class RequestStats:
             - self.verify_time
             - self.route_time,
         )
+
+    @property
+    def loop_time(self) -> float:
+        """The loop's own seconds after the prompt: everything but the target's and the
+        draft's passes (verification, rollback, bookkeeping, text), in time a GPU waits."""
+        return max(0.0, self.wall_time - self.prefill_time - self.route_time - self.draft_time
+                   - self.target_time)
 
     @property
     def acceptance_rate(self) -> float:
@@ -72,6 +80,7 @@ class RequestStats:
         d = asdict(self)
         d.update(
             other_time=self.other_time,
+            loop_time=self.loop_time,
             acceptance_rate=self.acceptance_rate,
             mean_accepted_tokens=self.mean_accepted_tokens,
             tokens_per_s=self.tokens_per_s,

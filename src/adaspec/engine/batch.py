@@ -17,6 +17,7 @@ A request that fails is dropped with its error; the others go on.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
@@ -195,6 +196,7 @@ class BatchDecoder:
         items = [(m.call.backend, m.call.tokens.tolist(), ALL) for m in steps if m.call]
         items += [(m.call.backend, chunk, rows) for m, chunk, rows in chunks if m.call]
         owners = steps + [m for m, _, _ in chunks]
+        t0 = time.perf_counter()
         try:
             results: list[torch.Tensor | None] = list(forward_together(items)) if items else []
         except Exception:  # find whose call failed: each on its own
@@ -206,12 +208,14 @@ class BatchDecoder:
                     events.append((member.key, exc))
                     self.drop(member.key)
                     results.append(None)
+        seconds = time.perf_counter() - t0
         for member, rows in zip(owners, results, strict=True):
             if rows is None or member.call is None:
                 continue
             if member.prompt_left:  # more chunks to come
                 continue
             member.call.out = ForwardOutput(logits=rows)
+            member.call.seconds = seconds  # each request waited for the whole call
             member.prompt_left = None
         for member in alone:
             assert member.call is not None

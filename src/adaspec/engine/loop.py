@@ -77,12 +77,16 @@ class TargetCall:
     fixed: bool = False  # a step whose draft may not be cut (its random draws depend on it)
     out: ForwardOutput | None = None
     remaining: int = 0  # a step's: tokens its request may still emit (its budget left)
+    seconds: float = 0.0  # how long the pass took, the device's queue drained (run alone)
 
     def run(self) -> ForwardOutput:
+        t0 = time.perf_counter()
         if self.prompt_reuse is not None:
             self.out = self.backend.prefill(self.tokens, reuse=self.prompt_reuse)
         else:
             self.out = self.backend.forward(self.tokens, self.positions, self.mask)
+        self.backend.synchronize()  # the step's one wait for the device; its read-back is next
+        self.seconds = time.perf_counter() - t0
         return self.out
 
     def cut(self, k: int) -> None:
@@ -309,8 +313,8 @@ class Engine(TextGenerator):
             assert call.out is not None
             prefill = call.out
         self._last_prompt = list(prompt_ids)
-        first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill.logits[-1:], sampling,
-                             generator, verifier).next_token
+        first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill, sampling, generator,
+                             verifier, rows=slice(-1, None)).next_token
         want_logprobs = sampling.logprobs is not None
         step_logprobs = (token_logprobs(prefill.logits[-1:], [first], sampling)
                          if want_logprobs else [])
@@ -421,7 +425,8 @@ class Engine(TextGenerator):
         t0 = time.perf_counter()
         yield call
         assert call.out is not None and call.proposal is not None
-        target_logits = call.out.logits
+        out = call.out
+        stats.target_time += call.seconds
         if call.proposal is not proposal:  # a batch verifies less of the draft
             proposal = call.proposal
             tokens = call.tokens
@@ -430,19 +435,18 @@ class Engine(TextGenerator):
         for part, n in (proposal.drafted_by or {}).items():
             stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
         stats.target_calls += 1
-        verdict = self._verify(proposal, target_logits, sampling, generator, verifier)
+        verdict = self._verify(proposal, out, sampling, generator, verifier)
         self._roll_back(root, verdict.path)
         alone = None
         if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
-            verdict, alone = self._settle_near_tie(proposal, target_logits, verdict, root,
-                                                   stats)
+            verdict, alone = self._settle_near_tie(proposal, out.logits, verdict, root, stats)
         rows = None
         if keep_rows:  # row of node i chose the token after it; a recheck's lone row the last
-            rows = target_logits[[0, *verdict.path]]
+            rows = out.logits[[0, *verdict.path]]
             if alone is not None:
                 rows = torch.cat([rows[:-1], alone[-1:]])
         if self.recorder is not None:
-            self.recorder.step(root, proposal.depth, verdict.path, target_logits)
+            self.recorder.step(root, proposal.depth, verdict.path, out.logits)
         stats.verify_time += time.perf_counter() - t0
 
         if proposal.depth:
@@ -488,10 +492,14 @@ class Engine(TextGenerator):
         return Verdict(verdict.path[:cut], int(argmax(alone[-1]))), alone
 
     @staticmethod
-    def _verify(proposal, logits, sampling, generator, verifier):
-        """A greedy verifier reads raw logits; the others the processed distributions."""
-        probs = logits if verifier.greedy else process_logits(logits, sampling)
-        return verifier.verify(proposal, probs, generator)
+    def _verify(proposal: Proposal, out: ForwardOutput, sampling: SamplingParams,
+                generator: torch.Generator, verifier: Verifier, rows: slice = slice(None)
+                ) -> Verdict:
+        """A greedy verifier reads raw logits where the model ran (only the argmax ids come
+        back to the host); the others read the processed distributions on the host."""
+        if verifier.greedy:
+            return verifier.verify(proposal, out.device_logits[rows], generator)
+        return verifier.verify(proposal, process_logits(out.logits[rows], sampling), generator)
 
     def _roll_back(self, root: int, path: list[int]) -> None:
         """Keep the context and the accepted nodes in the target cache: a cut when they are

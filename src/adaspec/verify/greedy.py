@@ -32,20 +32,17 @@ class GreedyVerifier(Verifier):
         generator: torch.Generator | None,
     ) -> Verdict:
         self.check(proposal, target_probs)
-        best = argmax(target_probs)
+        # The argmax runs where the rows are (a GPU's memory); one read brings back n ids.
+        best = argmax(target_probs).tolist()
         tree = proposal.tree
-        if proposal.is_chain:  # one vectorised comparison
-            k = tree.depth
-            if k == 0:
-                return Verdict([], int(best[0]))
-            # Out-of-vocabulary draft ids simply never match an argmax.
-            drafted = torch.tensor(tree.tokens[1:], dtype=best.dtype)
-            accepted = int((best[:k] == drafted).int().cumprod(0).sum())
-            return Verdict(list(range(1, accepted + 1)), int(best[accepted]))
+        if proposal.is_chain:
+            drafted = tree.tokens[1:]  # out-of-vocabulary draft ids simply never match
+            accepted = next((i for i, t in enumerate(drafted) if best[i] != t), len(drafted))
+            return Verdict(list(range(1, accepted + 1)), best[accepted])
         node = 0
         path: list[int] = []
         while True:
-            want = int(best[node])
+            want = best[node]
             nxt = next((c for c in tree.children[node] if tree.tokens[c] == want), None)
             if nxt is None:
                 return Verdict(path, want)

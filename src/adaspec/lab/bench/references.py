@@ -14,13 +14,37 @@ from adaspec.methods.registry import Method
 from adaspec.methods.spec import MethodSpec, parse_method
 from adaspec.registry import Registry
 
+HF_CACHES = ("static", "dynamic")  # the KV caches of HF's generate (lab.bench.hf_reference)
+
 
 @dataclass(frozen=True)
-class ConstantParams:
+class HfParams:
+    cache: str = param("static", "the KV cache HF's generate keeps: static (preallocated, as "
+                       "its users run it on a GPU) or dynamic (its default)")
+
+    def __post_init__(self) -> None:
+        check(self.cache in HF_CACHES, f"cache must be one of {' | '.join(HF_CACHES)}")
+
+
+@dataclass(frozen=True)
+class ConstantParams(HfParams):
     k: int = param(5, "assistant tokens per step (constant schedule)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.k >= 1, "k must be >= 1")
+
+
+@dataclass(frozen=True)
+class HfLookupParams(HfParams):
+    k: int = param(10, "tokens proposed per step (prompt_lookup_num_tokens; HF's documented "
+                   "example value)")
+    n_max: int = param(2, "longest n-gram to match (max_matching_ngram_size; HF's default)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.k >= 1, "k must be >= 1")
+        check(self.n_max >= 1, "n_max must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -83,8 +107,14 @@ def other_weights(spec: MethodSpec) -> bool:
 REFERENCE_METHODS: Registry[Method] = Registry("reference method")
 for _method in (
     ReferenceMethod(
+        "hf", "[bench only] Hugging Face generate on the same target weights and device: plain "
+        "decoding, a static KV cache", HfParams, None),
+    ReferenceMethod(
+        "hf-lookup", "[bench only] Hugging Face generate with prompt lookup "
+        "(prompt_lookup_num_tokens=k) on the same target", HfLookupParams, None),
+    ReferenceMethod(
         "hf-assisted", "[bench only] HF generate(assistant_model=draft), its default schedule",
-        NoParams, None, needs_draft=_draft),
+        HfParams, None, needs_draft=_draft),
     ReferenceMethod(
         "hf-assisted-constant", "[bench only] Hugging Face assisted generation, constant k "
         "tokens", ConstantParams, None, needs_draft=_draft),

@@ -28,7 +28,7 @@ from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
 from adaspec.lab.bench.exactness import classify, first_difference, tie_tolerance
-from adaspec.lab.bench.hf_assisted import hf_generate, reference_settings
+from adaspec.lab.bench.hf_reference import hf_generate, reference_settings
 from adaspec.lab.bench.llamacpp_reference import Decoder, LlamaCppUnavailable, open_decoder
 from adaspec.lab.bench.oracle import OracleLength
 from adaspec.lab.bench.peer_build import PeerUnavailable
@@ -72,6 +72,7 @@ _SUM_FIELDS = (
     "draft_time",
     "draft_prefill_time",
     "verify_time",
+    "target_time",
     "route_time",
 )
 
@@ -120,6 +121,11 @@ def _earlier_setting(before: dict, key: str) -> object:
     else:
         return _OLD_DEFAULTS.get(key)
     return read_weights(value) if key in _OLD_NAMES and isinstance(value, str) else value
+
+
+def _is_hf(backend: ModelBackend | None) -> bool:
+    """A backend over a transformers model (HF's `generate` runs it)."""
+    return hasattr(getattr(backend, "model", None), "generate")
 
 
 def with_variant_baselines(methods: list[str], run_weights: str = "none") -> list[str]:
@@ -293,12 +299,55 @@ class BenchRunner:
                     self.repack[m] = choice.as_dict()
                     self.log(f"{m}: llama.cpp weight {choice.describe()}")
             elif spec.is_reference:
-                tgt, drf = self.backends[m]  # the method's own weights variant
-                if not hasattr(tgt, "model") or not hasattr(drf, "model"):
-                    raise InputError(f"method {m!r} needs Hugging Face models (torch backend)")
+                self.backends[m] = self._hf_backends(m, spec)
             else:
                 tgt, drf = self.backends[m]
                 self.engines[m] = build_engine(spec, tgt, tokenizer, drf, eos_token_ids)
+
+    def _hf_backends(self, m: str, spec: MethodSpec) -> tuple[ModelBackend, ModelBackend | None]:
+        """The transformers models HF's `generate` runs: the method's own, or where the run
+        loaded another runtime (llama.cpp, the static runtime) the same checkpoint's plain
+        weights on the run's device."""
+        tgt: ModelBackend | None
+        tgt, drf = self.backends[m]
+        if not _is_hf(tgt):
+            tgt = self._variant("target", "none")
+        if spec.needs_draft_model() and not _is_hf(drf):
+            drf = self._variant("draft", "none")
+        if not _is_hf(tgt) or (spec.needs_draft_model() and not _is_hf(drf)):
+            raise InputError(f"method {m!r} needs Hugging Face models (torch backend)")
+        assert tgt is not None
+        import transformers
+
+        self.peers[m] = {"runtime": f"transformers {transformers.__version__}",
+                         "device": getattr(tgt, "device", "cpu"), "cache": spec["cache"]}
+        return tgt, drf if spec.needs_draft_model() else None
+
+    def _hf_generate(self, m: str, spec: MethodSpec, prompt_ids: list[int],
+                     max_new_tokens: int, sampling: SamplingParams
+                     ) -> tuple[list[int], RequestStats]:
+        """HF's generate for reference method `m`, with its cache; where HF fails with a
+        static cache, the dynamic one from then on (said in the run's peers and the log)."""
+        target, draft = self.backends[m]
+        settings = reference_settings(spec.name, spec.settings())
+        info = self.peers[m]
+        settings["cache"] = info["cache"]
+        with batched_attention():  # HF's own loop as it ships, even on a quantized target
+            try:
+                return hf_generate(
+                    target.model,  # type: ignore[attr-defined]  # why: checked _is_hf
+                    prompt_ids, max_new_tokens, self.eos_token_ids,
+                    draft.model if draft is not None else None,  # type: ignore[attr-defined]
+                    sampling=sampling, **settings)
+            except (IndexError, RuntimeError, ValueError) as exc:
+                if settings["cache"] != "static":
+                    raise
+                info.update(cache="dynamic", fallback=f"static cache failed: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                self.log(f"{m}: Hugging Face's static cache failed ({info['fallback']}); "
+                         "running it with the dynamic cache")
+                self._write_run_file()
+        return self._hf_generate(m, spec, prompt_ids, max_new_tokens, sampling)
 
     def close(self) -> None:
         """Stop what the reference methods started (llama-server processes, child
@@ -383,18 +432,7 @@ class BenchRunner:
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
         if spec is not None and spec.is_reference:
-            target, draft = self.backends[method]
-            assert draft is not None
-            with batched_attention():  # HF's own loop as it ships, even on a quantized target
-                ids, stats = hf_generate(
-                    target.model,  # type: ignore[attr-defined]  # why: torch backends (checked)
-                    prompt_ids,
-                    max_new_tokens,
-                    self.eos_token_ids,
-                    draft.model,  # type: ignore[attr-defined]  # why: torch backends (checked)
-                    sampling=sampling,
-                    **reference_settings(spec.name, spec.settings()),
-                )
+            ids, stats = self._hf_generate(method, spec, prompt_ids, max_new_tokens, sampling)
             finish = "eos" if ids and ids[-1] in self.eos_token_ids else "length"
             return ids, stats, finish
         engine = self.engines[method]
@@ -483,6 +521,12 @@ class BenchRunner:
             "steps": steps,
             "drafted_by": drafted_by,
         }
+        decode_calls = total["target_calls"] - turns
+        if total["target_time"] > 0 and decode_calls > 0:
+            # a decode step's target pass against the loop's own time around it (issue 34)
+            loop = max(0.0, decode_s - total["draft_time"] - total["target_time"])
+            row["target_ms_per_step"] = 1000 * total["target_time"] / decode_calls
+            row["loop_ms_per_step"] = 1000 * loop / decode_calls
         if routes:
             row["route"] = routes
         if peer_timings:

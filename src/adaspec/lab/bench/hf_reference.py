@@ -1,5 +1,8 @@
-"""Hugging Face assisted generation on the same loaded models: what a Python user would
-pick instead of adaspec, measured in the same process.
+"""Hugging Face `generate` on the same weights: what a Python user would pick instead of
+adaspec (plain decoding, assisted generation with the draft, prompt lookup), measured in the
+same process and on the same device. Its KV cache is static (preallocated) unless the method
+says `cache=dynamic`; where HF's static cache fails for a mode (prompt lookup overruns it in
+transformers 5.24), the bench falls back to the dynamic cache and says so.
 
 HF `generate` reports no per-step statistics, so forward hooks on the target and the
 assistant count calls and time them; the number of draft tokens verified by each target call
@@ -18,6 +21,7 @@ import torch
 
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
+from adaspec.lab.bench.references import HF_CACHES
 
 
 class _CallRecorder:
@@ -34,13 +38,25 @@ class _CallRecorder:
     def _pre(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         n = int(ids.shape[-1]) if ids is not None else 0
-        past = kwargs.get("past_key_values")
-        cached = int(past.get_seq_length()) if past is not None else 0
+        # the first fed token's position is the cache length before the call (a static
+        # cache's own length counts slots ever written, not what a rollback kept)
+        positions = kwargs.get("position_ids")
+        if positions is not None:
+            cached = int(positions.reshape(-1)[0])
+        else:
+            past = kwargs.get("cache", kwargs.get("past_key_values"))
+            cached = int(past.get_seq_length()) if past is not None else 0
         self._start = (n, cached)
+        self._sync()
         self._t0 = time.perf_counter()
 
     def _post(self, module, args, kwargs, output) -> None:
+        self._sync()  # a GPU's call is timed when it is done, not when it is queued
         self.calls.append((*self._start, time.perf_counter() - self._t0))
+
+    def _sync(self) -> None:
+        if next(self.model.parameters()).device.type == "cuda":
+            torch.cuda.synchronize()
 
     def __enter__(self) -> _CallRecorder:
         self._handles = [
@@ -72,13 +88,19 @@ def _assistant_config(assistant_model, num_assistant_tokens: int | None, schedul
         assistant_model.generation_config = saved
 
 
+HF_METHODS = ("hf", "hf-assisted", "hf-assisted-constant", "hf-lookup")
+
+
 def reference_settings(name: str, params: dict) -> dict:
     """hf_generate keyword arguments for a reference method spec."""
-    if name == "hf-assisted":
-        return {}  # HF's defaults for an assistant model
+    if name not in HF_METHODS:
+        raise ValueError(f"not a reference method: {name}")
+    settings: dict = {"cache": params.get("cache", "static")}
     if name == "hf-assisted-constant":
-        return {"num_assistant_tokens": int(params["k"]), "schedule": "constant"}
-    raise ValueError(f"not a reference method: {name}")
+        settings.update(num_assistant_tokens=int(params["k"]), schedule="constant")
+    if name == "hf-lookup":
+        settings.update(lookup=int(params["k"]), lookup_ngram=int(params["n_max"]))
+    return settings  # hf, hf-assisted: HF's defaults (an assistant's own schedule)
 
 
 def steps_from_calls(
@@ -114,14 +136,24 @@ def hf_generate(
     num_assistant_tokens: int | None = None,
     schedule: str | None = None,
     sampling: SamplingParams | None = None,
+    cache: str = "static",
+    lookup: int | None = None,
+    lookup_ngram: int = 2,
 ) -> tuple[list[int], RequestStats]:
-    """`generate`, optionally with `assistant_model`; returns (new ids, stats)."""
+    """`generate`, optionally with `assistant_model` or prompt lookup (`lookup` tokens per
+    step, n-grams up to `lookup_ngram`), on the target's device; returns (new ids, stats)."""
     sampling = sampling or SamplingParams()
+    if cache not in HF_CACHES:
+        raise ValueError(f"cache must be one of {', '.join(HF_CACHES)}, got {cache!r}")
     kwargs: dict = dict(
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_token_ids,
         pad_token_id=eos_token_ids[0] if eos_token_ids else None,
     )
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    if lookup is not None:
+        kwargs.update(prompt_lookup_num_tokens=lookup, max_matching_ngram_size=lookup_ngram)
     if sampling.greedy:
         kwargs.update(do_sample=False)
     else:
@@ -135,7 +167,7 @@ def hf_generate(
             torch.manual_seed(sampling.seed)
     if assistant_model is not None:
         kwargs["assistant_model"] = assistant_model
-    ids = torch.tensor([prompt_ids])
+    ids = torch.tensor([prompt_ids], device=next(target_model.parameters()).device)
     with (
         _assistant_config(assistant_model, num_assistant_tokens, schedule)
         if assistant_model is not None
@@ -146,7 +178,7 @@ def hf_generate(
         t0 = time.perf_counter()
         out = target_model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         elapsed = time.perf_counter() - t0
-    new = [int(t) for t in out[0, len(prompt_ids) :]]
+    new = [int(t) for t in out[0, len(prompt_ids) :].tolist()]
     if eos_token_ids:
         for i, t in enumerate(new):  # drop padding after the first EOS
             if t in eos_token_ids:
@@ -160,6 +192,7 @@ def hf_generate(
     if drf is not None:
         stats.draft_calls = len(drf.calls)
         stats.draft_time = sum(c[2] for c in drf.calls)
+    if drf is not None or lookup is not None:  # the target's calls say what each verified
         stats.steps = [s for s in steps_from_calls(tgt.calls, len(prompt_ids), len(new)) if s[0]]
         stats.drafted = sum(d for d, _ in stats.steps)
         stats.accepted = sum(a for _, a in stats.steps)
