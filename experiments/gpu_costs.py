@@ -3,9 +3,16 @@ real shapes (the built-in 1.5B target and 0.5B draft), bf16, on adaspec's static
 runtime and on transformers. Writes small summaries (gpu_costs.json / gpu_costs.md) to --out
 (the device tool's $OUT):
 
-- a pass of n = 1..64 tokens after a 512-token cache (the verification curve), per runtime;
+- a pass of n = 1..64 tokens after a 512-token cache (the verification curve), per runtime:
+  the static runtime with CUDA graphs (its GPU default), the same without graphs, and
+  transformers;
 - plain decoding ms/token of Hugging Face `generate` (static cache, greedy);
-- the physical floor: weight bytes a pass reads over the measured device copy bandwidth.
+- adaspec's own plain loop on the static runtime: the target's ms per step beside the loop's
+  own ms per step (verification, bookkeeping; `RequestStats.loop_time`);
+- the physical floor: weight bytes a pass reads over the measured device copy bandwidth;
+- a cost profile of the pair (gpu_profile.json, what `adaspec profile --device cuda` measures),
+  for `adaspec bench --replay RESULTS --profile gpu_profile.json`: the CPU runs' acceptance
+  re-priced under the GPU's costs (predicted, not measured).
 
 On the device machine (nothing to install: torch and transformers are there):
 
@@ -32,7 +39,9 @@ SHAPES = {
                                num_attention_heads=14, num_key_value_heads=2),
 }
 TINY = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2)}
+                     num_attention_heads=4, num_key_value_heads=2),
+        "tinier": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2)}
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -80,6 +89,20 @@ def curve(backend, device: str, reps: int, context: int) -> dict[int, float]:
     return out
 
 
+def loop_step_ms(backend, tokens: int) -> dict[str, float]:
+    """adaspec's plain loop on `backend`: the target's ms per step and the loop's own."""
+    from adaspec.engine.loop import Engine
+
+    engine = Engine(backend, None, eos_token_ids=[])
+    prompt = torch.randint(0, 1000, (64,)).tolist()
+    engine.generate(prompt, 8, chat=False)  # warm-up (graph capture)
+    stats = engine.generate(prompt, tokens + 1, chat=False).stats
+    steps = max(1, stats.target_calls - 1)
+    return {"target_ms_per_step": round(1000 * stats.target_time / steps, 3),
+            "loop_ms_per_step": round(1000 * stats.loop_time / steps, 3),
+            "ms_per_token": round(1000 * (stats.wall_time - stats.prefill_time) / steps, 3)}
+
+
 def hf_generate_ms(model, device: str, tokens: int) -> float:
     """ms per token of transformers' greedy `generate` with a static cache."""
     prompt = torch.randint(0, 1000, (1, 64), device=device)
@@ -101,6 +124,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--generate-tokens", type=int, default=128)
     ap.add_argument("--out", default="experiments/results/gpu-costs")
+    ap.add_argument("--no-profile", action="store_true", help="skip the pair's cost profile")
     args = ap.parse_args()
 
     from adaspec.backends.static_torch import static_backend
@@ -116,14 +140,22 @@ def main() -> None:
                     "command": "PYTHONPATH=src python experiments/gpu_costs.py "
                                + ("--tiny --device cpu" if args.tiny else "--out $OUT"),
                     "note": "random-init weights of the real shapes: costs, not outputs"}
+    models = {}
     for name, shape in shapes.items():
-        model = model_of(shape, vocab, device, dtype)
-        static = static_backend(model, name, device, max_context=args.context + 128)
+        model = models[name] = model_of(shape, vocab, device, dtype)
+        static = static_backend(model, name, device, max_context=args.context + 256)
         floor = static.bytes_per_forward / (bandwidth * 1e9) * 1000
         row = {"weight_bytes": static.bytes_per_forward, "floor_ms": round(floor, 3),
+               "graphs": static.graphs,
                "static_ms": {n: round(v, 3) for n, v in
                              curve(static, device, args.reps, args.context).items()}}
+        row["loop"] = loop_step_ms(static, args.generate_tokens)
         del static
+        if device == "cuda":  # what the graphs buy
+            eager = static_backend(model, name, device, args.context + 256, graphs="off")
+            row["static_no_graphs_ms"] = {n: round(v, 3) for n, v in
+                                          curve(eager, device, args.reps, args.context).items()}
+            del eager
         hf = TorchBackend(model, name)
         row["transformers_ms"] = {n: round(v, 3) for n, v in
                                   curve(hf, device, args.reps, args.context).items()}
@@ -132,22 +164,38 @@ def main() -> None:
             hf_generate_ms(model, device, args.generate_tokens), 3)
         row["static_1_over_floor"] = round(row["static_ms"][1] / floor, 2)
         record["models"][name] = row
-        print(name, json.dumps(row))
-        del model
+        print(name, json.dumps(row), flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if len(models) == 2 and not args.no_profile:
+        from adaspec.cost.cache import profile_key
+        from adaspec.cost.measure import measure_profile
+        from adaspec.engine.overhead import loop_overhead_ms
+
+        target_name, draft_name = list(models)
+        target = static_backend(models[target_name], target_name, device, 4096)
+        draft = static_backend(models[draft_name], draft_name, device, 4096)
+        key = {**profile_key(target, draft), "note": "random-init weights of the real shapes"}
+        profile = measure_profile(target, draft, None, key=key, progress=False,
+                                  loop_overhead=loop_overhead_ms)
+        profile.save(out / "gpu_profile.json")
+        record["profile"] = "gpu_profile.json"
     (out / "gpu_costs.json").write_text(json.dumps(record, indent=2))
     lines = [f"# Pass costs on {machine} (bf16, random-init weights of the real shapes)", "",
              f"Copy bandwidth {record['copy_gbs']} GB/s; cache {args.context} tokens; "
              f"`{record['command']}`", "",
-             "| model | floor ms | static n=1 | n=8 | n=64 | transformers n=1 | n=8 | "
-             "HF generate ms/token |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| model | floor ms | static n=1 | n=8 | n=64 | no graphs n=1 | transformers n=1 |"
+             " n=8 | HF generate ms/token | adaspec ar: target / loop ms per step |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, r in record["models"].items():
         s, t = r["static_ms"], r["transformers_ms"]
-        lines.append(f"| {name} | {r['floor_ms']} | {s[1]} | {s[8]} | {s[64]} | {t[1]} | "
-                     f"{t[8]} | {r['hf_generate_ms_per_token']} |")
+        eager = r.get("static_no_graphs_ms", {}).get(1, "-")
+        loop = r["loop"]
+        lines.append(f"| {name} | {r['floor_ms']} | {s[1]} | {s[8]} | {s[64]} | {eager} | "
+                     f"{t[1]} | {t[8]} | {r['hf_generate_ms_per_token']} | "
+                     f"{loop['target_ms_per_step']} / {loop['loop_ms_per_step']} |")
     (out / "gpu_costs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -63,7 +63,16 @@ def test_flat_verification_makes_the_same_steps_pay_more(results):
 
 
 def test_replay_is_labelled_simulated_everywhere(results, capsys):
-    path, md = write_replay(results, _profile(0.1), "flat")
+    """Under a simulated profile the figures say SIMULATED; under a measured one (a GPU's,
+    from experiments/gpu_costs.py) PREDICTED, with where it was measured: never measured."""
+    measured = _profile(0.1)
+    measured.key = {"device": "NVIDIA H200"}
+    _, md = write_replay(results, measured, "gpu_profile.json")
+    assert md.startswith("# PREDICTED from the measured cost profile `gpu_profile.json` "
+                         "(NVIDIA H200): recorded runs re-priced, not run there")
+    simulated = _profile(0.1)
+    simulated.simulated = True
+    path, md = write_replay(results, simulated, "flat")
     assert md.startswith("# SIMULATED")
     assert json.loads(path.with_suffix(".json").read_text())["simulated"] is True
     code = main(["bench", "--replay", str(results), "--profile", "flat"])

@@ -40,3 +40,18 @@ def test_a_cpu_runtime_on_a_gpu_is_refused_before_loading():
 
     with pytest.raises(InputError, match="--weights ik does not run on --device cuda"):
         start_backend("qwen2.5-coder-1.5b-instruct", weights="ik", device="cuda")
+
+
+def test_ray_replicas_reserve_a_gpu_each_on_cuda(capsys):
+    """`serve --ray` on a GPU: each replica reserves one GPU (Ray then shows it only its
+    own); on the CPU none; GPUs asked for without a GPU, or without --ray, are refused."""
+    from adaspec.cli import main
+    from adaspec.serve.ray_app import actor_options
+
+    assert actor_options(1.0, 1.0) == {"num_cpus": 1.0, "num_gpus": 1.0}
+    assert actor_options(0.5, 0.0) == {"num_cpus": 0.5}
+    assert main(["serve", "--device", "cpu", "--gpus-per-replica", "1", "--ray"]) == 2
+    assert main(["serve", "--device", "cpu", "--gpus-per-replica", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "GPUs only with --device cuda" in err
+    assert "--gpus-per-replica is a Ray Serve setting: add --ray" in err

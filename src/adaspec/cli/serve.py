@@ -52,6 +52,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="run as a Ray Serve deployment (needs `ray[serve]`)")
     p.add_argument("--replicas", type=int, default=1,
                    help="with --ray: model instances, one per replica (default 1)")
+    p.add_argument("--gpus-per-replica", type=float, default=None,
+                   help="with --ray: GPUs Ray reserves for each replica (default 1 when the "
+                        "models run on a CUDA GPU, else 0)")
     g = p.add_argument_group("cross-request history (docs/auto.md)")
     g.add_argument("--history", default="", metavar="PATH|off",
                    help="where the history that methods draft from (auto, by default) is kept: "
@@ -128,7 +131,15 @@ def run_serve(args: argparse.Namespace) -> int:
     from adaspec.backends.device import resolve_device
     from adaspec.serve.config import ServeConfig
 
-    resolve_device(args.device)  # a missing GPU is named before any model loads
+    device = resolve_device(args.device)  # a missing GPU is named before any model loads
+    gpus = args.gpus_per_replica
+    if gpus is None:
+        gpus = 1.0 if device == "cuda" else 0.0
+    if gpus < 0 or (gpus > 0 and device != "cuda"):
+        raise InputError(f"--gpus-per-replica {gpus:g}: give a number >= 0, and GPUs only "
+                         "with --device cuda")
+    if args.gpus_per_replica is not None and not args.ray:
+        raise InputError("--gpus-per-replica is a Ray Serve setting: add --ray")
     online = None
     if args.online_distill:
         if args.ray:
@@ -154,7 +165,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ray:
         from adaspec.serve.ray_app import run_ray
 
-        return run_ray(config, args.replicas)
+        return run_ray(config, args.replicas, gpus_per_replica=gpus)
     from adaspec.serve.server import run
 
     return run(config, log_level=args.log_level)

@@ -22,6 +22,9 @@ from adaspec.backends.base import ModelBackend
 from adaspec.cost.profile import CostProfile, Curve
 
 TARGET_SIZES = [1, 2, 3, 4, 5, 6, 8, 12, 16]
+# on a GPU a pass of 64 tokens may cost little more than one: token trees of up to 64 nodes
+# (the static runtime's largest graph) are priced from measured points, not extrapolated
+GPU_TARGET_SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
 DRAFT_SIZES = [1, 2, 3, 4]
 CONTEXTS = [128, 512]
 REPEATS = 3
@@ -52,6 +55,7 @@ def _time_curve(
         ids = context_ids(context_len, backend.vocab_size)
         t0 = time.perf_counter()
         backend.prefill(torch.tensor(ids))
+        backend.synchronize()  # a GPU's pass is timed done, not queued
         prefill_rate = context_len / (time.perf_counter() - t0)
         tick()
         times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -60,6 +64,7 @@ def _time_curve(
                 tokens = torch.tensor(ids[-n:] if n <= len(ids) else ids[-1:] * n)
                 t0 = time.perf_counter()
                 backend.forward(tokens)
+                backend.synchronize()
                 elapsed = 1000 * (time.perf_counter() - t0)
                 backend.truncate(context_len)
                 if round_:
@@ -94,11 +99,13 @@ def _probe(backend: ModelBackend) -> tuple[float, float, float]:
     ids = context_ids(32, backend.vocab_size, seed=2)
     t0 = time.perf_counter()
     backend.prefill(torch.tensor(ids))
+    backend.synchronize()
     per_token = 1000 * (time.perf_counter() - t0) / len(ids)
     times = []
     for n in (1, 8):
         t0 = time.perf_counter()
         backend.forward(torch.tensor(ids[:n]))
+        backend.synchronize()
         times.append(1000 * (time.perf_counter() - t0))
         backend.truncate(len(ids))
     backend.reset()
@@ -159,7 +166,8 @@ def measure_profile(
     layer, so its caller hands it in)."""
     from tqdm import tqdm
 
-    sizes = sizes or TARGET_SIZES
+    sizes = sizes or (GPU_TARGET_SIZES if getattr(target, "device", "cpu") == "cuda"
+                      else TARGET_SIZES)
     draft_sizes = draft_sizes or DRAFT_SIZES
     max_len = target.max_context - max(sizes) - OVERHEAD_TOKENS - 2
     if draft is not None:

@@ -5,8 +5,9 @@ metrics and all) on it; Ray's HTTP proxy spreads requests over the replicas. Ray
 most `max_queue + 1` requests to a replica at a time (one decoding, the rest in its queue)
 and holds up to `max_queue` more per replica itself (then answers 503). On a cluster
 (`ray start --head`, `ray start --address=HEAD:6379` on the other nodes) the replicas spread
-over its nodes; every node needs the models (docs/serve.md). Ray is imported only here,
-only when asked for.
+over its nodes; every node needs the models (docs/serve.md). With `--device cuda` each
+replica reserves one GPU (`--gpus-per-replica`), so N replicas use N GPUs of the cluster.
+Ray is imported only here, only when asked for.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from adaspec.serve.config import ServeConfig
 APP_NAME = "adaspec"
 
 
-def build_deployment(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0):
+def actor_options(cpus_per_replica: float, gpus_per_replica: float) -> dict:
+    """What Ray reserves for each replica: CPUs, and GPUs where the models run on one (Ray
+    then shows the replica only its own GPUs, so `cuda` in the replica is its GPU)."""
+    options: dict = {"num_cpus": cpus_per_replica}
+    if gpus_per_replica > 0:
+        options["num_gpus"] = gpus_per_replica
+    return options
+
+
+def build_deployment(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
+                     gpus_per_replica: float = 0.0):
     """The bound Ray Serve application: `serve.run(build_deployment(config, 2))`."""
     from ray import serve
 
@@ -30,7 +41,7 @@ def build_deployment(config: ServeConfig, replicas: int, cpus_per_replica: float
         num_replicas=replicas,
         max_ongoing_requests=config.max_queue + 1,
         max_queued_requests=max(1, config.max_queue * replicas),
-        ray_actor_options={"num_cpus": cpus_per_replica},
+        ray_actor_options=actor_options(cpus_per_replica, gpus_per_replica),
     )
     @serve.ingress()
     class AdaspecReplica:
@@ -49,7 +60,8 @@ def build_deployment(config: ServeConfig, replicas: int, cpus_per_replica: float
     return AdaspecReplica.bind(config)  # type: ignore[attr-defined]  # why: class decorator
 
 
-def run_ray(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0) -> int:
+def run_ray(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
+            gpus_per_replica: float = 0.0) -> int:
     """Start (or join, with RAY_ADDRESS) a Ray cluster, deploy N replicas behind Ray's HTTP
     proxy on --host/--port, and serve until SIGTERM or Ctrl-C."""
     import ray
@@ -62,7 +74,8 @@ def run_ray(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0) -
     print(f"adaspec serve: starting {replicas} Ray Serve replica(s), each loading "
           f"{config.target} ...", file=sys.stderr, flush=True)
     try:
-        serve.run(build_deployment(config, replicas, cpus_per_replica), name=APP_NAME,
+        serve.run(build_deployment(config, replicas, cpus_per_replica, gpus_per_replica),
+                  name=APP_NAME,
                   route_prefix="/")
     except RuntimeError as exc:
         serve.shutdown()

@@ -118,6 +118,7 @@ def replay(results: str | Path, profile: CostProfile, name: str) -> dict:
         "profile": name,
         "profile_source": profile.source,
         "profile_simulated": profile.simulated,
+        "profile_device": (profile.key or {}).get("device"),
         "results": str(results),
         "skipped_methods": sorted(skipped),
         "methods": dict(table),
@@ -132,8 +133,13 @@ def geomean(values: list[float]) -> float:
 def to_markdown(report: dict) -> str:
     methods = report["methods"]
     cats = sorted({c for per in methods.values() for c in per if c != "all"}) + ["all"]
+    device = report.get("profile_device")
+    title = (f"# SIMULATED: recorded runs re-priced under cost profile `{report['profile']}`"
+             if report["profile_simulated"] else
+             f"# PREDICTED from the measured cost profile `{report['profile']}`"
+             + (f" ({device})" if device else "") + ": recorded runs re-priced, not run there")
     lines = [
-        f"# SIMULATED: recorded runs re-priced under cost profile `{report['profile']}`",
+        title,
         "",
         f"Results: `{report['results']}`. Profile source: {report['profile_source']}"
         + (" (itself simulated, not measured)" if report["profile_simulated"] else "") + ".",

