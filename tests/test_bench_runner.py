@@ -360,6 +360,9 @@ def test_hugging_face_peers_plain_and_prompt_lookup(tmp_path, target_model, draf
         assert by[(p.id, "hf")]["token_ids"] == ar
         assert by[(p.id, "hf-lookup:k=4")]["token_ids"] == ar
     assert by[("t/0", "hf-lookup:k=4")]["drafted"] > 0
+    # another runtime than the run's own target: compared with plain decoding, not checked
+    assert by[("t/0", "hf")]["other_weights"] and not by[("t/0", "hf")]["exactness_checked"]
+    assert by[("t/0", "ngram:k=4")]["exactness_checked"]
     assert summary["exactness"]["bugs"] == 0
     peers = summary["peers"]
     assert peers["hf"]["cache"] == "static" and "fallback" not in peers["hf"]

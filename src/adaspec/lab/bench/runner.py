@@ -237,6 +237,8 @@ class BenchRunner:
         # per llama.cpp method: whether llama.cpp repacked the weights, and why
         self.repack: dict[str, dict] = {}
         self.peers: dict[str, dict] = {}  # per llama-server method: binary, build, arguments
+        # HF methods run on the target's plain weights beside another runtime of the run's
+        self.other_runtime: set[str] = set()
         if config.baseline is not None and config.baseline not in self.methods:
             raise InputError(f"--baseline {config.baseline!r} is not among the methods "
                              f"({', '.join(self.methods)}): add it to --methods")
@@ -312,6 +314,7 @@ class BenchRunner:
         tgt, drf = self.backends[m]
         if not _is_hf(tgt):
             tgt = self._variant("target", "none")
+            self.other_runtime.add(m)  # compared with plain decoding, not checked against it
         if spec.needs_draft_model() and not _is_hf(drf):
             drf = self._variant("draft", "none")
         if not _is_hf(tgt) or (spec.needs_draft_model() and not _is_hf(drf)):
@@ -538,7 +541,8 @@ class BenchRunner:
         if method != "ar":
             spec = self.specs[method]
             # llama.cpp's GGUF, or a quantized target's own plain decoding: other weights
-            other = spec is not None and (other_weights(spec) or self.baseline_of(method) == method)
+            other = spec is not None and (other_weights(spec) or self.baseline_of(method) == method
+                                          or method in self.other_runtime)
             row["exactness_checked"] = self.greedy and not other
             if other:
                 row["other_weights"] = True
