@@ -73,12 +73,13 @@ def model_of(shape: dict, vocab: int, device: str, dtype: torch.dtype):
     return model
 
 
-def curve(backend, device: str, reps: int, context: int) -> dict[int, float]:
+def curve(backend, device: str, reps: int, context: int,
+          sizes: tuple[int, ...] = SIZES) -> dict[int, float]:
     """ms of a pass of n tokens after `context` cached ones (rolled back after each)."""
     backend.reset()
     backend.prefill(torch.randint(0, 1000, (context,)))
     out = {}
-    for n in SIZES:
+    for n in sizes:
         tokens = torch.randint(0, 1000, (n,))
 
         def one(tokens=tokens) -> None:
@@ -125,6 +126,8 @@ def main() -> None:
     ap.add_argument("--generate-tokens", type=int, default=128)
     ap.add_argument("--out", default="experiments/results/gpu-costs")
     ap.add_argument("--no-profile", action="store_true", help="skip the pair's cost profile")
+    ap.add_argument("--compile-sizes", default="1,8",
+                    help="pass sizes also timed compiled by torch.compile ('' to skip)")
     args = ap.parse_args()
 
     from adaspec.backends.static_torch import static_backend
@@ -156,6 +159,17 @@ def main() -> None:
             row["static_no_graphs_ms"] = {n: round(v, 3) for n, v in
                                           curve(eager, device, args.reps, args.context).items()}
             del eager
+        if args.compile_sizes:  # what torch.compile adds (one compile per size)
+            sizes = tuple(int(n) for n in args.compile_sizes.split(","))
+            t0 = time.perf_counter()
+            fused = static_backend(model, name, device, args.context + 256,
+                                   graphs="cuda" if device == "cuda" else "eager", compile=True)
+            row["static_compiled_ms"] = {
+                n: round(v, 3) for n, v in curve(fused, device, args.reps, args.context,
+                                                 sizes).items()}
+            row["compiled"] = fused.compiled  # False: the compiler failed, eager was timed
+            row["compile_s"] = round(time.perf_counter() - t0, 1)
+            del fused
         hf = TorchBackend(model, name)
         row["transformers_ms"] = {n: round(v, 3) for n, v in
                                   curve(hf, device, args.reps, args.context).items()}
@@ -186,15 +200,17 @@ def main() -> None:
     lines = [f"# Pass costs on {machine} (bf16, random-init weights of the real shapes)", "",
              f"Copy bandwidth {record['copy_gbs']} GB/s; cache {args.context} tokens; "
              f"`{record['command']}`", "",
-             "| model | floor ms | static n=1 | n=8 | n=64 | no graphs n=1 | transformers n=1 |"
-             " n=8 | HF generate ms/token | adaspec ar: target / loop ms per step |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| model | floor ms | static n=1 | n=8 | n=64 | no graphs n=1 | compiled n=1 | "
+             "transformers n=1 | n=8 | HF generate ms/token | adaspec ar: target / loop ms "
+             "per step |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, r in record["models"].items():
         s, t = r["static_ms"], r["transformers_ms"]
         eager = r.get("static_no_graphs_ms", {}).get(1, "-")
+        fused = r.get("static_compiled_ms", {}).get(1, "-")
         loop = r["loop"]
         lines.append(f"| {name} | {r['floor_ms']} | {s[1]} | {s[8]} | {s[64]} | {eager} | "
-                     f"{t[1]} | {t[8]} | {r['hf_generate_ms_per_token']} | "
+                     f"{fused} | {t[1]} | {t[8]} | {r['hf_generate_ms_per_token']} | "
                      f"{loop['target_ms_per_step']} / {loop['loop_ms_per_step']} |")
     (out / "gpu_costs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -178,3 +178,35 @@ def test_graph_settings_are_checked():
     with pytest.raises(InputError, match="CUDA graphs need the model on a CUDA GPU"):
         static_backend(model, "tiny", graphs="cuda")
     assert static_backend(model, "tiny").graphs == "off"  # auto, on the CPU
+
+
+def test_compiled_fixed_passes_score_what_exact_shapes_score(capsys):
+    """torch.compile over the fixed pass (what a GPU then captures as graphs): the same
+    logits, the compiler really ran; a compiler that fails leaves the eager pass, said."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(seed=14, random_norms=True)
+    exact = static_backend(model, "exact", graphs="off")
+    compiled = static_backend(model, "compiled", graphs="eager", compile=True)
+    prompt = torch.tensor([3, 14, 15, 9, 26, 5, 35])
+    for b in (exact, compiled):
+        b.prefill(prompt)
+    before = counters["stats"]["unique_graphs"]
+    for toks in ([8], [9, 7, 6]):
+        close(compiled.forward(torch.tensor(toks)).logits, exact.forward(torch.tensor(toks))
+              .logits)
+    assert counters["stats"]["unique_graphs"] > before and compiled.compiled
+    with pytest.raises(InputError, match="compile applies to the fixed-shape passes"):
+        static_backend(model, "x", graphs="off", compile=True)
+
+    def broken(f):
+        raise RuntimeError("no compiler here")
+
+    failing = static_backend(model, "failing", graphs="eager", compile=True)
+    failing._pass = broken
+    failing.prefill(prompt)
+    exact.truncate(len(prompt))
+    close(failing.forward(torch.tensor([8])).logits, exact.forward(torch.tensor([8])).logits)
+    assert not failing.compiled
+    assert "torch.compile failed for the static runtime (RuntimeError: no compiler here)" in (
+        capsys.readouterr().err)

@@ -10,6 +10,7 @@ runs, and the static-cache runtime goes first. A new runtime is a module of its 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from adaspec.backends.base import ModelBackend
 from adaspec.backends.device import CPU, CUDA
 from adaspec.errors import InputError
+
+COMPILE_ENV = "ADASPEC_TORCH_COMPILE"  # 1: the static runtime compiles its fixed passes
 
 Loaded = tuple[ModelBackend, object, list[int]]  # backend, tokenizer (or None), EOS ids
 
@@ -123,7 +126,8 @@ def _start_static(req: LoadRequest) -> Callable[[], Loaded]:
         from adaspec.store.model_store import load_model
 
         loaded = load_model(req.name, dtype=req.dtype, quant="none")
-        backend = static_backend(loaded.model, loaded.name, req.device)
+        compile = os.environ.get(COMPILE_ENV, "").strip() not in ("", "0")
+        backend = static_backend(loaded.model, loaded.name, req.device, compile=compile)
         return backend, loaded.tokenizer, eos_ids_of(loaded.model, loaded.tokenizer)
 
     return finish

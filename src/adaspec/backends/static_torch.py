@@ -11,6 +11,9 @@ slots past the cache, a mask over the whole cache, so every tensor's shape depen
 padded size alone. On a GPU each size is captured once as a CUDA graph and replayed (one
 launch instead of hundreds of small ones, which otherwise cost more than the pass); on the
 CPU the same fixed-shape pass runs eagerly, which is how tests check it.
+With `compile` (`ADASPEC_TORCH_COMPILE=1` where the runtime is loaded by name) each fixed
+pass is compiled by torch.compile first, which fuses its small kernels (norms, rotary,
+activations); a compiler that fails leaves the eager pass.
 
 It runs on the CPU and on a CUDA GPU alike (same code; tests run it on the CPU with tiny
 models). The weights are a transformers checkpoint's (a local Hugging Face directory of a
@@ -19,6 +22,7 @@ Qwen2 / Llama-family model, or a built-in model), loaded as they are.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +132,8 @@ class StaticTorchBackend(ModelBackend):
     has_hidden_states = True
 
     def __init__(self, model: DecoderLM, name: str = "model",
-                 max_context: int = DEFAULT_CONTEXT, graphs: str = "auto") -> None:
+                 max_context: int = DEFAULT_CONTEXT, graphs: str = "auto",
+                 compile: bool = False) -> None:
         self.model = model.eval()
         self.name = name
         cfg = model.config
@@ -150,6 +155,13 @@ class StaticTorchBackend(ModelBackend):
         if graphs == "cuda" and self.device != "cuda":
             raise InputError("CUDA graphs need the model on a CUDA GPU")
         self.graphs = graphs
+        if compile and graphs == "off":
+            raise InputError("compile applies to the fixed-shape passes: graphs cuda or eager")
+        # torch.compile fuses each fixed pass's small kernels (norms, rotary, activations);
+        # compiled once per size on first use, then captured like the eager pass
+        self.compiled = compile
+        self._pass = (torch.compile(self._fixed_pass, fullgraph=True, dynamic=False)
+                      if compile else self._fixed_pass)
         # scratch slots past the cache: a fixed pass writes its padding there
         self._scratch = self.max_context + TREE_SLOTS
         pad = max(GRAPH_SIZES) if graphs != "off" else 0
@@ -302,7 +314,21 @@ class StaticTorchBackend(ModelBackend):
         if f.graph is not None:
             f.graph.replay()
             return f.out[:n].clone()  # the graph's output buffer is overwritten next replay
-        return self._fixed_pass(f)[:n]
+        return self._run_pass(f)[:n]
+
+    def _run_pass(self, f: _FixedPass) -> torch.Tensor:
+        """The fixed pass, compiled where asked; a compiler that fails here (no C++ compiler,
+        a Triton without this GPU) leaves the eager pass, said once on stderr."""
+        try:
+            return self._pass(f)
+        except Exception as exc:
+            if not self.compiled:
+                raise
+            print(f"adaspec: torch.compile failed for the static runtime "
+                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); running it "
+                  "uncompiled", file=sys.stderr, flush=True)
+            self.compiled, self._pass = False, self._fixed_pass
+            return self._pass(f)
 
     def _fixed_pass(self, f: _FixedPass) -> torch.Tensor:
         """Logits [size, V] of a fixed pass: every shape depends on the size alone, and the
@@ -328,11 +354,11 @@ class StaticTorchBackend(ModelBackend):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._fixed_pass(f)
+                self._run_pass(f)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            f.out = self._fixed_pass(f)
+            f.out = self._pass(f)
         f.graph = graph
 
 
@@ -370,9 +396,9 @@ class _FixedPass:
 
 
 def static_backend(hf_model: nn.Module, name: str, device: str = "cpu",
-                   max_context: int = DEFAULT_CONTEXT, graphs: str = "auto"
-                   ) -> StaticTorchBackend:
+                   max_context: int = DEFAULT_CONTEXT, graphs: str = "auto",
+                   compile: bool = False) -> StaticTorchBackend:
     """A transformers causal LM's weights in the static runtime on `device`."""
     model = DecoderLM.from_hf(hf_model).to(device)
     limit = int(getattr(hf_model.config, "max_position_embeddings", max_context))
-    return StaticTorchBackend(model, name, min(max_context, limit), graphs)
+    return StaticTorchBackend(model, name, min(max_context, limit), graphs, compile)
