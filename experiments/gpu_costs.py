@@ -7,6 +7,8 @@ runtime and on transformers. Writes small summaries (gpu_costs.json / gpu_costs.
   the static runtime with CUDA graphs (its GPU default), the same without graphs, and
   transformers;
 - plain decoding ms/token of Hugging Face `generate` (static cache, greedy);
+- one call carrying a token for each of 1, 2, 4, 8 requests (the static runtime's batched
+  cache, continuous batching's slack on a GPU);
 - adaspec's own plain loop on the static runtime: the target's ms per step beside the loop's
   own ms per step (verification, bookkeeping; `RequestStats.loop_time`);
 - the physical floor: weight bytes a pass reads over the measured device copy bandwidth;
@@ -90,6 +92,25 @@ def curve(backend, device: str, reps: int, context: int,
     return out
 
 
+def batch_curve(static, device: str, reps: int, context: int) -> dict[int, float]:
+    """ms of one call carrying one token for each of B requests (the static runtime's
+    batched cache, backends/static_batch.py; eager, no graphs yet), B = 1, 2, 4, 8."""
+    from adaspec.backends.sequences import ALL, LAST, forward_together
+
+    views = static.sequences(8)
+    prompt = torch.randint(0, 1000, (context,)).tolist()
+    forward_together([(v, prompt, LAST) for v in views])
+    out = {}
+    for b in (1, 2, 4, 8):
+        def one(b=b) -> None:
+            forward_together([(v, [7], ALL) for v in views[:b]])
+            for v in views[:b]:
+                v.truncate(context)
+
+        out[b] = timed(one, device, reps)
+    return out
+
+
 def loop_step_ms(backend, tokens: int) -> dict[str, float]:
     """adaspec's plain loop on `backend`: the target's ms per step and the loop's own."""
     from adaspec.engine.loop import Engine
@@ -153,6 +174,8 @@ def main() -> None:
                "static_ms": {n: round(v, 3) for n, v in
                              curve(static, device, args.reps, args.context).items()}}
         row["loop"] = loop_step_ms(static, args.generate_tokens)
+        row["batch_ms"] = {b: round(v, 3) for b, v in
+                           batch_curve(static, device, args.reps, args.context).items()}
         del static
         if device == "cuda":  # what the graphs buy
             eager = static_backend(model, name, device, args.context + 256, graphs="off")
@@ -212,6 +235,11 @@ def main() -> None:
         lines.append(f"| {name} | {r['floor_ms']} | {s[1]} | {s[8]} | {s[64]} | {eager} | "
                      f"{fused} | {t[1]} | {t[8]} | {r['hf_generate_ms_per_token']} | "
                      f"{loop['target_ms_per_step']} / {loop['loop_ms_per_step']} |")
+    lines += ["", "One call, one token for each of B requests (batched cache, eager), ms:", "",
+              "| model | B=1 | B=2 | B=4 | B=8 |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name, r in record["models"].items():
+        bm = r["batch_ms"]
+        lines.append(f"| {name} | {bm[1]} | {bm[2]} | {bm[4]} | {bm[8]} |")
     (out / "gpu_costs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -7,7 +7,7 @@ keys and values, explicit positions, tree masks).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -131,6 +131,42 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
+    def step_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  cache: tuple[torch.Tensor, torch.Tensor], rows: list[Row]) -> torch.Tensor:
+        """Several sequences' passes at once: x [B, n, hidden], row b's first m_b tokens real
+        (their rotary cos / sin [B, n, d]); cache: keys/values [S, kv_heads, max_len, d], one
+        row per sequence, written in place. The projections run over every row in one
+        matrix product (the weights are read once); attention runs per row over its own
+        sequence's cache. Padding tokens' outputs are zeros (nothing reads them)."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
+        keys, values = cache
+        out = q.new_zeros(b, self.heads, n, self.head_dim)
+        for r, row in enumerate(rows):
+            seq, start, m = row.seq, row.start, row.tokens
+            keys[seq, :, start : start + m] = k[r, :, :m]
+            values[seq, :, start : start + m] = v[r, :, :m]
+            out[r, :, :m] = F.scaled_dot_product_attention(
+                q[r : r + 1, :, :m], keys[seq : seq + 1, :, : start + m],
+                values[seq : seq + 1, :, : start + m], attn_mask=row.mask,
+                enable_gqa=self.heads != self.kv_heads)[0]
+        out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class Row(NamedTuple):
+    """One sequence's share of a batched pass: its cache row, cached length before the
+    pass, real tokens, and their mask [tokens, start + tokens] (causal after the cache)."""
+
+    seq: int
+    start: int
+    tokens: int
+    mask: torch.Tensor
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: LayerShapes) -> None:
         super().__init__()
@@ -164,4 +200,10 @@ class DecoderLayer(nn.Module):
         """The layer on a static cache (`Attention.step`)."""
         x = x + self.self_attn.step(self.input_layernorm(x), cos, sin, cache, start, mask,
                                     slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def step_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  cache: tuple[torch.Tensor, torch.Tensor], rows: list[Row]) -> torch.Tensor:
+        """The layer over several sequences' rows (`Attention.step_rows`)."""
+        x = x + self.self_attn.step_rows(self.input_layernorm(x), cos, sin, cache, rows)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -188,6 +188,14 @@ class StaticTorchBackend(ModelBackend):
         self._len = 0
         self._ids = []
 
+    def sequences(self, n: int) -> list[ModelBackend]:
+        """`n` sequences in one batched cache over these weights (backends/static_batch.py):
+        requests decoded together share each call of the model."""
+        from adaspec.backends.sequences import views
+        from adaspec.backends.static_batch import StaticSequences
+
+        return list(views(StaticSequences(self, n + 1), n))
+
     def truncate(self, length: int) -> None:
         self._len = min(self._len, max(0, int(length)))
         del self._ids[self._len :]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call on a lent GPU (issue 34; docs/gpu.md): the costs first, which need no
+# weights (random-init models of the real shapes), then, where the built-in pair's weights
+# were brought there (experiments/gpu_ship.py), every method end to end beside Hugging Face.
+# Writes at most 8 small files under $OUT (what the device tool returns):
+#   machine.txt, costs/gpu_costs.{json,md}, costs/gpu_profile.json,
+#   bench/summary.{md,json}, bench/run.json, bench/results.jsonl
+# Usage (device `run`, carry ['.whl'] and, for the bench, the chunks already sent):
+#   bash experiments/gpu_session.sh            # BENCH_ARGS="--suite humaneval:3" to narrow
+set -u -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:?set by the device tool}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
+      --format=csv; python3 -c "import torch, transformers; print('torch', torch.__version__,
+'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+python3 experiments/gpu_costs.py --out "$OUT/costs" || echo "gpu_costs.py failed: $?"
+
+if [ -f .gpuw/manifest.json ]; then
+    python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home || exit 1
+    ADASPEC_HOME=/tmp/adaspec-home ADASPEC_DATA_DIR=$PWD/.gpuw/data \
+        python3 experiments/gpu_bench.py --out "$OUT/bench" ${BENCH_ARGS:-}
+else
+    echo "no weights here (.gpuw/manifest.json): costs only; see docs/gpu.md"
+fi

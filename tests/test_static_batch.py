@@ -1,0 +1,84 @@
+"""Several sequences in the static runtime (backends/static_batch.py, issue 33): one call
+scores every sequence's feed, each row what its sequence scores alone, through rollbacks and
+a shared prompt prefix; requests decoded together on it give their outputs alone while
+sharing the model's calls."""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.backends.sequences import ALL, LAST, NONE, forward_together
+from adaspec.backends.static_torch import static_backend
+from adaspec.engine.batch import BatchDecoder
+from adaspec.engine.loop import GenerationResult
+from adaspec.methods.build import build_engine
+
+from .conftest import tiny_model
+from .test_batch import run_together
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a.float(), b.float(), atol=2e-4, rtol=2e-4)
+
+
+def test_one_call_scores_every_sequence_as_alone():
+    model = tiny_model(seed=31, random_norms=True)
+    views = static_backend(model, "tiny").sequences(3)
+    owner = views[0].owner  # type: ignore[attr-defined]
+    alone = [static_backend(model, f"alone{i}") for i in range(3)]
+    prompts = [[4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17, 18]]
+    # prompts: the last row each (one call for all three)
+    got = forward_together([(v, p, LAST) for v, p in zip(views, prompts, strict=True)])
+    assert owner.calls == 1
+    for g, a, p in zip(got, alone, prompts, strict=True):
+        close(g, a.prefill(torch.tensor(p)).logits)
+    # chains of different lengths after different cache lengths, every row
+    chains = [[20, 21, 22], [23], [24, 25]]
+    got = forward_together([(v, c, ALL) for v, c in zip(views, chains, strict=True)])
+    for g, a, c in zip(got, alone, chains, strict=True):
+        assert g.shape[0] == len(c)
+        close(g, a.forward(torch.tensor(c)).logits)
+    # a rollback in one sequence, then a feed of that one only with NONE and ALL rows
+    views[0].truncate(6)
+    alone[0].truncate(6)
+    none, last = forward_together([(views[0], [30, 31], NONE), (views[2], [32], ALL)])
+    assert none.shape[0] == 0
+    alone[0].forward(torch.tensor([30, 31]))
+    close(last, alone[2].forward(torch.tensor([32])).logits)
+    close(views[0].forward(torch.tensor([33])).logits, alone[0].forward(torch.tensor([33])).logits)
+    assert [v.cache_len for v in views] == [a.cache_len for a in alone]
+
+
+def test_a_shared_prompt_prefix_is_copied_not_computed():
+    model = tiny_model(seed=32, random_norms=True)
+    views = static_backend(model, "tiny").sequences(2)
+    system = list(range(1, 21))  # 20 tokens: above MIN_SHARE
+    first, second = system + [40, 41], system + [42, 43, 44]
+    views[0].prefill(torch.tensor(first))
+    out = views[1].prefill(torch.tensor(second))
+    assert views[1].shared_tokens == len(system)  # type: ignore[attr-defined]
+    close(out.logits, static_backend(model, "alone").prefill(torch.tensor(second)).logits)
+
+
+def test_requests_together_share_the_calls_and_keep_their_outputs():
+    target = tiny_model(seed=33)
+    draft = tiny_model(seed=34, layers=1)
+    methods = ["ar", "ngram:k=4", "draft:k=3", "auto:profile=flat"]
+    prompts = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6, 7, 8], [20, 21, 20]]
+    lengths = [20, 14, 25, 18]
+    targets = static_backend(target, "t").sequences(len(methods))
+    drafts = static_backend(draft, "d").sequences(len(methods))
+    engines = [build_engine(m, t, None, d, eos_token_ids=[])
+               for m, t, d in zip(methods, targets, drafts, strict=True)]
+    requests = {i: e.stream_steps(p, max_new_tokens=n)
+                for i, (e, p, n) in enumerate(zip(engines, prompts, lengths, strict=True))}
+    results, _ = run_together(BatchDecoder(), requests)
+    calls = 0
+    for i, (m, p, n) in enumerate(zip(methods, prompts, lengths, strict=True)):
+        want = build_engine(m, static_backend(target, "t"), None, static_backend(draft, "d"),
+                            eos_token_ids=[]).generate(p, max_new_tokens=n)
+        assert isinstance(results[i], GenerationResult)
+        assert results[i].token_ids == want.token_ids, m
+        calls += results[i].stats.target_calls
+    owner = targets[0].owner  # type: ignore[attr-defined]
+    assert owner.calls < calls / 2  # the requests' target passes went in shared calls
