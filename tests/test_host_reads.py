@@ -90,3 +90,23 @@ def test_the_host_copy_is_made_once_and_only_when_read():
     assert out.logits is first and DeviceRows.reads == [("cpu", 3 * 64)]
     plain = torch.randn(2, 8)
     assert ForwardOutput(plain).logits is plain  # CPU rows are their own host copy
+
+
+def test_a_greedy_draft_chain_reads_back_one_id_per_drafted_token():
+    """The draft model on the (simulated) GPU: a greedy chain under a length rule that reads
+    no distribution brings back each drafted token's id only; a rule that reads the draft's
+    distribution (ctrl=confidence) gets its rows on the host."""
+    target, draft = tiny_model(seed=21), tiny_model(seed=22, layers=1)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    want = build_engine("ar", static_backend(target, "ref"), None, None,
+                        eos_token_ids=[]).generate(prompt, 30).token_ids
+    DeviceRows.reads = []
+    result = build_engine("draft:k=3", simulated(target), None, simulated(draft),
+                          eos_token_ids=[]).generate(prompt, 30)
+    assert result.token_ids == want and result.stats.draft_calls > 0
+    assert DeviceRows.reads and all(n <= 5 for _, n in DeviceRows.reads)
+    DeviceRows.reads = []
+    result = build_engine("draft:ctrl=confidence,k=3", simulated(target), None,
+                          simulated(draft), eos_token_ids=[]).generate(prompt, 30)
+    assert result.token_ids == want
+    assert any(what == "cpu" and n >= 64 for what, n in DeviceRows.reads)

@@ -127,6 +127,8 @@ class DiscoLength(LengthController):
         self._step = []
         return self.sl_max
 
+    reads_logits = True
+
     @torch.inference_mode()
     def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
         if draft_logits is None:
