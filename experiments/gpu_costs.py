@@ -182,7 +182,8 @@ def main() -> None:
             row["static_no_graphs_ms"] = {n: round(v, 3) for n, v in
                                           curve(eager, device, args.reps, args.context).items()}
             del eager
-        if args.compile_sizes:  # what torch.compile adds (one compile per size)
+        if args.compile_sizes and len(models) == 1:  # the target (first) only: compiling
+            # may take a minute per size
             sizes = tuple(int(n) for n in args.compile_sizes.split(","))
             t0 = time.perf_counter()
             fused = static_backend(model, name, device, args.context + 256,

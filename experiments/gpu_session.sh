@@ -5,8 +5,11 @@
 # Writes at most 8 small files under $OUT (what the device tool returns):
 #   machine.txt, costs/gpu_costs.{json,md}, costs/gpu_profile.json,
 #   bench/summary.{md,json}, bench/run.json, bench/results.jsonl
-# Usage (device `run`, carry ['.whl'] and, for the bench, the chunks already sent):
-#   bash experiments/gpu_session.sh            # BENCH_ARGS="--suite humaneval:3" to narrow
+# Usage (device `run`, carry ['.whl'] and, for the bench, the chunks already sent); each
+# part fits one call's 10 minutes:
+#   bash experiments/gpu_session.sh costs      # then
+#   bash experiments/gpu_session.sh bench      # BENCH_ARGS="--suite humaneval:3" to narrow;
+#                                              # a call cut short: run it again (it resumes)
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
@@ -20,10 +23,12 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src
 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
-python3 experiments/gpu_costs.py --out "$OUT/costs" || echo "gpu_costs.py failed: $?"
-
-if [ -f .gpuw/manifest.json ]; then
-    python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home || exit 1
+PART=${1:-costs}
+if [ "$PART" = costs ]; then
+    python3 experiments/gpu_costs.py --out "$OUT/costs" || echo "gpu_costs.py failed: $?"
+elif [ -f .gpuw/manifest.json ]; then
+    [ -f /tmp/adaspec-home/gguf/qwen2.5-coder-1.5b-instruct.gguf ] ||
+        python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home || exit 1
     ADASPEC_HOME=/tmp/adaspec-home ADASPEC_DATA_DIR=$PWD/.gpuw/data \
         python3 experiments/gpu_bench.py --out "$OUT/bench" ${BENCH_ARGS:-}
 else
