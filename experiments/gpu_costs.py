@@ -94,7 +94,7 @@ def curve(backend, device: str, reps: int, context: int,
 
 def batch_curve(static, device: str, reps: int, context: int) -> dict[int, float]:
     """ms of one call carrying one token for each of B requests (the static runtime's
-    batched cache, backends/static_batch.py; eager, no graphs yet), B = 1, 2, 4, 8."""
+    batched cache, backends/static_batch.py: fixed shapes, graphs on a GPU), B = 1, 2, 4, 8."""
     from adaspec.backends.sequences import ALL, LAST, forward_together
 
     views = static.sequences(8)
@@ -236,7 +236,8 @@ def main() -> None:
         lines.append(f"| {name} | {r['floor_ms']} | {s[1]} | {s[8]} | {s[64]} | {eager} | "
                      f"{fused} | {t[1]} | {t[8]} | {r['hf_generate_ms_per_token']} | "
                      f"{loop['target_ms_per_step']} / {loop['loop_ms_per_step']} |")
-    lines += ["", "One call, one token for each of B requests (batched cache, eager), ms:", "",
+    lines += ["", "One call, one token for each of B requests (batched cache, graphs on a "
+              "GPU), ms:", "",
               "| model | B=1 | B=2 | B=4 | B=8 |", "| --- | ---: | ---: | ---: | ---: |"]
     for name, r in record["models"].items():
         bm = r["batch_ms"]

@@ -5,6 +5,7 @@ sharing the model's calls."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaspec.backends.sequences import ALL, LAST, NONE, forward_together
@@ -21,9 +22,15 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a.float(), b.float(), atol=2e-4, rtol=2e-4)
 
 
-def test_one_call_scores_every_sequence_as_alone():
+# each sequence's own shape, or every row at the fixed shapes a GPU replays as graphs (run
+# eagerly here)
+GRAPHS = pytest.mark.parametrize("graphs", ["off", "eager"])
+
+
+@GRAPHS
+def test_one_call_scores_every_sequence_as_alone(graphs):
     model = tiny_model(seed=31, random_norms=True)
-    views = static_backend(model, "tiny").sequences(3)
+    views = static_backend(model, "tiny", graphs=graphs).sequences(3)
     owner = views[0].owner  # type: ignore[attr-defined]
     alone = [static_backend(model, f"alone{i}") for i in range(3)]
     prompts = [[4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17, 18]]
@@ -49,9 +56,10 @@ def test_one_call_scores_every_sequence_as_alone():
     assert [v.cache_len for v in views] == [a.cache_len for a in alone]
 
 
-def test_a_shared_prompt_prefix_is_copied_not_computed():
+@GRAPHS
+def test_a_shared_prompt_prefix_is_copied_not_computed(graphs):
     model = tiny_model(seed=32, random_norms=True)
-    views = static_backend(model, "tiny").sequences(2)
+    views = static_backend(model, "tiny", graphs=graphs).sequences(2)
     system = list(range(1, 21))  # 20 tokens: above MIN_SHARE
     first, second = system + [40, 41], system + [42, 43, 44]
     views[0].prefill(torch.tensor(first))
@@ -60,14 +68,15 @@ def test_a_shared_prompt_prefix_is_copied_not_computed():
     close(out.logits, static_backend(model, "alone").prefill(torch.tensor(second)).logits)
 
 
-def test_requests_together_share_the_calls_and_keep_their_outputs():
+@GRAPHS
+def test_requests_together_share_the_calls_and_keep_their_outputs(graphs):
     target = tiny_model(seed=33)
     draft = tiny_model(seed=34, layers=1)
     methods = ["ar", "ngram:k=4", "draft:k=3", "auto:profile=flat"]
     prompts = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6, 7, 8], [20, 21, 20]]
     lengths = [20, 14, 25, 18]
-    targets = static_backend(target, "t").sequences(len(methods))
-    drafts = static_backend(draft, "d").sequences(len(methods))
+    targets = static_backend(target, "t", graphs=graphs).sequences(len(methods))
+    drafts = static_backend(draft, "d", graphs=graphs).sequences(len(methods))
     engines = [build_engine(m, t, None, d, eos_token_ids=[])
                for m, t, d in zip(methods, targets, drafts, strict=True)]
     requests = {i: e.stream_steps(p, max_new_tokens=n)
@@ -82,3 +91,20 @@ def test_requests_together_share_the_calls_and_keep_their_outputs():
         calls += results[i].stats.target_calls
     owner = targets[0].owner  # type: ignore[attr-defined]
     assert owner.calls < calls / 2  # the requests' target passes went in shared calls
+
+
+def test_fixed_rounds_pad_every_row_and_write_only_their_own_slots():
+    """A decode round at fixed shapes: rows without a feed and a feed's padding write only
+    scratch slots; the fixed pass was the one used (its shape recorded)."""
+    model = tiny_model(seed=35, random_norms=True)
+    views = static_backend(model, "tiny", graphs="eager").sequences(3)
+    owner = views[0].owner  # type: ignore[attr-defined]
+    forward_together([(views[0], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                                  20], LAST)])  # 17 tokens: a prompt chunk, its own shape
+    assert owner._fixed == {}
+    forward_together([(views[0], [21, 22, 23], ALL)])  # 3 tokens: padded to 4
+    assert set(owner._fixed) == {(4, 256)}
+    keys, _ = owner._cache[0]
+    assert bool(keys[1, :, :20].abs().sum(-1).gt(0).all())  # sequence 1's 20 tokens
+    assert not bool(keys[1, :, 20:owner.max_context].any())  # nothing past them
+    assert not bool(keys[[0, 2, 3], :, :owner.max_context].any())  # the rows without a feed

@@ -106,16 +106,21 @@ class Attention(nn.Module):
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              cache: tuple[torch.Tensor, torch.Tensor], start: int, mask: torch.Tensor,
              slots: torch.Tensor | None = None) -> torch.Tensor:
-        """A static cache's pass: x [1, n, hidden] at cache slots start .. start + n (their
+        """A static cache's pass: x [b, n, hidden] at cache slots start .. start + n (their
         rotary positions are in cos / sin [n, d], a tree's need not be consecutive); cache:
-        keys/values [1, kv_heads, max_len, d], written in place; mask [n, start + n] bool,
-        True where a new token sees a slot. slots [n]: the slots to write instead (a tensor,
-        so a captured graph reads them at replay); then the mask [n, max_len] spans the
-        whole cache and every shape depends on n alone."""
+        keys/values [b, kv_heads, max_len, d], written in place; mask [n, start + n] bool,
+        True where a new token sees a slot.
+
+        Fixed shapes (what a captured graph replays): slots [b, n], the slots each row's
+        tokens write (a tensor, read at replay), cos / sin [b, n, d], and the mask
+        [b, 1, n, span] (or [n, span] for one row) over the first `span` slots of every
+        row, so every shape depends on b, n and span alone."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        if cos.dim() == 3:  # a rotary angle per row
+            cos, sin = cos[:, None], sin[:, None]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         keys, values = cache
         if slots is None:
@@ -123,8 +128,11 @@ class Attention(nn.Module):
             values[:, :, start : start + n] = v
             keys, values = keys[:, :, : start + n], values[:, :, : start + n]
         else:
-            keys.index_copy_(2, slots, k)
-            values.index_copy_(2, slots, v)
+            rows = torch.arange(b, device=slots.device)[:, None].expand(b, n)
+            keys.transpose(1, 2)[rows, slots] = k.transpose(1, 2)  # [b, n, kv_heads, d]
+            values.transpose(1, 2)[rows, slots] = v.transpose(1, 2)
+            span = mask.shape[-1]
+            keys, values = keys[:, :, :span], values[:, :, :span]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              enable_gqa=self.heads != self.kv_heads)
         out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)

@@ -6,6 +6,13 @@ what a decode step reads, are read once for the whole batch; attention runs per 
 that sequence's own cached length. A rollback moves a sequence's length (its view's), so
 removal frees nothing; a shared prompt prefix is copied between rows.
 
+Decode rounds (every feed at most 16 tokens) run at fixed shapes where the base runtime does
+(`graphs`, a GPU's default): every row of the cache takes part, each padded to 1, 2, 4, 8 or
+16 tokens (a row without a feed is all padding), the padding written to scratch slots past
+the cache, attention over the first `span` slots of every row (a power of two covering the
+longest sequence). On a GPU each (tokens, span) shape is captured once as a CUDA graph and
+replayed; on the CPU the same pass runs eagerly (tests). Prompt chunks run at their own shape.
+
 A `SequenceOwner` (backends/sequences.py): the batch engine drives its views exactly as it
 drives ik_llama.cpp's sequences. `StaticTorchBackend.sequences(n)` makes one.
 """
@@ -23,6 +30,9 @@ from adaspec.errors import InputError
 if TYPE_CHECKING:
     from adaspec.backends.static_torch import StaticTorchBackend
 
+ROW_TOKENS = (1, 2, 4, 8, 16)  # tokens per row of a fixed pass (a feed's, padding included)
+MIN_SPAN = 256  # the shortest attention span of a fixed pass (slots per row)
+
 
 class StaticSequences:
     """`max_sequences` rows of cache over a static runtime's weights (sequence 0 is the
@@ -39,11 +49,16 @@ class StaticSequences:
             setattr(self, attr, getattr(base, attr))
         self.max_sequences = int(max_sequences)
         self._inv_freq = base._inv_freq
+        self.graphs = base.graphs  # cuda | eager | off, as the base runtime's
         cfg, weight = base.config, base.model.embed_tokens.weight
-        shape = (self.max_sequences, cfg.num_kv_heads, self.max_context, cfg.head_dim)
+        pad = ROW_TOKENS[-1] if self.graphs != "off" else 0  # scratch slots past the cache
+        shape = (self.max_sequences, cfg.num_kv_heads, self.max_context + pad, cfg.head_dim)
         self._cache = [(torch.zeros(shape, dtype=weight.dtype, device=weight.device),
                         torch.zeros(shape, dtype=weight.dtype, device=weight.device))
                        for _ in range(cfg.num_layers)]
+        self._slot_ids = torch.arange(shape[2], device=weight.device)
+        self._fixed: dict[tuple[int, int], _BatchPass] = {}
+        self._pool: Any = None
         self.calls = 0  # runtime calls made (each scores every feed given to it)
 
     @torch.inference_mode()
@@ -60,8 +75,12 @@ class StaticSequences:
                                  f"{f.start + len(f.ids)} > {self.max_context} tokens")
         if len({f.seq for f in feeds}) != len(feeds):
             raise InputError("two feeds of one sequence in one call")
+        n = max(len(f.ids) for f in feeds)
+        if self.graphs != "off" and n <= ROW_TOKENS[-1]:
+            self.calls += 1
+            return self._fixed_feed(feeds, n)
         cfg, model, dev = self.config, self.model, self._cache[0][0].device
-        b, n = len(feeds), max(len(f.ids) for f in feeds)
+        b = len(feeds)
         ids = torch.zeros(b, n, dtype=torch.long)
         pos = torch.zeros(b, n, dtype=torch.long)
         rows = []
@@ -86,6 +105,57 @@ class StaticSequences:
         self.calls += 1
         return list(logits.split([len(w) for w in wanted]))
 
+    def _fixed_feed(self, feeds: list[Feed], n: int) -> list[torch.Tensor]:
+        """Every row in one fixed-shape pass (replayed as a graph on a GPU); the feeds'
+        rows picked from it."""
+        size = next(t for t in ROW_TOKENS if t >= n)
+        longest = max(f.start + len(f.ids) for f in feeds)
+        span = MIN_SPAN
+        while span < longest:
+            span *= 2
+        span = min(span, self.max_context)
+        p = self._fixed.get((size, span))
+        if p is None:
+            p = self._fixed[(size, span)] = _BatchPass(
+                self.max_sequences, size, span, self.max_context, self._slot_ids.device)
+            if self.graphs == "cuda":
+                from adaspec.backends.static_torch import capture_graph
+
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                p.graph, p.out = capture_graph(lambda: self._batch_pass(p), self._pool)
+        p.load(feeds)
+        if p.graph is not None:
+            p.graph.replay()
+            out = p.out
+        else:
+            out = self._batch_pass(p)
+        wanted = [list(range(len(f.ids))) if f.rows == ALL else
+                  [len(f.ids) - 1] if f.rows == LAST else [] for f in feeds]
+        index = torch.tensor([f.seq * size + t for f, w in zip(feeds, wanted, strict=True)
+                              for t in w], dtype=torch.long, device=out.device)
+        logits = out.index_select(0, index).float().cpu()
+        return list(logits.split([len(w) for w in wanted]))
+
+    def _batch_pass(self, p: _BatchPass) -> torch.Tensor:
+        """Logits [rows x size, V] of a fixed pass over every row: shapes depend on the size
+        and span alone; lengths, slots and tokens are read from `p`'s tensors."""
+        cfg, model = self.config, self.model
+        rows, size, span = p.rows, p.size, p.span
+        at = self._slot_ids[:span][None, None, :]  # [1, 1, span] slot index
+        i = self._slot_ids[:size][None, :, None]  # [1, size, 1] token index in its row
+        start, real = p.starts[:, None, None], p.real[:, None, None]
+        mask = ((at < start) | ((at >= start) & (at <= start + i) & (i < real))
+                | ((at == 0) & (i >= real)))  # padding sees slot 0: never a bare row
+        cos, sin = rope(p.positions.reshape(-1), cfg.head_dim, cfg.rope_theta, self.dtype,
+                        self._inv_freq)
+        cos, sin = cos.view(rows, size, -1), sin.view(rows, size, -1)
+        x = model.embed_tokens(p.ids)
+        layer: Any
+        for k, layer in enumerate(model.layers):
+            x = layer.step(x, cos, sin, self._cache[k], 0, mask[:, None], slots=p.slots)
+        return model.lm_head(model.norm(x)).view(rows * size, -1)
+
     def remove_seq(self, seq: int, start: int) -> None:
         """Nothing to free: a sequence's length is its view's, and a pass reads only up to
         it (entries past it are overwritten when the sequence grows again)."""
@@ -95,3 +165,43 @@ class StaticSequences:
         for keys, values in self._cache:
             keys[dst, :, :length] = keys[src, :, :length]
             values[dst, :, :length] = values[src, :, :length]
+
+
+class _BatchPass:
+    """The device buffers of one fixed batched pass (`rows` x `size` tokens, attention over
+    `span` slots per row): token ids, rotary positions and cache slots [rows, size], each
+    row's cached length and real tokens [rows]. A row without a feed, and a feed's padding,
+    is token 0 at position 0 written to scratch slots; a captured graph reads the buffers at
+    each replay."""
+
+    def __init__(self, rows: int, size: int, span: int, scratch: int,
+                 device: torch.device) -> None:
+        self.rows, self.size, self.span = rows, size, span
+        cells = rows * size
+        self._host = torch.zeros(3 * cells + 2 * rows, dtype=torch.long)
+        self._ints = torch.zeros(3 * cells + 2 * rows, dtype=torch.long, device=device)
+        self.ids = self._ints[:cells].view(rows, size)
+        self.positions = self._ints[cells:2 * cells].view(rows, size)
+        self.slots = self._ints[2 * cells:3 * cells].view(rows, size)
+        self.starts = self._ints[3 * cells:3 * cells + rows]
+        self.real = self._ints[3 * cells + rows:]
+        self._scratch = torch.arange(scratch, scratch + size)
+        self.graph: Any = None
+        self.out: Any = None
+        self.load([])
+
+    def load(self, feeds: list[Feed]) -> None:
+        rows, size, host = self.rows, self.size, self._host
+        cells = rows * size
+        host.zero_()
+        ids, positions = host[:cells].view(rows, size), host[cells:2 * cells].view(rows, size)
+        slots = host[2 * cells:3 * cells].view(rows, size)
+        starts, real = host[3 * cells:3 * cells + rows], host[3 * cells + rows:]
+        slots[:] = self._scratch
+        for f in feeds:
+            m = len(f.ids)
+            ids[f.seq, :m] = torch.tensor(f.ids)
+            positions[f.seq, :m] = torch.arange(f.start, f.start + m)
+            slots[f.seq, :m] = torch.arange(f.start, f.start + m)
+            starts[f.seq], real[f.seq] = f.start, m
+        self._ints.copy_(host)

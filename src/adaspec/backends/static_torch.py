@@ -23,6 +23,7 @@ Qwen2 / Llama-family model, or a built-in model), loaded as they are.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -349,25 +350,31 @@ class StaticTorchBackend(ModelBackend):
         x = model.embed_tokens(f.ids)[None]
         layer: Any
         for i, layer in enumerate(model.layers):
-            x = layer.step(x, cos, sin, self._cache[i], 0, mask, slots=f.slots)
+            x = layer.step(x, cos, sin, self._cache[i], 0, mask, slots=f.slots[None])
         return model.lm_head(model.norm(x)[0])
 
     def _capture(self, f: _FixedPass) -> None:
-        """Record `f`'s pass as a CUDA graph (after a warm-up on a side stream, which
-        initialises the kernels' workspaces); its buffers hold padding only, so neither the
+        """Record `f`'s pass as a CUDA graph; its buffers hold padding only, so neither the
         warm-up nor the capture writes a real cache slot."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._run_pass(f)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            f.out = self._pass(f)
-        f.graph = graph
+        self._run_pass(f)  # compiles (or falls back) outside the capture
+        f.graph, f.out = capture_graph(lambda: self._pass(f), self._pool)
+
+
+def capture_graph(run: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
+    """`run` recorded as a CUDA graph in memory pool `pool`, after a warm-up on a side
+    stream (which initialises the kernels' workspaces); the graph and its output buffer."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
 
 
 class _FixedPass:
