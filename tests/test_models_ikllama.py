@@ -314,3 +314,46 @@ def test_batch_prefills_a_shared_prefix_once(smollm):
     assert [v.shared_tokens for v in views] == [0, len(system), len(system)]
     assert [together[i] for i in range(3)] == alone
     owner.close()
+
+
+def test_routed_requests_decode_together_on_sequences(smollm):
+    """The router on slots (`--max-batch`): each sequence gives its prompt's final state
+    (the same the context's own sequence gives, read by a lone pass of that sequence's last
+    token), and routed requests' decode steps share the batch's calls, each emitting what
+    its arm emits alone."""
+    from adaspec.backends.process_backend import ProcessBackend
+    from adaspec.engine.batch import BatchDecoder
+    from adaspec.engine.loop import GenerationResult
+    from adaspec.methods.build import build_engine
+    from adaspec.route.router import RoutedGenerator
+
+    from .test_batch import run_together
+
+    gguf, _ = smollm
+    owner = ProcessBackend(IkLlamaBackend, str(gguf), 1, "smollm", 512, True, 1, 4)
+    try:
+        prompt = [1604, 3987, 46477, 24, 94, 727, 13, 55]
+        own = owner.prefill(torch.tensor(prompt), hidden_layer=owner.num_layers).hidden
+        views = owner.sequences(3)
+        assert views[0].has_hidden_states
+        out = views[0].prefill(torch.tensor(prompt), hidden_layer=owner.num_layers)
+        assert out.hidden is not None and (out.hidden - own).abs().max() < 0.05
+        assert views[0].cache_len == len(prompt)
+        prompts = [prompt * 2, [727, 13, 55, 300] * 3, [94, 24, 94, 24, 17] * 3]
+        picks = ["ar", "ngram:k=4", "ngram:k=4"]
+        owner.reset()
+        want = [build_engine(f"{p}@ik", owner, None, None, [2]).generate(q, 16).token_ids
+                for p, q in zip(picks, prompts, strict=True)]
+        routers = [RoutedGenerator({p: build_engine(f"{p}@ik", v, None, None, [2])
+                                    for p in ("ar", "ngram:k=4")}, force=pick)
+                   for v, pick in zip(views, picks, strict=True)]
+        requests = {i: r.stream_steps(q, max_new_tokens=16)
+                    for i, (r, q) in enumerate(zip(routers, prompts, strict=True))}
+        results, _ = run_together(BatchDecoder(), requests)
+        for i, pick in enumerate(picks):
+            assert isinstance(results[i], GenerationResult)
+            assert results[i].stats.route == pick
+            assert results[i].token_ids == want[i]  # (no near-tie on these prompts)
+        assert all(r.last_state is not None for r in routers)
+    finally:
+        owner.close()

@@ -108,3 +108,36 @@ def test_fixed_rounds_pad_every_row_and_write_only_their_own_slots():
     assert bool(keys[1, :, :20].abs().sum(-1).gt(0).all())  # sequence 1's 20 tokens
     assert not bool(keys[1, :, 20:owner.max_context].any())  # nothing past them
     assert not bool(keys[[0, 2, 3], :, :owner.max_context].any())  # the rows without a feed
+
+
+@GRAPHS
+def test_routed_requests_decode_together(graphs):
+    """The router on the static runtime's slots: a sequence's prompt state is the one the
+    runtime gives alone, and routed requests decode together, each as its arm alone."""
+    from adaspec.route.router import RoutedGenerator
+
+    model = tiny_model(seed=36, random_norms=True)
+    views = static_backend(model, "t", graphs=graphs).sequences(3)
+    prompt = [5, 9, 13, 2, 5, 9]
+    alone = static_backend(model, "alone")
+    want_state = alone.prefill(torch.tensor(prompt), hidden_layer=alone.num_layers).hidden
+    out = views[0].prefill(torch.tensor(prompt), hidden_layer=alone.num_layers)
+    assert views[0].has_hidden_states and out.hidden is not None
+    assert want_state is not None
+    close(out.hidden[-1], want_state[-1])  # the last prompt token's (the router reads it)
+    prompts = [prompt * 2, [17, 3, 3, 3, 40, 41, 8], [20, 21, 20, 21, 20]]
+    picks = ["ar", "ngram:k=4", "ngram:k=4"]
+    want = [build_engine(p, static_backend(model, "a"), None, None, eos_token_ids=[])
+            .generate(q, 16).token_ids for p, q in zip(picks, prompts, strict=True)]
+    routers = [RoutedGenerator({p: build_engine(p, v, None, None, eos_token_ids=[])
+                                for p in ("ar", "ngram:k=4")}, force=pick)
+               for v, pick in zip(views, picks, strict=True)]
+    owner = views[0].owner  # type: ignore[attr-defined]
+    calls = owner.calls
+    results, _ = run_together(BatchDecoder(), {i: r.stream_steps(q, max_new_tokens=16)
+                                               for i, (r, q) in enumerate(zip(routers, prompts,
+                                                                              strict=True))})
+    for i, pick in enumerate(picks):
+        assert results[i].token_ids == want[i] and results[i].stats.route == pick
+    steps = sum(results[i].stats.target_calls for i in range(3))
+    assert owner.calls - calls < steps  # the arms' decode steps shared calls

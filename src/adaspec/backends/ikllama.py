@@ -381,18 +381,22 @@ class IkLlamaBackend(ChainBackend):
         return views(self, n)
 
     def _final_state(self) -> torch.Tensor:
-        """The last cached token fed again with the context's embeddings output on (which
-        gives no logits in this runtime, hence the second pass: one token, padded to
-        `min_rows` as every call is, so its cache entry is what it was)."""
-        lib, batch = self._lib, self._batch
+        """The last cached token's final-layer state (this context's own sequence)."""
         ids = self._token_ids()
         if not ids or self._len != len(ids):
             raise InputError("no prompt in the cache to read a hidden state from")
-        start = self._len - 1
-        self._remove_from(start)
+        return self.final_state(0, self._len - 1, ids[-1])
+
+    def final_state(self, seq: int, start: int, token: int) -> torch.Tensor:
+        """The final-layer state [1, hidden] of `token`, sequence `seq`'s last cached token
+        at position `start`: fed again with the context's embeddings output on (which gives
+        no logits in this runtime, hence the second pass: one token, padded to `min_rows`
+        as every call is, so its cache entry is what it was)."""
+        lib, batch = self._lib, self._batch
+        self.remove_seq(seq, start)
         rows = max(1, min(self.min_rows, self.max_context - start))
         for i in range(rows):
-            self._fill(i, ids[-1], start + i, 0, i == 0)
+            self._fill(i, token, start + i, seq, i == 0)
         batch.n_tokens = rows
         lib.llama_set_embeddings(self._ctx, True)
         try:
@@ -405,7 +409,7 @@ class IkLlamaBackend(ChainBackend):
             hidden = np.ctypeslib.as_array(state, shape=(1, self.hidden_size)).copy()
         finally:
             lib.llama_set_embeddings(self._ctx, False)
-            self._remove_from(start + 1)  # the padding rows
+            self.remove_seq(seq, start + 1)  # the padding rows
         return torch.from_numpy(hidden)
 
     def _remove_from(self, length: int) -> None:

@@ -104,6 +104,10 @@ class _BackendServer:
         run: Any = self.backend
         run.copy_seq(src, dst, length)
 
+    def final_state(self, seq: int, start: int, token: int) -> list[float]:
+        run: Any = self.backend
+        return run.final_state(seq, start, token).reshape(-1).tolist()
+
     def keep(self, indices: list[int]) -> int:
         self.backend.keep(torch.tensor(indices))
         return self.backend.cache_len
@@ -201,6 +205,14 @@ class ProcessBackend(ModelBackend):
 
     def copy_seq(self, src: int, dst: int, length: int) -> None:
         self._child.call("copy_seq", int(src), int(dst), int(length))
+
+    def final_state(self, seq: int, start: int, token: int) -> torch.Tensor:
+        """Sequence `seq`'s last cached token's final-layer state [1, hidden] (the router's
+        input), where the child's runtime gives one (`has_hidden_states`)."""
+        if not self.has_hidden_states:
+            raise InputError(f"the {self.kind} runtime has no hidden states")
+        state = self._child.call("final_state", int(seq), int(start), int(token))
+        return torch.tensor(state, dtype=torch.float32).view(1, -1)
 
     def keep(self, indices: torch.Tensor) -> None:
         self._len = self._child.call("keep", [int(i) for i in indices.reshape(-1)])

@@ -66,6 +66,15 @@ class SharingOwner(SequenceOwner, Protocol):
         ...
 
 
+class StateOwner(SequenceOwner, Protocol):
+    """An owner that reads a sequence's final-layer state (the router's input)."""
+
+    def final_state(self, seq: int, start: int, token: int) -> torch.Tensor:
+        """[1, hidden]: `token`, sequence `seq`'s last cached token at `start`, its cache
+        entry as it was."""
+        ...
+
+
 class SequenceView(ChainBackend):
     """One sequence of a multi-sequence runtime, as a backend of its own."""
 
@@ -74,7 +83,9 @@ class SequenceView(ChainBackend):
             if hasattr(owner, attr):
                 setattr(self, attr, getattr(owner, attr))
         self.runtime = getattr(owner, "runtime", "this runtime")
-        self.has_hidden_states = False  # the router reads its state on the owner's sequence
+        # a prompt's final state (the router's input), where the owner reads one per sequence
+        self.has_hidden_states = bool(getattr(owner, "has_hidden_states", False)
+                                      and hasattr(owner, "final_state"))
         self.owner = owner
         self.seq = seq
         self.max_context = max_context
@@ -89,6 +100,13 @@ class SequenceView(ChainBackend):
 
     def _remove_from(self, length: int) -> None:
         self.owner.remove_seq(self.seq, length)
+
+    def _final_state(self) -> torch.Tensor:
+        ids = self._token_ids()
+        if not ids or self._len != len(ids):
+            raise InputError("no prompt in the cache to read a hidden state from")
+        owner: StateOwner = self.owner  # type: ignore[assignment]  # has_hidden_states
+        return owner.final_state(self.seq, self._len - 1, ids[-1])
 
     def plan_prefill(self, ids: list[int], reuse: int) -> list[int]:
         """The start of a prefill fed in chunks (`forward_together` with LAST / NONE rows):

@@ -39,6 +39,7 @@ class StaticSequences:
     owner's own, as in `sequences.views`)."""
 
     runtime = "the static torch runtime"
+    has_hidden_states = True  # a sequence's final state (`final_state`, the router's input)
 
     def __init__(self, base: StaticTorchBackend, max_sequences: int) -> None:
         self.model, self.config = base.model, base.config
@@ -79,6 +80,23 @@ class StaticSequences:
         if self.graphs != "off" and n <= ROW_TOKENS[-1]:
             self.calls += 1
             return self._fixed_feed(feeds, n)
+        x = self._rows_pass(feeds, n)
+        wanted = _wanted(feeds)
+        picked = torch.cat([x[r, w] for r, w in enumerate(wanted)]) if any(wanted) else x[0, :0]
+        logits = self.model.lm_head(picked).float().cpu()
+        self.calls += 1
+        return list(logits.split([len(w) for w in wanted]))
+
+    @torch.inference_mode()
+    def final_state(self, seq: int, start: int, token: int) -> torch.Tensor:
+        """The final-layer state [1, hidden] of `token`, sequence `seq`'s last cached token
+        at position `start` (fed again: its cache entry is written with what it held)."""
+        x = self._rows_pass([Feed(seq, start, [token], LAST)], 1)
+        return x[0, -1:].float().cpu()
+
+    def _rows_pass(self, feeds: list[Feed], n: int) -> torch.Tensor:
+        """The feeds padded to n tokens, each sequence's own length: the final normed
+        states [feeds, n, hidden]."""
         cfg, model, dev = self.config, self.model, self._cache[0][0].device
         b = len(feeds)
         ids = torch.zeros(b, n, dtype=torch.long)
@@ -97,13 +115,7 @@ class StaticSequences:
         layer: Any
         for i, layer in enumerate(model.layers):
             x = layer.step_rows(x, cos, sin, self._cache[i], rows)
-        x = model.norm(x)
-        wanted = [list(range(len(f.ids))) if f.rows == ALL else
-                  [len(f.ids) - 1] if f.rows == LAST else [] for f in feeds]
-        picked = torch.cat([x[r, w] for r, w in enumerate(wanted)]) if any(wanted) else x[0, :0]
-        logits = model.lm_head(picked).float().cpu()
-        self.calls += 1
-        return list(logits.split([len(w) for w in wanted]))
+        return model.norm(x)
 
     def _fixed_feed(self, feeds: list[Feed], n: int) -> list[torch.Tensor]:
         """Every row in one fixed-shape pass (replayed as a graph on a GPU); the feeds'
@@ -130,8 +142,7 @@ class StaticSequences:
             out = p.out
         else:
             out = self._batch_pass(p)
-        wanted = [list(range(len(f.ids))) if f.rows == ALL else
-                  [len(f.ids) - 1] if f.rows == LAST else [] for f in feeds]
+        wanted = _wanted(feeds)
         index = torch.tensor([f.seq * size + t for f, w in zip(feeds, wanted, strict=True)
                               for t in w], dtype=torch.long, device=out.device)
         logits = out.index_select(0, index).float().cpu()
@@ -165,6 +176,12 @@ class StaticSequences:
         for keys, values in self._cache:
             keys[dst, :, :length] = keys[src, :, :length]
             values[dst, :, :length] = values[src, :, :length]
+
+
+def _wanted(feeds: list[Feed]) -> list[list[int]]:
+    """Per feed, which of its tokens' rows come back (`sequences.Feed.rows`)."""
+    return [list(range(len(f.ids))) if f.rows == ALL else
+            [len(f.ids) - 1] if f.rows == LAST else [] for f in feeds]
 
 
 class _BatchPass:

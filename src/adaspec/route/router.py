@@ -18,7 +18,14 @@ import torch
 from adaspec.backends.base import ForwardOutput, ModelBackend
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
-from adaspec.engine.loop import Engine, GenerationResult, StreamChunk, TextGenerator
+from adaspec.engine.loop import (
+    Engine,
+    GenerationResult,
+    StreamChunk,
+    TargetCall,
+    TextGenerator,
+    run_alone,
+)
 from adaspec.errors import InputError
 from adaspec.route.arms import check_arms
 from adaspec.route.artifact import RouterArtifact, load_artifact
@@ -72,6 +79,13 @@ class RoutedGenerator(TextGenerator):
     def decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
     ) -> Iterator[StreamChunk | GenerationResult]:
+        return run_alone(self.steps(prompt_ids, max_new_tokens, sampling, stop))
+
+    def steps(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
+    ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
+        """The prefill with the prompt's state (a call of its own), the policy's pick, then
+        the arm's decode steps, whose target calls a batch may share with other requests'."""
         if self.force is not None and self.force not in self.arms:
             raise InputError(f"no arm named {self.force!r}; arms: {', '.join(self.names)}")
         if self.force is None and self.policy is None:
@@ -88,7 +102,7 @@ class RoutedGenerator(TextGenerator):
         stats.prefill_time = t1 - t0
         stats.route = name
         stats.route_time = time.perf_counter() - t1
-        yield from self.arms[name].decode(
+        yield from self.arms[name].steps(
             prompt_ids, max_new_tokens, sampling, stop, prefill=prefill, stats=stats
         )
 
