@@ -21,15 +21,17 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a.float(), b.float(), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("graphs", ["off", "eager"])  # exact shapes; a GPU's fixed ones
 @pytest.mark.parametrize("tie", [False, True])
-def test_greedy_is_hugging_face_generate(tie):
+def test_greedy_is_hugging_face_generate(tie, graphs):
     model = tiny_model(seed=3, tie=tie, random_norms=True)
     prompt = [5, 9, 2, 33, 17, 8]
     want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    engine = build_engine("ar", static_backend(model, "tiny"), None, None, eos_token_ids=[])
+    engine = build_engine("ar", static_backend(model, "tiny", graphs=graphs), None, None,
+                          eos_token_ids=[])
     assert engine.generate(prompt, 24).token_ids == want
-    spec = build_engine("draft:tree=2x2x1", static_backend(model, "tiny"), None,
+    spec = build_engine("draft:tree=2x2x1", static_backend(model, "tiny", graphs=graphs), None,
                         TorchBackend(tiny_model(seed=4, layers=1), "draft"), eos_token_ids=[])
     assert spec.generate(prompt, 24).token_ids == want
 
