@@ -510,6 +510,37 @@ def test_greedy_outputs_stay_exact_while_drafts_are_swapped(target_m, draft_m):
     svc.close()
 
 
+def test_a_static_runtime_draft_is_distilled_in_place(target_m, draft_m):
+    """The GPU's default draft runtime (the static one, at the fixed shapes a GPU captures as
+    CUDA graphs, run eagerly here) serves under online distillation: its parameters carry
+    transformers' names, so the trainable layers are found and adapters are copied into the
+    very tensors the passes read; outputs stay the target's."""
+    from adaspec.backends.static_torch import static_backend
+
+    draft = static_backend(copy.deepcopy(draft_m), "draft", graphs="eager")
+    assert trainable_names(draft.model, 1) == trainable_names(draft_m, 1)
+    base = tensors(draft.model)
+    engine = Engine(TorchBackend(target_m, "target"), None, ModelDrafter(draft),
+                    StaticLength(3), eos_token_ids=[])
+    plain = Engine(TorchBackend(target_m, "plain"), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=2, probe_every=3, probe=4, layers=1, tolerance=1.0,
+                       save=False, distill=DistillConfig(steps=4, lr=2e-2))
+    # the student trains a transformers copy of the draft (the worker loads one by name)
+    svc = OnlineDistiller(cfg, draft.model, "tiny-draft", in_process=True, wait=True,
+                          student=Student(copy.deepcopy(draft_m), cfg.layers))
+    svc.attach(engine)
+    for prompt in [PROMPTS[i % 4] for i in range(10)]:
+        domain = svc.domain(None, prompt)
+        svc.before_request(domain)
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        svc.after_request(svc.recorder.take(result.token_ids, domain, result.stats.drafted,
+                                            result.stats.accepted))
+        assert result.token_ids == plain.generate(prompt, max_new_tokens=MAX_NEW).token_ids
+    assert sum(h.accepted for h in svc.history) >= 1
+    assert not same_tensors(tensors(draft.model), base)
+    svc.close()
+
+
 # ---------------------------------------------------------------------------- 8. worker
 def test_process_worker_runs_an_update_and_fails_fast_on_a_bad_draft(tmp_path, model_dirs):
     _, draft_dir = model_dirs

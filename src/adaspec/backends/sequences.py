@@ -31,7 +31,7 @@ MIN_SHARE = 16
 
 # the attributes a view copies from its owner (what engines, profiles and routers read)
 _SHARED = ("name", "vocab_size", "num_layers", "hidden_size", "bytes_per_forward", "kind",
-           "batch_noise", "n_params")
+           "batch_noise", "n_params", "model")  # model: a torch owner's (online distillation)
 
 
 @dataclass

@@ -51,7 +51,7 @@ class StaticSequences:
         self.max_sequences = int(max_sequences)
         self._inv_freq = base._inv_freq
         self.graphs = base.graphs  # cuda | eager | off, as the base runtime's
-        cfg, weight = base.config, base.model.embed_tokens.weight
+        cfg, weight = base.config, base.model.model.embed_tokens.weight
         pad = ROW_TOKENS[-1] if self.graphs != "off" else 0  # scratch slots past the cache
         shape = (self.max_sequences, cfg.num_kv_heads, self.max_context + pad, cfg.head_dim)
         self._cache = [(torch.zeros(shape, dtype=weight.dtype, device=weight.device),
@@ -111,11 +111,11 @@ class StaticSequences:
         cos, sin = rope(pos.reshape(-1).to(dev), cfg.head_dim, cfg.rope_theta, self.dtype,
                         self._inv_freq)
         cos, sin = cos.view(b, n, -1), sin.view(b, n, -1)
-        x = model.embed_tokens(ids.to(dev))
+        x = model.model.embed_tokens(ids.to(dev))
         layer: Any
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(model.model.layers):
             x = layer.step_rows(x, cos, sin, self._cache[i], rows)
-        return model.norm(x)
+        return model.model.norm(x)
 
     def _fixed_feed(self, feeds: list[Feed], n: int) -> list[torch.Tensor]:
         """Every row in one fixed-shape pass (replayed as a graph on a GPU); the feeds'
@@ -161,11 +161,12 @@ class StaticSequences:
         cos, sin = rope(p.positions.reshape(-1), cfg.head_dim, cfg.rope_theta, self.dtype,
                         self._inv_freq)
         cos, sin = cos.view(rows, size, -1), sin.view(rows, size, -1)
-        x = model.embed_tokens(p.ids)
+        stack = model.model
+        x = stack.embed_tokens(p.ids)
         layer: Any
-        for k, layer in enumerate(model.layers):
+        for k, layer in enumerate(stack.layers):
             x = layer.step(x, cos, sin, self._cache[k], 0, mask[:, None], slots=p.slots)
-        return model.lm_head(model.norm(x)).view(rows * size, -1)
+        return model.lm_head(stack.norm(x)).view(rows * size, -1)
 
     def remove_seq(self, seq: int, start: int) -> None:
         """Nothing to free: a sequence's length is its view's, and a pass reads only up to

@@ -97,16 +97,25 @@ class DecoderConfig:
         )
 
 
+class DecoderStack(nn.Module):
+    """Embeddings, decoder layers, final norm (a transformers causal LM's `model`)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
 class DecoderLM(nn.Module):
-    """Embeddings, decoder layers, final norm, output head (transformers' names without
-    the `model.` prefix)."""
+    """The decoder stack and the output head under transformers' own parameter names
+    (`model.layers.0.self_attn.q_proj.weight`, `lm_head.weight`), so a checkpoint's state
+    and an online-distillation adapter (online/student.py) load as they are."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.model = DecoderStack(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @classmethod
@@ -116,10 +125,9 @@ class DecoderLM(nn.Module):
         cfg = DecoderConfig.from_hf(hf_model.config)
         with torch.device("meta"):
             model = cls(cfg)
-        state = {k.removeprefix("model."): v for k, v in hf_model.state_dict().items()
-                 if "rotary_emb" not in k}
+        state = {k: v for k, v in hf_model.state_dict().items() if "rotary_emb" not in k}
         if "lm_head.weight" not in state:  # tied embeddings
-            state["lm_head.weight"] = state["embed_tokens.weight"]
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
         model.load_state_dict(state, strict=True, assign=True)
         return model.eval()
 
@@ -143,7 +151,7 @@ class StaticTorchBackend(ModelBackend):
         self.num_layers = cfg.num_layers
         self.hidden_size = cfg.hidden_size
         self.max_context = int(max_context)
-        weight = model.embed_tokens.weight
+        weight = model.model.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device.type
         # every weight a pass reads: the embedding table only where it is the head too
         self.bytes_per_forward = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -287,22 +295,22 @@ class StaticTorchBackend(ModelBackend):
                    hidden_layer: int | None, last_row_only: bool
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A pass at the fed tokens' own shapes (prompts, hidden states, long passes)."""
-        cfg, model, dev = self.config, self.model, self._cache[0][0].device
+        cfg, stack, dev = self.config, self.model.model, self._cache[0][0].device
         n, start = int(ids.numel()), self._len
         mask = self._mask(n, tree_mask).to(dev)
         cos, sin = rope(pos.to(dev), cfg.head_dim, cfg.rope_theta, self.dtype, self._inv_freq)
-        x = model.embed_tokens(ids.to(dev))[None]
+        x = stack.embed_tokens(ids.to(dev))[None]
         hidden = x[0] if hidden_layer == 0 else None
         layer: Any
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(stack.layers):
             x = layer.step(x, cos, sin, self._cache[i], start, mask)
             if hidden_layer is not None and i + 1 == hidden_layer < self.num_layers:
                 hidden = x[0]
-        x = model.norm(x)
+        x = stack.norm(x)
         if hidden_layer == self.num_layers:
             hidden = x[0]
         rows = x[0, -1:] if last_row_only else x[0]
-        return model.lm_head(rows), hidden
+        return self.model.lm_head(rows), hidden
 
     def _fixed_run(self, ids: torch.Tensor, pos: torch.Tensor,
                    tree_mask: torch.Tensor | None) -> torch.Tensor:
@@ -342,16 +350,16 @@ class StaticTorchBackend(ModelBackend):
     def _fixed_pass(self, f: _FixedPass) -> torch.Tensor:
         """Logits [size, V] of a fixed pass: every shape depends on the size alone, and the
         cache length, slots and mask are read from tensors (what a captured graph replays)."""
-        cfg, model = self.config, self.model
+        cfg, stack = self.config, self.model.model
         total = self._slot_ids.numel()
         mask = (self._slot_ids[None, :] < f.start).expand(f.size, total).clone()
         mask[:, f.slots] = f.local
         cos, sin = rope(f.positions, cfg.head_dim, cfg.rope_theta, self.dtype, self._inv_freq)
-        x = model.embed_tokens(f.ids)[None]
+        x = stack.embed_tokens(f.ids)[None]
         layer: Any
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(stack.layers):
             x = layer.step(x, cos, sin, self._cache[i], 0, mask, slots=f.slots[None])
-        return model.lm_head(model.norm(x)[0])
+        return self.model.lm_head(stack.norm(x)[0])
 
     def _capture(self, f: _FixedPass) -> None:
         """Record `f`'s pass as a CUDA graph; its buffers hold padding only, so neither the
