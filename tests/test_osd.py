@@ -541,6 +541,20 @@ def test_a_static_runtime_draft_is_distilled_in_place(target_m, draft_m):
     svc.close()
 
 
+def test_the_update_worker_trains_on_the_serving_drafts_device(draft_m):
+    """OSD's updates run where the serving draft is (a GPU's spare compute when it serves
+    there): the worker is told the draft's device; the student's state comes back on the
+    CPU (it crosses to the serving process). The device is read from the model: here a
+    draft on `meta` stands in for one on `cuda`."""
+    cfg = OnlineConfig(layers=1, save=False)
+    student = Student(copy.deepcopy(draft_m), 1)
+    on_meta = copy.deepcopy(draft_m).to("meta")
+    svc = OnlineDistiller(cfg, on_meta, "tiny-draft", in_process=True, student=student)
+    assert svc.worker_settings(cfg).device == "meta"
+    assert distiller(cfg, draft_m).worker_settings(cfg).device == "cpu"
+    assert all(t.device.type == "cpu" for t in student.state().values())
+
+
 # ---------------------------------------------------------------------------- 8. worker
 def test_process_worker_runs_an_update_and_fails_fast_on_a_bad_draft(tmp_path, model_dirs):
     _, draft_dir = model_dirs

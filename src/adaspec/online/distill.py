@@ -82,14 +82,14 @@ def student_sample(student: Student, record: RequestRecord, n: int, rng: random.
     gen = torch.Generator().manual_seed(rng.getrandbits(62))
     config: Any = student.model.config  # a transformers config
     cache = DynamicCache(config=config)
-    feed = torch.tensor([context])
+    feed = torch.tensor([context], device=student.device)
     out: list[int] = []
     for _ in range(n):
         logits = student.model(input_ids=feed, past_key_values=cache, use_cache=True).logits
-        probs = torch.softmax(logits[0, -1].float(), -1)
+        probs = torch.softmax(logits[0, -1].float(), -1).cpu()  # drawn by the CPU generator
         token = int(torch.multinomial(probs, 1, generator=gen))
         out.append(token)
-        feed = torch.tensor([[token]])
+        feed = torch.tensor([[token]], device=student.device)
     tokens = context + out
     ids, probs = scorer(tokens, start)
     return Sample(tokens, list(range(start, len(tokens))), ids, probs, False)
@@ -136,7 +136,8 @@ def distill(student: Student, optimizer: torch.optim.Optimizer,
         step_loss = 0.0
         for s in samples:
             logq = student.log_probs(s.tokens, s.positions, cache=s.cached)
-            loss = loss_fn(logq, s.top_ids, s.top_probs) * (len(s.positions) / total)
+            loss = loss_fn(logq, s.top_ids.to(student.device), s.top_probs.to(student.device)
+                           ) * (len(s.positions) / total)
             loss.backward()
             step_loss += float(loss.detach())
         if not math.isfinite(step_loss):

@@ -116,9 +116,12 @@ class OnlineDistiller:
         self._lock = threading.Lock()  # status() is read from the server's event loop
 
     def worker_settings(self, cfg: OnlineConfig) -> WorkerSettings:
+        """The update worker's settings: it trains on the serving draft's device."""
         draft, target, weights = self._names
+        device = next(self.model.parameters()).device.type
         return WorkerSettings(draft, cfg.layers, cfg.distill, str(self.root), target, weights,
-                              cfg.top_k, cfg.tolerance, save=cfg.save, nice=cfg.nice)
+                              cfg.top_k, cfg.tolerance, save=cfg.save, nice=cfg.nice,
+                              device=device)
 
     # ------------------------------------------------------------ the engine
     def attach(self, engine) -> None:

@@ -56,16 +56,19 @@ def trainable_names(model: nn.Module, layers: int) -> list[str]:
     return sorted(set(names))
 
 
-def causal_mask(n: int, dtype: torch.dtype) -> torch.Tensor:
-    mask = torch.full((n, n), float("-inf"), dtype=dtype).triu(1)
+def causal_mask(n: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+                ) -> torch.Tensor:
+    mask = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
     return mask[None, None]
 
 
 class Student:
-    """Wraps a float transformers causal LM (its own copy: training changes it)."""
+    """Wraps a float transformers causal LM (its own copy: training changes it), trained
+    where its weights are (a GPU's spare compute when loaded there); `state` is on the CPU."""
 
     def __init__(self, model: nn.Module, layers: int, cache_size: int = 256) -> None:
         self.model = model.float().eval()
+        self.device = next(model.parameters()).device
         self.inner = decoder_of(model)
         self.split = len(self.inner.layers) - layers
         self.layers = layers
@@ -82,9 +85,9 @@ class Student:
     # ------------------------------------------------------------------ forward
     def _run(self, hidden: torch.Tensor, layers: Sequence[nn.Module]) -> torch.Tensor:
         n = hidden.shape[1]
-        positions = torch.arange(n)[None]
+        positions = torch.arange(n, device=self.device)[None]
         rope = self.inner.rotary_emb(hidden, positions)
-        mask = causal_mask(n, hidden.dtype)
+        mask = causal_mask(n, hidden.dtype, self.device)
         for layer in layers:
             out = layer(hidden, attention_mask=mask, position_ids=positions,
                         position_embeddings=rope)
@@ -99,7 +102,7 @@ class Student:
             self._boundaries.move_to_end(key)
             return hit
         with torch.no_grad():
-            hidden = self.inner.embed_tokens(torch.tensor([list(tokens)]))
+            hidden = self.inner.embed_tokens(torch.tensor([list(tokens)], device=self.device))
             hidden = self._run(hidden, list(self.inner.layers)[: self.split])
         if cache:
             self._boundaries[key] = hidden
@@ -124,11 +127,12 @@ class Student:
         positions = list(range(start, len(tokens)))
         if not positions:
             return torch.zeros(0, dtype=torch.int64)
-        return self.log_probs(tokens, positions).argmax(-1)
+        return self.log_probs(tokens, positions).argmax(-1).cpu()
 
     # ------------------------------------------------------------------ weights
     def state(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in zip(self.names, self.params, strict=True)}
+        return {n: p.detach().cpu().clone() for n, p in zip(self.names, self.params,
+                                                             strict=True)}
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         missing = set(self.names) - set(state)

@@ -40,6 +40,8 @@ class WorkerSettings:
     # cores an update at equal priority slowed decoding 2.6x; docs/osd.md)
     nice: int = 19
     save: bool = True  # False: keep accepted adapters in memory only (ablation runs)
+    # where the student trains: the serving draft's device (a GPU's spare compute there)
+    device: str = "cpu"
 
 
 @dataclass
@@ -76,7 +78,8 @@ class UpdateRunner:
         if student is None:
             from adaspec.store.loading import load_model
 
-            student = Student(load_model(settings.draft, "bfloat16").model, settings.layers)
+            model = load_model(settings.draft, "bfloat16").model.to(settings.device)
+            student = Student(model, settings.layers)
         self.student = student
         self.base = student.state()
         self.adapters: dict[str, Adapter] = {}
