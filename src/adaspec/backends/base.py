@@ -62,6 +62,7 @@ class ModelBackend(ABC):
     hidden_size: int
     bytes_per_forward: int  # weight bytes read by one forward pass (for bandwidth figures)
     kind: str = "torch"  # the runtime (a cost profile is keyed by it): torch | llamacpp | ik_llama
+    device: str = "cpu"  # where the weights are: cpu | cuda (torch runtimes on a GPU)
     # The largest change of a token's top-2 logit gap measured between its single-token pass
     # and a multi-token pass (experiments/batch_noise.py). Greedy verification re-scores alone
     # every row of a multi-token pass whose gap is not above it, so speculation emits what
@@ -115,6 +116,8 @@ class ModelBackend(ABC):
     def synchronize(self) -> None:
         """Wait until the device finished what was queued (a GPU runs passes asynchronously;
         a CPU runtime has returned already): a timer stopped after this times the pass."""
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     @abstractmethod
     def truncate(self, length: int) -> None:

@@ -77,14 +77,13 @@ class StaticSequences:
         if len({f.seq for f in feeds}) != len(feeds):
             raise InputError("two feeds of one sequence in one call")
         n = max(len(f.ids) for f in feeds)
+        self.calls += 1
         if self.graphs != "off" and n <= ROW_TOKENS[-1]:
-            self.calls += 1
             return self._fixed_feed(feeds, n)
         x = self._rows_pass(feeds, n)
         wanted = _wanted(feeds)
         picked = torch.cat([x[r, w] for r, w in enumerate(wanted)]) if any(wanted) else x[0, :0]
         logits = self.model.lm_head(picked).float().cpu()
-        self.calls += 1
         return list(logits.split([len(w) for w in wanted]))
 
     @torch.inference_mode()

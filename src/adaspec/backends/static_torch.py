@@ -189,10 +189,6 @@ class StaticTorchBackend(ModelBackend):
     def cache_len(self) -> int:
         return self._len
 
-    def synchronize(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
     def reset(self) -> None:
         self._len = 0
         self._ids = []

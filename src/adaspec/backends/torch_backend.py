@@ -62,10 +62,6 @@ class TorchBackend(ModelBackend):
     def cache_len(self) -> int:
         return self._len
 
-    def synchronize(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
     def reset(self) -> None:
         from transformers import DynamicCache  # imported on first use: transformers is slow
 
