@@ -1,17 +1,21 @@
-"""The loop off the host's critical path (issue 34): a greedy step leaves the target's logits
-where the model ran and reads back only the argmax ids, once per step. A GPU is simulated on
+"""The loop off the host's critical path (issue 34): every step leaves the target's and the
+draft's logits where the models ran and reads back only ids and a few numbers. A GPU is simulated on
 the CPU by a tensor type that says it lives on `cuda` and counts every read to the host."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput
 from adaspec.backends.static_torch import StaticTorchBackend, static_backend
+from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
 from adaspec.methods.build import build_engine
 
 from .conftest import tiny_model
+from .disco_helpers import artifact, classifier_on
+from .test_auto import flat_profile
 
 HOST_READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
@@ -34,6 +38,37 @@ class DeviceRows(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
+def _cuda(where) -> bool:
+    return (isinstance(where, torch.device) and where.type == "cuda") or (
+        isinstance(where, str) and where.startswith("cuda"))
+
+
+FACTORIES = ("arange", "zeros", "ones", "full", "empty", "tensor", "rand", "randn")
+
+
+@pytest.fixture(autouse=True)
+def cuda_is_host_memory(monkeypatch):
+    """The simulated GPU's memory is the CPU's: a tensor made or moved there (a request's
+    uniform draws, a draft's rows for the target's verifier) stays on the CPU."""
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if _cuda(kwargs.get("device")):
+            del kwargs["device"]
+        return real_to(self, *(a for a in args if not _cuda(a)), **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    for name in FACTORIES:
+        real = getattr(torch, name)
+
+        def made(*args, _real=real, **kwargs):
+            if _cuda(kwargs.get("device")):
+                del kwargs["device"]
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, made)
+
+
 class SimulatedGpu(StaticTorchBackend):
     """The static runtime whose logits come back as `DeviceRows`."""
 
@@ -42,10 +77,9 @@ class SimulatedGpu(StaticTorchBackend):
         return ForwardOutput(out.device_logits.as_subclass(DeviceRows), out.hidden)
 
 
-def simulated(model) -> SimulatedGpu:
-    plain = static_backend(model, "tiny", graphs="eager")
-    backend = SimulatedGpu(plain.model, "tiny", plain.max_context, graphs="eager")
-    return backend
+def simulated(model, name: str = "tiny") -> SimulatedGpu:
+    plain = static_backend(model, name, graphs="eager")
+    return SimulatedGpu(plain.model, name, plain.max_context, graphs="eager")
 
 
 def test_a_greedy_step_reads_back_its_argmax_ids_once():
@@ -92,21 +126,80 @@ def test_the_host_copy_is_made_once_and_only_when_read():
     assert ForwardOutput(plain).logits is plain  # CPU rows are their own host copy
 
 
-def test_a_greedy_draft_chain_reads_back_one_id_per_drafted_token():
-    """The draft model on the (simulated) GPU: a greedy chain under a length rule that reads
-    no distribution brings back each drafted token's id only; a rule that reads the draft's
-    distribution (ctrl=confidence) gets its rows on the host."""
+DEVICE_FLOW = ("adaspec.verify.speculative", "adaspec.verify.multi_candidate",
+               "adaspec.draft.model_tree", "adaspec.control.disco_features")
+
+
+def on_cpu_as_on_a_gpu(monkeypatch) -> None:
+    """The CPU run taking the branches a GPU run takes (`may_hold` answers True there
+    without reading): the same random draws, so the same tokens as the simulated GPU."""
+    for module in DEVICE_FLOW:
+        monkeypatch.setattr(f"{module}.may_hold", lambda flags: True)
+
+
+SAMPLED = SamplingParams(temperature=0.9, seed=11)
+GREEDY = SamplingParams()
+
+
+@pytest.mark.parametrize(("method", "sampling"), [
+    ("ngram:k=4", SAMPLED),
+    ("draft:k=3", GREEDY),
+    ("draft:k=3", SAMPLED),
+    ("draft:ctrl=confidence,k=3", GREEDY),
+    ("draft:ctrl=confidence,k=3", SAMPLED),
+    ("draft:ctrl=disco,k=3", SAMPLED),
+    ("draft:tree=2x2", GREEDY),
+    ("draft:tree=2x2", SAMPLED),
+    ("draft:tree=2x2,verify=mcss", SAMPLED),
+    ("auto:use=ngram+draft", GREEDY),
+    ("auto:use=draft", SAMPLED),
+], ids=lambda v: v if isinstance(v, str) else ("sampled" if v.temperature else "greedy"))
+def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, method,
+                                                        sampling):
+    """Target and draft on the (simulated) GPU, every kind of step: a read brings back a
+    verdict's ids, a drafted token's id, a tree level's candidates or the few numbers a
+    length rule decides by (DISCO's 11 features), never a row of the vocabulary; the tokens
+    are the ones the CPU gives on the same branches with the same seed."""
     target, draft = tiny_model(seed=21), tiny_model(seed=22, layers=1)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
-    want = build_engine("ar", static_backend(target, "ref"), None, None,
-                        eos_token_ids=[]).generate(prompt, 30).token_ids
+    extra = {}
+    if "disco" in method:
+        path = tmp_path / "disco.pt"
+        artifact(classifier_on(0, 4.0, -1.0)).save(path)
+        method += f",disco={path}"
+    if method.startswith("auto"):
+        extra["profile"] = flat_profile()
+
+    def run(t, d):
+        engine = build_engine(method, t, None, d, eos_token_ids=[], **extra)
+        return engine.generate(prompt, 30, sampling=sampling)
+
     DeviceRows.reads = []
-    result = build_engine("draft:k=3", simulated(target), None, simulated(draft),
-                          eos_token_ids=[]).generate(prompt, 30)
-    assert result.token_ids == want and result.stats.draft_calls > 0
-    assert DeviceRows.reads and all(n <= 5 for _, n in DeviceRows.reads)
+    result = run(simulated(target, "tiny-target"), simulated(draft, "tiny-draft"))
+    reads = list(DeviceRows.reads)
+    on_cpu_as_on_a_gpu(monkeypatch)
+    want = run(static_backend(target, "tiny-target"), static_backend(draft, "tiny-draft"))
+    assert result.token_ids == want.token_ids
+    assert result.stats.drafted > 0  # the draft was verified, not only single tokens
+    assert reads and all(n <= 16 for _, n in reads), reads  # the vocabulary is 64 wide
+    if method.startswith(("ngram", "draft:k")) and not sampling.greedy:
+        # a chain's verdict: accepted count and next token, one read per target pass
+        verdicts = [r for r in reads if r == ("tolist", 2)]
+        assert len(verdicts) >= result.stats.target_calls
+
+
+def test_a_length_rule_on_host_rows_is_caught(monkeypatch):
+    """Negative control for the test above: a confidence rule that copies the draft's row
+    to the host (as before the change) reads [vocab] numbers per drafted token."""
+    import adaspec.control.confidence as confidence
+
+    def on_host(logits):
+        return confidence_features(logits.cpu())
+
+    confidence_features = confidence.distribution_features
+    monkeypatch.setattr(confidence, "distribution_features", on_host)
+    target, draft = tiny_model(seed=21), tiny_model(seed=22, layers=1)
     DeviceRows.reads = []
-    result = build_engine("draft:ctrl=confidence,k=3", simulated(target), None,
-                          simulated(draft), eos_token_ids=[]).generate(prompt, 30)
-    assert result.token_ids == want
+    build_engine("draft:ctrl=confidence,k=3", simulated(target), None, simulated(draft),
+                 eos_token_ids=[]).generate([5, 6, 7, 8, 5, 6, 7], 10)
     assert any(what == "cpu" and n >= 64 for what, n in DeviceRows.reads)

@@ -258,6 +258,21 @@ def test_chain_rule_is_exact_and_broken_ones_are_caught(
         assert_caught(fits, variant)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["draft-probs", "deterministic"])
+def test_the_gpu_control_flow_is_exact(monkeypatch, deterministic):
+    """On a GPU the sampler reads nothing back: every `may_hold` answers True, so the
+    residual is built and the correction drawn whether or not a chain rejected. The law of
+    the emitted tokens is the target's on that path too."""
+    import adaspec.verify.speculative as speculative
+
+    monkeypatch.setattr(speculative, "may_hold", lambda flags: True)
+    target, draft = make_case(6, 2, 1.0, 1.5, 2, 2, 0)
+    first, second, acceptance = emit_two(speculative_sample, target, draft, 2, seed=5,
+                                         deterministic=deterministic)
+    assert 0.05 < acceptance < 0.98
+    assert_exact(laws(first, second, target), "speculative sampling, device control flow")
+
+
 @pytest.mark.parametrize("variant", ["right", "accept_all", "correction_from_p"])
 def test_deterministic_draft(variant):
     """An n-gram style draft (draft_probs None: the drafted token counts as probability 1)

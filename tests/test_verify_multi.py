@@ -311,6 +311,20 @@ def test_tree_rules_are_exact_and_broken_ones_are_caught(
         assert_caught(fits, verifier.name)
 
 
+@pytest.mark.parametrize(("rule", "drawn"), [("mcss", True), ("mcss-wor", False)])
+def test_the_gpu_control_flow_is_exact(monkeypatch, rule, drawn):
+    """On a GPU the walk reads nothing back but its one verdict per level: every `may_hold`
+    answers True, so each candidate's test and the final draw run whether or not a node
+    had already chosen. The law of the emitted tokens is the target's on that path too."""
+    import adaspec.verify.multi_candidate as multi_candidate
+
+    monkeypatch.setattr(multi_candidate, "may_hold", lambda flags: True)
+    target, draft = make_case(6, 3, 1.5, 1.0, 2, 2, 0)
+    verifier = variant(rule, "right")
+    cells = emit(verifier, target, draft, (3, 2), 2, seed=9, replacement=drawn)
+    assert_exact(check_laws(cells, target, 2), f"{verifier.name}, device control flow")
+
+
 @pytest.mark.parametrize(
     ("rule", "bug"),
     [("mcss", "right"), ("mcss-wor", "right"), ("mcss", "accept_all"),

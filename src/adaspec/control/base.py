@@ -21,13 +21,11 @@ class LengthController(ABC):
     def max_tokens(self) -> int:
         """Upper bound on the number of tokens to draft in the next step (>= 1)."""
 
-    # whether `keep_drafting` reads the draft's logits (a drafter may otherwise leave them
-    # where the draft ran)
-    reads_logits: bool = False
-
     def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
         """After drafting token `position` (0-based) from raw `draft_logits` [V] (None for a
-        drafter without a distribution, e.g. n-gram): go on drafting?"""
+        drafter without a distribution, e.g. n-gram): go on drafting? The logits are where
+        the draft ran (a GPU's memory): a rule computes its numbers there and reads back
+        only those."""
         return True
 
     def update(self, drafted: int, accepted: int) -> None:

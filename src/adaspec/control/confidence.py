@@ -27,8 +27,6 @@ class ConfidenceLength(LengthController):
     def max_tokens(self) -> int:
         return self.k
 
-    reads_logits = True
-
     def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
         if draft_logits is None:
             raise InputError("ctrl=confidence needs a drafter with a distribution (draft:...)")

@@ -127,14 +127,12 @@ class DiscoLength(LengthController):
         self._step = []
         return self.sl_max
 
-    reads_logits = True
-
     @torch.inference_mode()
     def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
         if draft_logits is None:
             raise InputError("ctrl=disco needs a drafter with a distribution (draft:...)")
         x = assemble(
-            distribution_features(draft_logits),
+            distribution_features(draft_logits).cpu(),  # 11 numbers read back
             position,
             self.cursor.next + position,
             self.artifact.spec,

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from adaspec.core.sampling import may_hold
 from adaspec.errors import InputError
 
 TOP_K = 10  # the paper's top-10 draft probabilities
@@ -91,7 +92,7 @@ def distribution_features(logits: torch.Tensor) -> torch.Tensor:
     e = shifted.exp()
     z = e.sum(dim=-1, keepdim=True)
     weighted = torch.linalg.vecdot(e, shifted).unsqueeze(-1)
-    if not bool(torch.isfinite(weighted).all()):  # -inf logits: e = 0 there, 0 * -inf = 0
+    if may_hold(~torch.isfinite(weighted)):  # -inf logits: e = 0 there, 0 * -inf = 0
         weighted = torch.linalg.vecdot(e, torch.where(e > 0, shifted, 0.0)).unsqueeze(-1)
     top = (top - top[..., :1]).exp() / z
     if top.shape[-1] < TOP_K:  # a vocabulary smaller than TOP_K: the rest have probability 0

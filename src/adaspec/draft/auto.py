@@ -387,7 +387,7 @@ class AutoDrafter(Drafter):
             return self.draft_rates[bucket].rate
         from adaspec.control.disco_features import assemble, distribution_features
 
-        x = assemble(distribution_features(logits), position,
+        x = assemble(distribution_features(logits).cpu(), position,
                      context - self._prompt_len + position, self.disco.spec)
         return float(self.disco.classifier.accept_probability(x))
 
@@ -417,17 +417,15 @@ class AutoDrafter(Drafter):
         accept: list[float] = []  # each drafted token's estimated acceptance
         calls = 0
         while len(tokens) < limit:
-            logits = model.step(pending)
+            logits = model.step(pending)  # where the draft ran: its id and numbers come back
             calls += 1
-            probs = torch.softmax(logits.float(), dim=-1)
             if params.greedy:
                 token = int(argmax(logits))
-                confidence = float(probs[token])
             else:
                 processed = process_logits(logits, params)
                 token = sample(processed, generator)
                 rows.append(processed)
-                confidence = float(probs.max())
+            confidence = float(torch.softmax(logits.float(), dim=-1).max())
             bucket = _bucket_of(confidence)
             tokens.append(token)
             buckets.append(bucket)

@@ -45,15 +45,15 @@ def prefill_prompt(backend: ModelBackend, prompt_ids: list[int]) -> list[int]:
     return head
 
 
-def feed(backend: ModelBackend, tokens: list[int], on_device: bool = False) -> torch.Tensor:
+def feed(backend: ModelBackend, tokens: list[int]) -> torch.Tensor:
     """Score tokens after the draft cache; into an empty cache that is a prompt prefill
-    (which a backend may run on a faster path for many rows). The logits on the host, or
-    (`on_device`) where the draft ran."""
+    (which a backend may run on a faster path for many rows). The logits where the draft
+    ran (a GPU's memory): drafting reads back the ids and the few numbers it decides by."""
     if backend.cache_len == 0:
         out = backend.prefill(torch.tensor(tokens))
     else:
         out = backend.forward(torch.tensor(tokens))
-    return out.device_logits if on_device else out.logits
+    return out.device_logits
 
 
 class ModelDrafter(Drafter):
@@ -91,10 +91,10 @@ class ModelDrafter(Drafter):
             del self._cached[-1:]
         return context[len(self._cached) :]
 
-    def step(self, tokens: list[int], on_device: bool = False) -> torch.Tensor:
-        """Feed `tokens` after the cache; the next token's raw logits [V] (on the host, or
-        where the draft ran)."""
-        logits = feed(self.backend, tokens, on_device)[-1]
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` after the cache; the next token's raw logits [V], where the draft
+        ran."""
+        logits = feed(self.backend, tokens)[-1]
         self._cached.extend(tokens)
         return logits
 
@@ -111,11 +111,10 @@ class ModelDrafter(Drafter):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         calls = 0
-        # a greedy chain whose length rule reads no distribution needs only each argmax:
-        # on a GPU one id comes back per drafted token, not the whole row
-        ids_only = params.greedy and not controller.reads_logits
+        # the rows stay where the draft ran: on a GPU each drafted token brings back its id
+        # (and the length rule the few numbers it reads), not the row
         for i in range(max_tokens):
-            logits = self.step(pending, on_device=ids_only)
+            logits = self.step(pending)
             calls += 1
             if params.greedy:
                 token = int(argmax(logits))

@@ -24,7 +24,7 @@ import torch
 from adaspec.backends.base import ModelBackend
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, process_logits
+from adaspec.core.sampling import SamplingParams, may_hold, process_logits, uniforms
 from adaspec.core.token_tree import (
     CANDIDATE_SHAPES,
     DEFAULT_MAX_NODES,
@@ -117,27 +117,31 @@ def draw_children(
     from the row with the earlier draws zeroed (sampling from the renormalised remainder);
     a row whose support runs out gets fewer children.
     """
+    rows = probs.shape[0]
     if replacement:
         cdf = probs.cumsum(-1, dtype=torch.float64)
         total = cdf[:, -1:].contiguous()
-        u = torch.rand(probs.shape[0], count, generator=generator, dtype=torch.float64)
+        u = uniforms((rows, count), generator, torch.float64, probs.device)
         index = torch.searchsorted(cdf, u * total, right=True)
         last = torch.searchsorted(cdf, total, right=False)  # last token with positive mass
         return torch.minimum(index, last).tolist()
     rest = probs.to(torch.float64).clone()
-    out: list[list[int]] = [[] for _ in range(probs.shape[0])]
+    draws: list[torch.Tensor] = []  # [rows, 2] per draw: the token, and whether it is real
     for _ in range(count):
         mass = rest.sum(-1)
         live = mass > 0
-        if not bool(live.any()):
+        if not may_hold(live):
             break
         cdf = rest.cumsum(-1)
-        u = torch.rand(rest.shape[0], 1, generator=generator, dtype=torch.float64)
+        u = uniforms((rows, 1), generator, torch.float64, probs.device)
         index = torch.searchsorted(cdf, u * mass.unsqueeze(1), right=True)
         index = torch.minimum(index, torch.searchsorted(cdf, mass.unsqueeze(1), right=False))
         rest.scatter_(1, index, 0.0)
-        for row, tok in enumerate(index.squeeze(1).tolist()):
-            if live[row]:
+        draws.append(torch.cat([index, live.long().unsqueeze(1)], dim=1))
+    out: list[list[int]] = [[] for _ in range(rows)]
+    for drawn in torch.stack(draws).tolist() if draws else []:  # one read for all draws
+        for row, (tok, real) in enumerate(drawn):
+            if real:
                 out[row].append(tok)
     return out
 
@@ -189,7 +193,7 @@ class ModelTreeDrafter(Drafter):
             self.backend.truncate(len(context) - 1)
             del self._cached[-1:]
         pending = context[len(self._cached) :]
-        logits = feed(self.backend, pending)[-1:]
+        logits = feed(self.backend, pending)[-1:]  # where the draft ran
         self._cached.extend(pending)
         calls = 1
         base = len(context)  # cache index of the first tree node; the root sits at base - 1
@@ -215,7 +219,7 @@ class ModelTreeDrafter(Drafter):
                 torch.tensor([tree.tokens[i] for i in new]),
                 torch.full((len(new),), base - 1 + depth, dtype=torch.long),
                 tree_mask=full,
-            ).logits
+            ).device_logits
             calls += 1
             self._fed = new[-1]
             frontier = new

@@ -52,7 +52,7 @@ class S2DDrafter(ModelDrafter):
             self.state.append(head, full_depth=True)
         self._cached = head
 
-    def step(self, tokens: list[int], on_device: bool = False) -> torch.Tensor:
+    def step(self, tokens: list[int]) -> torch.Tensor:
         """The exits' logits, where the sorted draft runs (its own CPU model)."""
         exit_index, small = self.state.feed(tokens, self.thresholds)
         self._cached.extend(tokens)

@@ -495,11 +495,13 @@ class Engine(TextGenerator):
     def _verify(proposal: Proposal, out: ForwardOutput, sampling: SamplingParams,
                 generator: torch.Generator, verifier: Verifier, rows: slice = slice(None)
                 ) -> Verdict:
-        """A greedy verifier reads raw logits where the model ran (only the argmax ids come
-        back to the host); the others read the processed distributions on the host."""
+        """Verification runs where the model ran (a GPU's memory): a greedy verifier on the
+        raw logits, the others on the processed distributions; only the verdict's few ids
+        come back to the host."""
+        logits = out.device_logits[rows]
         if verifier.greedy:
-            return verifier.verify(proposal, out.device_logits[rows], generator)
-        return verifier.verify(proposal, process_logits(out.logits[rows], sampling), generator)
+            return verifier.verify(proposal, logits, generator)
+        return verifier.verify(proposal, process_logits(logits, sampling), generator)
 
     def _roll_back(self, root: int, path: list[int]) -> None:
         """Keep the context and the accepted nodes in the target cache: a cut when they are

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import sample_rows
+from adaspec.core.sampling import may_hold, sample_rows, uniforms
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
@@ -58,10 +58,11 @@ def _check_step_args(
         vocab = max(vocab, q.shape[-1])
         q = F.pad(q.to(dtype), (0, vocab - q.shape[-1]))
     p = F.pad(p.to(dtype), (0, vocab - p.shape[-1]))
-    candidates = candidates.to(torch.long)
-    if candidates.numel() and (int(candidates.min()) < 0 or int(candidates.max()) >= vocab):
+    if candidates.numel() and candidates.device.type == "cpu" and (
+        int(candidates.min()) < 0 or int(candidates.max()) >= vocab
+    ):
         raise InputError(f"candidate token ids must be in [0, {vocab}), got {candidates.tolist()}")
-    return candidates, q, p
+    return candidates.to(device=p.device, dtype=torch.long), q, p
 
 
 def mcss_step(
@@ -79,13 +80,13 @@ def mcss_step(
     candidates, q, p = _check_step_args(candidates, q, p)
     batch, k = candidates.shape
     tiny = torch.finfo(p.dtype).tiny
-    u = torch.rand(batch, k, generator=generator, dtype=p.dtype, device=p.device)
+    u = uniforms((batch, k), generator, p.dtype, p.device)
     choice = torch.full((batch,), -1, dtype=torch.long, device=p.device)
     r = p
     q_i = q
     for i in range(k):
         active = choice < 0
-        if not bool(active.any()):
+        if not may_hold(active):
             break
         x = candidates[:, i : i + 1]
         r_x = r.gather(1, x).squeeze(1)
@@ -94,7 +95,7 @@ def mcss_step(
         accept = active & (u[:, i] * q_x < r_x)
         choice = torch.where(accept, i, choice)
         rejected = active & ~accept
-        if bool(rejected.any()):
+        if may_hold(rejected):
             residual = r.scatter(1, x, 0.0) if q_i is None else (r - q_i).clamp(min=0.0)
             mass = residual.sum(1, keepdim=True)
             # All-zero residual: only rounding gets here (r == q_i); keep r.
@@ -115,10 +116,10 @@ def _finish(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token = the chosen candidate, or a draw from `dist` where nothing was chosen."""
     token = torch.zeros_like(choice)
-    if bool((choice >= 0).any()):
+    if candidates.shape[1] and may_hold(choice >= 0):  # a leaf has none to choose
         token = candidates.gather(1, choice.clamp(min=0).unsqueeze(1)).squeeze(1)
     missed = choice < 0
-    if bool(missed.any()):
+    if may_hold(missed):
         token = torch.where(missed, sample_rows(dist, generator), token)
     return choice, token
 
@@ -180,11 +181,11 @@ class TreeWalkVerifier(Verifier):
             if draft_probs is not None and kids:
                 if node >= draft_probs.shape[0]:
                     raise InputError(f"draft probs have no row for node {node}, which has children")
-                q = draft_probs[node : node + 1]
+                q = draft_probs[node : node + 1].to(target_probs.device)
             choice, token = self.step(cands, q, target_probs[node : node + 1], generator)
-            c = int(choice[0])
+            c, emitted = torch.cat([choice, token]).tolist()  # one read per level walked
             if c < 0:
-                return Verdict(path=path, next_token=int(token[0]))
+                return Verdict(path=path, next_token=emitted)
             node = kids[c]
             path.append(node)
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import sample_rows
+from adaspec.core.sampling import may_hold, sample_rows, uniforms
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
@@ -41,7 +41,9 @@ def speculative_sample(
     differ in size; the shorter one is zero-padded.
 
     Random draws, all from `generator`: B x k uniforms at once, then one categorical draw per
-    chain (the correction or the bonus token).
+    chain (the correction or the bonus token). Nothing is read back to the host: on a GPU
+    the verdict stays there until the caller reads it (token ids are range-checked when
+    they come from the host).
     """
     if draft_tokens.dim() != 2:
         raise InputError(f"draft_tokens must be [B, k], got {list(draft_tokens.shape)}")
@@ -69,9 +71,11 @@ def speculative_sample(
     )
     p = _pad_vocab(target_probs.to(dtype), vocab)
     q = None if draft_probs is None else _pad_vocab(draft_probs.to(dtype), vocab)
+    if k and draft_tokens.device.type == "cpu" and (
+        int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= vocab
+    ):
+        raise InputError(f"draft token ids must be in [0, {vocab}), got {draft_tokens.tolist()}")
     tokens = draft_tokens.to(device=p.device, dtype=torch.long)
-    if k and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise InputError(f"draft token ids must be in [0, {vocab}), got {tokens.tolist()}")
 
     rows = torch.arange(batch, device=p.device)
     if k == 0:
@@ -79,7 +83,7 @@ def speculative_sample(
         return torch.zeros(batch, dtype=torch.long, device=p.device), bonus
 
     p_tok = p[:, :k].gather(2, tokens.unsqueeze(2)).squeeze(2)  # [B, k]
-    u = torch.rand(batch, k, generator=generator, dtype=dtype, device=p.device)
+    u = uniforms((batch, k), generator, dtype, p.device)
     # u < p/q written without the division: q(x) = 0 with p(x) > 0 accepts, p(x) = 0 rejects.
     if q is None:
         accept = u < p_tok
@@ -89,7 +93,7 @@ def speculative_sample(
 
     p_next = p[rows, accepted]  # the rejected position's row, or the bonus row
     rejected = accepted < k
-    if bool(rejected.any()):
+    if may_hold(rejected):
         pos = accepted.clamp(max=k - 1)
         if q is None:
             residual = p_next.scatter(1, tokens[rows, pos].unsqueeze(1), 0.0)
@@ -124,12 +128,13 @@ class SpeculativeVerifier(Verifier):
             raise InputError(
                 f"draft probs must be [k, V] = [{k}, V] or None, got {list(draft_probs.shape)}"
             )
-        tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=target_probs.device)
+        if draft_probs is not None:
+            draft_probs = draft_probs.to(target_probs.device)
         accepted, next_token = speculative_sample(
-            tokens.view(1, k),
+            torch.tensor(proposal.tokens, dtype=torch.long).view(1, k),
             None if draft_probs is None else draft_probs.unsqueeze(0),
             target_probs.unsqueeze(0),
             generator,
         )
-        n = int(accepted[0])
-        return Verdict(list(range(1, n + 1)), int(next_token[0]))
+        n, token = torch.cat([accepted, next_token]).tolist()  # the step's one read
+        return Verdict(list(range(1, n + 1)), token)
