@@ -12,6 +12,7 @@ from adaspec.backends.static_torch import StaticTorchBackend, static_backend
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
 from adaspec.methods.build import build_engine
+from adaspec.online.record import Recorder
 
 from .conftest import tiny_model
 from .disco_helpers import artifact, classifier_on
@@ -178,7 +179,8 @@ def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, m
     result = run(simulated(target, "tiny-target"), simulated(draft, "tiny-draft"))
     reads = list(DeviceRows.reads)
     on_cpu_as_on_a_gpu(monkeypatch)
-    want = run(static_backend(target, "tiny-target"), static_backend(draft, "tiny-draft"))
+    want = run(static_backend(target, "tiny-target", graphs="eager"),
+               static_backend(draft, "tiny-draft", graphs="eager"))
     assert result.token_ids == want.token_ids
     assert result.stats.drafted > 0  # the draft was verified, not only single tokens
     assert reads and all(n <= 16 for _, n in reads), reads  # the vocabulary is 64 wide
@@ -203,3 +205,30 @@ def test_a_length_rule_on_host_rows_is_caught(monkeypatch):
     build_engine("draft:ctrl=confidence,k=3", simulated(target), None, simulated(draft),
                  eos_token_ids=[]).generate([5, 6, 7, 8, 5, 6, 7], 10)
     assert any(what == "cpu" and n >= 64 for what, n in DeviceRows.reads)
+
+
+def test_logprobs_and_the_distillation_record_read_their_numbers_not_rows():
+    """`logprobs` (the emitted tokens' and 5 alternatives each) and online distillation's
+    record (the target's top 8 per verified row) are computed where the rows are: what comes
+    back is those numbers, far fewer than a 512-wide row; the tokens, logprobs and record
+    equal the CPU's."""
+    target, draft = tiny_model(vocab=512, seed=23), tiny_model(vocab=512, seed=24, layers=1)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    sampling = SamplingParams(temperature=0.8, seed=3, logprobs=5)
+
+    def run(t, d):
+        engine = build_engine("draft:k=3", t, None, d, eos_token_ids=[])
+        engine.recorder = Recorder(top_k=8, mode="all")
+        result = engine.generate(prompt, 20, sampling=sampling)
+        return result, engine.recorder.take(result.token_ids)
+
+    DeviceRows.reads = []
+    (result, record) = run(simulated(target), simulated(draft))
+    reads = list(DeviceRows.reads)
+    want, want_record = run(static_backend(target, "tiny", graphs="eager"),
+                                 static_backend(draft, "tiny", graphs="eager"))
+    assert result.token_ids == want.token_ids and result.stats.drafted > 0
+    assert result.logprobs == want.logprobs and len(result.logprobs) == 20
+    assert all(len(lp.top) == 5 for lp in result.logprobs)
+    assert torch.equal(record.top_ids, want_record.top_ids) and len(record.positions) > 0
+    assert reads and all(n <= 5 * 8 for _, n in reads), reads

@@ -89,17 +89,19 @@ def log_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
 def token_logprobs(rows: torch.Tensor, tokens: list[int],
                    params: SamplingParams) -> list[TokenLogprob]:
     """rows: [n, V] the target's logits that chose `tokens` (row i chose tokens[i]), read
-    from the pass that verified them: no extra target call."""
+    from the pass that verified them: no extra target call. Computed where the rows are;
+    only the asked numbers come back to the host."""
     logs = log_distribution(rows[: len(tokens)], params)
+    chosen = logs.gather(1, torch.tensor(tokens, device=logs.device).view(-1, 1))
     n = params.logprobs or 0
+    values, ids = torch.topk(logs, n, dim=-1) if n else (logs[:, :0], logs[:, :0])
     out = []
-    for i, tok in enumerate(tokens):
-        top: tuple[tuple[int, float], ...] = ()
-        if n:
-            values, ids = torch.topk(logs[i], n)
-            top = tuple((int(t), float(v)) for t, v in zip(ids, values, strict=True)
-                        if v > float("-inf"))
-        out.append(TokenLogprob(int(tok), float(logs[i, tok]), top))
+    for tok, logprob, top_values, top_ids in zip(
+        tokens, chosen[:, 0].tolist(), values.tolist(), ids.long().tolist(), strict=True
+    ):
+        top = tuple((t, v) for t, v in zip(top_ids, top_values, strict=True)
+                    if v > float("-inf"))
+        out.append(TokenLogprob(int(tok), logprob, top))
     return out
 
 

@@ -316,7 +316,7 @@ class Engine(TextGenerator):
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill, sampling, generator,
                              verifier, rows=slice(-1, None)).next_token
         want_logprobs = sampling.logprobs is not None
-        step_logprobs = (token_logprobs(prefill.logits[-1:], [first], sampling)
+        step_logprobs = (token_logprobs(prefill.device_logits[-1:], [first], sampling)
                          if want_logprobs else [])
         generated_logprobs: list[TokenLogprob] = []
         stats.target_calls += 1
@@ -442,11 +442,11 @@ class Engine(TextGenerator):
             verdict, alone = self._settle_near_tie(proposal, out.logits, verdict, root, stats)
         rows = None
         if keep_rows:  # row of node i chose the token after it; a recheck's lone row the last
-            rows = out.logits[[0, *verdict.path]]
+            rows = out.device_logits[[0, *verdict.path]]
             if alone is not None:
                 rows = torch.cat([rows[:-1], alone[-1:]])
         if self.recorder is not None:
-            self.recorder.step(root, proposal.depth, verdict.path, out.logits)
+            self.recorder.step(root, proposal.depth, verdict.path, out.device_logits)
         stats.verify_time += time.perf_counter() - t0
 
         if proposal.depth:
@@ -486,7 +486,7 @@ class Engine(TextGenerator):
         # keep the context and the path before row `cut`'s node; feed that node alone
         self.target.truncate(root + cut)
         node_token = proposal.tree.tokens[walk[cut]]
-        alone = self.target.forward(torch.tensor([node_token])).logits
+        alone = self.target.forward(torch.tensor([node_token])).device_logits
         stats.target_calls += 1
         stats.rechecks += 1
         return Verdict(verdict.path[:cut], int(argmax(alone[-1]))), alone

@@ -34,11 +34,12 @@ class RequestRecord:
 
 
 def compact(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's distribution at temperature 1, kept as its top-k ids and probabilities."""
+    """The target's distribution at temperature 1, kept as its top-k ids and probabilities
+    (computed where the logits are; only those come back to the host)."""
     probs = torch.softmax(logits.float(), dim=-1)
     k = min(top_k, probs.shape[-1])
     values, ids = torch.topk(probs, k, dim=-1)
-    return ids.to(torch.int64), values
+    return ids.to(torch.int64).cpu(), values.cpu()
 
 
 @dataclass
