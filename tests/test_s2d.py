@@ -136,6 +136,8 @@ def test_method_string_checks_before_loading():
         parse_method("s2d:x,thresholds=0.5/high")
     with pytest.raises(InputError, match="in \\[0, 1\\]"):
         parse_method("s2d:x,thresholds=1.5")
+    import adaspec.lab.bench.oracle  # noqa: F401  # why: registers the bench's ctrl=oracle
+
     with pytest.raises(InputError, match="ctrl=static or ctrl=heuristic"):
         parse_method("s2d:x,ctrl=oracle")
     with pytest.raises(InputError, match="no thresholds"):
@@ -562,3 +564,20 @@ def test_one_kept_token_is_a_valid_head():
     cfg = SortedConfig(64, 32, 16, 4, 2, 1e-6, 1e4, (1,))
     model = SortedDraftLM(cfg, torch.tensor([63, 63]))
     assert model.token_ids.tolist() == [63] and model.restricted
+
+
+def test_the_sorted_draft_runs_on_the_targets_device(sampling_pair):
+    """On a GPU the sorted draft drafts where the target verifies: built beside a target on
+    `meta` (standing in for `cuda`; it checks every operand's device and holds no data),
+    its weights go there and its passes make their tokens and positions there too."""
+    target, artifact = sampling_pair
+    backend = TorchBackend(target)
+    backend.device = "meta"
+    engine = build_engine(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
+                          backend, None, None, [])
+    drafter = engine.drafter
+    assert isinstance(drafter, S2DDrafter)
+    assert drafter.model.device.type == "meta"
+    drafter.state.append([1, 2, 3, 4], full_depth=True)  # every segment: a device mix raises
+    drafter.state.append([5])  # the first segment only: the others' inputs wait
+    assert drafter.state.total == 5

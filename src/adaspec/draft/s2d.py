@@ -53,7 +53,7 @@ class S2DDrafter(ModelDrafter):
         self._cached = head
 
     def step(self, tokens: list[int]) -> torch.Tensor:
-        """The exits' logits, where the sorted draft runs (its own CPU model)."""
+        """The exits' logits, where the sorted draft runs (the target's device)."""
         exit_index, small = self.state.feed(tokens, self.thresholds)
         self._cached.extend(tokens)
         label = self.labels[exit_index]

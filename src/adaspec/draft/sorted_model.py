@@ -95,6 +95,11 @@ class SortedDraftLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, ids.numel(), bias=False)
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights are (the target's device when drafting)."""
+        return self.embed_tokens.weight.device
+
+    @property
     def restricted(self) -> bool:
         return self.token_ids.numel() < self.config.vocab_size
 
@@ -116,8 +121,8 @@ class SortedDraftLM(nn.Module):
         at every exit, [b, n, hidden] each (training and tuning read these)."""
         cfg = self.config
         x = self.embed_tokens(input_ids)
-        cos, sin = rope(torch.arange(input_ids.shape[-1]), cfg.head_dim, cfg.rope_theta,
-                        x.dtype)
+        cos, sin = rope(torch.arange(input_ids.shape[-1], device=x.device), cfg.head_dim,
+                        cfg.rope_theta, x.dtype)
         out: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             x, _ = layer(x, cos, sin)
@@ -174,7 +179,7 @@ class ExitState:
         """Run segment s on hidden inputs x [n, hidden] at positions done[s] on."""
         cfg = self.model.config
         n = x.shape[0]
-        positions = torch.arange(self.done[s], self.done[s] + n)
+        positions = torch.arange(self.done[s], self.done[s] + n, device=x.device)
         cos, sin = rope(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
         h = x[None]
         for i in self.segments[s]:
@@ -188,7 +193,7 @@ class ExitState:
         """Append `tokens` whose logits are not read (a prompt): through every segment
         (`full_depth`), or through the smallest sub-model only, the deeper segments running
         them when a later token first goes deeper."""
-        x = self.model.embed_tokens(torch.tensor(tokens))
+        x = self.model.embed_tokens(torch.tensor(tokens, device=self.model.device))
         self.total += len(tokens)
         h = self._run_segment(0, x)
         for s in range(1, len(self.segments)):
@@ -205,7 +210,7 @@ class ExitState:
         one's top probability reaches its threshold (the last exit always answers). Returns
         (exit index, its kept-token logits [N]) for the next token."""
         model = self.model
-        x = model.embed_tokens(torch.tensor(tokens))
+        x = model.embed_tokens(torch.tensor(tokens, device=model.device))
         self.total += len(tokens)
         last = len(self.segments) - 1
         s = 0
@@ -241,5 +246,6 @@ class ExitState:
 
 
 def confidence(small_logits: torch.Tensor) -> float:
-    """Top probability of a distribution given by logits (the exit rule's confidence)."""
+    """Top probability of a distribution given by logits (the exit rule's confidence); on a
+    GPU the one number each exit tried reads back."""
     return float(torch.softmax(small_logits.float(), dim=-1).max())

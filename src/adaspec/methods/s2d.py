@@ -83,6 +83,7 @@ def _build(params: S2DParams, models: Models, text: str):
     tuned = s2d_artifact.tuned_for(manifest, models.target.name)
     weights = params.dtype or str((tuned or {}).get("draft_weights", "bfloat16"))
     model, manifest = s2d_artifact.load_for_drafting(params.artifact, weights)
+    model.to(models.target.device)  # drafts where the target verifies (a GPU's memory)
     if model.config.vocab_size != models.target.vocab_size:
         raise InputError(
             f"the sorted draft {params.artifact!r} has a {model.config.vocab_size}-token "
