@@ -36,8 +36,12 @@ def main() -> None:
     ap.add_argument("--methods", default=METHODS)
     ap.add_argument("--suite", default=SUITES)
     ap.add_argument("--max-new-tokens", default="128")
+    ap.add_argument("--s2d", default=None, metavar="ARTIFACT",
+                    help="also run s2d:ARTIFACT (the session script extracts one there)")
     ap.add_argument("--out", required=True)
     args, rest = ap.parse_known_args()
+    if args.s2d:
+        args.methods += f",s2d:{args.s2d}"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from adaspec.cli import main as adaspec
 

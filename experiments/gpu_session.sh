@@ -29,8 +29,15 @@ if [ "$PART" = costs ]; then
 elif [ -f .gpuw/manifest.json ]; then
     [ -f /tmp/adaspec-home/gguf/qwen2.5-coder-1.5b-instruct.gguf ] ||
         python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home || exit 1
+    S2D=()  # S2D beside the others: an untrained extraction of the draft (exit 24 = the draft)
+    if [ -d .gpuw/data/s2d ]; then
+        [ -d /tmp/adaspec-home/s2d/s2d-extract ] ||
+            ADASPEC_HOME=/tmp/adaspec-home python3 -m adaspec s2d extract --data .gpuw/data/s2d \
+                --kept-tokens 0 --exits 12,18,24 --name s2d-extract || echo "s2d extract failed"
+        [ -d /tmp/adaspec-home/s2d/s2d-extract ] && S2D=(--s2d s2d-extract)
+    fi
     ADASPEC_HOME=/tmp/adaspec-home ADASPEC_DATA_DIR=$PWD/.gpuw/data \
-        python3 experiments/gpu_bench.py --out "$OUT/bench" ${BENCH_ARGS:-}
+        python3 experiments/gpu_bench.py --out "$OUT/bench" "${S2D[@]}" ${BENCH_ARGS:-}
 else
     echo "no weights here (.gpuw/manifest.json): costs only; see docs/gpu.md"
 fi
