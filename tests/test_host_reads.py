@@ -176,18 +176,28 @@ def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, m
         return engine.generate(prompt, 30, sampling=sampling)
 
     DeviceRows.reads = []
-    result = run(simulated(target, "tiny-target"), simulated(draft, "tiny-draft"))
+    draft_on_gpu = simulated(draft, "tiny-draft")
+    result = run(simulated(target, "tiny-target"), draft_on_gpu)
     reads = list(DeviceRows.reads)
+    # the draft cache's token ids, some fed from the device unread, are the sequence's
+    cached = draft_on_gpu._ids.read()
+    assert cached == (prompt + result.token_ids)[: draft_on_gpu.cache_len]
     on_cpu_as_on_a_gpu(monkeypatch)
     want = run(static_backend(target, "tiny-target", graphs="eager"),
                static_backend(draft, "tiny-draft", graphs="eager"))
     assert result.token_ids == want.token_ids
     assert result.stats.drafted > 0  # the draft was verified, not only single tokens
     assert reads and all(n <= 16 for _, n in reads), reads  # the vocabulary is 64 wide
+    stats = result.stats
     if method.startswith(("ngram", "draft:k")) and not sampling.greedy:
         # a chain's verdict: accepted count and next token, one read per target pass
         verdicts = [r for r in reads if r == ("tolist", 2)]
-        assert len(verdicts) >= result.stats.target_calls
+        assert len(verdicts) >= stats.target_calls
+    if method.startswith("draft:k"):
+        # a chain no length rule stops is drawn on the device and read once, whole: one
+        # read per proposal beside one per target pass, not one per drafted token
+        assert stats.draft_calls > len(stats.steps)
+        assert len(reads) == stats.target_calls + len(stats.steps)
 
 
 def test_a_length_rule_on_host_rows_is_caught(monkeypatch):

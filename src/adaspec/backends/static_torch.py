@@ -183,7 +183,7 @@ class StaticTorchBackend(ModelBackend):
         self._fixed: dict[int, _FixedPass] = {}
         self._pool: Any = None  # the captured graphs' shared memory pool
         self._len = 0
-        self._ids: list[int] = []  # the cached tokens (prefix reuse)
+        self._ids = _CachedIds()  # the cached tokens (prefix reuse)
 
     @property
     def cache_len(self) -> int:
@@ -191,7 +191,7 @@ class StaticTorchBackend(ModelBackend):
 
     def reset(self) -> None:
         self._len = 0
-        self._ids = []
+        self._ids.cut(0)
 
     def sequences(self, n: int) -> list[ModelBackend]:
         """`n` sequences in one batched cache over these weights (backends/static_batch.py):
@@ -203,7 +203,7 @@ class StaticTorchBackend(ModelBackend):
 
     def truncate(self, length: int) -> None:
         self._len = min(self._len, max(0, int(length)))
-        del self._ids[self._len :]
+        self._ids.cut(self._len)
 
     def keep(self, indices: torch.Tensor) -> None:
         """Keep the cached slots `indices` (ascending), gathered to the front."""
@@ -216,10 +216,12 @@ class StaticTorchBackend(ModelBackend):
             for keys, values in self._cache:
                 keys[:, :, :n] = keys[:, :, dev].clone()
                 values[:, :, :n] = values[:, :, dev].clone()
-            self._ids = [self._ids[i] for i in at.tolist()] if len(self._ids) >= self._len \
-                else []
+            ids = list(self._ids.read())
+            self._ids.cut(0)
+            if len(ids) >= self._len:
+                self._ids.add(torch.tensor([ids[i] for i in at.tolist()]))
         else:
-            del self._ids[n:]
+            self._ids.cut(n)
         self._len = n
 
     @torch.inference_mode()
@@ -241,7 +243,7 @@ class StaticTorchBackend(ModelBackend):
         ids = [int(t) for t in tokens.reshape(-1)]
         if not ids:
             raise InputError("empty prompt")
-        kept = reusable_prefix(self._ids, ids, reuse)
+        kept = reusable_prefix(self._ids.read(), ids, reuse)
         self.truncate(kept)
         return self._run(torch.tensor(ids[kept:]), None, None, hidden_layer,
                          last_row_only=True)
@@ -282,9 +284,9 @@ class StaticTorchBackend(ModelBackend):
         else:
             logits, hidden = self._exact_run(ids, pos, tree_mask, hidden_layer, last_row_only)
         self._len += n
-        del self._ids[start:]
-        self._ids.extend(ids.tolist())
-        # logits stay on the device: a greedy step reads back its argmax ids only
+        self._ids.cut(start)
+        self._ids.add(ids)  # ids fed from the device stay there (a draft chain's own)
+        # logits stay on the device: a step reads back ids and a few numbers only
         return ForwardOutput(logits=logits, hidden=hidden.cpu() if hidden is not None else None)
 
     def _exact_run(self, ids: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor | None,
@@ -381,6 +383,43 @@ def capture_graph(run: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torc
     return graph, out
 
 
+class _CachedIds:
+    """The cached tokens' ids, which only a prompt's prefix reuse reads: a host list, then
+    the ids fed from the device and not read yet (a draft chain's own tokens, fed back
+    without a read). Cutting never reads; `read` does, once, when a prompt asks."""
+
+    def __init__(self) -> None:
+        self.known: list[int] = []
+        self.unread: list[torch.Tensor] = []  # [n] each, after `known`
+
+    def add(self, ids: torch.Tensor) -> None:
+        if ids.device.type == "cpu" and not self.unread:
+            self.known.extend(ids.tolist())
+        else:
+            self.unread.append(ids)
+
+    def cut(self, length: int) -> None:
+        """Keep the first `length` ids."""
+        if length <= len(self.known):
+            del self.known[length:]
+            self.unread = []
+            return
+        left, kept = length - len(self.known), []
+        for ids in self.unread:
+            if left <= 0:
+                break
+            kept.append(ids[:left])
+            left -= int(ids.numel())
+        self.unread = kept
+
+    def read(self) -> list[int]:
+        if self.unread:
+            device = self.unread[0].device
+            self.known.extend(torch.cat([t.to(device) for t in self.unread]).tolist())
+            self.unread = []
+        return self.known
+
+
 class _FixedPass:
     """The device buffers of one fixed pass size: token ids, rotary positions and cache slots
     [size] (padding: token 0 at position 0, in scratch slots), the cache length before the
@@ -405,12 +444,16 @@ class _FixedPass:
              start: int, local: torch.Tensor) -> None:
         n, b, host = int(ids.numel()), self.size, self._host
         host.zero_()
-        host[:n] = ids
+        on_host = ids.device.type == "cpu"
+        if on_host:
+            host[:n] = ids
         host[b:b + n] = positions
         host[2 * b:2 * b + n] = slots
         host[2 * b + n:3 * b] = self._scratch[: b - n]
         host[3 * b] = start
         self._ints.copy_(host)
+        if not on_host:  # ids fed from the device (a drafted token): copied there, not read
+            self.ids[:n].copy_(ids)
         self.local.copy_(local)
 
 

@@ -9,7 +9,7 @@ import torch
 from adaspec.backends.base import ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample
+from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample, sample_rows
 from adaspec.draft.base import Drafter
 
 if TYPE_CHECKING:
@@ -45,14 +45,13 @@ def prefill_prompt(backend: ModelBackend, prompt_ids: list[int]) -> list[int]:
     return head
 
 
-def feed(backend: ModelBackend, tokens: list[int]) -> torch.Tensor:
-    """Score tokens after the draft cache; into an empty cache that is a prompt prefill
-    (which a backend may run on a faster path for many rows). The logits where the draft
-    ran (a GPU's memory): drafting reads back the ids and the few numbers it decides by."""
-    if backend.cache_len == 0:
-        out = backend.prefill(torch.tensor(tokens))
-    else:
-        out = backend.forward(torch.tensor(tokens))
+def feed(backend: ModelBackend, tokens: list[int] | torch.Tensor) -> torch.Tensor:
+    """Score tokens (host ids, or ids the draft drew on the device) after the draft cache;
+    into an empty cache that is a prompt prefill (which a backend may run on a faster path
+    for many rows). The logits where the draft ran (a GPU's memory): drafting reads back
+    the ids and the few numbers it decides by."""
+    ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens)
+    out = backend.prefill(ids) if backend.cache_len == 0 else backend.forward(ids)
     return out.device_logits
 
 
@@ -60,6 +59,9 @@ class ModelDrafter(Drafter):
     """Keeps the draft cache in step with the accepted context; only new tokens are fed."""
 
     name = "draft"
+    # a chain no length rule can stop is drafted on the device, each token fed back there
+    # and the chain's ids read once (False: each step reads its token, e.g. S2D's exits)
+    chains_on_device = True
 
     def __init__(self, backend: ModelBackend) -> None:
         self.backend = backend
@@ -108,6 +110,8 @@ class ModelDrafter(Drafter):
         replacement: bool = False,
     ) -> Proposal:
         pending = self.pending(context)
+        if self.chains_on_device and not controller.stops_early:
+            return self._chain(context[-1], pending, max_tokens, params, generator)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         calls = 0
@@ -129,6 +133,30 @@ class ModelDrafter(Drafter):
                 break
         return Proposal.chain(
             context[-1], tokens, torch.stack(rows) if rows else None, forward_calls=calls
+        )
+
+    def _chain(self, root: int, pending: list[int], length: int, params: SamplingParams,
+               generator: torch.Generator | None) -> Proposal:
+        """`length` tokens, each drawn where the draft ran and fed back from there: on a GPU
+        the chain's one read is its ids at the end (gpt-fast's draft loop). The same draws
+        as the token-by-token loop: the argmax, or one uniform per token."""
+        drawn: list[torch.Tensor] = []  # [1] each, where the draft ran
+        rows: list[torch.Tensor] = []
+        fed: list[int] | torch.Tensor = pending
+        for _ in range(length):
+            logits = feed(self.backend, fed)[-1]
+            if params.greedy:
+                token = argmax(logits).reshape(1)
+            else:
+                probs = process_logits(logits, params)
+                rows.append(probs)
+                token = sample_rows(probs[None], generator)
+            drawn.append(token)
+            fed = token
+        tokens = torch.cat(drawn).tolist() if drawn else []  # the chain's one read
+        self._cached.extend(pending + tokens[:-1])
+        return Proposal.chain(
+            root, tokens, torch.stack(rows) if rows else None, forward_calls=length
         )
 
     def commit(self, context: list[int], path: list[int]) -> None:

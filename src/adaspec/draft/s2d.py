@@ -22,6 +22,7 @@ class S2DDrafter(ModelDrafter):
     counts the tokens each exit drafted."""
 
     name = "s2d"
+    chains_on_device = False  # the exit rule reads each token's confidence
 
     def __init__(self, model: SortedDraftLM, thresholds: tuple[float, ...],
                  exits: tuple[int, ...] | None = None) -> None:
