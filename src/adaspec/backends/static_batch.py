@@ -25,6 +25,7 @@ import torch
 
 from adaspec.backends.decoder import Row, rope
 from adaspec.backends.sequences import ALL, LAST, Feed
+from adaspec.backends.static_torch import PassInputs, capture_graph
 from adaspec.errors import InputError
 
 if TYPE_CHECKING:
@@ -130,8 +131,6 @@ class StaticSequences:
             p = self._fixed[(size, span)] = _BatchPass(
                 self.max_sequences, size, span, self.max_context, self._slot_ids.device)
             if self.graphs == "cuda":
-                from adaspec.backends.static_torch import capture_graph
-
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 p.graph, p.out = capture_graph(lambda: self._batch_pass(p), self._pool)
@@ -194,26 +193,22 @@ class _BatchPass:
     def __init__(self, rows: int, size: int, span: int, scratch: int,
                  device: torch.device) -> None:
         self.rows, self.size, self.span = rows, size, span
-        cells = rows * size
-        self._host = torch.zeros(3 * cells + 2 * rows, dtype=torch.long)
-        self._ints = torch.zeros(3 * cells + 2 * rows, dtype=torch.long, device=device)
-        self.ids = self._ints[:cells].view(rows, size)
-        self.positions = self._ints[cells:2 * cells].view(rows, size)
-        self.slots = self._ints[2 * cells:3 * cells].view(rows, size)
-        self.starts = self._ints[3 * cells:3 * cells + rows]
-        self.real = self._ints[3 * cells + rows:]
+        self.inputs = PassInputs({"ids": (rows, size), "positions": (rows, size),
+                                  "slots": (rows, size), "starts": (rows,),
+                                  "real": (rows,)}, device)
+        dev = self.inputs.dev
+        self.ids, self.positions, self.slots, self.starts, self.real = (
+            dev["ids"], dev["positions"], dev["slots"], dev["starts"], dev["real"])
         self._scratch = torch.arange(scratch, scratch + size)
         self.graph: Any = None
         self.out: Any = None
         self.load([])
 
     def load(self, feeds: list[Feed]) -> None:
-        rows, size, host = self.rows, self.size, self._host
-        cells = rows * size
-        host.zero_()
-        ids, positions = host[:cells].view(rows, size), host[cells:2 * cells].view(rows, size)
-        slots = host[2 * cells:3 * cells].view(rows, size)
-        starts, real = host[3 * cells:3 * cells + rows], host[3 * cells + rows:]
+        host = self.inputs.host
+        self.inputs.clear()
+        ids, positions, slots = host["ids"], host["positions"], host["slots"]
+        starts, real = host["starts"], host["real"]
         slots[:] = self._scratch
         for f in feeds:
             m = len(f.ids)
@@ -221,4 +216,4 @@ class _BatchPass:
             positions[f.seq, :m] = torch.arange(f.start, f.start + m)
             slots[f.seq, :m] = torch.arange(f.start, f.start + m)
             starts[f.seq], real[f.seq] = f.start, m
-        self._ints.copy_(host)
+        self.inputs.send()

@@ -22,6 +22,7 @@ Qwen2 / Llama-family model, or a built-in model), loaded as they are.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -420,6 +421,30 @@ class _CachedIds:
         return self.known
 
 
+class PassInputs:
+    """A fixed-shape pass's integer inputs, by name and shape, packed in one host buffer and
+    one device buffer: filled on the host (`host`), sent in one copy (`send`); a captured
+    graph reads the device views (`dev`) at each replay."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device) -> None:
+        sizes = {name: math.prod(shape) for name, shape in shapes.items()}
+        self._host = torch.zeros(sum(sizes.values()), dtype=torch.long)
+        self._dev = torch.zeros(sum(sizes.values()), dtype=torch.long, device=device)
+        self.host: dict[str, torch.Tensor] = {}
+        self.dev: dict[str, torch.Tensor] = {}
+        at = 0
+        for name, shape in shapes.items():
+            self.host[name] = self._host[at:at + sizes[name]].view(shape)
+            self.dev[name] = self._dev[at:at + sizes[name]].view(shape)
+            at += sizes[name]
+
+    def clear(self) -> None:
+        self._host.zero_()
+
+    def send(self) -> None:
+        self._dev.copy_(self._host)
+
+
 class _FixedPass:
     """The device buffers of one fixed pass size: token ids, rotary positions and cache slots
     [size] (padding: token 0 at position 0, in scratch slots), the cache length before the
@@ -429,11 +454,11 @@ class _FixedPass:
     def __init__(self, size: int, scratch: int, device: torch.device) -> None:
         self.size = size
         self._scratch = torch.arange(scratch, scratch + size)
-        self._host = torch.zeros(3 * size + 1, dtype=torch.long)
-        self._ints = torch.zeros(3 * size + 1, dtype=torch.long, device=device)
-        self.ids, self.positions, self.slots = self._ints[:size], self._ints[size:2 * size], \
-            self._ints[2 * size:3 * size]
-        self.start = self._ints[3 * size]
+        self.inputs = PassInputs({"ids": (size,), "positions": (size,), "slots": (size,),
+                                  "start": ()}, device)
+        dev = self.inputs.dev
+        self.ids, self.positions, self.slots, self.start = (
+            dev["ids"], dev["positions"], dev["slots"], dev["start"])
         self.local = torch.eye(size, dtype=torch.bool, device=device)
         self.graph: Any = None
         self.out: Any = None
@@ -442,16 +467,16 @@ class _FixedPass:
 
     def load(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
              start: int, local: torch.Tensor) -> None:
-        n, b, host = int(ids.numel()), self.size, self._host
-        host.zero_()
+        n, host = int(ids.numel()), self.inputs.host
+        self.inputs.clear()
         on_host = ids.device.type == "cpu"
         if on_host:
-            host[:n] = ids
-        host[b:b + n] = positions
-        host[2 * b:2 * b + n] = slots
-        host[2 * b + n:3 * b] = self._scratch[: b - n]
-        host[3 * b] = start
-        self._ints.copy_(host)
+            host["ids"][:n] = ids
+        host["positions"][:n] = positions
+        host["slots"][:n] = slots
+        host["slots"][n:] = self._scratch[: self.size - n]
+        host["start"].fill_(start)
+        self.inputs.send()
         if not on_host:  # ids fed from the device (a drafted token): copied there, not read
             self.ids[:n].copy_(ids)
         self.local.copy_(local)
