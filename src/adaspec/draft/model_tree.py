@@ -108,6 +108,18 @@ def choose_branching(
     )
 
 
+def draw_with_replacement(probs: torch.Tensor, count: int,
+                          generator: torch.Generator | None) -> torch.Tensor:
+    """[f, count] i.i.d. draws from each row of probs [f, V] by inverse CDF, where the rows
+    are (nothing read back)."""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:].contiguous()
+    u = uniforms((probs.shape[0], count), generator, torch.float64, probs.device)
+    index = torch.searchsorted(cdf, u * total, right=True)
+    last = torch.searchsorted(cdf, total, right=False)  # last token with positive mass
+    return torch.minimum(index, last)
+
+
 def draw_children(
     probs: torch.Tensor, count: int, generator: torch.Generator | None, replacement: bool
 ) -> list[list[int]]:
@@ -119,12 +131,7 @@ def draw_children(
     """
     rows = probs.shape[0]
     if replacement:
-        cdf = probs.cumsum(-1, dtype=torch.float64)
-        total = cdf[:, -1:].contiguous()
-        u = uniforms((rows, count), generator, torch.float64, probs.device)
-        index = torch.searchsorted(cdf, u * total, right=True)
-        last = torch.searchsorted(cdf, total, right=False)  # last token with positive mass
-        return torch.minimum(index, last).tolist()
+        return draw_with_replacement(probs, count, generator).tolist()
     rest = probs.to(torch.float64).clone()
     draws: list[torch.Tensor] = []  # [rows, 2] per draw: the token, and whether it is real
     for _ in range(count):
@@ -201,28 +208,44 @@ class ModelTreeDrafter(Drafter):
         frontier = [0]
         rows: list[torch.Tensor] = []
         levels = self.branching[: max(0, max_tokens)]
+        # every parent gets `count` children (the top k, or draws with replacement): the
+        # levels' tokens stay where the draft ran, fed back from there, read once at the end
+        on_device = params.greedy or replacement
+        drawn: list[torch.Tensor] = []  # each level's tokens [nodes], on_device only
         for depth, count in enumerate(levels, start=1):
             if params.greedy:
                 k = min(count, logits.shape[-1])
-                picks = torch.topk(logits.float(), k, dim=-1).indices.tolist()
+                chosen = torch.topk(logits.float(), k, dim=-1).indices
             else:
                 probs = process_logits(logits, params)
                 rows.append(probs)
+                if on_device:
+                    chosen = draw_with_replacement(probs, count, generator)
+            if on_device:
+                level = chosen.reshape(-1)
+                drawn.append(level)
+                width = chosen.shape[1]
+                new = tree.add_level([p for p in frontier for _ in range(width)],
+                                     [0] * level.shape[0])  # ids filled in after the read
+            else:
                 picks = draw_children(probs, count, generator, replacement)
-            parents = [par for par, kids in zip(frontier, picks, strict=True) for _ in kids]
-            new = tree.add_level(parents, [t for kids in picks for t in kids])
+                parents = [par for par, kids in zip(frontier, picks, strict=True) for _ in kids]
+                new = tree.add_level(parents, [t for kids in picks for t in kids])
+                level = torch.tensor([tree.tokens[i] for i in new])
             if depth == len(levels):
                 break  # the leaves need no draft logits
             mask = tree.ancestor_mask()[new[0] : new[-1] + 1, 1 : new[-1] + 1]
             full = torch.cat([torch.ones(len(new), base, dtype=torch.bool), mask], dim=1)
             logits = self.backend.forward(
-                torch.tensor([tree.tokens[i] for i in new]),
+                level,
                 torch.full((len(new),), base - 1 + depth, dtype=torch.long),
                 tree_mask=full,
             ).device_logits
             calls += 1
             self._fed = new[-1]
             frontier = new
+        if drawn:
+            tree.tokens[1:] = torch.cat(drawn).tolist()  # the tree's one read
         self._tree = tree
         return Proposal(
             tree=tree,
