@@ -154,6 +154,7 @@ GREEDY = SamplingParams()
     ("draft:tree=2x2,verify=mcss", SAMPLED),
     ("auto:use=ngram+draft", GREEDY),
     ("auto:use=draft", SAMPLED),
+    ("auto:use=draft,disco", GREEDY),
 ], ids=lambda v: v if isinstance(v, str) else ("sampled" if v.temperature else "greedy"))
 def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, method,
                                                         sampling):
@@ -167,7 +168,8 @@ def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, m
     if "disco" in method:
         path = tmp_path / "disco.pt"
         artifact(classifier_on(0, 4.0, -1.0)).save(path)
-        method += f",disco={path}"
+        method = method.replace("disco", f"disco={path}") if method.startswith("auto") \
+            else f"{method},disco={path}"
     if method.startswith("auto"):
         extra["profile"] = flat_profile()
 
@@ -199,6 +201,10 @@ def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, m
         # not one per drafted token or level
         assert stats.draft_calls > len(stats.steps)
         assert len(reads) == stats.target_calls + len(stats.steps)
+    if method.startswith("auto:use=draft"):
+        # each drafted token: its id, confidence and (with a classifier) features in one read
+        assert stats.draft_calls > 0
+        assert len(reads) == stats.target_calls + stats.draft_calls
 
 
 def test_a_length_rule_on_host_rows_is_caught(monkeypatch):

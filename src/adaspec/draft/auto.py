@@ -33,7 +33,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample
+from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample_rows
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
@@ -379,15 +379,16 @@ class AutoDrafter(Drafter):
         self.choices.draft += 1
         return self._draft(context, limit, params, generator)
 
-    def _accept_estimate(self, logits: torch.Tensor, bucket: int, position: int,
+    def _accept_estimate(self, features: list[float], bucket: int, position: int,
                          context: int) -> float:
-        """P(this draft token is accepted): the DISCO classifier's, when one is given, else
-        the running rate of its confidence bucket."""
+        """P(this draft token is accepted): the DISCO classifier's on the token's
+        distribution features, when one is given, else the running rate of its confidence
+        bucket."""
         if self.disco is None:
             return self.draft_rates[bucket].rate
-        from adaspec.control.disco_features import assemble, distribution_features
+        from adaspec.control.disco_features import assemble
 
-        x = assemble(distribution_features(logits).cpu(), position,
+        x = assemble(torch.tensor(features, dtype=torch.float32), position,
                      context - self._prompt_len + position, self.disco.spec)
         return float(self.disco.classifier.accept_probability(x))
 
@@ -400,6 +401,8 @@ class AutoDrafter(Drafter):
     ) -> Proposal:
         """Draft model tokens until no look-ahead of a few more tokens pays
         (`cost.rule.cost_keeps_drafting`)."""
+        from adaspec.control.disco_features import distribution_features
+
         model = self.model
         assert model is not None
         ctx = len(context)
@@ -417,19 +420,24 @@ class AutoDrafter(Drafter):
         accept: list[float] = []  # each drafted token's estimated acceptance
         calls = 0
         while len(tokens) < limit:
-            logits = model.step(pending)  # where the draft ran: its id and numbers come back
+            logits = model.step(pending)  # where the draft ran
             calls += 1
             if params.greedy:
-                token = int(argmax(logits))
+                drawn = argmax(logits).reshape(1)
             else:
                 processed = process_logits(logits, params)
-                token = sample(processed, generator)
+                drawn = sample_rows(processed[None], generator)
                 rows.append(processed)
-            confidence = float(torch.softmax(logits.float(), dim=-1).max())
-            bucket = _bucket_of(confidence)
+            # the token, its confidence and (with a classifier) its features: one read
+            numbers = [drawn.double(), torch.softmax(logits.float(), dim=-1).max().reshape(1)
+                       .double()]
+            if self.disco is not None:
+                numbers.append(distribution_features(logits).double())
+            read = torch.cat(numbers).tolist()
+            token, bucket = int(read[0]), _bucket_of(read[1])
             tokens.append(token)
             buckets.append(bucket)
-            accept.append(self._accept_estimate(logits, bucket, len(tokens) - 1, ctx))
+            accept.append(self._accept_estimate(read[2:], bucket, len(tokens) - 1, ctx))
             pending = [token]
             if not cost_keeps_drafting(accept, a_next, step_ms, limit):
                 break
