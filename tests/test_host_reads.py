@@ -201,8 +201,9 @@ def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, m
         # not one per drafted token or level
         assert stats.draft_calls > len(stats.steps)
         assert len(reads) == stats.target_calls + len(stats.steps)
-    if method.startswith("auto:use=draft"):
-        # each drafted token: its id, confidence and (with a classifier) features in one read
+    if method.startswith(("auto:use=draft", "draft:ctrl=")):
+        # each drafted token: its id and the numbers its rule decides by (confidence; DISCO's
+        # features) in one read
         assert stats.draft_calls > 0
         assert len(reads) == stats.target_calls + stats.draft_calls
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from adaspec.control.base import LengthController
 from adaspec.core.sampling import SamplingParams
@@ -16,13 +15,13 @@ from adaspec.errors import InputError
 class Always(LengthController):
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after = stop_after
-        self.asked: list[tuple[int, torch.Tensor | None]] = []
+        self.asked: list[tuple[int, list[float]]] = []
 
     def max_tokens(self) -> int:
         return 8
 
-    def keep_drafting(self, position: int, draft_probs: torch.Tensor | None) -> bool:
-        self.asked.append((position, draft_probs))
+    def decide(self, position: int, numbers: list[float]) -> bool:
+        self.asked.append((position, numbers))
         return self.stop_after is None or position < self.stop_after
 
 
@@ -77,7 +76,7 @@ def test_keep_drafting_stop_is_honoured():
     controller = Always(stop_after=1)
     proposal = drafter.propose([1, 2, 3, 4, 5, 1, 2], 8, controller, SamplingParams(), None)
     assert proposal.tokens == [3, 4]
-    assert controller.asked == [(0, None), (1, None)]
+    assert controller.asked == [(0, []), (1, [])]  # no distribution: no numbers
 
 
 def test_incremental_index_matches_brute_force():

@@ -341,8 +341,12 @@ class StopAfter(LengthController):
     def max_tokens(self) -> int:
         return self.k
 
-    def keep_drafting(self, position, draft_logits):
-        self.calls.append((position, draft_logits))
+    def draft_numbers(self, draft_logits):
+        self.calls.append((None, draft_logits))  # the drafter's logits, where the draft ran
+        return draft_logits[:0].float()
+
+    def decide(self, position, numbers):
+        self.calls[-1] = (position, self.calls[-1][1])
         return position != self.stop
 
 

@@ -27,8 +27,10 @@ class ConfidenceLength(LengthController):
     def max_tokens(self) -> int:
         return self.k
 
-    def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
-        if draft_logits is None:
-            raise InputError("ctrl=confidence needs a drafter with a distribution (draft:...)")
+    def draft_numbers(self, draft_logits: torch.Tensor) -> torch.Tensor:
         # The same top-1 probability the tuner reads from collected data.
-        return float(distribution_features(draft_logits)[0]) >= self.threshold
+        return distribution_features(draft_logits)[:1]
+
+    def decide(self, position: int, numbers: list[float]) -> bool:
+        self.needs_distribution(numbers)
+        return numbers[0] >= self.threshold

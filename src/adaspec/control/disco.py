@@ -127,12 +127,14 @@ class DiscoLength(LengthController):
         self._step = []
         return self.sl_max
 
+    def draft_numbers(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        return distribution_features(draft_logits)
+
     @torch.inference_mode()
-    def keep_drafting(self, position: int, draft_logits: torch.Tensor | None) -> bool:
-        if draft_logits is None:
-            raise InputError("ctrl=disco needs a drafter with a distribution (draft:...)")
+    def decide(self, position: int, numbers: list[float]) -> bool:
+        self.needs_distribution(numbers)
         x = assemble(
-            distribution_features(draft_logits).cpu(),  # 11 numbers read back
+            torch.tensor(numbers, dtype=torch.float32),
             position,
             self.cursor.next + position,
             self.artifact.spec,

@@ -9,7 +9,7 @@ import torch
 from adaspec.backends.base import ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample, sample_rows
+from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample_rows
 from adaspec.draft.base import Drafter
 
 if TYPE_CHECKING:
@@ -116,20 +116,21 @@ class ModelDrafter(Drafter):
         rows: list[torch.Tensor] = []
         calls = 0
         # the rows stay where the draft ran: on a GPU each drafted token brings back its id
-        # (and the length rule the few numbers it reads), not the row
+        # and the few numbers the length rule decides by, in one read
         for i in range(max_tokens):
             logits = self.step(pending)
             calls += 1
             if params.greedy:
-                token = int(argmax(logits))
-                probs = None
+                drawn = argmax(logits).reshape(1)
             else:
                 probs = process_logits(logits, params)
-                token = sample(probs, generator)
+                drawn = sample_rows(probs[None], generator)
                 rows.append(probs)
+            read = torch.cat([drawn.double(), controller.draft_numbers(logits).double()]).tolist()
+            token = int(read[0])
             tokens.append(token)
             pending = [token]
-            if not controller.keep_drafting(i, logits):
+            if not controller.decide(i, read[1:]):
                 break
         return Proposal.chain(
             context[-1], tokens, torch.stack(rows) if rows else None, forward_calls=calls
