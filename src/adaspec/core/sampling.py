@@ -94,10 +94,10 @@ def token_logprobs(rows: torch.Tensor, tokens: list[int],
     logs = log_distribution(rows[: len(tokens)], params)
     chosen = logs.gather(1, torch.tensor(tokens, device=logs.device).view(-1, 1))
     n = params.logprobs or 0
-    values, ids = torch.topk(logs, n, dim=-1) if n else (logs[:, :0], logs[:, :0])
+    values, ids = torch.topk(logs, n, dim=-1) if n else (logs[:, :0], logs[:, :0].long())
     out = []
     for tok, logprob, top_values, top_ids in zip(
-        tokens, chosen[:, 0].tolist(), values.tolist(), ids.long().tolist(), strict=True
+        tokens, chosen[:, 0].tolist(), values.tolist(), ids.tolist(), strict=True
     ):
         top = tuple((t, v) for t, v in zip(top_ids, top_values, strict=True)
                     if v > float("-inf"))
@@ -186,6 +186,17 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     # u * total can round up to total: then take the last token with positive probability.
     last = torch.searchsorted(cdf, total, right=False)
     return torch.minimum(index, last).squeeze(1)
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A drafted token from raw logits [V], where they are (nothing read back): its id [1]
+    (the argmax, or one uniform's draw from the processed distribution) and that
+    distribution [V] (None when greedy)."""
+    if params.greedy:
+        return argmax(logits).reshape(1), None
+    probs = process_logits(logits, params)
+    return sample_rows(probs[None], generator), probs
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -33,7 +33,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample_rows
+from adaspec.core.sampling import SamplingParams, draw
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
@@ -422,11 +422,8 @@ class AutoDrafter(Drafter):
         while len(tokens) < limit:
             logits = model.step(pending)  # where the draft ran
             calls += 1
-            if params.greedy:
-                drawn = argmax(logits).reshape(1)
-            else:
-                processed = process_logits(logits, params)
-                drawn = sample_rows(processed[None], generator)
+            drawn, processed = draw(logits, params, generator)
+            if processed is not None:
                 rows.append(processed)
             # the token, its confidence and (with a classifier) its features: one read
             numbers = [drawn.double(), torch.softmax(logits.float(), dim=-1).max().reshape(1)

@@ -9,7 +9,7 @@ import torch
 from adaspec.backends.base import ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, argmax, process_logits, sample_rows
+from adaspec.core.sampling import SamplingParams, draw
 from adaspec.draft.base import Drafter
 
 if TYPE_CHECKING:
@@ -120,11 +120,8 @@ class ModelDrafter(Drafter):
         for i in range(max_tokens):
             logits = self.step(pending)
             calls += 1
-            if params.greedy:
-                drawn = argmax(logits).reshape(1)
-            else:
-                probs = process_logits(logits, params)
-                drawn = sample_rows(probs[None], generator)
+            drawn, probs = draw(logits, params, generator)
+            if probs is not None:
                 rows.append(probs)
             read = torch.cat([drawn.double(), controller.draft_numbers(logits).double()]).tolist()
             token = int(read[0])
@@ -145,13 +142,9 @@ class ModelDrafter(Drafter):
         rows: list[torch.Tensor] = []
         fed: list[int] | torch.Tensor = pending
         for _ in range(length):
-            logits = feed(self.backend, fed)[-1]
-            if params.greedy:
-                token = argmax(logits).reshape(1)
-            else:
-                probs = process_logits(logits, params)
+            token, probs = draw(feed(self.backend, fed)[-1], params, generator)
+            if probs is not None:
                 rows.append(probs)
-                token = sample_rows(probs[None], generator)
             drawn.append(token)
             fed = token
         tokens = torch.cat(drawn).tolist() if drawn else []  # the chain's one read

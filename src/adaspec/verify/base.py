@@ -17,6 +17,15 @@ from adaspec.core.proposal import Proposal
 from adaspec.errors import InputError
 
 
+def check_token_ids(ids: torch.Tensor, vocab: int, what: str) -> None:
+    """Ids from the host must lie in [0, vocab); ids already on a device were drawn there,
+    and checking them would read them back."""
+    if ids.numel() and ids.device.type == "cpu" and (
+        int(ids.min()) < 0 or int(ids.max()) >= vocab
+    ):
+        raise InputError(f"{what} token ids must be in [0, {vocab}), got {ids.tolist()}")
+
+
 @dataclass(frozen=True)
 class Verdict:
     path: list[int]  # accepted node indices, first level first (the root excluded)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import may_hold, sample_rows, uniforms
 from adaspec.errors import InputError
-from adaspec.verify.base import Verdict, Verifier
+from adaspec.verify.base import Verdict, Verifier, check_token_ids
 
 
 def _check_batch(candidates: torch.Tensor, p: torch.Tensor) -> None:
@@ -58,10 +58,7 @@ def _check_step_args(
         vocab = max(vocab, q.shape[-1])
         q = F.pad(q.to(dtype), (0, vocab - q.shape[-1]))
     p = F.pad(p.to(dtype), (0, vocab - p.shape[-1]))
-    if candidates.numel() and candidates.device.type == "cpu" and (
-        int(candidates.min()) < 0 or int(candidates.max()) >= vocab
-    ):
-        raise InputError(f"candidate token ids must be in [0, {vocab}), got {candidates.tolist()}")
+    check_token_ids(candidates, vocab, "candidate")
     return candidates.to(device=p.device, dtype=torch.long), q, p
 
 

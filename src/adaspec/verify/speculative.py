@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import may_hold, sample_rows, uniforms
 from adaspec.errors import InputError
-from adaspec.verify.base import Verdict, Verifier
+from adaspec.verify.base import Verdict, Verifier, check_token_ids
 
 
 def _pad_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
@@ -71,10 +71,7 @@ def speculative_sample(
     )
     p = _pad_vocab(target_probs.to(dtype), vocab)
     q = None if draft_probs is None else _pad_vocab(draft_probs.to(dtype), vocab)
-    if k and draft_tokens.device.type == "cpu" and (
-        int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= vocab
-    ):
-        raise InputError(f"draft token ids must be in [0, {vocab}), got {draft_tokens.tolist()}")
+    check_token_ids(draft_tokens, vocab, "draft")
     tokens = draft_tokens.to(device=p.device, dtype=torch.long)
 
     rows = torch.arange(batch, device=p.device)
