@@ -312,3 +312,53 @@ def test_drafts_go_first_to_the_request_with_the_most_left():
     stats = RoundStats()
     decoder._price(even, 0, 0, stats)
     assert stats.lengths == [3, 3]
+
+
+def _auto_wave(target, draft, cost, join: bool):
+    """Four `auto` requests decoded together under `cost`, their drafters joined to the
+    batch or priced as requests alone: (results, draft-model calls in all)."""
+    engines = slot_engines(target, draft, ["auto:profile=flat"] * 4)
+    requests = {i: e.stream_steps(p, max_new_tokens=24)
+                for i, (e, p) in enumerate(zip(engines, PROMPTS[:4], strict=True))}
+    decoder = BatchDecoder(cost=cost)
+    pending = dict(requests)
+    for key, steps in pending.items():
+        decoder.add(key, steps, engines[key] if join else None)
+    results: dict = {}
+    while len(decoder):
+        for key, item in decoder.round():
+            if isinstance(item, GenerationResult):
+                results[key] = item
+    return results, sum(r.stats.draft_calls for r in results.values())
+
+
+def test_a_joined_auto_does_not_draft_what_the_batch_would_cut(target, draft):
+    """Priced as a request alone, auto runs its draft model and the batch's pricing then
+    throws the draft away (drafting time every request of the round waits for); joined to
+    the batch (`BatchDecoder.add(..., engine)`), it sees the round's call and does not draft
+    at all. Greedy outputs are the same either way, and as alone."""
+    joined, joined_calls = _auto_wave(target, draft, steep_cost, join=True)
+    apart, apart_calls = _auto_wave(target, draft, steep_cost, join=False)
+    assert apart_calls > 0  # negative control: the old pricing drafts in vain
+    assert joined_calls == 0
+    for i, prompt in enumerate(PROMPTS[:4]):
+        want = alone(target, draft, "auto:profile=flat", prompt, 24).token_ids
+        assert joined[i].token_ids == want == apart[i].token_ids
+
+
+def test_a_joined_auto_still_drafts_where_the_batch_pays(target, draft):
+    def slow_call(tokens: int, sequences: int) -> float:
+        """A call far slower than a draft step, whatever it carries: drafting pays."""
+        return 1000.0 + 1e-9 * tokens
+
+    _, calls = _auto_wave(target, draft, slow_call, join=True)
+    assert calls > 0
+
+
+def test_batch_load_prices_one_request_as_alone():
+    from adaspec.cost.batch import BatchLoad
+
+    assert BatchLoad(steep_cost, 1).others == 0
+    assert BatchLoad(None, 5).others == 0  # unpriced batch: drafters price as alone
+    load = BatchLoad(steep_cost, 3)
+    assert load.others == 2 and load.call_ms(2) == steep_cost(5, 3)

@@ -32,6 +32,27 @@ FORMAT = 1
 
 
 @dataclass
+class BatchLoad:
+    """The call a batched request's draft joins, as its drafter prices it: a draft of n
+    tokens makes the round's call carry n more tokens, and its drafting time holds up every
+    request of the round, so it pays only where it raises the batch's tokens per ms, not
+    one request's. `engine/batch.BatchDecoder` keeps it current each round."""
+
+    cost: Callable[[int, int], float] | None = None  # ms of a call by (tokens, sequences)
+    sequences: int = 1  # requests decoding together this round, the drafter's own included
+
+    @property
+    def others(self) -> int:
+        """The other requests of the round (0: priced as a request alone)."""
+        return self.sequences - 1 if self.cost is not None else 0
+
+    def call_ms(self, drafted: int) -> float:
+        """ms of the round's call with `drafted` more tokens than one per request."""
+        assert self.cost is not None
+        return self.cost(self.sequences + drafted, self.sequences)
+
+
+@dataclass
 class BatchCost:
     """ms of one call by total tokens (`curve.sizes`) and by sequences (`curve.contexts`:
     the curve's second axis counts sequences here)."""

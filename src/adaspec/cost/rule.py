@@ -10,17 +10,19 @@ LOOKAHEAD = 3
 
 
 def cost_keeps_drafting(
-    probs: Sequence[float], guess: float, step_ms: Sequence[float], limit: int
+    probs: Sequence[float], guess: float, step_ms: Sequence[float], limit: int,
+    base: float = 1.0,
 ) -> bool:
     """The cost rule, shared by `auto`, DISCO's `stop=cost` and the tuning simulation.
 
     probs: acceptance probability of each token drafted so far in this step; step_ms[n]: ms
     of a step that drafts n tokens (n draft forwards + a verification of n + overhead).
-    A step drafting n tokens emits 1 + sum_{i <= n} prod_{j <= i} p_j tokens on average;
-    draft another when that per ms would rise with one more token, or with up to LOOKAHEAD
-    more, each guessed accepted with probability `guess` (at most `limit` in all)."""
+    A step drafting n tokens emits base + sum_{i <= n} prod_{j <= i} p_j tokens on average
+    (base: 1, or in a batch one more per other request sharing the call); draft another when
+    that per ms would rise with one more token, or with up to LOOKAHEAD more, each guessed
+    accepted with probability `guess` (at most `limit` in all)."""
     n = len(probs)
-    value, p_all = 1.0, 1.0
+    value, p_all = base, 1.0
     for p in probs:
         p_all *= p
         value += p_all

@@ -273,14 +273,24 @@ class AutoDrafter(Drafter):
         return self.draft_learned.rate
 
     def _verify_ms(self, drafted: int, context: int) -> float:
+        """ms of the target call that verifies `drafted` tokens: this request's own, or, in a
+        batch, the round's call with them added (`cost.batch.BatchLoad`)."""
+        if self.batch is not None and self.batch.others:
+            return self.batch.call_ms(drafted) + self.profile.overhead_ms
         return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
+
+    def _base(self) -> float:
+        """Tokens a step emits without this request's draft: its own one, and in a batch
+        one for each other request of the round (the rate a draft must raise)."""
+        return 1.0 + (self.batch.others if self.batch is not None else 0)
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
                      context: int) -> tuple[int, float]:
         """The length n <= limit with the most expected tokens per ms for a geometric
         per-token acceptance `rate`; (n, tokens per ms). n = 0 is a plain step."""
-        best = (0, 1.0 / self._verify_ms(0, context))
-        value, p = 1.0, 1.0
+        base = self._base()
+        best = (0, base / self._verify_ms(0, context))
+        value, p = base, 1.0
         for n in range(1, limit + 1):
             p *= rate
             value += p
@@ -292,8 +302,9 @@ class AutoDrafter(Drafter):
     def _best_prefix(self, accept: list[float], context: int) -> tuple[int, float]:
         """The prefix length with the most expected tokens per ms, given each token's
         estimated acceptance (drafting it costs nothing); (n, tokens per ms)."""
-        best = (0, 1.0 / self._verify_ms(0, context))
-        value, p = 1.0, 1.0
+        base = self._base()
+        best = (0, base / self._verify_ms(0, context))
+        value, p = base, 1.0
         for n, a in enumerate(accept, 1):
             p *= a
             value += p
@@ -331,7 +342,8 @@ class AutoDrafter(Drafter):
     ) -> Proposal:
         limit = min(max_tokens, self.k_max)
         ctx = len(context)
-        options: list[tuple[float, str, int]] = [(1.0 / self._verify_ms(0, ctx), "plain", 0)]
+        options: list[tuple[float, str, int]] = [(self._base() / self._verify_ms(0, ctx),
+                                                  "plain", 0)]
         ngram_tokens: list[int] = []
         match = 0
         if self.ngram is not None and limit > 0:
@@ -414,6 +426,7 @@ class AutoDrafter(Drafter):
         a_next = self._draft_rate(params)
         # step_ms[n]: n draft forwards and a verification of n tokens
         step_ms = [n * d1 + self._verify_ms(n, ctx) for n in range(limit + 1)]
+        base = self._base()
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         buckets: list[int] = []
@@ -436,9 +449,9 @@ class AutoDrafter(Drafter):
             buckets.append(bucket)
             accept.append(self._accept_estimate(read[2:], bucket, len(tokens) - 1, ctx))
             pending = [token]
-            if not cost_keeps_drafting(accept, a_next, step_ms, limit):
+            if not cost_keeps_drafting(accept, a_next, step_ms, limit, base):
                 break
-        values = [1.0]  # expected tokens if the first i drafted tokens are verified
+        values = [base]  # expected tokens if the first i drafted tokens are verified
         for p in accumulate(accept, operator.mul):
             values.append(values[-1] + p)
         # Verify the prefix with the best value per ms (drafting is spent either way).

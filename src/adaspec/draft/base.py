@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,12 +11,18 @@ from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import SamplingParams
 
+if TYPE_CHECKING:
+    from adaspec.cost.batch import BatchLoad
+
 
 class Drafter(ABC):
     name: str = "drafter"
     # Proposals may branch (token trees): the target's backend must score tree masks, and
     # the default verifier above temperature 0 is a multi-candidate one.
     drafts_trees: bool = False
+    # Requests decoded together: the round's call this drafter's proposals join, for a
+    # drafter that prices its drafts (None: priced as a request alone). `Engine.join_batch`.
+    batch: BatchLoad | None = None
 
     def start(self, prompt_ids: list[int]) -> None:
         """A request with this prompt is about to draft for the first time (called after

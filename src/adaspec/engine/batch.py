@@ -32,7 +32,8 @@ from adaspec.backends.sequences import (
     SequenceView,
     forward_together,
 )
-from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall
+from adaspec.cost.batch import BatchLoad
+from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall, TextGenerator
 
 # ms of one call by (total tokens, sequences)
 BatchCostFn = Callable[[int, int], float]
@@ -57,6 +58,7 @@ class RoundStats:
     drafted: int = 0  # drafted tokens verified
     cut: int = 0  # drafted tokens the pricing left out
     lengths: list[int] = field(default_factory=list)
+    call_seconds: float = 0.0  # the round's one call to the runtime
 
 
 def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
@@ -114,6 +116,7 @@ class BatchDecoder:
         self.prefill_tokens = max(1, prefill_tokens)
         self._members: dict[Hashable, _Member] = {}
         self.last = RoundStats()
+        self.load = BatchLoad()  # what the joined engines' drafters price against
 
     def __len__(self) -> int:
         return len(self._members)
@@ -121,11 +124,15 @@ class BatchDecoder:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._members
 
-    def add(self, key: Hashable, steps: Iterator[StreamChunk | GenerationResult | TargetCall]
-            ) -> None:
+    def add(self, key: Hashable, steps: Iterator[StreamChunk | GenerationResult | TargetCall],
+            engine: TextGenerator | None = None) -> None:
+        """engine: the one `steps` come from; its drafter then prices what it drafts against
+        this batch's rounds (`cost.batch.BatchLoad`) rather than as a request alone."""
         if key in self._members:
             raise ValueError(f"request {key!r} is already decoding")
         self._members[key] = _Member(key, steps)
+        if engine is not None:
+            engine.join_batch(self.load)
 
     def drop(self, key: Hashable) -> None:
         """Stop a request where it is (its sequence is free for the next one)."""
@@ -139,6 +146,7 @@ class BatchDecoder:
         """One round (see the module's docstring): what each request produced, in order; a
         request ends after its GenerationResult or its Exception."""
         events: list[tuple[Hashable, StreamChunk | GenerationResult | Exception]] = []
+        self.load.cost, self.load.sequences = self.cost, len(self._members)
         for member in list(self._members.values()):
             if member.call is not None and member.call.out is None:
                 continue  # a prefill still in chunks
@@ -227,6 +235,7 @@ class BatchDecoder:
         stats.sequences = len(items) + len(alone)
         stats.tokens = sum(len(i[1]) for i in items)
         stats.prefill_tokens = prefill
+        stats.call_seconds = seconds
         self.last = stats
 
     def _wait_for_prefix(self, view: SequenceView, ids: list[int], reuse: int) -> bool:

@@ -13,7 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -35,6 +35,9 @@ from adaspec.core.text import TextAssembler
 from adaspec.draft.base import Drafter
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
+
+if TYPE_CHECKING:
+    from adaspec.cost.batch import BatchLoad
 
 
 @dataclass
@@ -172,6 +175,10 @@ class TextGenerator(ABC):
                 "prompt or lower max_new_tokens"
             )
 
+    def join_batch(self, load: BatchLoad | None) -> None:
+        """Decode with other requests (`engine/batch.py`): drafters that price their drafts
+        price them against `load`, the round's call; None: alone again."""
+
     # ------------------------------------------------------------------ output
     def stream(
         self,
@@ -267,6 +274,10 @@ class Engine(TextGenerator):
     @property
     def drafts_trees(self) -> bool:
         return self.drafter is not None and self.drafter.drafts_trees
+
+    def join_batch(self, load: BatchLoad | None) -> None:
+        if self.drafter is not None:
+            self.drafter.batch = load
 
     def request_verifier(self, sampling: SamplingParams) -> Verifier:
         """The verifier of one request (bad settings fail here, before any compute)."""

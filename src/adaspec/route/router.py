@@ -32,6 +32,7 @@ from adaspec.route.artifact import RouterArtifact, load_artifact
 from adaspec.route.policy import MODES, RouterPolicy
 
 if TYPE_CHECKING:
+    from adaspec.cost.batch import BatchLoad
     from adaspec.cost.profile import CostProfile
 
 
@@ -75,6 +76,10 @@ class RoutedGenerator(TextGenerator):
         self._generator = torch.Generator().manual_seed(seed)
         self.force = force
         self.last_state: torch.Tensor | None = None  # the last request's prompt state
+
+    def join_batch(self, load: BatchLoad | None) -> None:
+        for arm in self.arms.values():
+            arm.join_batch(load)
 
     def decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]

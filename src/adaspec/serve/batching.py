@@ -186,7 +186,7 @@ class BatchScheduler(Scheduler):
             self._finish(running, error=errors.bad_request(str(exc), param="method"))
             return
         running.pieces = TokenPieces(self.instance.tokenizer) if job.token_sources else None
-        self.decoder.add(job.id, steps)
+        self.decoder.add(job.id, steps, running.engine)
 
     def _start_recording(self, running: _Running, slot: int) -> None:
         """Online distillation of a default-method request: this slot's recorder on its

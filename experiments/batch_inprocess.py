@@ -1,0 +1,115 @@
+"""Requests decoded together, in process (issue 33): where a batched wave's time goes.
+
+Loads the pair as `adaspec serve --max-batch N` does, opens N slots and, per method, runs
+waves of N chat requests (prompts as `concurrency_sweep.py` picks them) through the batch
+decoder priced as the server prices it; every slot's caches are emptied before each wave,
+so no method inherits another's prompts. Reports aggregate tokens/s, the draft model's
+share of the wave, the drafted tokens the pricing verified and cut, and `auto`'s choices.
+No HTTP: what the rounds cost, not what a client sees (concurrency_sweep.py measures that).
+
+    .venv/bin/python experiments/batch_inprocess.py --requests 8 --methods ar,auto --waves 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from concurrency_sweep import prompt_pool  # noqa: E402
+
+from adaspec.core.sampling import SamplingParams  # noqa: E402
+from adaspec.engine.batch import BatchDecoder  # noqa: E402
+from adaspec.engine.loop import GenerationResult  # noqa: E402
+from adaspec.serve.config import ServeConfig  # noqa: E402
+from adaspec.serve.instance import ModelInstance  # noqa: E402
+
+
+def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: list[str],
+         max_tokens: int, join: bool = True) -> dict:
+    """join False: the drafters price their drafts as requests alone (the pricing before
+    `cost.batch.BatchLoad`), for comparison."""
+    for engine in [instance.slot_engine(method, i) for i in range(len(prompts))]:
+        engine.join_batch(None)
+    for view, draft in instance.slots:
+        view.reset()
+        if draft is not None:
+            draft.reset()
+    engines = [instance.slot_engine(method, i) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for i, (engine, prompt) in enumerate(zip(engines, prompts, strict=True)):
+        decoder.add(i, engine.stream_steps(prompt, max_tokens, SamplingParams(), chat=True),
+                    engine if join else None)
+    results: dict[int, GenerationResult] = {}
+    drafted = cut = rounds = prefill = 0
+    call_s = 0.0
+    while len(decoder):
+        for key, item in decoder.round():
+            if isinstance(item, Exception):
+                raise item
+            if isinstance(item, GenerationResult):
+                results[int(str(key))] = item
+        drafted += decoder.last.drafted
+        cut += decoder.last.cut
+        prefill += decoder.last.prefill_tokens
+        call_s += decoder.last.call_seconds
+        rounds += 1
+    wall = time.perf_counter() - t0
+    stats = [r.stats for r in results.values()]
+    tokens = sum(s.new_tokens for s in stats)
+    choices: dict[str, int] = {}
+    for engine in engines:
+        got = getattr(engine.drafter, "choices", None)
+        if got is not None:
+            for k, v in vars(got).items():
+                choices[k] = choices.get(k, 0) + v
+    return {
+        "method": method, "requests": len(prompts), "tokens": tokens,
+        "wall_s": round(wall, 2), "agg_tok_s": round(tokens / wall, 1), "rounds": rounds,
+        "call_s": round(call_s, 2), "prefill_tokens": prefill,
+        "draft_s": round(sum(s.draft_time for s in stats), 2),
+        "draft_calls": sum(s.draft_calls for s in stats),
+        "drafted_verified": drafted, "drafted_cut": cut,
+        "accepted": sum(s.accepted for s in stats), "choices": choices,
+        "texts": [results[i].text[:40] for i in sorted(results)],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--methods", default="ar,auto",
+                    help="methods; NAME/alone prices NAME's drafts as requests alone")
+    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--suites", default="humaneval,codeedit,wmt,sharegpt")
+    ap.add_argument("--out", default=None, help="a JSON file for the rows")
+    args = ap.parse_args()
+    config = ServeConfig(method="auto", max_batch=args.requests, history="off")
+    instance = ModelInstance.load(config)
+    instance.open_slots(args.requests)
+    from adaspec.cost.batch import batch_cost_for
+
+    cost = batch_cost_for(instance.target, [v for v, _ in instance.slots])
+    decoder = BatchDecoder(cost=cost.ms)
+    prompts = [p.text for p in prompt_pool(args.suites.split(","), args.requests, 2000)]
+    rows = []
+    for w in range(args.waves):
+        for method in args.methods.split(","):
+            name, _, how = method.partition("/")
+            row = wave(instance, decoder, name, prompts, args.max_tokens, join=how != "alone")
+            row["method"] = method
+            row["wave"] = w
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    instance.close()
+
+
+if __name__ == "__main__":
+    main()
