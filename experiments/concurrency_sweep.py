@@ -358,9 +358,9 @@ class SlotServer(LlamaServerDecoder):
         self.slots = slots
         super().__init__(*args, **kwargs)
 
-    def _start(self) -> LlamaServer:
+    def _server(self) -> LlamaServer:
         args = server_args(**self._settings, repack=self.repack_choice.on)
-        return LlamaServer(self.binary, [*args, "-np", str(self.slots)], self.log_path).start()
+        return LlamaServer(self.binary, [*args, "-np", str(self.slots)], self.log_path)
 
 
 class LlamaPeer(Peer):
@@ -584,8 +584,11 @@ def _measure_llama(ctx: Context, system: System, clients: int, prompts: list[Swe
             say(f"  {system.label} c={clients}: not started: {exc}")
             return row
         try:
+            if peer.decoder.fell_back:  # it crashed while starting with repacking on
+                row["fallbacks"].append({"what": "repack", **peer.decoder.repack_choice.as_dict()})
+                say(f"  {system.label} c={clients}: {peer.decoder.repack_choice.reason}")
             w = warm_up(peer, warm, ctx, system, clients, model)
-            if w.outcome != "ok" and peer.decoder._fall_back():
+            if w.outcome != "ok" and peer.decoder.fall_back():
                 # the bench's: a native crash with repacking on, before any request served
                 row["fallbacks"].append({"what": "repack", **peer.decoder.repack_choice.as_dict()})
                 say(f"  {system.label} c={clients}: {peer.decoder.repack_choice.reason}")

@@ -139,6 +139,7 @@ class LlamaServer:
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self.died_with: int | None = None  # the exit code of a process that ended by itself
 
     def start(self) -> LlamaServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,8 +202,10 @@ class LlamaServer:
 
     @property
     def crashed(self) -> bool:
-        """Killed by a signal (a native crash such as a segfault or an abort)."""
-        return (self.exit_code(SETTLE_S) or 0) < 0
+        """Killed by a signal (a native crash such as a segfault or an abort), while running
+        or before `close` (a start that failed closes the process)."""
+        code = self.exit_code(SETTLE_S) if self.proc is not None else self.died_with
+        return (code or 0) < 0
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(HOST, self.port, timeout=timeout)
@@ -259,7 +262,10 @@ class LlamaServer:
 
     def close(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        self.died_with = proc.poll()
+        if self.died_with is not None:
             return
         proc.terminate()
         try:
@@ -304,28 +310,40 @@ class LlamaServerDecoder:
         self._served = 0
         self.repack_choice = RepackChoice(True, f"{SERVER}'s default") if repack is None else \
             RepackChoice(repack, "given")
-        self.server = self._start()
+        self.server = self._server()
+        try:
+            self.server.start()
+        except PeerUnavailable:  # a native crash while it loads: the fall-back, if allowed
+            if not self.fall_back("while starting"):
+                raise
 
-    def _start(self) -> LlamaServer:
+    def _server(self) -> LlamaServer:
+        """The server process to start (not started)."""
         args = server_args(**self._settings, repack=self.repack_choice.on)
-        return LlamaServer(self.binary, args, self.log_path).start()
+        return LlamaServer(self.binary, args, self.log_path)
 
-    def _fall_back(self) -> bool:
-        """After a native crash with repacking on, before any request was served (the
-        warm-up): restart without repacking (once)."""
+    @property
+    def fell_back(self) -> bool:
+        """Repacking was turned off by the fall-back (the server crashed with it)."""
+        return self._may_fall_back and not self.repack_choice.on
+
+    def fall_back(self, when: str = "at its warm-up") -> bool:
+        """After a native crash with repacking on, before any request was served (while
+        starting, or at the warm-up): restart without repacking (once)."""
         if not (self._may_fall_back and self.repack_choice.on and not self._served
                 and self.server.crashed):
             return False
         from adaspec.backends.llamacpp import RepackChoice
 
-        code = self.server.proc.returncode if self.server.proc is not None else None
         self.server.close()
+        code = self.server.died_with
         self.repack_choice = RepackChoice(
-            False, f"{SERVER} was killed by signal {-(code or 0)} with repacking on: "
+            False, f"{SERVER} was killed by signal {-(code or 0)} {when} with repacking on: "
                    "restarted with --no-repack")
         with self.log_path.open("a") as log:
             log.write(f"\nadaspec: {self.repack_choice.reason}\n")
-        self.server = self._start()
+        self.server = self._server()
+        self.server.start()
         return True
 
     def warm_up(self, prompt_ids: list[int], max_new_tokens: int,
@@ -340,7 +358,7 @@ class LlamaServerDecoder:
         try:
             ids, stats = self._generate(prompt_ids, max_new_tokens)
         except (PeerUnavailable, OSError, http.client.HTTPException) as exc:
-            if self._fall_back():
+            if self.fall_back():
                 ids, stats = self._generate(prompt_ids, max_new_tokens)
             else:
                 self.server.check_alive(SETTLE_S)  # a dead server: its log's last lines
