@@ -245,22 +245,28 @@ def test_swapped_rows_are_caught(pair):
     assert_caught(check(cells, target_model, PARAMS), "swapped rows")
 
 
-def seeded_outputs(target_model, draft_model, companions: list[str]):
+def seeded_outputs(target_model, draft_model, companions: list[str], method="draft:k=3"):
     t, d = TorchBackend(target_model), TorchBackend(draft_model)
-    methods = ["draft:k=3", *companions]
+    methods = [method, *companions]
     engines = slot_engines(t, d, methods)
+    decoder = BatchDecoder(cost=steep_cost)
+    for engine in engines:  # drafters that price their drafts see the batch
+        engine.join_batch(decoder.load)
     requests = {0: engines[0].stream_steps(PROMPT, max_new_tokens=12,
                                            sampling=SamplingParams(1.0, top_k=6, seed=7))}
     for i, engine in enumerate(engines[1:], 1):
         requests[i] = engine.stream_steps(OTHER, max_new_tokens=12,
                                           sampling=SamplingParams(1.0, top_k=6, seed=100 + i))
-    results, _ = run_together(BatchDecoder(cost=steep_cost), requests)
+    results, _ = run_together(decoder, requests)
     return results[0].token_ids
 
 
-def test_seeded_request_ignores_its_companions(pair):
+@pytest.mark.parametrize("method", ["draft:k=3", "auto:profile=flat"])
+def test_seeded_request_ignores_its_companions(pair, method):
+    """`auto` joined to the batch prices a seeded sampled request as alone (else its
+    proposals, hence its draws, would follow how many companions it has)."""
     target_model, draft_model = pair
-    outputs = {tuple(seeded_outputs(target_model, draft_model, c))
+    outputs = {tuple(seeded_outputs(target_model, draft_model, c, method))
                for c in ([], ["ar"], ["draft:k=2", "ngram:k=3"], ["ar"] * 5)}
     assert len(outputs) == 1
 

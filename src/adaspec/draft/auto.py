@@ -34,6 +34,7 @@ import torch
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import SamplingParams, draw
+from adaspec.cost.batch import BatchLoad
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
@@ -174,6 +175,7 @@ class AutoDrafter(Drafter):
         self.choices = AutoStats()
         self._last: Choice | None = None
         self._model_started = False
+        self._load: BatchLoad | None = None  # the batch this step is priced in (`propose`)
         self.draft_memory = RateEstimate(DRAFT_PRIOR)  # spans requests
         self._reset_estimates()
 
@@ -275,14 +277,14 @@ class AutoDrafter(Drafter):
     def _verify_ms(self, drafted: int, context: int) -> float:
         """ms of the target call that verifies `drafted` tokens: this request's own, or, in a
         batch, the round's call with them added (`cost.batch.BatchLoad`)."""
-        if self.batch is not None and self.batch.others:
-            return self.batch.call_ms(drafted) + self.profile.overhead_ms
+        if self._load is not None and self._load.others:
+            return self._load.call_ms(drafted) + self.profile.overhead_ms
         return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
 
     def _base(self) -> float:
         """Tokens a step emits without this request's draft: its own one, and in a batch
         one for each other request of the round (the rate a draft must raise)."""
-        return 1.0 + (self.batch.others if self.batch is not None else 0)
+        return 1.0 + (self._load.others if self._load is not None else 0)
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
                      context: int) -> tuple[int, float]:
@@ -342,6 +344,9 @@ class AutoDrafter(Drafter):
     ) -> Proposal:
         limit = min(max_tokens, self.k_max)
         ctx = len(context)
+        # A seeded sampled request is priced as alone: its proposals (hence the random
+        # numbers its verification draws) must not depend on its companions in a batch.
+        self._load = self.batch if params.greedy or params.seed is None else None
         options: list[tuple[float, str, int]] = [(self._base() / self._verify_ms(0, ctx),
                                                   "plain", 0)]
         ngram_tokens: list[int] = []
