@@ -94,7 +94,6 @@ from adaspec.lab.bench.llama_server import (
     SETTLE_S,
     LlamaServer,
     LlamaServerDecoder,
-    server_args,
 )
 from adaspec.lab.bench.peer_build import SERVER, PeerUnavailable
 
@@ -358,9 +357,8 @@ class SlotServer(LlamaServerDecoder):
         self.slots = slots
         super().__init__(*args, **kwargs)
 
-    def _server(self) -> LlamaServer:
-        args = server_args(**self._settings, repack=self.repack_choice.on)
-        return LlamaServer(self.binary, [*args, "-np", str(self.slots)], self.log_path)
+    def _args(self) -> list[str]:
+        return [*super()._args(), "-np", str(self.slots)]
 
 
 class LlamaPeer(Peer):
@@ -585,13 +583,11 @@ def _measure_llama(ctx: Context, system: System, clients: int, prompts: list[Swe
             return row
         try:
             if peer.decoder.fell_back:  # it crashed while starting with repacking on
-                row["fallbacks"].append({"what": "repack", **peer.decoder.repack_choice.as_dict()})
-                say(f"  {system.label} c={clients}: {peer.decoder.repack_choice.reason}")
+                _repack_off(row, peer, f"  {system.label} c={clients}: ", say)
             w = warm_up(peer, warm, ctx, system, clients, model)
             if w.outcome != "ok" and peer.decoder.fall_back():
                 # the bench's: a native crash with repacking on, before any request served
-                row["fallbacks"].append({"what": "repack", **peer.decoder.repack_choice.as_dict()})
-                say(f"  {system.label} c={clients}: {peer.decoder.repack_choice.reason}")
+                _repack_off(row, peer, f"  {system.label} c={clients}: ", say)
                 peer.refresh()
                 w = warm_up(peer, warm, ctx, system, clients, model)
             row["warmup"] = asdict(w)
@@ -619,6 +615,12 @@ def _measure_llama(ctx: Context, system: System, clients: int, prompts: list[Swe
             peer.close()
         row.update(summary=summarize(records, wall), requests=[asdict(r) for r in records])
         return row
+
+
+def _repack_off(row: dict, peer: LlamaPeer, prefix: str, say: Callable[[str], None]) -> None:
+    """Record (and say) that the server runs with repacking off after a crash with it."""
+    row["fallbacks"].append({"what": "repack", **peer.decoder.repack_choice.as_dict()})
+    say(prefix + peer.decoder.repack_choice.reason)
 
 
 def _dead(peer: LlamaPeer) -> str:

@@ -31,6 +31,10 @@ REPEATS = 3
 FORMAT = 1
 
 
+# ms of one call by (total tokens, sequences)
+BatchCostFn = Callable[[int, int], float]
+
+
 @dataclass
 class BatchLoad:
     """The call a batched request's draft joins, as its drafter prices it: a draft of n
@@ -38,7 +42,7 @@ class BatchLoad:
     request of the round, so it pays only where it raises the batch's tokens per ms, not
     one request's. `engine/batch.BatchDecoder` keeps it current each round."""
 
-    cost: Callable[[int, int], float] | None = None  # ms of a call by (tokens, sequences)
+    cost: BatchCostFn | None = None
     sequences: int = 1  # requests decoding together this round, the drafter's own included
 
     @property

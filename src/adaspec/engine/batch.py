@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -32,11 +32,9 @@ from adaspec.backends.sequences import (
     SequenceView,
     forward_together,
 )
-from adaspec.cost.batch import BatchLoad
+from adaspec.cost.batch import BatchCostFn, BatchLoad
 from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall, TextGenerator
 
-# ms of one call by (total tokens, sequences)
-BatchCostFn = Callable[[int, int], float]
 PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
 
 

@@ -317,10 +317,13 @@ class LlamaServerDecoder:
             if not self.fall_back("while starting"):
                 raise
 
+    def _args(self) -> list[str]:
+        """The server's command-line arguments (host and port aside)."""
+        return server_args(**self._settings, repack=self.repack_choice.on)
+
     def _server(self) -> LlamaServer:
         """The server process to start (not started)."""
-        args = server_args(**self._settings, repack=self.repack_choice.on)
-        return LlamaServer(self.binary, args, self.log_path)
+        return LlamaServer(self.binary, self._args(), self.log_path)
 
     @property
     def fell_back(self) -> bool:
