@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.backends import ik_build, ikllama
+from adaspec.backends import ik_build, ik_flash_patch, ikllama
 from adaspec.cli import main
 from adaspec.store import native_build
 
@@ -47,6 +47,44 @@ template <typename Dequantizer> void set_functions(std::array<mul_mat_t, 8>& fun
 }
 """
 
+# The shape of the flash-attention kernels the second patch edits: compute_helper (its group
+# loop cut at the last row's last cell, then the rows left over) and another kernel's loop.
+FA_TEMPLATES = "struct FlashMS {};\n" + (
+    "template <int Dk, int Dv, int q_step, int k_step, typename KHelper, typename VHelper, "
+    "typename KQHelper>\n") + """void compute_helper(KHelper& kh, int nq1, int nk1) {
+    for (int i1 = 0; i1 < nq1/q_step; ++i1) {
+        fms.init_qstep();
+        kh.reset_block();
+        vh.reset_block();
+#ifdef __aarch64__
+        KQHelper::convert(q_step, stride_q, q, q_f16);
+#endif
+        auto mr = mask;
+        auto Mc = (const uint16_t *)(mr + (q_step - 1)*stride_m);
+        int ik = nk1 - k_step;
+        for (; ik >=0 && Mc[ik] != 0; ik -= k_step);
+        ik += k_step;
+        for (int k1 = 0; k1 < ik/k_step; ++k1) {
+            group();
+        }
+    }
+    if (n_left > 0) {
+        auto mr = mask;
+        for (int k1 = 0; k1 < nk1/k_step; ++k1) {
+            left();
+        }
+    }
+}
+void compute_helper_q() {
+            int ik = nk1 - k_step;
+            for (; ik >=0 && Mc[ik] != 0; ik -= k_step);
+            ik += k_step;
+            for (int k1 = 0; k1 < ik/k_step; ++k1) {
+                other();
+            }
+}
+"""
+
 
 def _fake_sdist(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
@@ -55,6 +93,7 @@ def _fake_sdist(folder: Path) -> None:
         for name, data in {
             f"{root}/vendor/ik_llama.cpp/CMakeLists.txt": b"project(fake)\n",
             f"{root}/vendor/ik_llama.cpp/{ik_build.ONE_ROW_FILE}": KQUANTS.encode(),
+            f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}": FA_TEMPLATES.encode(),
             f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
         }.items():
             info = tarfile.TarInfo(name)
@@ -91,6 +130,7 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     assert info["commit"] == "fedcba9876543210" and "-DGGML_NATIVE=ON" in info["cmake_options"]
     assert "-DCMAKE_INSTALL_RPATH=$ORIGIN" in info["cmake_options"]
     assert info["patches"] == list(ik_build.PATCHES) and info["one_row_shortcuts_guarded"] == 2
+    assert ik_flash_patch.NAME in info["patches"] and info["flash_attention_loops_patched"] == 3
     assert ik_build.current(info)
     assert not ik_build.work_dir(VERSION).exists()
     # a build for another CPU is not used
@@ -118,6 +158,28 @@ def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
     path.unlink()
     with pytest.raises(ik_build.IkBuildError, match="unreadable"):
         ik_build.patch_source(tmp_path)
+
+
+def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tmp_path):
+    path = tmp_path / ik_flash_patch.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(FA_TEMPLATES)
+    assert ik_flash_patch.apply(tmp_path) == 3  # two group loops, one of rows left over
+    text = path.read_text()
+    assert "Mc[ik] != 0" not in text  # no range cut by the last row's cells any more
+    assert text.count("ADASPEC_SKIP_MASKED(q_step)") == 2
+    assert text.count("ADASPEC_SKIP_MASKED(n_left)") == 1
+    assert text.count("ADASPEC_SKIP_MASKED(1)") == 1  # rows of different sequences, apart
+    helpers = text.index("static inline bool adaspec_block_masked")
+    assert helpers < text.index("void compute_helper(") < text.index("adaspec_rows_apart(mask")
+    assert ik_flash_patch.apply(tmp_path) == 3 and path.read_text() == text  # resumed build
+    # another version's source: an error naming what is missing, never a silent build
+    path.write_text(FA_TEMPLATES.replace("void compute_helper(", "void compute_rows("))
+    with pytest.raises(ik_flash_patch.PatchError, match="no compute_helper"):
+        ik_flash_patch.apply(tmp_path)
+    path.write_text(FA_TEMPLATES.replace("Mc[ik] != 0", "Mc[ik] == 1"))
+    with pytest.raises(ik_flash_patch.PatchError, match="block loops"):
+        ik_flash_patch.apply(tmp_path)
 
 
 def test_a_build_made_without_the_patch_is_built_again(fake_tools):

@@ -357,3 +357,51 @@ def test_routed_requests_decode_together_on_sequences(smollm):
         assert all(r.last_state is not None for r in routers)
     finally:
         owner.close()
+
+
+def test_sequences_attend_their_own_cells_whatever_the_call_carries(smollm):
+    """Several sequences with flash attention (the native build's `fa-multi-sequence` patch):
+    after requests leave and others take their cells, a sequence's next-token row is bit
+    for bit the same alone, beside other requests, as a later row of the call and as the
+    first of a chain. (The pinned library's own kernel cut a group of rows at its last
+    row's cells and aborted on this layout; without flash attention the row's sums group
+    by its place in the call.)"""
+    from adaspec.backends.sequences import ALL, forward_together
+
+    gguf, _ = smollm
+    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=2048, sequences=7)
+    if not owner.flash_attention:
+        owner.close()
+        pytest.skip("this ik_llama.cpp library lacks the fa-multi-sequence patch")
+    views = owner.sequences(6)
+
+    def prompt(seed: int, n: int) -> list[int]:
+        return [(seed * 7919 + 104729 * i) % 40000 + 100 for i in range(n)]
+
+    for i, view in enumerate(views):
+        view.prefill(torch.tensor(prompt(i, 40 + 37 * i)))
+    for i in (4, 1, 2):  # they leave; new requests take their cells
+        views[i].reset()
+    for i in (2, 4, 1):
+        views[i].prefill(torch.tensor(prompt(10 + i, 60 + 23 * i)))
+    a, others = views[0], views[1:]
+    lengths = [v.cache_len for v in views]
+
+    def row_of_a(items: list, at: int) -> torch.Tensor:
+        rows = forward_together(items)
+        for view, n in zip(views, lengths, strict=True):
+            view.truncate(n)
+        return rows[at][0]
+
+    alone = row_of_a([(a, [77], ALL)], 0)
+    calls = {
+        "first of 6": ([(a, [77], ALL)] + [(v, [88], ALL) for v in others], 0),
+        "last of 6": ([(v, [88], ALL) for v in others] + [(a, [77], ALL)], 5),
+        "third of 4": ([(v, [88], ALL) for v in others[:2]]
+                       + [(a, [77], ALL), (others[2], [9], ALL)], 2),
+        "a chain of 4 beside 5": ([(a, [77, 78, 79, 80], ALL)]
+                                  + [(v, [88], ALL) for v in others], 0),
+    }
+    for name, (items, at) in calls.items():
+        assert torch.equal(row_of_a(items, at), alone), name
+    owner.close()

@@ -5,10 +5,11 @@ uses what this CPU has (AVX-512, VNNI, BF16 on a Zen 5 or a Sapphire Rapids). Th
 same pinned package's sdist (`vendor/ik_llama.cpp`), so the native library has the same C API
 and the binding's structure layouts still hold. Built with cmake: Release, `GGML_NATIVE`, shared
 libraries with an `$ORIGIN` run path (the two libraries sit side by side), only the `llama`
-target, with the flash-attention kernels for the default cache types only (adaspec keeps
-flash attention off, see `backends/ikllama.py`; the library still links them).
+target, with the flash-attention kernels for the default cache types only (adaspec turns
+flash attention on for a cache of several sequences only, see `backends/ikllama.py`).
 
-One source change before compiling (`PATCHES`, recorded in `build.json`): the repacked k-quant
+Two source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention
+for several sequences in one cache (`ik_flash_patch.py`). And: the repacked k-quant
 kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone activation row
 that group the float products another way than the kernel for several rows, so a token fed
 alone came out up to 0.5 logits away from the same token in a block, and greedy speculation
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from adaspec.backends import ik_flash_patch
 from adaspec.store import native_build
 from adaspec.store.atomic import write_text
 from adaspec.store.native_build import BUILD_INFO, NativeBuildError, cpu_signature
@@ -71,7 +73,7 @@ ONE_ROW_REGION = ("static void mul_mat_q2_k_r4_q8_k(",
 ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"
 ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
-PATCHES = ("k-quant-rows-alike",)
+PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME)
 
 
 class IkBuildError(NativeBuildError):
@@ -156,6 +158,10 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
     src, commit = native_build.fetch_source(PACKAGE, version, "ik_llama.cpp", work, WHAT, say,
                                             IkBuildError)
     patched = patch_source(src)
+    try:
+        fa_loops = ik_flash_patch.apply(src)
+    except ik_flash_patch.PatchError as exc:
+        raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "
                                 f"jobs; log {log_path})", progress_stream)
@@ -176,6 +182,7 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
         write_json(tmp / BUILD_INFO, {
             "runtime": WHAT, "package": PACKAGE, "version": version, "commit": commit,
             "patches": list(PATCHES), "one_row_shortcuts_guarded": patched,
+            "flash_attention_loops_patched": fa_loops,
             **native_build.build_record(CMAKE_OPTIONS, generator, tools, seconds),
         })
     shutil.rmtree(work, ignore_errors=True)

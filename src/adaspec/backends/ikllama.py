@@ -47,6 +47,7 @@ IK = "ik"
 # (faster plain steps, and greedy speculation then parts from plain decoding at near-ties).
 MIN_ROWS_ENV = "ADASPEC_MIN_ROWS"
 LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library's path
+FLASH_ENV = "ADASPEC_IK_FLASH_ATTN"  # "off": no flash attention for several sequences either
 BLOCK_ROWS = 2  # a block: this runtime scores the rows of any block of 2 or more alike
 
 
@@ -96,6 +97,18 @@ def _choose_build() -> str:
     return "native"
 
 
+def multi_sequence_flash(api: Any) -> bool:
+    """Whether a cache of several sequences runs with flash attention: the library was built
+    with `ik_flash_patch` (the pinned version's kernel is wrong for several sequences
+    without it) and ADASPEC_IK_FLASH_ATTN is not "off"."""
+    from adaspec.backends import ik_flash_patch
+
+    value = os.environ.get(FLASH_ENV, "").strip().lower()
+    if value not in ("", "auto", "off"):
+        raise AdaspecError(f"{FLASH_ENV} must be 'auto' or 'off', got {value!r}")
+    return value != "off" and ik_flash_patch.NAME in getattr(api, "adaspec_patches", ())
+
+
 @cache
 def library() -> Any:
     """The ik_llama.cpp binding module (structures and the loaded library), with adaspec's
@@ -127,6 +140,10 @@ def library() -> Any:
         os.environ[ik_build.BUILD_ENV] = "wheel"
         return library.__wrapped__()
     api.adaspec_build = build
+    from adaspec.backends import ik_build
+
+    info = ik_build.build_info(IK_VERSION) if build == "native" else None
+    api.adaspec_patches = tuple((info or {}).get("patches") or ())
     lib = api._lib
     c = ctypes
     signatures: dict[str, tuple[list[Any], Any]] = {
@@ -233,7 +250,10 @@ class IkLlamaBackend(ChainBackend):
             cparams.defrag_thold = 0.1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        cparams.flash_attn = False
+        # several sequences: flash attention, with the patch that makes it right for them and
+        # skips what the mask hides (`ik_flash_patch.py`); one sequence: the plain kernels
+        self.flash_attention = sequences > 1 and multi_sequence_flash(api)
+        cparams.flash_attn = self.flash_attention
         cparams.logits_all = False
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -259,6 +279,8 @@ class IkLlamaBackend(ChainBackend):
             self.kind = f"{self.kind}-{self.build}"
         if self.min_rows > 1:
             self.kind = f"{self.kind}-blocks{self.min_rows}"
+        if self.flash_attention:  # other kernels, another cost curve
+            self.kind = f"{self.kind}-fa"
         # padded to blocks, or lone rows scored as in blocks: verification scores what plain
         # decoding scores, nothing to recheck
         alike = self.min_rows > 1 or getattr(self, "rows_match", False)
