@@ -259,3 +259,21 @@ def test_a_native_build_that_does_not_load_falls_back_to_the_wheel(monkeypatch, 
     assert done.stdout.strip() == "wheel"
     assert "built for this CPU does not load" in done.stderr
     assert "adaspec runtime build --force" in done.stderr
+
+
+def test_flash_attention_for_several_sequences_needs_the_patched_library(monkeypatch):
+    from adaspec.errors import AdaspecError
+
+    class Api:
+        adaspec_patches = ik_build.PATCHES
+
+    monkeypatch.delenv(ikllama.FLASH_ENV, raising=False)
+    assert ikllama.multi_sequence_flash(Api())
+    Api.adaspec_patches = ("k-quant-rows-alike",)  # a build from before the patch, the wheel
+    assert not ikllama.multi_sequence_flash(Api())
+    Api.adaspec_patches = ik_build.PATCHES
+    monkeypatch.setenv(ikllama.FLASH_ENV, "off")
+    assert not ikllama.multi_sequence_flash(Api())
+    monkeypatch.setenv(ikllama.FLASH_ENV, "yes")
+    with pytest.raises(AdaspecError, match="ADASPEC_IK_FLASH_ATTN must be 'auto' or 'off'"):
+        ikllama.multi_sequence_flash(Api())
