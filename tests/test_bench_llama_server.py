@@ -170,9 +170,11 @@ def test_a_failed_build_leaves_no_binary_and_a_finished_one_is_moved_into_place(
 # return_tokens it answers every id. Started without --no-repack it dies of SIGSEGV on its
 # first completion, as llama.cpp's AMX path did on one Intel Xeon VM (FAKE_CRASH_WITH_REPACK),
 # or while it loads, before /health answers, as on another (FAKE_CRASH_AT_START).
-FAKE_SERVER = r'''
+# How a fake llama-server starts (tests/test_concurrency_sweep.py's starts so too): its
+# arguments read as llama-server's, the crash while loading with repacking on.
+FAKE_START = r'''
 import json, os, signal, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
@@ -180,6 +182,8 @@ repack = "--no-repack" not in args
 spec = args[args.index("--spec-type") + 1] if "--spec-type" in args else "none"
 if repack and os.environ.get("FAKE_CRASH_AT_START"):
     os.kill(os.getpid(), signal.SIGSEGV)
+'''
+FAKE_SERVER = FAKE_START + r'''
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"

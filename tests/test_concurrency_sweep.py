@@ -17,20 +17,13 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 import concurrency_sweep as sweep  # noqa: E402
 
+from .test_bench_llama_server import FAKE_START  # noqa: E402
+
 # A stand-in for an OpenAI-compatible server: /health, and streamed chat completions whose
 # user message picks how the answer goes wrong (or not). As the sweep's llama-server it also
 # dies of SIGSEGV while loading without --no-repack (FAKE_CRASH_AT_START) and on its first
 # completion with a speculative type (FAKE_SPEC_CRASH).
-FAKE = r'''
-import json, os, signal, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-args = sys.argv[1:]
-port = int(args[args.index("--port") + 1])
-repack = "--no-repack" not in args
-spec = args[args.index("--spec-type") + 1] if "--spec-type" in args else "none"
-if repack and os.environ.get("FAKE_CRASH_AT_START"):
-    os.kill(os.getpid(), signal.SIGSEGV)
+FAKE = FAKE_START + r'''
 
 
 def events(mode, n):
