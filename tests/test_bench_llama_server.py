@@ -233,12 +233,16 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 '''
 
 
-@pytest.fixture
-def fake_server(tmp_path):
-    path = tmp_path / "llama-server"
-    path.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+def write_fake(path: Path, source: str) -> Path:
+    """An executable that runs `source` with this Python (a fake server binary)."""
+    path.write_text(f"#!{sys.executable}\n{source}")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
+
+
+@pytest.fixture
+def fake_server(tmp_path):
+    return write_fake(tmp_path / "llama-server", FAKE_SERVER)
 
 
 def _fake_ids(prompt, n):

@@ -5,7 +5,6 @@ honest as these parts."""
 
 from __future__ import annotations
 
-import stat
 import sys
 import threading
 from pathlib import Path
@@ -17,7 +16,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 import concurrency_sweep as sweep  # noqa: E402
 
-from .test_bench_llama_server import FAKE_START  # noqa: E402
+from .test_bench_llama_server import FAKE_START, write_fake  # noqa: E402
 
 # A stand-in for an OpenAI-compatible server: /health, and streamed chat completions whose
 # user message picks how the answer goes wrong (or not). As the sweep's llama-server it also
@@ -81,10 +80,7 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 @pytest.fixture
 def fake_binary(tmp_path):
-    path = tmp_path / "fake-server"
-    path.write_text(f"#!{sys.executable}\n{FAKE}")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
+    return write_fake(tmp_path / "fake-server", FAKE)
 
 
 @pytest.fixture
