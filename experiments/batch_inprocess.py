@@ -46,7 +46,8 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
                     engine if join else None)
     results: dict[int, GenerationResult] = {}
     drafted = cut = rounds = prefill = 0
-    call_s = 0.0
+    call_s = prefill_call_s = 0.0
+    decode_rounds: dict[int, list[float]] = {}  # sequences -> decode-only rounds' call seconds
     while len(decoder):
         for key, item in decoder.round():
             if isinstance(item, Exception):
@@ -57,6 +58,11 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
         cut += decoder.last.cut
         prefill += decoder.last.prefill_tokens
         call_s += decoder.last.call_seconds
+        if decoder.last.prefill_tokens:
+            prefill_call_s += decoder.last.call_seconds
+        elif decoder.last.sequences:
+            decode_rounds.setdefault(decoder.last.sequences, []).append(
+                decoder.last.call_seconds)
         rounds += 1
     wall = time.perf_counter() - t0
     stats = [r.stats for r in results.values()]
@@ -71,6 +77,12 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
         "method": method, "requests": len(prompts), "tokens": tokens,
         "wall_s": round(wall, 2), "agg_tok_s": round(tokens / wall, 1), "rounds": rounds,
         "call_s": round(call_s, 2), "prefill_tokens": prefill,
+        # where the calls' time went: rounds carrying prompt tokens (with any decoding beside
+        # them), then decode-only rounds by how many requests they carried
+        "prefill_rounds_s": round(prefill_call_s, 2),
+        "decode_rounds": {n: {"rounds": len(t), "s": round(sum(t), 2),
+                              "ms_median": round(1000 * sorted(t)[len(t) // 2], 1)}
+                          for n, t in sorted(decode_rounds.items())},
         "draft_s": round(sum(s.draft_time for s in stats), 2),
         "draft_calls": sum(s.draft_calls for s in stats),
         "drafted_verified": drafted, "drafted_cut": cut,
