@@ -173,15 +173,23 @@ def test_a_failed_build_leaves_no_binary_and_a_finished_one_is_moved_into_place(
 # How a fake llama-server starts (tests/test_concurrency_sweep.py's starts so too): its
 # arguments read as llama-server's, the crash while loading with repacking on.
 FAKE_START = r'''
-import json, os, signal, sys
+import json, os, signal, sys, threading
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+
+
+def crash():
+    # SIGSEGV on this very thread, as a native crash: sent to the process, it may land on
+    # another thread a moment later, and this one would go on answering meanwhile
+    signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
+    threading.Event().wait()
+
 
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
 repack = "--no-repack" not in args
 spec = args[args.index("--spec-type") + 1] if "--spec-type" in args else "none"
 if repack and os.environ.get("FAKE_CRASH_AT_START"):
-    os.kill(os.getpid(), signal.SIGSEGV)
+    crash()
 '''
 FAKE_SERVER = FAKE_START + r'''
 
@@ -201,7 +209,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if repack and os.environ.get("FAKE_CRASH_WITH_REPACK"):
-            os.kill(os.getpid(), signal.SIGSEGV)
+            crash()
         prompt = req["prompt"]
         out = [(prompt[-1] + i) % 50 + 5 for i in range(1, req["n_predict"] + 1)]
         timings = {"prompt_n": len(prompt), "prompt_ms": 1.0, "predicted_n": len(out),
@@ -273,48 +281,36 @@ def test_driver_streams_times_and_keeps_the_servers_timings(fake_server, tmp_pat
     assert "--host 127.0.0.1" in log.read_text() and "request /completion" in log.read_text()
 
 
+@pytest.mark.parametrize("crash, when", [("FAKE_CRASH_WITH_REPACK", "at its warm-up"),
+                                         ("FAKE_CRASH_AT_START", "while starting")])
 def test_a_server_that_crashes_with_repacking_restarts_without_it(
-    fake_server, tmp_path, monkeypatch
+    fake_server, tmp_path, monkeypatch, crash, when
 ):
-    monkeypatch.setenv("FAKE_CRASH_WITH_REPACK", "1")
-    log = tmp_path / "server.log"
-    decoder = LlamaServerDecoder(fake_server, "none", "t.gguf", 2, log)
-    try:
-        decoder.warm_up([3, 4, 5], 2, [0])  # crashes, restarts with --no-repack, answers
-        assert "--no-repack" in decoder.server.args
-        assert not decoder.repack_choice.on
-        assert "killed by signal 11" in decoder.repack_choice.reason
-        ids, _ = decoder.generate([3, 4, 5], 3, [0])
-        assert ids == _fake_ids([3, 4, 5], 3)
-    finally:
-        decoder.close()
-    # a given setting is kept: a crash is then an error naming the server's log
-    decoder = LlamaServerDecoder(fake_server, "none", "t.gguf", 2, log, repack=True)
-    try:
-        with pytest.raises(PeerUnavailable, match=r"stopped \(killed by signal 11\)"):
-            decoder.generate([3, 4, 5], 3, [0])
-    finally:
-        decoder.close()
-
-
-def test_a_server_that_crashes_while_loading_with_repacking_restarts_without_it(
-    fake_server, tmp_path, monkeypatch
-):
-    monkeypatch.setenv("FAKE_CRASH_AT_START", "1")
+    monkeypatch.setenv(crash, "1")
     log = tmp_path / "server.log"
     decoder = LlamaServerDecoder(fake_server, "ngram-mod", "t.gguf", 2, log)
     try:
+        decoder.warm_up([3, 4, 5], 2, [0])  # a crash at the warm-up restarts here
         assert "--no-repack" in decoder.server.args and "--spec-type" in decoder.server.args
-        assert "killed by signal 11 while starting" in decoder.repack_choice.reason
+        assert not decoder.repack_choice.on
+        assert f"killed by signal 11 {when}" in decoder.repack_choice.reason
         ids, _ = decoder.generate([3, 4, 5], 3, [0])
         assert ids == _fake_ids([3, 4, 5], 3)
         assert decoder.describe()["repack"]["repack"] is False
     finally:
         decoder.close()
     assert "restarted with --no-repack" in log.read_text()
+
+    def with_repacking_given() -> None:
+        given = LlamaServerDecoder(fake_server, "none", "t.gguf", 2, log, repack=True)
+        try:
+            given.generate([3, 4, 5], 3, [0])
+        finally:
+            given.close()
+
     # a given setting is kept: the crash is an error naming the signal and the log
     with pytest.raises(PeerUnavailable, match=r"stopped \(killed by signal 11\)"):
-        LlamaServerDecoder(fake_server, "none", "t.gguf", 2, log, repack=True)
+        with_repacking_given()
 
 
 class FakeServerDecoder:
