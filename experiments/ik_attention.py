@@ -26,71 +26,21 @@ import argparse
 import json
 import random
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from adaspec.backends import ik_flash_patch
-from adaspec.backends.ikllama import library
-from adaspec.backends.llamacpp import gguf_backend_args
-from adaspec.backends.weights import llama_threads
-from adaspec.lab.bench.machine import describe_machine
-from adaspec.store.catalog import TARGET_DEFAULT
+sys.path.insert(0, str(Path(__file__).parent))
+
+from ik_raw import CHUNK, Context, load_model  # noqa: E402
+
+from adaspec.backends import ik_flash_patch  # noqa: E402
+from adaspec.backends.weights import llama_threads  # noqa: E402
+from adaspec.lab.bench.machine import describe_machine  # noqa: E402
+from adaspec.store.catalog import TARGET_DEFAULT  # noqa: E402
 
 SLOTS = 8
-CHUNK = 256
-
-
-class Context:
-    def __init__(self, lib, model, flash: bool, sequences: int) -> None:
-        self.lib = lib
-        cp = lib.llama_context_default_params()
-        cp.n_ctx = 16384
-        cp.n_batch = cp.n_ubatch = 512
-        cp.n_seq_max = sequences
-        cp.n_threads = cp.n_threads_batch = llama_threads()
-        cp.flash_attn = flash
-        self.ctx = lib.llama_init_from_model(model, cp)
-        self.batch = lib.llama_batch_init(512, 0, sequences)
-        self.n_vocab = int(lib.llama_n_vocab(model))
-        self.lengths = [0] * sequences
-
-    def decode(self, rows: list[tuple[int, int, int]], want: set[int] = frozenset()
-               ) -> tuple[float, dict[int, np.ndarray]]:
-        """rows: (sequence, position, token); logits of the rows in `want`; seconds."""
-        b = self.batch
-        for i, (seq, pos, tok) in enumerate(rows):
-            b.token[i], b.pos[i] = tok, pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = i in want
-        b.n_tokens = len(rows)
-        t0 = time.perf_counter()
-        code = self.lib.llama_decode(self.ctx, b)
-        seconds = time.perf_counter() - t0
-        assert code == 0, code
-        return seconds, {i: np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, i),
-                                                  (self.n_vocab,)).copy() for i in want}
-
-    def fill(self, seq: int, upto: int, rng: random.Random) -> None:
-        while self.lengths[seq] < upto:
-            n = min(CHUNK, upto - self.lengths[seq])
-            start = self.lengths[seq]
-            self.decode([(seq, start + i, rng.randrange(1000, 30000)) for i in range(n)])
-            self.lengths[seq] += n
-
-    def leave(self, seq: int) -> None:
-        self.lib.llama_kv_cache_seq_rm(self.ctx, seq, 0, -1)
-        self.lengths[seq] = 0
-
-    def roll_back(self) -> None:
-        for seq, n in enumerate(self.lengths):
-            self.lib.llama_kv_cache_seq_rm(self.ctx, seq, n, -1)
-
-    def close(self) -> None:
-        self.lib.llama_batch_free(self.batch)
-        self.lib.llama_free(self.ctx)
 
 
 def exactness(ctx: Context) -> dict[str, float]:
@@ -124,18 +74,12 @@ def main() -> None:
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
 
-    api = library()
+    api, lib, model = load_model(args.target)
     patched = ik_flash_patch.NAME in getattr(api, "adaspec_patches", ())
     if not patched:
         raise SystemExit("this ik_llama.cpp library lacks adaspec's fa-multi-sequence patch "
                          "(its flash attention aborts on several sequences): run `adaspec "
                          "runtime build` first")
-    lib = api.adaspec_lib
-    gguf = gguf_backend_args(args.target, llama_threads(), runtime="ik")[0]
-    params = lib.llama_model_default_params()
-    params.n_gpu_layers = 0
-    params.repack_tensors = True
-    model = lib.llama_model_load_from_file(str(gguf).encode(), params)
     rows = []
     checks = {}
     for flash in (False, True):
