@@ -16,8 +16,8 @@ Systems:
   PYTHONPATH). A server that does not know `--max-batch` (before continuous batching) is
   started without it at C = 1 (said in the output); at C > 1 the row reports the error.
   `adaspec:fixed` is `adaspec:<--fixed>`.
-- `adaspec-fifo:METHOD` -- the same without `--max-batch`: the server's default (one request
-  decoding, the others queued), the baseline of issue 33's "today's" targets.
+- `adaspec-fifo:METHOD` -- the same with `--max-batch 1` (one request decoding, the others
+  queued), the baseline of issue 33's "today's" targets.
 - `llama-server`, `llama-server:spec=TYPE` -- the native llama-server the bench builds
   (`lab.bench.peer_build`), started as the bench starts it (`lab.bench.llama_server`: its
   stock settings, the bench's threads, repacking on) with `-np C` slots and `-c C *
@@ -428,27 +428,25 @@ def start_adaspec(ctx: Context, system: System, clients: int, max_batch: bool
     args = ["serve", "--method", system.method, "--max-queue", str(max(16, 2 * clients)),
             "--model-name", "adaspec", "--log-level", "warning", "--history", ctx.history,
             "--timeout", f"{ctx.request_timeout:g}", "--target", ctx.target, *ctx.adaspec_args]
-    decided: dict[str, Any] = {"max_batch": None, "max_batch_note": "not asked (FIFO system)"}
-    if not max_batch:
-        return AdaspecPeer(ctx.adaspec_bin, args, ctx.log_path(system, clients),
-                           ctx.startup_timeout), decided
+    slots = clients if max_batch else 1
     log = ctx.log_path(system, clients)
     try:
-        peer = AdaspecPeer(ctx.adaspec_bin, [*args, "--max-batch", str(clients)], log,
+        peer = AdaspecPeer(ctx.adaspec_bin, [*args, "--max-batch", str(slots)], log,
                            ctx.startup_timeout)
-        return peer, {"max_batch": clients, "max_batch_note": "given"}
+        return peer, {"max_batch": slots if max_batch else None,
+                      "max_batch_note": "given" if max_batch else "1 (FIFO system)"}
     except PeerUnavailable as exc:
         text = _log_text(log)
         if not ("unrecognized arguments" in text and "--max-batch" in text):
             raise
-        if clients > 1:
+        if slots > 1:
             raise PeerUnavailable(
                 f"adaspec serve does not know --max-batch (this checkout has no continuous "
                 f"batching), so {clients} clients cannot be served {clients} at a time: "
                 f"{exc}") from None
     note = ("adaspec serve rejected --max-batch (no continuous batching in this checkout): "
-            "started without it (one client: the same thing)")
-    ctx.notes.append(f"{system.label} at 1 client: {note}")
+            "started without it, one request at a time, what was asked for")
+    ctx.notes.append(f"{system.label} at {clients} client(s): {note}")
     peer = AdaspecPeer(ctx.adaspec_bin, args, ctx.log_path(system, clients, "-nomb"),
                        ctx.startup_timeout)
     return peer, {"max_batch": None, "max_batch_note": note}

@@ -425,6 +425,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--weights", default="fastest")
     p.add_argument("--draft-weights", default="fastest")
+    p.add_argument("--max-batch", default="auto", help="the server's --max-batch (default: "
+                   "its own default; the committed runs before 2026-11-26 ran one at a time)")
     p.add_argument("--tiny", action="store_true",
                    help="random tiny models (a check that the script works; numbers mean nothing)")
     p.add_argument("--seed", type=int, default=0)
@@ -466,7 +468,8 @@ def main() -> int:
     server = Server(["--method", args.method, "--target", args.target, "--draft", args.draft,
                      "--dtype", args.dtype, "--weights", args.weights, "--draft-weights",
                      args.draft_weights, "--max-queue", str(args.clients),
-                     "--model-name", "adaspec"], out / "server.log", env)
+                     "--max-batch", args.max_batch, "--model-name", "adaspec"],
+                    out / "server.log", env)
     print(f"server at {server.url}; load: {args.clients} clients, {args.minutes} min",
           flush=True)
     try:

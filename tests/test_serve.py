@@ -551,8 +551,11 @@ def test_serve_rejects_bad_flags_in_one_line(capsys):
 
     assert main(["serve", "--max-queue", "-1"]) == 2
     assert main(["serve", "--method", "warp"]) == 2
+    assert main(["serve", "--max-batch", "0"]) == 2
+    assert main(["serve", "--max-batch", "many"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("adaspec: error: ") for line in err)
+    assert len(err) == 4 and all(line.startswith("adaspec: error: ") for line in err)
+    assert "--max-batch must be a whole number >= 1 or 'auto', got 'many'" in err[3]
 
 
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(model_dirs):

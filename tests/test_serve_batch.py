@@ -115,3 +115,24 @@ def test_a_runtime_with_one_sequence_is_named(model_dirs):
 
     with pytest.raises(InputError, match="keeps one sequence.*ik_llama.cpp"):
         sequences(OneSequence(), 2)  # type: ignore[arg-type]
+
+
+def test_serve_batches_by_default_where_the_runtime_does(model_dirs):
+    """`adaspec serve` without --max-batch: AUTO_SLOTS slots where the target's runtime
+    decodes several requests in one call (ik_llama.cpp, the static runtime), one request at a
+    time where it runs them in turn; a method's own `@weights` decides."""
+    from adaspec.backends.runtimes import RUNTIMES, fastest_weights
+    from adaspec.serve.config import AUTO_SLOTS, ServeConfig, auto_max_batch
+    from adaspec.store.catalog import TARGET_DEFAULT
+
+    target, _ = model_dirs
+    assert auto_max_batch("ar", target, "none", "cpu") == 1
+    assert auto_max_batch("ar", target, "static", "cpu") == AUTO_SLOTS
+    assert auto_max_batch("ar@static", target, "none", "cpu") == AUTO_SLOTS
+    assert auto_max_batch("ar@none", target, "static", "cpu") == 1
+    assert auto_max_batch("ar", target, "fastest", "cpu") == 1  # a torch directory
+    assert {r.name for r in RUNTIMES if r.batches} == {"ik_llama.cpp", "torch-static"}
+    if fastest_weights(TARGET_DEFAULT, "cpu") == "ik":  # the built-in pair, installed
+        assert auto_max_batch("auto", TARGET_DEFAULT, "fastest", "cpu") == AUTO_SLOTS
+    assert ServeConfig(max_batch=AUTO_SLOTS).slots() == f"{AUTO_SLOTS} requests decoded together"
+    assert ServeConfig().slots() == "one request at a time"

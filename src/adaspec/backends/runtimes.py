@@ -45,6 +45,7 @@ class Runtime:
     can_run: Callable[[str], bool]  # whether it is installed and can read model `name`
     start: Callable[[LoadRequest], Callable[[], Loaded]]  # starts loading; returns `finish`
     fastest_on: tuple[str, ...] | None = None  # devices `fastest` may pick it on (all)
+    batches: bool = False  # decodes several sequences in one call (`serve --max-batch`)
 
 
 RUNTIMES: list[Runtime] = []
@@ -64,6 +65,11 @@ def runtime_for(weights: str, device: str) -> Runtime:
     there = [w for r in RUNTIMES if device in r.devices for w in r.weights]
     raise InputError(f"--weights {weights} does not run on --device {device}; there: "
                      f"{', '.join(there)}" + (" (or --device cpu)" if device != CPU else ""))
+
+
+def batches(weights: str, device: str) -> bool:
+    """Whether the runtime of `weights` on `device` decodes several requests in one call."""
+    return runtime_for(weights, device).batches
 
 
 def fastest_weights(name: str, device: str = CPU) -> str:
@@ -161,9 +167,10 @@ def _quant_modes() -> tuple[str, ...]:
     return tuple(q for q in QUANT_MODES if q != "none")
 
 
-register(Runtime("ik_llama.cpp", ("ik",), (CPU,), _ik_can_run, _start_gguf_child))
+register(Runtime("ik_llama.cpp", ("ik",), (CPU,), _ik_can_run, _start_gguf_child,
+                 batches=True))
 register(Runtime("llama.cpp", ("gguf",), (CPU,), _llamacpp_can_run, _start_gguf_child))
 register(Runtime("torch-static", ("static",), (CPU, CUDA), _always, _start_static,
-                 fastest_on=(CUDA,)))
+                 fastest_on=(CUDA,), batches=True))
 register(Runtime("torch", ("none",), (CPU, CUDA), _always, _start_torch))
 register(Runtime("torch-quantized", _quant_modes(), (CPU,), _always, _start_torch))

@@ -9,8 +9,7 @@ import sys
 
 from adaspec.cli.model_options import add_model_options
 from adaspec.methods.spec import DEFAULT_METHOD
-
-API_KEY_ENV = "ADASPEC_API_KEY"  # the same name as adaspec.serve.config's (kept light here)
+from adaspec.serve.config import API_KEY_ENV, AUTO_SLOTS
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,10 +30,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait behind the one decoding (default 16); "
                         "more get 429 with Retry-After")
-    p.add_argument("--max-batch", type=int, default=1, metavar="N",
+    p.add_argument("--max-batch", default="auto", metavar="N|auto",
                    help="requests decoded together, one target call a step for all of them "
-                        "(continuous batching; needs ik_llama.cpp or torch weights; default "
-                        "1: one at a time)")
+                        "(continuous batching; 1: one at a time, the others queued; default "
+                        f"auto: {AUTO_SLOTS} where the target's runtime batches, ik_llama.cpp "
+                        "or the static torch runtime, else 1)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a request may take from arrival to its last token (default 600)")
     p.add_argument("--api-key", default=None,
@@ -107,6 +107,18 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
                    help="where adapters are saved (default $ADASPEC_HOME/osd/<draft>-last<L>)")
 
 
+def _max_batch(text: str) -> int | None:
+    """--max-batch: a number of slots, or None for auto."""
+    from adaspec.errors import InputError
+
+    value = str(text).strip().lower()
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"--max-batch must be a whole number >= 1 or 'auto', got {text!r}")
+    return int(value)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.methods.spec import parse_method
@@ -116,9 +128,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"adaspec serve needs {', '.join(missing)}: pip install -e '.[serve]'")
     parse_method(args.method)  # a typo fails before any model loads
-    for name, value, low in (("--max-queue", args.max_queue, 0), ("--max-batch",
-                             args.max_batch, 1), ("--max-tokens",
-                             args.max_tokens, 1), ("--replicas", args.replicas, 1),
+    max_batch = _max_batch(args.max_batch)
+    for name, value, low in (("--max-queue", args.max_queue, 0),
+                             ("--max-tokens", args.max_tokens, 1), ("--replicas", args.replicas, 1),
                              ("--history-every", args.history_every, 1),
                              ("--history-tokens", args.history_tokens, 1)):
         if value < low:
@@ -129,7 +141,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError("--ray needs Ray Serve: pip install -e '.[ray]'")
 
     from adaspec.backends.device import resolve_device
-    from adaspec.serve.config import ServeConfig
+    from adaspec.serve.config import ServeConfig, auto_max_batch
 
     device = resolve_device(args.device)  # a missing GPU is named before any model loads
     gpus = args.gpus_per_replica
@@ -148,6 +160,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
         online = online_config(args)
 
+    if max_batch is None:
+        max_batch = auto_max_batch(args.method, args.target, args.weights, device)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"adaspec serve: warning: listening on {args.host} without an API key "
@@ -156,7 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
         method=args.method, target=args.target, draft=args.draft, dtype=args.dtype,
         weights=args.weights, draft_weights=args.draft_weights, device=args.device,
         host=args.host, port=args.port,
-        max_queue=args.max_queue, max_batch=args.max_batch, timeout=args.timeout,
+        max_queue=args.max_queue, max_batch=max_batch, timeout=args.timeout,
         api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,
         drain_timeout=args.drain_timeout, online=online, history=args.history,

@@ -7,10 +7,13 @@ from typing import Any
 
 from adaspec.backends.weights import FASTEST
 from adaspec.draft.history import DEFAULT_BUDGET
-from adaspec.methods.spec import DEFAULT_METHOD
+from adaspec.methods.spec import DEFAULT_METHOD, parse_method
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 API_KEY_ENV = "ADASPEC_API_KEY"
+# `--max-batch auto` where the target's runtime decodes several requests in one call: the
+# slots llama-server opens by default
+AUTO_SLOTS = 4
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int = 16  # requests waiting behind the ones being decoded; more get 429
-    max_batch: int = 1  # requests decoded together (sequences of one KV cache)
+    max_batch: int = 1  # requests decoded together (sequences of one KV cache); `serve`: auto
     timeout: float = 600.0  # seconds from arrival to the last token; then 504 (or an error event)
     api_key: str | None = None
     model_name: str | None = None  # the id /v1/models lists (default: the target's name)
@@ -39,7 +42,26 @@ class ServeConfig:
     history_every: int = 16
     history_tokens: int = DEFAULT_BUDGET  # the most tokens it holds
 
+    def slots(self) -> str:
+        """How requests are decoded, for the startup line."""
+        return (f"{self.max_batch} requests decoded together" if self.max_batch > 1
+                else "one request at a time")
+
     def served_name(self) -> str:
         if self.model_name:
             return self.model_name
         return self.target.rstrip("/").rsplit("/", 1)[-1]
+
+
+def auto_max_batch(method: str, target: str, weights: str, device: str) -> int:
+    """`adaspec serve`'s default slots: AUTO_SLOTS where the target's runtime (the method's
+    own `@weights`, else `weights`; `fastest` resolved for the device) decodes several
+    requests in one call, else 1 (one at a time, the others queued)."""
+    from adaspec.backends.device import resolve_device
+    from adaspec.backends.runtimes import batches, fastest_weights
+
+    where = resolve_device(device)
+    chosen = parse_method(method).weights or weights
+    if chosen == FASTEST:
+        chosen = fastest_weights(target, where)
+    return AUTO_SLOTS if batches(chosen, where) else 1

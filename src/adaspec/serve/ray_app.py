@@ -85,7 +85,8 @@ def run_ray(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
     url = f"http://{config.host}:{config.port}"
     print(f"adaspec serve: listening on {url} through Ray Serve ({replicas} replica(s); "
           f"OpenAI base_url {url}/v1, playground {url}/, model {config.served_name()!r}, "
-          f"method {config.method})", file=sys.stderr, flush=True)
+          f"method {config.method}, {config.slots()} a replica)", file=sys.stderr,
+          flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -41,8 +41,8 @@ def listening_line(config: ServeConfig, address: str, method: str) -> str:
     url = f"http://{address}"
     key = ", API key required" if config.api_key else ""
     return (f"adaspec serve: listening on {url} (OpenAI base_url {url}/v1, playground {url}/, "
-            f"model {config.served_name()!r}, method {method}, queue {config.max_queue}, "
-            f"timeout {config.timeout:g} s{key})")
+            f"model {config.served_name()!r}, method {method}, {config.slots()}, "
+            f"queue {config.max_queue}, timeout {config.timeout:g} s{key})")
 
 
 def run(config: ServeConfig, instance: ModelInstance | None = None,
