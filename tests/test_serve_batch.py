@@ -56,7 +56,8 @@ def test_concurrent_requests_answer_what_they_get_alone(instance):
         h = health(url)
     assert [g["text"] for g in got] == [w["text"] for w in want]
     assert [g["finish_reason"] for g in got] == [w["finish_reason"] for w in want]
-    assert h["max_batch"] == 4
+    assert h["max_batch"] == 4 and h["concurrency"] == 4
+    assert h["note"].startswith("4 requests decoded together")
 
 
 def test_a_seeded_answer_ignores_its_companions(instance):

@@ -187,9 +187,9 @@ def create_app(config: ServeConfig, instance: ModelInstance | None = None) -> Fa
             "model": state.model,
             "method": inst.default_method if inst else config.method,
             "methods": METHODS.names(),
-            "concurrency": 1,
-            "note": "the loaded models decode one request at a time (one KV cache each); "
-                    "others wait in a FIFO queue of at most max_queue, then get 429",
+            "concurrency": config.max_batch,
+            "note": f"{config.slots()}; others wait in a FIFO queue of at most max_queue, "
+                    "then get 429",
             "timeout": config.timeout,
             "auth": bool(config.api_key),
             "pid": os.getpid(),  # tells replicas apart behind a proxy
