@@ -137,3 +137,20 @@ def test_serve_batches_by_default_where_the_runtime_does(model_dirs):
         assert auto_max_batch("auto", TARGET_DEFAULT, "fastest", "cpu") == AUTO_SLOTS
     assert ServeConfig(max_batch=AUTO_SLOTS).slots() == f"{AUTO_SLOTS} requests decoded together"
     assert ServeConfig().slots() == "one request at a time"
+
+
+@pytest.mark.parametrize("flags, slots", [
+    (["--weights", "static"], 4), (["--weights", "none"], 1),
+    (["--weights", "static", "--max-batch", "1"], 1),
+    (["--weights", "none", "--max-batch", "3"], 3),
+    (["--weights", "none", "--method", "ar@static", "--max-batch", "auto"], 4)])
+def test_the_serve_command_starts_the_slots_it_resolves(model_dirs, monkeypatch, flags, slots):
+    import adaspec.serve.server
+    from adaspec.cli import main
+
+    started = []
+    monkeypatch.setattr(adaspec.serve.server, "run",
+                        lambda config, log_level: started.append(config) or 0)
+    target, draft = model_dirs
+    assert main(["serve", "--target", target, "--draft", draft, "--device", "cpu", *flags]) == 0
+    assert [c.max_batch for c in started] == [slots]
