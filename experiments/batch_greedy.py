@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from batch_inprocess import reset_slots, run_requests  # noqa: E402
 from concurrency_sweep import prompt_pool  # noqa: E402
 
-from adaspec.core.sampling import SamplingParams  # noqa: E402
 from adaspec.cost.batch import batch_cost_for  # noqa: E402
 from adaspec.engine.batch import BatchDecoder  # noqa: E402
 from adaspec.engine.loop import GenerationResult  # noqa: E402
@@ -36,34 +36,9 @@ from adaspec.serve.config import ServeConfig  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402
 
 
-def _reset(instance: ModelInstance) -> None:
-    for view, draft in instance.slots:
-        view.reset()
-        if draft is not None:
-            draft.reset()
-
-
-def wave(instance: ModelInstance, cost, method: str, prompts: list[str], order: list[int],
-         max_tokens: int) -> dict[int, GenerationResult]:
-    _reset(instance)
-    decoder = BatchDecoder(cost=cost)
-    engines = [instance.slot_engine(method, i) for i in range(len(prompts))]
-    for i in order:
-        decoder.add(i, engines[i].stream_steps(prompts[i], max_tokens, SamplingParams(),
-                                               chat=True), engines[i])
-    out: dict[int, GenerationResult] = {}
-    while len(decoder):
-        for key, item in decoder.round():
-            if isinstance(item, Exception):
-                raise item
-            if isinstance(item, GenerationResult):
-                out[int(str(key))] = item
-    return out
-
-
 def top2_gap(instance: ModelInstance, ids: list[int]) -> float:
     """The target's top-2 logit gap after `ids`, scored on slot 0 alone."""
-    _reset(instance)
+    reset_slots(instance)
     row = instance.slots[0][0].forward(torch.tensor(ids)).logits[-1].float()
     top = torch.topk(row, 2).values
     return float(top[0] - top[1])
@@ -83,11 +58,15 @@ def main() -> None:
     cost = batch_cost_for(instance.target, [v for v, _ in instance.slots]).ms
     prompts = [p.text for p in prompt_pool(args.suites.split(","), n, 2000)]
     forward, reverse = list(range(n)), list(reversed(range(n)))
-    ref = wave(instance, cost, "ar", prompts, forward, args.max_tokens)
+    def wave(method: str, order: list[int]) -> dict[int, GenerationResult]:
+        return run_requests(instance, BatchDecoder(cost=cost), method, prompts,
+                            args.max_tokens, order)[0]
+
+    ref = wave("ar", forward)
     runs = [(m, forward) for m in args.methods.split(",")] + [("ar", reverse)]
     rows = []
     for method, order in runs:
-        got = wave(instance, cost, method, prompts, order, args.max_tokens)
+        got = wave(method, order)
         parted = []
         for i in range(n):
             a, b = ref[i].token_ids, got[i].token_ids

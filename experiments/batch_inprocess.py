@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -23,47 +24,68 @@ sys.path.insert(0, str(Path(__file__).parent))
 from concurrency_sweep import prompt_pool  # noqa: E402
 
 from adaspec.core.sampling import SamplingParams  # noqa: E402
-from adaspec.engine.batch import BatchDecoder  # noqa: E402
-from adaspec.engine.loop import GenerationResult  # noqa: E402
+from adaspec.engine.batch import BatchDecoder, RoundStats  # noqa: E402
+from adaspec.engine.loop import GenerationResult, TextGenerator  # noqa: E402
 from adaspec.serve.config import ServeConfig  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402
 
 
-def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: list[str],
-         max_tokens: int, join: bool = True) -> dict:
-    """join False: the drafters price their drafts as requests alone (the pricing before
-    `cost.batch.BatchLoad`), for comparison."""
-    for engine in [instance.slot_engine(method, i) for i in range(len(prompts))]:
-        engine.join_batch(None)
+def reset_slots(instance: ModelInstance) -> None:
+    """Empty every slot's caches, so no wave inherits another's prompts."""
     for view, draft in instance.slots:
         view.reset()
         if draft is not None:
             draft.reset()
+
+
+def run_requests(instance: ModelInstance, decoder: BatchDecoder, method: str,
+                 prompts: list[str], max_tokens: int, order: list[int] | None = None,
+                 join: bool = True, each_round: Callable[[RoundStats], None] | None = None
+                 ) -> tuple[dict[int, GenerationResult], list[TextGenerator]]:
+    """Greedy chat requests, prompt i on slot i, added in `order`, decoded together until
+    all are done: their results by slot, and the slots' engines. join False: the drafters
+    price their drafts as requests alone (the pricing before `cost.batch.BatchLoad`)."""
     engines = [instance.slot_engine(method, i) for i in range(len(prompts))]
-    t0 = time.perf_counter()
-    for i, (engine, prompt) in enumerate(zip(engines, prompts, strict=True)):
-        decoder.add(i, engine.stream_steps(prompt, max_tokens, SamplingParams(), chat=True),
-                    engine if join else None)
+    for engine in engines:
+        engine.join_batch(None)
+    reset_slots(instance)
+    for i in order if order is not None else range(len(prompts)):
+        decoder.add(i, engines[i].stream_steps(prompts[i], max_tokens, SamplingParams(),
+                                               chat=True), engines[i] if join else None)
     results: dict[int, GenerationResult] = {}
-    drafted = cut = rounds = prefill = 0
-    call_s = prefill_call_s = 0.0
-    decode_rounds: dict[int, list[float]] = {}  # sequences -> decode-only rounds' call seconds
     while len(decoder):
         for key, item in decoder.round():
             if isinstance(item, Exception):
                 raise item
             if isinstance(item, GenerationResult):
                 results[int(str(key))] = item
-        drafted += decoder.last.drafted
-        cut += decoder.last.cut
-        prefill += decoder.last.prefill_tokens
-        call_s += decoder.last.call_seconds
-        if decoder.last.prefill_tokens:
-            prefill_call_s += decoder.last.call_seconds
-        elif decoder.last.sequences:
-            decode_rounds.setdefault(decoder.last.sequences, []).append(
-                decoder.last.call_seconds)
+        if each_round is not None:
+            each_round(decoder.last)
+    return results, engines
+
+
+def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: list[str],
+         max_tokens: int, join: bool = True) -> dict:
+    """One wave's figures (join: see `run_requests`)."""
+    drafted = cut = rounds = prefill = 0
+    call_s = prefill_call_s = 0.0
+    decode_rounds: dict[int, list[float]] = {}  # sequences -> decode-only rounds' call seconds
+
+    def count(last: RoundStats) -> None:
+        nonlocal drafted, cut, rounds, prefill, call_s, prefill_call_s
+        drafted += last.drafted
+        cut += last.cut
+        prefill += last.prefill_tokens
+        call_s += last.call_seconds
+        if last.prefill_tokens:
+            prefill_call_s += last.call_seconds
+        elif last.sequences:
+            decode_rounds.setdefault(last.sequences, []).append(last.call_seconds)
         rounds += 1
+
+    t0 = time.perf_counter()
+    results, engines = run_requests(instance, decoder, method, prompts, max_tokens, join=join,
+                                    each_round=count)
     wall = time.perf_counter() - t0
     stats = [r.stats for r in results.values()]
     tokens = sum(s.new_tokens for s in stats)
