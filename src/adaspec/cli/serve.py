@@ -28,7 +28,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
     p.add_argument("--max-queue", type=int, default=16,
-                   help="requests that may wait behind the one decoding (default 16); "
+                   help="requests that may wait behind the ones decoding (default 16); "
                         "more get 429 with Retry-After")
     p.add_argument("--max-batch", default="auto", metavar="N|auto",
                    help="requests decoded together, one target call a step for all of them "
