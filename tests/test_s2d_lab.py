@@ -160,10 +160,21 @@ def test_commands_fail_with_one_line(capsys, tmp_path):
     assert code == 2 and "--name" in err
 
 
-@pytest.mark.needs("models")  # generate loads the built-in target before the method's draft
-def test_a_missing_s2d_artifact_is_one_line(capsys):
-    code, _, err = run(capsys, "generate", "x", "--method", "s2d:nothing-here")
-    assert code == 2 and "no S2D artifact" in err
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_missing_s2d_artifact_is_one_line_before_any_model_loads(capsys, monkeypatch,
+                                                                   command):
+    import adaspec.methods.build
+    import adaspec.serve.server
+
+    def loads(*a, **k):
+        raise AssertionError("a model load began before the method's files were checked")
+
+    monkeypatch.setattr(adaspec.methods.build, "load_engine", loads)
+    monkeypatch.setattr(adaspec.serve.server, "run", loads)
+    args = [command, "x"] if command == "generate" else [command]
+    code, _, err = run(capsys, *args, "--method", "s2d:nothing-here")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "no S2D artifact at 'nothing-here'" in lines[0]
 
 
 def test_simulated_lazy_fill_counts_what_the_real_state_runs(source_dir):

@@ -85,13 +85,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _check_method(text: str) -> None:
-    """Parse the method; a bench-only reference method gets an error that says so."""
+    """Parse the method and check the files it names; a bench-only reference method gets
+    an error that says so."""
     from adaspec.errors import InputError
     from adaspec.methods.registry import METHODS
     from adaspec.methods.spec import parse_method
 
     try:
-        parse_method(text)
+        spec = parse_method(text)
     except InputError:
         from adaspec.lab.bench.references import REFERENCE_METHODS
 
@@ -102,3 +103,4 @@ def _check_method(text: str) -> None:
                 f"use one of: {', '.join(METHODS.names())}"
             ) from None
         raise
+    spec.check_files()

@@ -127,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
                if importlib.util.find_spec(m) is None]
     if missing:
         raise InputError(f"adaspec serve needs {', '.join(missing)}: pip install -e '.[serve]'")
-    parse_method(args.method)  # a typo fails before any model loads
+    parse_method(args.method).check_files()  # a typo fails before any model loads
     max_batch = _max_batch(args.max_batch)
     for name, value, low in (("--max-queue", args.max_queue, 0),
                              ("--max-tokens", args.max_tokens, 1), ("--replicas", args.replicas, 1),

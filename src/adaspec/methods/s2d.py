@@ -45,6 +45,11 @@ class S2DParams(ChainParams):
         check(not (self.exit and self.thresholds), "exit=N uses one exit: no thresholds")
         _ = self.threshold_values  # parses: a bad list raises here
 
+    def check_files(self) -> None:
+        from adaspec.draft import s2d_artifact
+
+        s2d_artifact.resolve(self.artifact)
+
     @property
     def threshold_values(self) -> tuple[float, ...] | None:
         if not self.thresholds:

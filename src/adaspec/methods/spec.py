@@ -43,6 +43,13 @@ class MethodSpec:
         """Whether building it needs the draft model (a router reads its artifact's arms)."""
         return self.method is not None and self.method.needs_draft(self.params)
 
+    def check_files(self) -> None:
+        """The files its parameters name exist: a one-line InputError before any model
+        loads, not after (parameters with a `check_files` method say how to look)."""
+        check_files = getattr(self.params, "check_files", None)
+        if callable(check_files):
+            check_files()
+
     @property
     def tree(self) -> tuple[int, ...] | None:
         """Branching factors per level when the method drafts a token tree."""
