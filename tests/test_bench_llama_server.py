@@ -190,14 +190,11 @@ repack = "--no-repack" not in args
 spec = args[args.index("--spec-type") + 1] if "--spec-type" in args else "none"
 if repack and os.environ.get("FAKE_CRASH_AT_START"):
     crash()
-'''
-FAKE_SERVER = FAKE_START + r'''
 
-class Handler(BaseHTTPRequestHandler):
+
+class Health(BaseHTTPRequestHandler):
+    # /health answers at once; each fake adds its completions (do_POST)
     protocol_version = "HTTP/1.0"
-
-    def log_message(self, *a):
-        sys.stderr.write("request %s\n" % self.path)
 
     def do_GET(self):
         body = b'{"status": "ok"}'
@@ -205,6 +202,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+'''
+FAKE_SERVER = FAKE_START + r'''
+
+class Handler(Health):
+    def log_message(self, *a):
+        sys.stderr.write("request %s\n" % self.path)
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

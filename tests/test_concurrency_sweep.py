@@ -38,18 +38,9 @@ def events(mode, n):
                "timings": {"predicted_per_second": 12.5}}
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-
+class Handler(Health):
     def log_message(self, *a):
         pass
-
-    def do_GET(self):
-        body = b'{"status": "ok"}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
