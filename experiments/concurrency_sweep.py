@@ -1,7 +1,8 @@
 """Concurrency sweep: `adaspec serve` against llama-server with as many slots (issue 33).
 
 For each concurrency C (`--clients 1,2,4,8,16`) and each system (`--systems`), in that order
-(the systems alternate inside each concurrency), it starts a fresh server, sends one warm-up
+(the systems alternate inside each concurrency,
+each repeat starting one system later), it starts a fresh server, sends one warm-up
 request (a prompt the wave does not use), then one wave: C client threads start together
 and each sends `--requests-per-client` streamed chat completions one after another (greedy,
 `--max-tokens` new tokens, loopback HTTP). Every request is timed by its client: latency
@@ -895,7 +896,8 @@ def main() -> int:
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1,
                    help="waves per system and concurrency, each on a fresh server, the "
-                        "systems alternating (default 1); the table gives the median")
+                        "systems alternating, each repeat starting one system later "
+                        "(default 1); the table gives the median")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--suites", default=SUITES)
     p.add_argument("--max-prompt-chars", type=int, default=2000)
@@ -1008,7 +1010,12 @@ def main() -> int:
     run["rows"] = []
     try:
         for c in clients:
-            for k, system in ((k, s) for k in range(args.repeats) for s in systems):
+            # each repeat starts one system later: the first server of a repeat ran
+            # slower (measured 2026-11-26: auto, always first, read 0.89 of ar; with ar
+            # first, 1.00), so no system takes that place every time
+            order = [(k, systems[(k + i) % len(systems)]) for k in range(args.repeats)
+                     for i in range(len(systems))]
+            for k, system in order:
                 say(f"{system.label}: {c} client(s) x {rpc} request(s)"
                     + (f", repeat {k + 1}/{args.repeats}" if args.repeats > 1 else ""))
                 row = measure(ctx, system, c, prompts, warm, rpc, say)

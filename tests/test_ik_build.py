@@ -277,3 +277,69 @@ def test_flash_attention_for_several_sequences_needs_the_patched_library(monkeyp
     monkeypatch.setenv(ikllama.FLASH_ENV, "yes")
     with pytest.raises(AdaspecError, match="ADASPEC_IK_FLASH_ATTN must be 'auto' or 'off'"):
         ikllama.multi_sequence_flash(Api())
+
+
+HARNESS = r"""
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+typedef uint16_t ggml_half;
+%s
+static bool plain(const char * mr, int stride_m, int nq, int k_step) {  // one half at a time
+    for (int j = 0; j < nq; ++j)
+        for (int l = 0; l < k_step; ++l)
+            if (((const uint16_t *)(mr + j*stride_m))[l] != 0xFC00) return false;
+    return true;
+}
+int main() {
+    std::mt19937 rng(7);
+    const int nk = 512, rows = 8;
+    static uint16_t mask[rows*nk];
+    long checked = 0, hidden = 0;
+    for (int trial = 0; trial < 4000; ++trial) {
+        for (auto & m : mask) m = 0xFC00;
+        int open = rng() %% 4;  // visible cells: none, one, a run, or scattered
+        for (int j = 0; j < rows; ++j) {
+            if (open == 1) mask[j*nk + rng() %% nk] = 0;
+            int a = rng() %% nk;
+            if (open == 2) for (int l = a; l < nk && l < a + 40; ++l) mask[j*nk + l] = 0;
+            if (open == 3)
+                for (int l = 0; l < nk; ++l)
+                    if (rng() %% 97 == 0) mask[j*nk + l] = (rng() & 1) ? 0 : 0xFBFF;
+        }
+        for (int k_step : {32, 64, 128})
+            for (int nq = 1; nq <= rows; ++nq)
+                for (int b = 0; b < nk/k_step; ++b) {
+                    const char * mr = (const char *)(mask + b*k_step);
+                    bool got = adaspec_block_masked(mr, nk*2, nq, k_step);
+                    if (got != plain(mr, nk*2, nq, k_step)) { printf("differs\n"); return 1; }
+                    ++checked; hidden += got;
+                }
+    }
+    printf("%%ld %%ld\n", checked, hidden);
+    return 0;
+}
+"""
+
+
+def test_the_patch_reads_a_hidden_block_as_a_plain_reading_of_the_mask_does(tmp_path):
+    """The patch's C++ helper, compiled: it must call a block hidden exactly when every half
+    of every row's mask there is -inf (a wrong answer would change the attention's output,
+    or slow it), on thousands of masks with cells open singly, in runs and scattered."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    helpers = ik_flash_patch._HELPERS.split("#define ADASPEC_SKIP_MASKED")[0]
+    src = tmp_path / "masked.cpp"
+    src.write_text(HARNESS % helpers)
+    exe = tmp_path / "masked"
+    subprocess.run([cxx, "-O2", "-march=native", "-std=c++17", str(src), "-o", str(exe)],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+    checked, hidden = map(int, out.stdout.split())
+    assert checked > 100_000 and 0 < hidden < checked  # both answers were exercised
