@@ -1,10 +1,10 @@
 """Concurrency sweep: `adaspec serve` against llama-server with as many slots (issue 33).
 
 For each concurrency C (`--clients 1,2,4,8,16`) and each system (`--systems`), in that order
-(the systems alternate inside each concurrency,
-each repeat starting one system later), it starts a fresh server, sends one warm-up
-request (a prompt the wave does not use), then one wave: C client threads start together
-and each sends `--requests-per-client` streamed chat completions one after another (greedy,
+(the systems alternate inside each concurrency, each repeat starting one system later: the
+first server of a repeat ran slower), it starts a fresh server, sends one warm-up request
+(a prompt the wave does not use), then one wave: C client threads start together and each
+sends `--requests-per-client` streamed chat completions one after another (greedy,
 `--max-tokens` new tokens, loopback HTTP). Every request is timed by its client: latency
 (request sent to the end of the stream) and time to first token (to the first chunk with
 content). The wave's aggregate tokens/s is the sum of the answers' completion tokens over the
@@ -1010,9 +1010,6 @@ def main() -> int:
     run["rows"] = []
     try:
         for c in clients:
-            # each repeat starts one system later: the first server of a repeat ran
-            # slower (measured 2026-11-26: auto, always first, read 0.89 of ar; with ar
-            # first, 1.00), so no system takes that place every time
             order = [(k, systems[(k + i) % len(systems)]) for k in range(args.repeats)
                      for i in range(len(systems))]
             for k, system in order:
