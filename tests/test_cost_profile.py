@@ -116,6 +116,18 @@ def test_calibration_is_cached_per_configuration(target, draft, tokenizer, tmp_p
     profile_for(target, None, tokenizer, quiet=True, loop_overhead=loop_overhead_ms)
     assert len(calls) == 2
     assert profile_path(profile_key(target, None)) != profile_path(profile_key(target, draft))
+    # A library built with another patch is another configuration: its curves are not
+    # reused (the name stays readable, the key tells them apart).
+    plain = profile_path(profile_key(target, draft))
+    target.patches = ("some-kernel-patch",)
+    try:
+        patched = profile_key(target, draft)
+        assert patched["target"]["patches"] == ["some-kernel-patch"]
+        assert profile_path(patched) != plain
+        assert cached_profile(patched) is None
+    finally:
+        del target.patches
+    assert cached_profile(profile_key(target, draft)) is not None
     # A corrupt cache entry is measured again, not trusted.
     profile_path(profile_key(target, draft)).write_text("garbage")
     profile_for(target, draft, tokenizer, quiet=True, loop_overhead=loop_overhead_ms)

@@ -281,6 +281,8 @@ class IkLlamaBackend(ChainBackend):
             self.kind = f"{self.kind}-blocks{self.min_rows}"
         if self.flash_attention:  # other kernels, another cost curve
             self.kind = f"{self.kind}-fa"
+        # the source changes a native build carries: other kernels, another cost curve
+        self.patches = tuple(getattr(api, "adaspec_patches", ()))
         # padded to blocks, or lone rows scored as in blocks: verification scores what plain
         # decoding scores, nothing to recheck
         alike = self.min_rows > 1 or getattr(self, "rows_match", False)

@@ -39,11 +39,17 @@ def cpu_model() -> str:
 
 
 def describe_backend(backend: ModelBackend) -> dict:
-    return {
+    """What a cost curve depends on: the model, the runtime and, for a library built here,
+    the source changes it carries (a new patch makes the stored curves stale)."""
+    out = {
         "name": backend.name,
         "kind": getattr(backend, "kind", "torch"),
         "bytes_per_forward": int(backend.bytes_per_forward),
     }
+    patches = getattr(backend, "patches", ())
+    if patches:
+        out["patches"] = sorted(patches)
+    return out
 
 
 def profile_key(target: ModelBackend, draft: ModelBackend | None) -> dict:
