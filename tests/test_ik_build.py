@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.backends import ik_build, ik_flash_patch, ikllama
+from adaspec.backends import ik_build, ik_flash_patch, ik_regions_patch, ikllama
 from adaspec.cli import main
 from adaspec.store import native_build
 
@@ -86,6 +86,14 @@ void compute_helper_q() {
 """
 
 
+def _regions_sources() -> dict[str, str]:
+    """The files the regions patch edits, each holding its anchors among other lines."""
+    out: dict[str, str] = {}
+    for path, anchor, _, _ in ik_regions_patch._EDITS:
+        out[path] = out.get(path, "// other code\n") + anchor + "// more code\n"
+    return out
+
+
 def _fake_sdist(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     root = f"ik_llama_cpp_python-{VERSION}"
@@ -94,6 +102,8 @@ def _fake_sdist(folder: Path) -> None:
             f"{root}/vendor/ik_llama.cpp/CMakeLists.txt": b"project(fake)\n",
             f"{root}/vendor/ik_llama.cpp/{ik_build.ONE_ROW_FILE}": KQUANTS.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}": FA_TEMPLATES.encode(),
+            **{f"{root}/vendor/ik_llama.cpp/{path}": text.encode()
+               for path, text in _regions_sources().items()},
             f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
         }.items():
             info = tarfile.TarInfo(name)
@@ -180,6 +190,30 @@ def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tm
     path.write_text(FA_TEMPLATES.replace("Mc[ik] != 0", "Mc[ik] == 1"))
     with pytest.raises(ik_flash_patch.PatchError, match="block loops"):
         ik_flash_patch.apply(tmp_path)
+
+
+def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_rows_apart(tmp_path):
+    texts = _regions_sources()
+    for path, text in texts.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert ik_regions_patch.apply(tmp_path) == len(ik_regions_patch._EDITS) + 1
+    got = {path: (tmp_path / path).read_text() for path in texts}
+    llama = got["src/llama.cpp"]
+    # placement before the usual search, the cells handed to the graph, the switch exported
+    assert llama.index("return adaspec_place(cache, batch);") < llama.index("uint32_t n_tested")
+    assert "adaspec_inp_cells" in llama and "int adaspec_kv_regions(" in llama
+    store = got["src/llama-build-context.cpp"]
+    assert store.index("ggml_set_rows") < store.index("    if (k_cur) {")  # before the run copy
+    fa = got["ggml/src/iqk/iqk_flash_attn.cpp"]
+    assert fa.index("static bool adaspec_rows_own") < fa.index("iqk_flash_attn_noalibi(")
+    assert fa.index("adaspec_rows_own(mask") < fa.index("// I keep changing my mind")
+    assert ik_regions_patch.apply(tmp_path) == len(ik_regions_patch._EDITS) + 1  # resumed
+    assert {path: (tmp_path / path).read_text() for path in texts} == got
+    (tmp_path / "src/llama.cpp").write_text("// another version\n")
+    texts["src/llama.cpp"] = "// another version\n"
+    with pytest.raises(ik_regions_patch.PatchError, match="src/llama.cpp: the anchor"):
+        ik_regions_patch.patch_files(texts)
 
 
 def test_a_build_made_without_the_patch_is_built_again(fake_tools):
@@ -277,6 +311,24 @@ def test_flash_attention_for_several_sequences_needs_the_patched_library(monkeyp
     monkeypatch.setenv(ikllama.FLASH_ENV, "yes")
     with pytest.raises(AdaspecError, match="ADASPEC_IK_FLASH_ATTN must be 'auto' or 'off'"):
         ikllama.multi_sequence_flash(Api())
+
+
+def test_a_region_per_sequence_needs_the_patched_library(monkeypatch):
+    from adaspec.errors import AdaspecError
+
+    class Api:
+        adaspec_patches = ik_build.PATCHES
+
+    monkeypatch.delenv(ikllama.REGIONS_ENV, raising=False)
+    assert ikllama.kv_regions(Api())
+    Api.adaspec_patches = ik_build.PATCHES[:2]  # a build from before the patch
+    assert not ikllama.kv_regions(Api())
+    Api.adaspec_patches = ik_build.PATCHES
+    monkeypatch.setenv(ikllama.REGIONS_ENV, "off")
+    assert not ikllama.kv_regions(Api())
+    monkeypatch.setenv(ikllama.REGIONS_ENV, "on")
+    with pytest.raises(AdaspecError, match="ADASPEC_IK_KV_REGIONS must be 'auto' or 'off'"):
+        ikllama.kv_regions(Api())
 
 
 HARNESS = r"""

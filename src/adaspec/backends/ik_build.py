@@ -8,8 +8,9 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ikllama.py`).
 
-Two source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention
-for several sequences in one cache (`ik_flash_patch.py`). And: the repacked k-quant
+Three source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention
+for several sequences in one cache (`ik_flash_patch.py`). A region of the cache per sequence,
+with attention that reads a row's own region (`ik_regions_patch.py`). And: the repacked k-quant
 kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone activation row
 that group the float products another way than the kernel for several rows, so a token fed
 alone came out up to 0.5 logits away from the same token in a block, and greedy speculation
@@ -42,7 +43,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adaspec.backends import ik_flash_patch
+from adaspec.backends import ik_flash_patch, ik_regions_patch
 from adaspec.store import native_build
 from adaspec.store.atomic import write_text
 from adaspec.store.native_build import BUILD_INFO, NativeBuildError, cpu_signature
@@ -73,7 +74,7 @@ ONE_ROW_REGION = ("static void mul_mat_q2_k_r4_q8_k(",
 ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"
 ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
-PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME)
+PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME)
 
 
 class IkBuildError(NativeBuildError):
@@ -160,7 +161,8 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
     patched = patch_source(src)
     try:
         fa_loops = ik_flash_patch.apply(src)
-    except ik_flash_patch.PatchError as exc:
+        ik_regions_patch.apply(src)
+    except (ik_flash_patch.PatchError, ik_regions_patch.PatchError) as exc:
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "

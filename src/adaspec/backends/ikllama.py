@@ -48,6 +48,8 @@ IK = "ik"
 MIN_ROWS_ENV = "ADASPEC_MIN_ROWS"
 LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library's path
 FLASH_ENV = "ADASPEC_IK_FLASH_ATTN"  # "off": no flash attention for several sequences either
+REGIONS_ENV = "ADASPEC_IK_KV_REGIONS"  # "off": several sequences share the cache's cells freely
+REGION_ALIGN = 256  # a region starts on a block boundary of the flash-attention kernel
 BLOCK_ROWS = 2  # a block: this runtime scores the rows of any block of 2 or more alike
 
 
@@ -107,6 +109,18 @@ def multi_sequence_flash(api: Any) -> bool:
     if value not in ("", "auto", "off"):
         raise AdaspecError(f"{FLASH_ENV} must be 'auto' or 'off', got {value!r}")
     return value != "off" and ik_flash_patch.NAME in getattr(api, "adaspec_patches", ())
+
+
+def kv_regions(api: Any) -> bool:
+    """Whether a cache of several sequences with flash attention gives each sequence a
+    region of its own (`ik_regions_patch`): the library was built with it and
+    ADASPEC_IK_KV_REGIONS is not "off"."""
+    from adaspec.backends import ik_regions_patch
+
+    value = os.environ.get(REGIONS_ENV, "").strip().lower()
+    if value not in ("", "auto", "off"):
+        raise AdaspecError(f"{REGIONS_ENV} must be 'auto' or 'off', got {value!r}")
+    return value != "off" and ik_regions_patch.NAME in getattr(api, "adaspec_patches", ())
 
 
 @cache
@@ -174,6 +188,8 @@ def library() -> Any:
         "llama_set_embeddings": ([c.c_void_p, c.c_bool], None),
         "llama_get_embeddings_ith": ([c.c_void_p, c.c_int32], c.POINTER(c.c_float)),
     }
+    if kv_regions(api):  # a native build's own function
+        signatures["adaspec_kv_regions"] = ([c.c_void_p, c.c_uint32], c.c_int)
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
@@ -246,18 +262,25 @@ class IkLlamaBackend(ChainBackend):
         cparams.n_batch = min(DEFAULT_BATCH, n_ctx)
         cparams.n_ubatch = min(DEFAULT_BATCH, n_ctx)
         cparams.n_seq_max = max(1, int(sequences))
-        if sequences > 1:  # requests come and go: compact the cache's holes now and then
-            cparams.defrag_thold = 0.1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         # several sequences: flash attention, with the patch that makes it right for them and
         # skips what the mask hides (`ik_flash_patch.py`); one sequence: the plain kernels
         self.flash_attention = sequences > 1 and multi_sequence_flash(api)
+        # and a region of the cache per sequence (`ik_regions_patch.py`), which compaction
+        # would undo; without regions, requests come and go: compact the holes now and then
+        self.region = 0
+        if self.flash_attention and kv_regions(api):
+            self.region = n_ctx // sequences // REGION_ALIGN * REGION_ALIGN
+        if sequences > 1:
+            cparams.defrag_thold = -1.0 if self.region else 0.1
         cparams.flash_attn = self.flash_attention
         cparams.logits_all = False
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise IkLlamaUnavailable(f"ik_llama.cpp could not create a context for {gguf}")
+        if self.region and lib.adaspec_kv_regions(self._ctx, self.region) != 0:
+            raise IkLlamaUnavailable("ik_llama.cpp refused a region per sequence")
         self._n_batch = int(lib.llama_n_batch(self._ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
         for i in range(self._n_batch):
@@ -281,6 +304,8 @@ class IkLlamaBackend(ChainBackend):
             self.kind = f"{self.kind}-blocks{self.min_rows}"
         if self.flash_attention:  # other kernels, another cost curve
             self.kind = f"{self.kind}-fa"
+        if self.region:  # another placement, another cost curve
+            self.kind = f"{self.kind}-regions"
         # the source changes a native build carries: other kernels, another cost curve
         self.patches = tuple(getattr(api, "adaspec_patches", ()))
         # padded to blocks, or lone rows scored as in blocks: verification scores what plain

@@ -1,0 +1,239 @@
+"""A region of the KV cache per sequence, and attention that reads only a row's own region.
+
+Why: requests decoded together each add one token a round, and the pinned ik_llama.cpp puts a
+call's tokens in consecutive free cells, so after a few rounds every block of cells holds
+tokens of every sequence. A query row then reads all sequences' cells (the others masked):
+with 8 requests of 300 cells, a decoding call of 8 rows took 120 ms against 87 ms for 8 rows
+of one sequence (`experiments/ik_raw.py` probes, session 13).
+
+Three source changes, switched on per context by `adaspec_kv_regions(ctx, stride)` (adaspec
+calls it for a cache of several sequences with flash attention, `backends/ikllama.py`):
+
+- placement: sequence s's token at position p goes to cell s * stride + p, so a sequence's
+  cells stay together whatever the others do. Where that cell is taken (a prefix shared
+  with another sequence still holds it, or p is past the region) the token takes a free
+  cell from the top of the cache: still right, since the mask is built from each cell's
+  sequences and positions, only slower. The cache's own compaction (defrag) would undo the
+  layout, so adaspec turns it off with the regions;
+- the store: a call's keys and values are written row by row to their cells
+  (`ggml_set_rows` with the cells as an input), not as one run from the cache's head;
+- attention (`iqk_flash_attn.cpp`): when a call's rows need different blocks of cells
+  (rows of different sequences), each row is attended on its own with the query heads that
+  share a key/value head as one group, so a row's cells are read once per group of heads,
+  not once per head; the hidden-block skip of `ik_flash_patch` leaves it only its region.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NAME = "kv-regions-1"
+MARK = "adaspec (kv-regions)"
+
+
+class PatchError(Exception):
+    """The source lacks what this patch expects (another ik_llama.cpp version)."""
+
+
+# (file, anchor, text, where): the text goes before or after the anchor, or replaces it (the
+# anchor found exactly once)
+_EDITS: list[tuple[str, str, str, str]] = [
+    ("src/llama-context.h", "    // computed before each graph build\n", """\
+    // adaspec (kv-regions): sequence s's token at position p goes to cell s*adaspec_stride + p
+    // (0: the usual consecutive placement); the cells of the last placed batch
+    uint32_t adaspec_stride = 0;
+    std::vector<int64_t> adaspec_cells;
+
+""", "before"),
+    ("src/llama-context.h", "    struct ggml_tensor * inp_pos;         // I32 [n_batch]\n", """\
+    struct ggml_tensor * adaspec_inp_cells = nullptr; // adaspec (kv-regions): I64 [n_batch]
+""", "after"),
+    ("src/llama.cpp", "static bool llama_kv_cache_find_slot(\n", """\
+// adaspec (kv-regions): each token in its sequence's region, else in a free cell taken from the
+// top of the cache (the mask follows each cell's sequences and positions, so any free cell is
+// right); false, with nothing placed, when the cache is full.
+static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batch & batch) {
+    const uint32_t n = batch.n_tokens;
+    cache.adaspec_cells.resize(n);
+    uint32_t spare = cache.size;
+    for (uint32_t i = 0; i < n; ++i) {
+        const llama_pos pos = batch.pos[i];
+        const int64_t want = int64_t(batch.seq_id[i][0])*cache.adaspec_stride + pos;
+        int64_t cell = -1;
+        if (batch.seq_id[i][0] >= 0 && pos >= 0 && pos < (llama_pos)cache.adaspec_stride &&
+            want < (int64_t)cache.size && cache.cells[want].pos < 0) {
+            cell = want;
+        }
+        while (cell < 0 && spare > 0) {
+            --spare;
+            if (cache.cells[spare].pos < 0) cell = spare;
+        }
+        if (cell < 0) {
+            for (uint32_t j = 0; j < i; ++j) {
+                cache.cells[cache.adaspec_cells[j]].pos = -1;
+                cache.cells[cache.adaspec_cells[j]].seq_id.clear();
+            }
+            return false;
+        }
+        cache.cells[cell].pos = pos;
+        for (int32_t j = 0; j < batch.n_seq_id[i]; ++j) {
+            cache.cells[cell].seq_id.insert(batch.seq_id[i][j]);
+        }
+        cache.adaspec_cells[i] = cell;
+    }
+    cache.used += n;
+    cache.head = 0;
+    return true;
+}
+
+""", "before"),
+    ("src/llama.cpp", "    uint32_t n_tested = 0;\n", """\
+    if (cache.adaspec_stride > 0) {
+        return adaspec_place(cache, batch);
+    }
+
+""", "before"),
+    # the attended cells end at the last one used: the padded search looks at one cell in
+    # `pad`, which misses a region's cells when the cells below its end are free
+    ("src/llama.cpp", "                auto max_cell = llama_kv_cache_cell_max(kv_self, pad);\n",
+     """\
+                auto max_cell = kv_self.adaspec_stride > 0 ? llama_kv_cache_cell_max(kv_self)
+                                                           : llama_kv_cache_cell_max(kv_self, pad);
+""", "replace"),
+    ("src/llama.cpp", "    if (batch.pos && lctx.inp_pos) {\n", """\
+    if (lctx.adaspec_inp_cells) {  // adaspec (kv-regions): the cells the batch's rows go to
+        GGML_ASSERT((int64_t)lctx.kv_self.adaspec_cells.size() == (int64_t)batch.n_tokens);
+        ggml_backend_tensor_set(lctx.adaspec_inp_cells, lctx.kv_self.adaspec_cells.data(), 0,
+                                batch.n_tokens*sizeof(int64_t));
+    }
+
+""", "before"),
+    ("src/llama-build-context.cpp", "    lctx.inp_pos         = nullptr;\n", """\
+    lctx.adaspec_inp_cells = nullptr;
+""", "after"),
+    ("src/llama-build-context.cpp",
+     "    if (k_cur) {\n        GGML_ASSERT(2*il+1 < (int)lctx.cache_copies.size());\n"
+     "        auto k_row_size = ggml_row_size(kv.k_l[il]->type, n_embd_head_k);\n", """\
+    // adaspec (kv-regions): rows written to the cells placement chose, one by one
+    if (kv.adaspec_stride > 0 && !kv.v_trans && k_cur && v_cur && n_tokens > 0) {
+        GGML_ASSERT(2*il+1 < (int)lctx.cache_copies.size());
+        if (!lctx.adaspec_inp_cells) {
+            lctx.adaspec_inp_cells = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
+            ggml_set_input(lctx.adaspec_inp_cells);
+        }
+        const int64_t n_embd_k_gqa = hparams.n_embd_k_gqa(il);
+        ggml_tensor * k_rows = ggml_view_2d(ctx, kv.k_l[il], n_embd_k_gqa, kv.size,
+                ggml_row_size(kv.k_l[il]->type, n_embd_k_gqa), 0);
+        ggml_tensor * k_src = ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx, k_cur);
+        lctx.cache_copies[2*il+0].cpy = ggml_set_rows(ctx, k_rows,
+                ggml_reshape_2d(ctx, k_src, n_embd_k_gqa, n_tokens), lctx.adaspec_inp_cells);
+        ggml_build_forward_expand(graph, lctx.cache_copies[2*il+0].cpy);
+        ggml_tensor * v_rows = ggml_view_2d(ctx, kv.v_l[il], n_embd_v_gqa, kv.size,
+                ggml_row_size(kv.v_l[il]->type, n_embd_v_gqa), 0);
+        ggml_tensor * v_src = ggml_is_contiguous(v_cur) ? v_cur : ggml_cont(ctx, v_cur);
+        lctx.cache_copies[2*il+1].cpy = ggml_set_rows(ctx, v_rows,
+                ggml_reshape_2d(ctx, v_src, n_embd_v_gqa, n_tokens), lctx.adaspec_inp_cells);
+        ggml_build_forward_expand(graph, lctx.cache_copies[2*il+1].cpy);
+        return;
+    }
+
+""", "before"),
+    ("ggml/src/iqk/iqk_flash_attn.cpp",
+     "    // I keep changing my mind what is the best strategy to split the threads when "
+     "processing\n", """\
+    // adaspec (kv-regions): rows that need different blocks of cells (requests decoded
+    // together) are attended one row at a time, the query heads sharing a key/value head as
+    // one group: a row reads its cells once per group, and the hidden-block skip leaves it
+    // its own sequence's. Rows that share their blocks (a prompt) keep the path below.
+    if (neq3 == 1 && rk2 > 1 && rk2 == rv2 && neq1 > 1 && neq1 <= 64 && mask && !sinks &&
+        adaspec_rows_own(mask, stride_m, neq1, nek1)) {
+        for (int t = ith; t < neq1*nek2; t += nth) {
+            const int iq1 = t/nek2, ik02 = t - (t/nek2)*nek2;
+            if (!iqk_flash_attn_impl(int_type_k, int_type_v, Dk, Dv, rk2, nek1, nbq2, stride_k,
+                    stride_v, 0, nb1/sizeof(float),
+                    (const float *)((const char *)q + iq1*stride_q + ik02*rk2*nbq2),
+                    (const void *)((const char *)k + ik02*nbk2),
+                    (const void *)((const char *)v + ik02*nbv2),
+                    (const void *)((const char *)mask + iq1*stride_m), nullptr, 0,
+                    scale, softcap, (float *)((char *)qkv + (iq1*ne1 + ik02*rk2)*nb1),
+                    nullptr, nullptr)) return false;
+        }
+        return true;
+    }
+
+""", "before"),
+    ("ggml/src/iqk/iqk_flash_attn.cpp",
+     "extern \"C\" IQK_API bool iqk_flash_attn_noalibi(", """\
+// adaspec (kv-regions): whether the rows' needed blocks of 128 cells are mostly their own (at
+// most half of what attending them together reads: every block any row needs, for all rows).
+static bool adaspec_rows_own(const void * mask, int stride_m, int nq, int nk) {
+    const uint64_t ninf = 0xFC00FC00FC00FC00ull;  // four fp16 -inf
+    long all = 0, own = 0;
+    for (int b = 0; b + 128 <= nk; b += 128) {
+        int need = 0;
+        for (int j = 0; j < nq; ++j) {
+            const char * m = (const char *)mask + (long)j*stride_m + 2L*b;
+            uint64_t seen = 0;
+            for (int l = 0; l < 32; ++l) {
+                uint64_t w;
+                std::memcpy(&w, m + 8*l, sizeof(w));
+                seen |= w ^ ninf;
+            }
+            need += seen != 0;
+        }
+        all += need > 0;
+        own += need;
+    }
+    return 2*own <= all*nq;
+}
+
+""", "before"),
+]
+
+_EXPORT = """
+// adaspec (kv-regions): a region of `stride` cells per sequence from the next call on (0: the
+// usual placement). Needs the keys and values stored by rows (flash attention); 0 on success.
+extern "C" __attribute__((visibility("default")))
+int adaspec_kv_regions(struct llama_context * ctx, uint32_t stride) {
+    if (ctx == nullptr || ctx->kv_self.recurrent || ctx->kv_self.v_trans) return 1;
+    ctx->kv_self.adaspec_stride = stride;
+    return 0;
+}
+"""
+
+
+def patch_files(texts: dict[str, str]) -> dict[str, str]:
+    """The files (path -> text) with the patch applied; files already patched come back
+    unchanged. PatchError where an anchor is missing or not unique."""
+    out = dict(texts)
+    if any(MARK in t for t in out.values()):
+        return out
+    for path, anchor, text, where in _EDITS:
+        body = out.get(path)
+        if body is None:
+            raise PatchError(f"{path}: missing")
+        if body.count(anchor) != 1:
+            raise PatchError(f"{path}: the anchor {anchor.strip()[:60]!r} is not there once")
+        at = body.index(anchor) + (len(anchor) if where == "after" else 0)
+        rest = at + len(anchor) if where == "replace" else at
+        out[path] = body[:at] + text + body[rest:]
+    out["src/llama.cpp"] += _EXPORT
+    return out
+
+
+FILES = sorted({path for path, *_ in _EDITS})
+
+
+def apply(src: Path) -> int:
+    """Patch the unpacked source in place (atomically, file by file); returns the edits."""
+    from adaspec.store.atomic import write_text
+
+    try:
+        texts = {f: (src / f).read_text() for f in FILES}
+    except OSError as exc:
+        raise PatchError(f"unreadable source ({exc})") from None
+    patched = patch_files(texts)
+    for f in FILES:
+        if patched[f] != texts[f]:
+            write_text(src / f, patched[f])
+    return len(_EDITS) + 1
