@@ -4,6 +4,8 @@ in a child process too, and clear errors when the package is missing or of anoth
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -404,4 +406,76 @@ def test_sequences_attend_their_own_cells_whatever_the_call_carries(smollm):
     }
     for name, (items, at) in calls.items():
         assert torch.equal(row_of_a(items, at), alone), name
+    owner.close()
+
+
+class _ViewCell(ctypes.Structure):
+    _fields_ = [("pos", ctypes.c_int32)]
+
+
+class _CacheView(ctypes.Structure):  # llama.h's llama_kv_cache_view
+    _fields_ = [("n_cells", ctypes.c_int32), ("n_seq_max", ctypes.c_int32),
+                ("token_count", ctypes.c_int32), ("used_cells", ctypes.c_int32),
+                ("max_contiguous", ctypes.c_int32), ("max_contiguous_idx", ctypes.c_int32),
+                ("cells", ctypes.POINTER(_ViewCell)),
+                ("cells_sequences", ctypes.POINTER(ctypes.c_int32))]
+
+
+def _cells(owner: IkLlamaBackend) -> dict[tuple[int, int], list[int]]:
+    """(sequence, position) -> the cells holding it, read through llama.h's cache view."""
+    lib = owner._lib
+    lib.llama_kv_cache_view_init.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.llama_kv_cache_view_init.restype = _CacheView
+    lib.llama_kv_cache_view_update.argtypes = [ctypes.c_void_p, ctypes.POINTER(_CacheView)]
+    lib.llama_kv_cache_view_free.argtypes = [ctypes.POINTER(_CacheView)]
+    view = lib.llama_kv_cache_view_init(owner._ctx, 4)
+    lib.llama_kv_cache_view_update(owner._ctx, ctypes.byref(view))
+    out: dict[tuple[int, int], list[int]] = {}
+    for cell in range(view.n_cells):
+        pos = view.cells[cell].pos
+        for k in range(4):
+            seq = view.cells_sequences[cell * 4 + k]
+            if pos >= 0 and seq >= 0:
+                out.setdefault((seq, pos), []).append(cell)
+    lib.llama_kv_cache_view_free(ctypes.byref(view))
+    return out
+
+
+def test_each_sequence_keeps_to_its_region_and_overflows_into_free_cells(smollm):
+    """With the native build's `kv-regions` patch, sequence s's position p sits in cell
+    s * region + p whatever the others do; a position past the region, or a cell another
+    sequence still shares, takes a free cell from the top of the cache instead."""
+    from adaspec.backends.sequences import ALL, forward_together
+
+    gguf, _ = smollm
+    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=1024, sequences=4)
+    if not owner.region:
+        owner.close()
+        pytest.skip("this ik_llama.cpp library lacks the kv-regions patch")
+    assert owner.region == 256 and owner.kind.endswith("-regions")
+    a, b, c = owner.sequences(3)
+
+    def prompt(seed: int, n: int) -> list[int]:
+        return [(seed * 7919 + 104729 * i) % 40000 + 100 for i in range(n)]
+
+    shared = prompt(1, 60)
+    a.prefill(torch.tensor(shared + prompt(2, 20)))
+    b.prefill(torch.tensor(shared + prompt(3, 250)))  # takes a's 60, then past its region
+    assert b.shared_tokens == 60
+    a.reset()  # a leaves: b still holds the shared cells in a's region
+    a.prefill(torch.tensor(prompt(4, 100)))
+    c.prefill(torch.tensor(prompt(5, 50)))
+    forward_together([(v, [7 + i], ALL) for i, v in enumerate((a, b, c))])
+    cells = _cells(owner)
+    assert all(len(held) == 1 for held in cells.values())  # one cell per token
+    assert len(cells) == a.cache_len + b.cache_len + c.cache_len
+    at = {key: held[0] for key, held in cells.items()}
+    assert all(at[(3, p)] == 3 * 256 + p for p in range(c.cache_len))
+    assert all(at[(2, p)] == 256 + p for p in range(60))  # shared from a's region
+    assert all(at[(2, p)] == 2 * 256 + p for p in range(60, 256))
+    assert all(at[(1, p)] == 256 + p for p in range(60, a.cache_len))
+    # b's positions past its region, and a's first 60 (b holds those cells): free cells
+    # taken from the top of the cache down
+    top = {at[(2, p)] for p in range(256, b.cache_len)} | {at[(1, p)] for p in range(60)}
+    assert top == set(range(1024 - len(top), 1024)) and len(top) == b.cache_len - 256 + 60
     owner.close()
