@@ -441,14 +441,16 @@ def _cells(owner: IkLlamaBackend) -> dict[tuple[int, int], list[int]]:
     return out
 
 
-def test_each_sequence_keeps_to_its_region_and_overflows_into_free_cells(smollm):
+def test_each_sequence_keeps_to_its_region_and_overflows_past_the_regions(smollm,
+                                                                            monkeypatch):
     """With the native build's `kv-regions` patch, sequence s's position p sits in cell
     s * region + p whatever the others do; a position past the region, or a cell another
-    sequence still shares, takes a free cell from the top of the cache instead."""
+    sequence still shares, takes the next free cell past the regions instead."""
     from adaspec.backends.sequences import ALL, forward_together
 
     gguf, _ = smollm
-    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=1024, sequences=4)
+    monkeypatch.setattr(ikllama, "REGION_TOKENS", 256)  # 4 regions of 256 cells, then 1024
+    owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=2048, sequences=4)
     if not owner.region:
         owner.close()
         pytest.skip("this ik_llama.cpp library lacks the kv-regions patch")
@@ -474,8 +476,8 @@ def test_each_sequence_keeps_to_its_region_and_overflows_into_free_cells(smollm)
     assert all(at[(2, p)] == 256 + p for p in range(60))  # shared from a's region
     assert all(at[(2, p)] == 2 * 256 + p for p in range(60, 256))
     assert all(at[(1, p)] == 256 + p for p in range(60, a.cache_len))
-    # b's positions past its region, and a's first 60 (b holds those cells): free cells
-    # taken from the top of the cache down
-    top = {at[(2, p)] for p in range(256, b.cache_len)} | {at[(1, p)] for p in range(60)}
-    assert top == set(range(1024 - len(top), 1024)) and len(top) == b.cache_len - 256 + 60
+    # b's positions past its region, and a's first 60 (b holds those cells): the cells past
+    # the regions, in order
+    past = {at[(2, p)] for p in range(256, b.cache_len)} | {at[(1, p)] for p in range(60)}
+    assert past == set(range(1024, 1024 + len(past))) and len(past) == b.cache_len - 256 + 60
     owner.close()

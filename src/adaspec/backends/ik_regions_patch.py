@@ -11,10 +11,12 @@ calls it for a cache of several sequences with flash attention, `backends/ikllam
 
 - placement: sequence s's token at position p goes to cell s * stride + p, so a sequence's
   cells stay together whatever the others do. Where that cell is taken (a prefix shared
-  with another sequence still holds it, or p is past the region) the token takes a free
-  cell from the top of the cache: still right, since the mask is built from each cell's
-  sequences and positions, only slower. The cache's own compaction (defrag) would undo the
-  layout, so adaspec turns it off with the regions;
+  with another sequence still holds it, or p is past the region) the token takes the next
+  free cell past the regions (then any free cell): still right, since the mask is built
+  from each cell's sequences and positions, only slower. The attended span ends at the last
+  cell used, so regions are kept short (`backends/ikllama.py`) and the cells past them take
+  what does not fit. The cache's own compaction (defrag) would undo the layout, so adaspec
+  turns it off with the regions;
 - the store: a call's keys and values are written row by row to their cells
   (`ggml_set_rows` with the cells as an input), not as one run from the cache's head;
 - attention (`iqk_flash_attn.cpp`): when a call's rows need different blocks of cells
@@ -42,6 +44,7 @@ _EDITS: list[tuple[str, str, str, str]] = [
     // adaspec (kv-regions): sequence s's token at position p goes to cell s*adaspec_stride + p
     // (0: the usual consecutive placement); the cells of the last placed batch
     uint32_t adaspec_stride = 0;
+    uint32_t adaspec_regions = 0;  // sequences 0 .. adaspec_regions - 1 have one
     std::vector<int64_t> adaspec_cells;
 
 """, "before"),
@@ -49,23 +52,26 @@ _EDITS: list[tuple[str, str, str, str]] = [
     struct ggml_tensor * adaspec_inp_cells = nullptr; // adaspec (kv-regions): I64 [n_batch]
 """, "after"),
     ("src/llama.cpp", "static bool llama_kv_cache_find_slot(\n", """\
-// adaspec (kv-regions): each token in its sequence's region, else in a free cell taken from the
-// top of the cache (the mask follows each cell's sequences and positions, so any free cell is
-// right); false, with nothing placed, when the cache is full.
+// adaspec (kv-regions): each token in its sequence's region, else in the first free cell of
+// the cells past the regions, else in any free cell (the mask follows each cell's sequences
+// and positions, so any free cell is right; past the regions keeps the attended span short);
+// false, with nothing placed, when the cache is full.
 static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batch & batch) {
     const uint32_t n = batch.n_tokens;
     cache.adaspec_cells.resize(n);
-    uint32_t spare = cache.size;
+    uint32_t spare = std::min<uint64_t>(cache.size, uint64_t(cache.adaspec_stride)*cache.adaspec_regions)
+                     % cache.size;
+    uint32_t tested = 0;
     for (uint32_t i = 0; i < n; ++i) {
         const llama_pos pos = batch.pos[i];
         const int64_t want = int64_t(batch.seq_id[i][0])*cache.adaspec_stride + pos;
         int64_t cell = -1;
-        if (batch.seq_id[i][0] >= 0 && pos >= 0 && pos < (llama_pos)cache.adaspec_stride &&
+        if (batch.seq_id[i][0] >= 0 && batch.seq_id[i][0] < (llama_seq_id)cache.adaspec_regions &&
+            pos >= 0 && pos < (llama_pos)cache.adaspec_stride &&
             want < (int64_t)cache.size && cache.cells[want].pos < 0) {
             cell = want;
         }
-        while (cell < 0 && spare > 0) {
-            --spare;
+        for (; cell < 0 && tested < cache.size; ++tested, spare = (spare + 1) % cache.size) {
             if (cache.cells[spare].pos < 0) cell = spare;
         }
         if (cell < 0) {
@@ -191,12 +197,14 @@ static bool adaspec_rows_own(const void * mask, int stride_m, int nq, int nk) {
 ]
 
 _EXPORT = """
-// adaspec (kv-regions): a region of `stride` cells per sequence from the next call on (0: the
-// usual placement). Needs the keys and values stored by rows (flash attention); 0 on success.
+// adaspec (kv-regions): a region of `stride` cells per sequence from the next call on, the
+// cells past them shared (0: the usual placement). Needs the keys and values stored by rows
+// (flash attention); 0 on success.
 extern "C" __attribute__((visibility("default")))
 int adaspec_kv_regions(struct llama_context * ctx, uint32_t stride) {
     if (ctx == nullptr || ctx->kv_self.recurrent || ctx->kv_self.v_trans) return 1;
     ctx->kv_self.adaspec_stride = stride;
+    ctx->kv_self.adaspec_regions = stride > 0 ? ctx->cparams.n_seq_max : 0;
     return 0;
 }
 """

@@ -50,6 +50,9 @@ LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library'
 FLASH_ENV = "ADASPEC_IK_FLASH_ATTN"  # "off": no flash attention for several sequences either
 REGIONS_ENV = "ADASPEC_IK_KV_REGIONS"  # "off": several sequences share the cache's cells freely
 REGION_ALIGN = 256  # a region starts on a block boundary of the flash-attention kernel
+# the most cells a sequence's region holds: attention spans the cache up to the last cell
+# used, so long regions cost every call; what does not fit goes past the regions
+REGION_TOKENS = 1024
 BLOCK_ROWS = 2  # a block: this runtime scores the rows of any block of 2 or more alike
 
 
@@ -271,7 +274,7 @@ class IkLlamaBackend(ChainBackend):
         # would undo; without regions, requests come and go: compact the holes now and then
         self.region = 0
         if self.flash_attention and kv_regions(api):
-            self.region = n_ctx // sequences // REGION_ALIGN * REGION_ALIGN
+            self.region = min(n_ctx // sequences, REGION_TOKENS) // REGION_ALIGN * REGION_ALIGN
         if sequences > 1:
             cparams.defrag_thold = -1.0 if self.region else 0.1
         cparams.flash_attn = self.flash_attention
