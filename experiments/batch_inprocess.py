@@ -8,12 +8,17 @@ share of the wave, the drafted tokens the pricing verified and cut, and `auto`'s
 No HTTP: what the rounds cost, not what a client sees (concurrency_sweep.py measures that).
 
     .venv/bin/python experiments/batch_inprocess.py --requests 8 --methods ar,auto --waves 2
+
+`--compare-env VAR=VALUE` loads the pair a second time with VAR=VALUE and alternates the
+waves between the two in one process (one machine state for both: an A/B of a runtime
+setting, such as ADASPEC_IK_KV_REGIONS=off).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -113,6 +118,16 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
     }
 
 
+def load(requests: int) -> tuple[ModelInstance, BatchDecoder]:
+    """The pair as `adaspec serve --max-batch N` loads it, N slots open, priced."""
+    from adaspec.cost.batch import batch_cost_for
+
+    instance = ModelInstance.load(ServeConfig(method="auto", max_batch=requests, history="off"))
+    instance.open_slots(requests)
+    cost = batch_cost_for(instance.target, [v for v, _ in instance.slots])
+    return instance, BatchDecoder(cost=cost.ms)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=8)
@@ -121,28 +136,39 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--suites", default="humaneval,codeedit,wmt,sharegpt")
+    ap.add_argument("--compare-env", default=None, metavar="VAR=VALUE",
+                    help="also load the pair with VAR=VALUE (e.g. ADASPEC_IK_KV_REGIONS=off) "
+                         "and run every wave on both, in alternating order")
     ap.add_argument("--out", default=None, help="a JSON file for the rows")
     args = ap.parse_args()
-    config = ServeConfig(method="auto", max_batch=args.requests, history="off")
-    instance = ModelInstance.load(config)
-    instance.open_slots(args.requests)
-    from adaspec.cost.batch import batch_cost_for
-
-    cost = batch_cost_for(instance.target, [v for v, _ in instance.slots])
-    decoder = BatchDecoder(cost=cost.ms)
+    setups = {"as is": load(args.requests)}
+    if args.compare_env:
+        var, _, value = args.compare_env.partition("=")
+        os.environ[var] = value  # read when the runtime's context is made
+        setups[args.compare_env] = load(args.requests)
     prompts = [p.text for p in prompt_pool(args.suites.split(","), args.requests, 2000)]
     rows = []
     for w in range(args.waves):
+        order = list(setups) if w % 2 == 0 else list(reversed(setups))
+        for setup in order:
+            instance, decoder = setups[setup]
+            for method in args.methods.split(","):
+                name, _, how = method.partition("/")
+                row = wave(instance, decoder, name, prompts, args.max_tokens,
+                           join=how != "alone")
+                row.update(method=method, wave=w, setup=setup, kind=instance.target.kind)
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
+    for setup in setups:
         for method in args.methods.split(","):
-            name, _, how = method.partition("/")
-            row = wave(instance, decoder, name, prompts, args.max_tokens, join=how != "alone")
-            row["method"] = method
-            row["wave"] = w
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
+            rates = sorted(r["agg_tok_s"] for r in rows
+                           if r["setup"] == setup and r["method"] == method)
+            print(f"{setup:>30} {method:>8}: median {rates[len(rates) // 2]} tok/s over "
+                  f"{len(rates)} waves ({rates[0]}-{rates[-1]})")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
-    instance.close()
+    for instance, _ in setups.values():
+        instance.close()
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ _EDITS: list[tuple[str, str, str, str]] = [
 static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batch & batch) {
     const uint32_t n = batch.n_tokens;
     cache.adaspec_cells.resize(n);
-    uint32_t spare = std::min<uint64_t>(cache.size, uint64_t(cache.adaspec_stride)*cache.adaspec_regions)
-                     % cache.size;
+    const uint64_t regions_end = uint64_t(cache.adaspec_stride)*cache.adaspec_regions;
+    uint32_t spare = uint32_t(std::min<uint64_t>(cache.size, regions_end) % cache.size);
     uint32_t tested = 0;
     for (uint32_t i = 0; i < n; ++i) {
         const llama_pos pos = batch.pos[i];
