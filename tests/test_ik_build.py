@@ -295,40 +295,28 @@ def test_a_native_build_that_does_not_load_falls_back_to_the_wheel(monkeypatch, 
     assert "adaspec runtime build --force" in done.stderr
 
 
-def test_flash_attention_for_several_sequences_needs_the_patched_library(monkeypatch):
+@pytest.mark.parametrize("switch, env, patch", [
+    (ikllama.multi_sequence_flash, ikllama.FLASH_ENV, ik_flash_patch.NAME),
+    (ikllama.kv_regions, ikllama.REGIONS_ENV, ik_regions_patch.NAME),
+], ids=["flash attention", "regions"])
+def test_a_multi_sequence_kernel_change_needs_the_patched_library(monkeypatch, switch, env,
+                                                                   patch):
     from adaspec.errors import AdaspecError
 
     class Api:
         adaspec_patches = ik_build.PATCHES
 
-    monkeypatch.delenv(ikllama.FLASH_ENV, raising=False)
-    assert ikllama.multi_sequence_flash(Api())
-    Api.adaspec_patches = ("k-quant-rows-alike",)  # a build from before the patch, the wheel
-    assert not ikllama.multi_sequence_flash(Api())
+    monkeypatch.delenv(env, raising=False)
+    assert switch(Api())
+    # a build from before the patch (the wheel has none)
+    Api.adaspec_patches = tuple(p for p in ik_build.PATCHES if p != patch)
+    assert not switch(Api())
     Api.adaspec_patches = ik_build.PATCHES
-    monkeypatch.setenv(ikllama.FLASH_ENV, "off")
-    assert not ikllama.multi_sequence_flash(Api())
-    monkeypatch.setenv(ikllama.FLASH_ENV, "yes")
-    with pytest.raises(AdaspecError, match="ADASPEC_IK_FLASH_ATTN must be 'auto' or 'off'"):
-        ikllama.multi_sequence_flash(Api())
-
-
-def test_a_region_per_sequence_needs_the_patched_library(monkeypatch):
-    from adaspec.errors import AdaspecError
-
-    class Api:
-        adaspec_patches = ik_build.PATCHES
-
-    monkeypatch.delenv(ikllama.REGIONS_ENV, raising=False)
-    assert ikllama.kv_regions(Api())
-    Api.adaspec_patches = ik_build.PATCHES[:2]  # a build from before the patch
-    assert not ikllama.kv_regions(Api())
-    Api.adaspec_patches = ik_build.PATCHES
-    monkeypatch.setenv(ikllama.REGIONS_ENV, "off")
-    assert not ikllama.kv_regions(Api())
-    monkeypatch.setenv(ikllama.REGIONS_ENV, "on")
-    with pytest.raises(AdaspecError, match="ADASPEC_IK_KV_REGIONS must be 'auto' or 'off'"):
-        ikllama.kv_regions(Api())
+    monkeypatch.setenv(env, "off")
+    assert not switch(Api())
+    monkeypatch.setenv(env, "yes")
+    with pytest.raises(AdaspecError, match=f"{env} must be 'auto' or 'off'"):
+        switch(Api())
 
 
 HARNESS = r"""
