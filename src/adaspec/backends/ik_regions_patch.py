@@ -127,19 +127,17 @@ static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batc
             lctx.adaspec_inp_cells = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
             ggml_set_input(lctx.adaspec_inp_cells);
         }
-        const int64_t n_embd_k_gqa = hparams.n_embd_k_gqa(il);
-        ggml_tensor * k_rows = ggml_view_2d(ctx, kv.k_l[il], n_embd_k_gqa, kv.size,
-                ggml_row_size(kv.k_l[il]->type, n_embd_k_gqa), 0);
-        ggml_tensor * k_src = ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx, k_cur);
-        lctx.cache_copies[2*il+0].cpy = ggml_set_rows(ctx, k_rows,
-                ggml_reshape_2d(ctx, k_src, n_embd_k_gqa, n_tokens), lctx.adaspec_inp_cells);
-        ggml_build_forward_expand(graph, lctx.cache_copies[2*il+0].cpy);
-        ggml_tensor * v_rows = ggml_view_2d(ctx, kv.v_l[il], n_embd_v_gqa, kv.size,
-                ggml_row_size(kv.v_l[il]->type, n_embd_v_gqa), 0);
-        ggml_tensor * v_src = ggml_is_contiguous(v_cur) ? v_cur : ggml_cont(ctx, v_cur);
-        lctx.cache_copies[2*il+1].cpy = ggml_set_rows(ctx, v_rows,
-                ggml_reshape_2d(ctx, v_src, n_embd_v_gqa, n_tokens), lctx.adaspec_inp_cells);
-        ggml_build_forward_expand(graph, lctx.cache_copies[2*il+1].cpy);
+        // one row of `width` values per cell: row i of `cur` to cell inp_cells[i]
+        auto store = [&](ggml_tensor * cache, ggml_tensor * cur, int64_t width, int which) {
+            ggml_tensor * rows = ggml_view_2d(ctx, cache, width, kv.size,
+                    ggml_row_size(cache->type, width), 0);
+            ggml_tensor * src = ggml_is_contiguous(cur) ? cur : ggml_cont(ctx, cur);
+            lctx.cache_copies[2*il+which].cpy = ggml_set_rows(ctx, rows,
+                    ggml_reshape_2d(ctx, src, width, n_tokens), lctx.adaspec_inp_cells);
+            ggml_build_forward_expand(graph, lctx.cache_copies[2*il+which].cpy);
+        };
+        store(kv.k_l[il], k_cur, hparams.n_embd_k_gqa(il), 0);
+        store(kv.v_l[il], v_cur, n_embd_v_gqa, 1);
         return;
     }
 
