@@ -17,12 +17,12 @@ sequence:
   than half of that one at a time is attended row by row, each over its own blocks (the
   kernel's own one-row path, which scores a row bit for bit as the group path does).
 
-The test for a hidden block runs for every row, head and layer over the whole cache; it reads
-the mask four halves at a time, which vectorizes (`-2` in NAME: builds before it rebuild);
-rows that share one mask row (a token's query heads, `ik_regions_patch`) read it once
-(`-3`).
-With 8 sequences of 500 cells a decoding call took 123 ms with a scan of one half at a time
-and 103 ms with this one (session 12, `experiments/results/concurrency-sweep-epyc-fa2/`).
+The test for a hidden block runs for every row, head and layer over the whole cache. Since
+`-2` in NAME it reads the mask four halves at a time, which vectorizes: with 8 sequences of
+500 cells a decoding call took 123 ms with a scan of one half at a time and 103 ms with this
+one (session 12, `experiments/results/concurrency-sweep-epyc-fa2/`). Since `-3`, rows that
+share one mask row (a token's query heads, `ik_regions_patch`) read it once. A new NAME
+makes older builds rebuild.
 
 Without flash attention (adaspec's setting for one sequence) the cache's whole length is
 scored for every row and masked after: with 8 requests of 512 cells, a prompt chunk of 256
