@@ -10,6 +10,10 @@
 #   bash experiments/gpu_session.sh costs      # then
 #   bash experiments/gpu_session.sh bench      # BENCH_ARGS="--suite humaneval:3" to narrow;
 #                                              # a call cut short: run it again (it resumes)
+# or, to time the costs while the weights' chunks travel (the calls that carry chunks use
+# the host's disk and network, not the GPU):
+#   bash experiments/gpu_session.sh costs-detached   # returns at once; then the chunk calls
+#   bash experiments/gpu_session.sh collect          # waits for the costs, returns them
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
@@ -24,8 +28,19 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src
 cat "$OUT/machine.txt"
 
 PART=${1:-costs}
+DETACHED=/tmp/gpu-costs  # survives between calls while the machine is held
 if [ "$PART" = costs ]; then
     python3 experiments/gpu_costs.py --out "$OUT/costs" || echo "gpu_costs.py failed: $?"
+elif [ "$PART" = costs-detached ]; then
+    rm -rf "$DETACHED" && mkdir -p "$DETACHED"
+    setsid nohup bash -c "python3 experiments/gpu_costs.py --out $DETACHED/out \
+        > $DETACHED/log 2>&1; echo \$? > $DETACHED/rc" > /dev/null 2>&1 < /dev/null &
+    echo "costs started in the background (pid $!): $DETACHED/log"
+elif [ "$PART" = collect ]; then
+    for _ in $(seq 540); do [ -f "$DETACHED/rc" ] && break; sleep 1; done
+    tail -n 40 "$DETACHED/log"
+    mkdir -p "$OUT/costs" && cp "$DETACHED"/out/* "$DETACHED/log" "$OUT/costs/" 2>/dev/null
+    echo "costs exit status: $(cat "$DETACHED/rc" 2>/dev/null || echo 'still running')"
 elif [ -f .gpuw/manifest.json ]; then
     [ -f /tmp/adaspec-home/gguf/qwen2.5-coder-1.5b-instruct.gguf ] ||
         python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home || exit 1
