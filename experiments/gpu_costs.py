@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="skip the pair's cost profile")
     ap.add_argument("--compile-sizes", default="1,8",
                     help="pass sizes also timed compiled by torch.compile ('' to skip)")
+    ap.add_argument("--compile-all", action="store_true",
+                    help="compile the draft's passes too (default: the target's only)")
     args = ap.parse_args()
 
     from adaspec.backends.static_torch import static_backend
@@ -182,8 +184,8 @@ def main() -> None:
             row["static_no_graphs_ms"] = {n: round(v, 3) for n, v in
                                           curve(eager, device, args.reps, args.context).items()}
             del eager
-        if args.compile_sizes and len(models) == 1:  # the target (first) only: compiling
-            # may take a minute per size
+        if args.compile_sizes and (len(models) == 1 or args.compile_all):  # compiling
+            # takes 20-25 s per size on the H200: the target (first) only unless asked
             sizes = tuple(int(n) for n in args.compile_sizes.split(","))
             t0 = time.perf_counter()
             fused = static_backend(model, name, device, args.context + 256,

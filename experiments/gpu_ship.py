@@ -9,7 +9,8 @@ Here (the chunks go to `.gpuw/`, the wheels to `.whl/`, both ignored through
     .venv/bin/python experiments/gpu_ship.py wheels           # what the device image lacks
 
 Then one device call per chunk folder, back to back while the machine is warm (each call's
-carry is `.gpuw/cNN`; a carried ignored folder stays there between calls), and last:
+carry is `.gpuw/cNN`, its command `bash experiments/gpu_session.sh keep`: a carried folder
+does not stay between calls, so each is copied to /tmp/gpuw there), and last:
 
     python3 experiments/gpu_ship.py assemble --home /tmp/adaspec-home
 
@@ -74,7 +75,8 @@ def split(models: list[str]) -> None:
                     "--max-new-tokens", "24", "--out", str(data / "s2d"), "--no-progress"],
                    check=True)
     (SHIP / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    print(f"{index} chunk folders in {SHIP}/ (one device call each, carry ['.gpuw/cNN']);")
+    print(f"{index} chunk folders in {SHIP}/ (one device call each, carry ['.gpuw/cNN'], "
+          "command `bash experiments/gpu_session.sh keep`);")
     print("carry ['.gpuw/data', '.gpuw/manifest.json'] with the first, then assemble there.")
 
 

@@ -362,6 +362,9 @@ def test_hugging_face_peers_plain_and_prompt_lookup(tmp_path, target_model, draf
     assert by[("t/0", "hf-lookup:k=4")]["drafted"] > 0
     # another runtime than the run's own target: compared with plain decoding, not checked
     assert by[("t/0", "hf")]["other_weights"] and not by[("t/0", "hf")]["exactness_checked"]
+    assert by[("t/0", "hf")]["other_runtime"]  # the same weights, said so in the report
+    report = (tmp_path / "out" / "summary.md").read_text()
+    assert "`hf` runs another runtime (transformers' kernels on the same checkpoint's" in report
     assert by[("t/0", "ngram:k=4")]["exactness_checked"]
     assert summary["exactness"]["bugs"] == 0
     peers = summary["peers"]

@@ -212,3 +212,26 @@ def test_compiled_fixed_passes_score_what_exact_shapes_score(capsys):
     assert not failing.compiled
     assert "torch.compile failed for the static runtime (RuntimeError: no compiler here)" in (
         capsys.readouterr().err)
+
+
+def test_compiling_leaves_room_for_every_pass_size_of_two_models():
+    """Each pass size of each model is one compiled graph of the same code: a target and a
+    draft past dynamo's default limit of 8 (seen on the H200: the draft fell back to eager)."""
+    torch._dynamo.config.recompile_limit = 8
+    static_backend(tiny_model(seed=3), "compiled", graphs="eager", compile=True)
+    assert torch._dynamo.config.recompile_limit >= 2 * 7  # two models x 1..64 in powers of 2
+
+
+def test_a_layers_mask_is_made_where_its_inputs_are():
+    """A chunk after cached keys builds its causal mask on the inputs' device (the meta
+    device stands in for a GPU: a mask left on the CPU fails there, as S2D's did on CUDA)."""
+    from adaspec.backends.decoder import Attention, rope
+
+    cfg = DecoderConfig.from_hf(tiny_model(seed=3).config)
+    attention = Attention(cfg).to("meta")  # called outside `torch.device("meta")`, which
+    # would put a mask made without a device there too
+    x = torch.randn(1, 3, cfg.hidden_size, device="meta")
+    past = (torch.randn(1, cfg.num_kv_heads, 5, cfg.head_dim, device="meta"),) * 2
+    cos, sin = rope(torch.arange(5, 8, device="meta"), cfg.head_dim, cfg.rope_theta, x.dtype)
+    out, (keys, _) = attention(x, cos, sin, past)
+    assert out.shape == (1, 3, cfg.hidden_size) and keys.shape[-2] == 8

@@ -98,7 +98,7 @@ class Attention(nn.Module):
         elif total == n:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+            mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
         return self.o_proj(out), (k, v)

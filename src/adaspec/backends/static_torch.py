@@ -170,6 +170,10 @@ class StaticTorchBackend(ModelBackend):
         # torch.compile fuses each fixed pass's small kernels (norms, rotary, activations);
         # compiled once per size on first use, then captured like the eager pass
         self.compiled = compile
+        if compile:  # one compiled graph per pass size and model (a target and a draft in
+            # one process: 2 x 7 sizes, past dynamo's default limit of 8 per code object)
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
         self._pass = (torch.compile(self._fixed_pass, fullgraph=True, dynamic=False)
                       if compile else self._fixed_pass)
         # scratch slots past the cache: a fixed pass writes its padding there

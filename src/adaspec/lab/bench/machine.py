@@ -17,39 +17,47 @@ import time
 import torch
 
 
-def _best_seconds(fn, repeats: int) -> float:
-    fn()  # touch the pages / warm the kernels
+def _best_seconds(fn, repeats: int, device: str = "cpu") -> float:
+    def drained() -> None:  # a GPU's work is asynchronous: time it to its end
+        fn()
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    drained()  # touch the pages / warm the kernels
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        drained()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
 @torch.inference_mode()
 def measure_bandwidth(
-    megabytes: int = 256, dtype: torch.dtype = torch.bfloat16, repeats: int = 5
+    megabytes: int = 256, dtype: torch.dtype = torch.bfloat16, repeats: int = 5,
+    device: str = "cpu",
 ) -> dict:
-    """GB/s of a large copy and of a GEMV over a `megabytes`-sized matrix."""
+    """GB/s of a large copy and of a GEMV over a `megabytes`-sized matrix, in `device`'s
+    memory (a GPU's own for `cuda`: what its passes' weight reads are held against)."""
     n = megabytes * (1 << 20) // 4
-    src = torch.ones(n, dtype=torch.float32)
+    src = torch.randn(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    copy_s = _best_seconds(lambda: dst.copy_(src), repeats)
+    copy_s = _best_seconds(lambda: dst.copy_(src), repeats, device)
     copy_gbs = 2 * src.numel() * 4 / copy_s / 1e9
 
     elem = torch.empty((), dtype=dtype).element_size()
     cols = 4096
     rows = megabytes * (1 << 20) // (cols * elem)
-    w = torch.randn(rows, cols).to(dtype)
-    x = torch.randn(cols).to(dtype)
-    gemv_s = _best_seconds(lambda: torch.mv(w, x), repeats)
+    w = torch.randn(rows, cols, device=device).to(dtype)
+    x = torch.randn(cols, device=device).to(dtype)
+    gemv_s = _best_seconds(lambda: torch.mv(w, x), repeats, device)
     gemv_gbs = w.numel() * elem / gemv_s / 1e9
     return {
         "copy_gbs": round(copy_gbs, 2),
         "gemv_gbs": round(gemv_gbs, 2),
         "gemv_dtype": str(dtype).replace("torch.", ""),
         "megabytes": megabytes,
+        "device": device,
         "method": (
             f"best of {repeats}: float32 tensor copy of {megabytes} MiB (read + write bytes / s); "
             f"{str(dtype).replace('torch.', '')} GEMV over a {megabytes} MiB [{rows}x{cols}] "
@@ -99,10 +107,12 @@ def memory_gb() -> float | None:
     return None
 
 
-def describe_machine() -> dict:
+def describe_machine(device: str = "cpu") -> dict:
+    """The host, and the GPU where the run is on one."""
     import transformers
 
-    return {
+    gpu = {"gpu": torch.cuda.get_device_name(0)} if device.startswith("cuda") else {}
+    return {**gpu,
         "cpu": cpu_name(),
         "isa": " ".join(cpu_flags()),
         "cores": os.cpu_count(),

@@ -328,6 +328,7 @@ def summarize(
             "compared": len(mine),
             "differ": len(firsts),
             "first_difference": sorted(firsts),
+            "runtime": any(r.get("other_runtime") for r in rows if r["method"] == m),
         }
     result["exactness"] = {
         "tie_tolerance": tie_tolerance,
@@ -519,7 +520,8 @@ def to_markdown(summary: dict) -> str:
         lines.append("")
     if mach:
         lines.append(
-            f"Machine: {mach.get('cpu')} ({mach.get('isa') or 'ISA not recorded'}), "
+            (f"GPU: {mach['gpu']}; host: " if mach.get("gpu") else "Machine: ")
+            + f"{mach.get('cpu')} ({mach.get('isa') or 'ISA not recorded'}), "
             f"{mach.get('cores')} cores, {mach.get('threads')} "
             f"torch threads, {mach.get('memory_gb')} GB RAM; torch {mach.get('torch')}, "
             f"transformers {mach.get('transformers')}."
@@ -530,8 +532,10 @@ def to_markdown(summary: dict) -> str:
                      f"`{models.get('draft_kind')}`.")
     if bw:
         lines.append(
-            f"Measured memory bandwidth: {bw['copy_gbs']:.1f} GB/s (copy), {bw['gemv_gbs']:.1f} "
-            f"GB/s ({bw['gemv_dtype']} GEMV) [{bw['method']}]. Target GB/s below = weight "
+            ("Measured GPU memory bandwidth: " if bw.get("device") == "cuda"
+             else "Measured memory bandwidth: ")
+            + f"{bw['copy_gbs']:.1f} GB/s (copy), {bw['gemv_gbs']:.1f} GB/s "
+            f"({bw['gemv_dtype']} GEMV) [{bw['method']}]. Target GB/s below = weight "
             "bytes per forward x target calls / wall time (share of the GEMV figure)."
         )
     lines += ["", "## Overall", ""]
@@ -605,12 +609,17 @@ def to_markdown(summary: dict) -> str:
                 f"{d['index']} | {d['gap']:.3f} | {d['kind'].upper()} |"
             )
     for m, o in ex.get("other_weights", {}).items():
-        weights = "llama.cpp on the quantized GGUF" if m == "llamacpp" else "a quantized target"
+        if o.get("runtime"):
+            what, why = ("another runtime (transformers' kernels on the same checkpoint's "
+                         "plain weights)", "kernel rounding at near-ties, not a bug")
+        else:
+            weights = ("llama.cpp on the quantized GGUF" if m == "llamacpp"
+                       else "a quantized target")
+            what, why = f"other weights ({weights})", "a quality difference, not a bug"
         lines += [
             "",
-            f"`{m}` runs other weights ({weights}), so it is not part of the exactness "
-            f"check: {o['differ']} of {o['compared']} greedy outputs differ from `ar` (a quality "
-            "difference, not a bug)"
+            f"`{m}` runs {what}, so it is not part of the exactness "
+            f"check: {o['differ']} of {o['compared']} greedy outputs differ from `ar` ({why})"
             + (f"; first differing token at {o['first_difference']}." if o["differ"] else "."),
         ]
     if summary.get("plots"):

@@ -546,6 +546,8 @@ class BenchRunner:
             row["exactness_checked"] = self.greedy and not other
             if other:
                 row["other_weights"] = True
+                if method in self.other_runtime:  # the same checkpoint, transformers' kernels
+                    row["other_runtime"] = True
         return row
 
     def oracle(self, prompt_turn_ids: list[list[int]], answers: list[list[int]]) -> dict:
