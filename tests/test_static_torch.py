@@ -160,6 +160,45 @@ def test_fixed_shapes_score_what_exact_shapes_score():
     assert fixed.cache_len == exact.cache_len == 26
 
 
+def test_a_draft_trees_levels_run_as_fixed_passes():
+    """A draft tree feeds level by level, each level's mask as wide as the cache: the new
+    nodes see the context and their own ancestors, not the other branches fed before them.
+    Those passes run at the fixed sizes too (a GPU's graphs; seen eager-only on the H200, at
+    10x the cost), and score what exact shapes score."""
+    model = tiny_model(seed=15, random_norms=True, context=256)
+    exact, fixed = static_backend(model, "exact", graphs="off"), static_backend(
+        model, "fixed", graphs="eager")
+    prompt = torch.tensor([3, 14, 15, 9, 26, 5, 35, 8])
+    for b in (exact, fixed):
+        b.prefill(prompt)
+    base = len(prompt)
+    # level 1: two children of the root; level 2: two children each (4 nodes)
+    levels = [([21, 22], [[1, 0], [0, 1]]),
+              ([31, 32, 33, 34], None)]
+    full1 = torch.cat([torch.ones(2, base, dtype=torch.bool),
+                       torch.tensor(levels[0][1], dtype=torch.bool)], dim=1)
+    pos1 = torch.full((2,), base)
+    close(fixed.forward(torch.tensor(levels[0][0]), pos1, full1).logits,
+          exact.forward(torch.tensor(levels[0][0]), pos1, full1).logits)
+    ancestors = torch.tensor([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=torch.bool)
+    full2 = torch.cat([torch.ones(4, base, dtype=torch.bool), ancestors,
+                       torch.eye(4, dtype=torch.bool)], dim=1)
+    pos2 = torch.full((4,), base + 1)
+    exact_runs = []
+    real = fixed._exact_run
+    fixed._exact_run = lambda *a, **k: exact_runs.append(1) or real(*a, **k)
+    level2 = fixed.forward(torch.tensor(levels[1][0]), pos2, full2).logits
+    close(level2, exact.forward(torch.tensor(levels[1][0]), pos2, full2).logits)
+    assert not exact_runs and 4 in fixed._fixed  # the fixed pass of 4, not the exact shape
+    # a sibling's key differs from the ancestor's: seeing it would change the logits
+    wrong = full2.clone()
+    wrong[:, base:base + 2] = True
+    for b in (exact, fixed):
+        b.truncate(base + 2)
+    assert not torch.allclose(fixed.forward(torch.tensor(levels[1][0]), pos2, wrong).logits,
+                              level2, atol=1e-3)
+
+
 def test_fixed_padding_never_writes_a_cache_slot():
     """A fixed pass of 3 tokens runs as 4: the padding's keys go to scratch slots past the
     cache, so the slot after the real tokens stays as it was."""

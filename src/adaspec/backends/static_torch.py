@@ -40,6 +40,9 @@ DEFAULT_CONTEXT = 8192  # positions
 # cache slots beyond max_context: a token tree near the limit fits its positions (the
 # engine cuts it by depth) while its nodes take a slot each
 TREE_SLOTS = 512
+# cached slots just before a fixed pass that its mask may hide: a draft tree's levels fed
+# so far, of which each new node sees its ancestors only (more: the exact-shape pass)
+BAND = 64
 ARCHITECTURES = ("qwen2", "llama")
 GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the fixed pass sizes (tokens, padding included)
 # graphs: "cuda" captures a CUDA graph per size, "eager" runs the fixed-shape pass without
@@ -281,11 +284,13 @@ class StaticTorchBackend(ModelBackend):
         if hidden_layer is not None and not 0 <= hidden_layer <= self.num_layers:
             raise InputError(f"hidden_layer must be in [0, {self.num_layers}]")
         hidden = None
+        band_start = start if tree_mask is None else _first_hidden(tree_mask, start, n)
         fixed = (self.graphs != "off" and not last_row_only and hidden_layer is None
-                 and n <= GRAPH_SIZES[-1]
-                 and (tree_mask is None or tree_mask.shape[-1] == n))
+                 and n <= GRAPH_SIZES[-1] and band_start is not None
+                 and start - band_start <= BAND)
         if fixed:
-            logits = self._fixed_run(ids, pos, tree_mask)
+            assert band_start is not None
+            logits = self._fixed_run(ids, pos, tree_mask, band_start)
         else:
             logits, hidden = self._exact_run(ids, pos, tree_mask, hidden_layer, last_row_only)
         self._len += n
@@ -316,10 +321,11 @@ class StaticTorchBackend(ModelBackend):
         return self.model.lm_head(rows), hidden
 
     def _fixed_run(self, ids: torch.Tensor, pos: torch.Tensor,
-                   tree_mask: torch.Tensor | None) -> torch.Tensor:
+                   tree_mask: torch.Tensor | None, band_start: int) -> torch.Tensor:
         """The pass padded to the next of `GRAPH_SIZES`: its inputs copied into the size's
         buffers (two host-to-device copies), then its graph replayed (or, eagerly, the
-        fixed-shape pass run); the real rows' logits [n, V]."""
+        fixed-shape pass run); the real rows' logits [n, V]. Cached slots from `band_start`
+        on are seen as `tree_mask` says, those before it by every row."""
         n, start = int(ids.numel()), self._len
         size = next(b for b in GRAPH_SIZES if b >= n)
         f = self._fixed.get(size)
@@ -327,10 +333,16 @@ class StaticTorchBackend(ModelBackend):
             f = self._fixed[size] = _FixedPass(size, self._scratch, self._cache[0][0].device)
             if self.graphs == "cuda":
                 self._capture(f)
-        local = torch.eye(size, dtype=torch.bool)  # padding sees itself (never a bare row)
-        local[:n, :n] = (tree_mask.to(torch.bool) if tree_mask is not None
-                         else torch.ones(n, n, dtype=torch.bool).tril())
-        f.load(ids, pos, torch.arange(start, start + n), start, local)
+        sees = torch.zeros(size, BAND + size, dtype=torch.bool)  # [band | new tokens]
+        sees[:, BAND:] = torch.eye(size, dtype=torch.bool)  # padding sees itself only
+        if tree_mask is None:
+            sees[:n, BAND:BAND + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        else:
+            mask = tree_mask.to("cpu", torch.bool)
+            sees[:n, :start - band_start] = mask[:, mask.shape[-1] - n - (start - band_start):
+                                                 mask.shape[-1] - n]
+            sees[:n, BAND:BAND + n] = mask[:, -n:]
+        f.load(ids, pos, torch.arange(start, start + n), sees, band_start)
         if f.graph is not None:
             f.graph.replay()
             return f.out[:n].clone()  # the graph's output buffer is overwritten next replay
@@ -354,9 +366,10 @@ class StaticTorchBackend(ModelBackend):
         """Logits [size, V] of a fixed pass: every shape depends on the size alone, and the
         cache length, slots and mask are read from tensors (what a captured graph replays)."""
         cfg, stack = self.config, self.model.model
-        total = self._slot_ids.numel()
-        mask = (self._slot_ids[None, :] < f.start).expand(f.size, total).clone()
-        mask[:, f.slots] = f.local
+        rel = self._slot_ids - f.band_start  # [total]: slot index within the band
+        band = f.sees[:, rel.clamp(0, BAND - 1)]  # [size, total]
+        mask = torch.where((rel >= 0) & (rel < BAND), band, rel < 0)
+        mask[:, f.slots] = f.sees[:, BAND:]
         cos, sin = rope(f.positions, cfg.head_dim, cfg.rope_theta, self.dtype, self._inv_freq)
         x = stack.embed_tokens(f.ids)[None]
         layer: Any
@@ -451,26 +464,29 @@ class PassInputs:
 
 class _FixedPass:
     """The device buffers of one fixed pass size: token ids, rotary positions and cache slots
-    [size] (padding: token 0 at position 0, in scratch slots), the cache length before the
-    pass, and the new tokens' mask among themselves [size, size]; a captured graph reads
-    them at each replay."""
+    [size] (padding: token 0 at position 0, in scratch slots), the first cached slot the
+    mask may hide (`band_start`: every row sees the slots before it), and what each row
+    sees [size, BAND + size] of the BAND slots from there and of the new tokens; a captured
+    graph reads them at each replay."""
 
     def __init__(self, size: int, scratch: int, device: torch.device) -> None:
         self.size = size
         self._scratch = torch.arange(scratch, scratch + size)
         self.inputs = PassInputs({"ids": (size,), "positions": (size,), "slots": (size,),
-                                  "start": ()}, device)
+                                  "band_start": ()}, device)
         dev = self.inputs.dev
-        self.ids, self.positions, self.slots, self.start = (
-            dev["ids"], dev["positions"], dev["slots"], dev["start"])
-        self.local = torch.eye(size, dtype=torch.bool, device=device)
+        self.ids, self.positions, self.slots, self.band_start = (
+            dev["ids"], dev["positions"], dev["slots"], dev["band_start"])
+        self.sees = torch.zeros(size, BAND + size, dtype=torch.bool, device=device)
         self.graph: Any = None
         self.out: Any = None
-        self.load(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
-                  torch.zeros(0, dtype=torch.long), 0, torch.eye(size, dtype=torch.bool))
+        alone = torch.zeros(size, BAND + size, dtype=torch.bool)
+        alone[:, BAND:] = torch.eye(size, dtype=torch.bool)
+        empty = torch.zeros(0, dtype=torch.long)
+        self.load(empty, empty, empty, alone, 0)
 
     def load(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             start: int, local: torch.Tensor) -> None:
+             sees: torch.Tensor, band_start: int) -> None:
         n, host = int(ids.numel()), self.inputs.host
         self.inputs.clear()
         on_host = ids.device.type == "cpu"
@@ -479,11 +495,24 @@ class _FixedPass:
         host["positions"][:n] = positions
         host["slots"][:n] = slots
         host["slots"][n:] = self._scratch[: self.size - n]
-        host["start"].fill_(start)
+        host["band_start"].fill_(band_start)
         self.inputs.send()
         if not on_host:  # ids fed from the device (a drafted token): copied there, not read
             self.ids[:n].copy_(ids)
-        self.local.copy_(local)
+        self.sees.copy_(sees)
+
+
+def _first_hidden(tree_mask: torch.Tensor, start: int, n: int) -> int | None:
+    """The first cached slot a pass's mask hides from some new token: `start` where it hides
+    none or spans the new tokens only [n, n]; None where the mask has another width. A draft
+    tree's level [n, start + n] hides the earlier levels' other branches."""
+    width = tree_mask.shape[-1]
+    if width == n:
+        return start
+    if width != start + n:
+        return None
+    hidden = (~tree_mask[:, :start].to("cpu", torch.bool)).any(0).nonzero()
+    return int(hidden[0]) if hidden.numel() else start
 
 
 def static_backend(hf_model: nn.Module, name: str, device: str = "cpu",
