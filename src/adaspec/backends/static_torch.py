@@ -22,6 +22,7 @@ Qwen2 / Llama-family model, or a built-in model), loaded as they are.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -333,11 +334,11 @@ class StaticTorchBackend(ModelBackend):
             f = self._fixed[size] = _FixedPass(size, self._scratch, self._cache[0][0].device)
             if self.graphs == "cuda":
                 self._capture(f)
-        sees = torch.zeros(size, BAND + size, dtype=torch.bool)  # [band | new tokens]
-        sees[:, BAND:] = torch.eye(size, dtype=torch.bool)  # padding sees itself only
-        if tree_mask is None:
-            sees[:n, BAND:BAND + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        if tree_mask is None:  # a chain: made once per size and length (the host's time
+            # is the step's time on a GPU)
+            sees = _causal_sees(size, n)
         else:
+            sees = _causal_sees(size, 0).clone()
             mask = tree_mask.to("cpu", torch.bool)
             sees[:n, :start - band_start] = mask[:, mask.shape[-1] - n - (start - band_start):
                                                  mask.shape[-1] - n]
@@ -480,10 +481,8 @@ class _FixedPass:
         self.sees = torch.zeros(size, BAND + size, dtype=torch.bool, device=device)
         self.graph: Any = None
         self.out: Any = None
-        alone = torch.zeros(size, BAND + size, dtype=torch.bool)
-        alone[:, BAND:] = torch.eye(size, dtype=torch.bool)
         empty = torch.zeros(0, dtype=torch.long)
-        self.load(empty, empty, empty, alone, 0)
+        self.load(empty, empty, empty, _causal_sees(size, 0), 0)
 
     def load(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
              sees: torch.Tensor, band_start: int) -> None:
@@ -500,6 +499,16 @@ class _FixedPass:
         if not on_host:  # ids fed from the device (a drafted token): copied there, not read
             self.ids[:n].copy_(ids)
         self.sees.copy_(sees)
+
+
+@functools.cache
+def _causal_sees(size: int, n: int) -> torch.Tensor:
+    """What each row of a fixed pass of `size` sees [size, BAND + size] when its first `n`
+    rows are a chain: the band nothing, the chain causally, the padding itself only."""
+    sees = torch.zeros(size, BAND + size, dtype=torch.bool)
+    sees[:, BAND:] = torch.eye(size, dtype=torch.bool)
+    sees[:n, BAND:BAND + n] = torch.ones(n, n, dtype=torch.bool).tril()
+    return sees
 
 
 def _first_hidden(tree_mask: torch.Tensor, start: int, n: int) -> int | None:
