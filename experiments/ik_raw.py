@@ -18,14 +18,15 @@ from adaspec.backends.weights import llama_threads
 CHUNK = 256  # prompt tokens a filling call carries
 
 
-def load_model(target: str) -> tuple[Any, Any, Any]:
-    """(binding module, library, model) for `target`'s GGUF, repacked as adaspec runs it."""
+def load_model(target: str, repack: bool = True) -> tuple[Any, Any, Any]:
+    """(binding module, library, model) for `target`'s GGUF, repacked as adaspec runs it
+    (`repack=False`: the GGUF's own layout, for comparison)."""
     api = library()
     lib = api.adaspec_lib
     gguf = gguf_backend_args(target, llama_threads(), runtime="ik")[0]
     params = lib.llama_model_default_params()
     params.n_gpu_layers = 0
-    params.repack_tensors = True
+    params.repack_tensors = repack
     return api, lib, lib.llama_model_load_from_file(str(gguf).encode(), params)
 
 
