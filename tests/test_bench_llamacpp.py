@@ -176,7 +176,8 @@ def test_other_weights_rows_are_a_quality_difference_not_bugs(
     ex = summary["exactness"]
     assert ex["bugs"] == 0 and ex["differs"] == 0 and ex["checked"] == 0
     for m in methods:
-        assert ex["other_weights"][m] == {"compared": 2, "differ": 1, "first_difference": [2]}
+        assert ex["other_weights"][m] == {"compared": 2, "differ": 1, "first_difference": [2],
+                                          "runtime": False}
         assert summary["methods"][m]["differs_from_ar"] == 1
     md = to_markdown(summary)
     assert "1 (other weights)" in md and "not a bug" in md and "BUG" not in md

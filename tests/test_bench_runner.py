@@ -378,6 +378,31 @@ def test_hugging_face_peers_plain_and_prompt_lookup(tmp_path, target_model, draf
     assert "target_ms_per_step" not in by[("t/0", "hf")]
 
 
+def test_hf_warms_up_at_two_lengths(tmp_path, tokenizer, target_model, monkeypatch):
+    """HF's static cache is compiled per length on a GPU: its warm-up runs two lengths, so
+    the recompile for any length happens there, not in the first measured prompt; an
+    adaspec engine warms up once."""
+    import adaspec.lab.bench.runner as runner_module
+    from adaspec.backends.torch_backend import TorchBackend
+
+    calls = []
+    real = runner_module.BenchRunner._generate
+
+    def counting(self, m, ids, max_new_tokens, *args, **kwargs):
+        calls.append((m, len(ids), max_new_tokens))
+        return real(self, m, ids, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(runner_module.BenchRunner, "_generate", counting)
+    config = BenchConfig(methods=["hf"], suites=["test"], max_new_tokens=8,
+                         out=str(tmp_path / "out"))
+    runner = BenchRunner(config, TorchBackend(target_model, name="tiny-target"), tokenizer,
+                         None, eos_token_ids=[0], progress=False)
+    runner.warm_up(PROMPTS[0])
+    hf = [(n, t) for m, n, t in calls if m == "hf"]
+    assert len(hf) == 2 and hf[0][0] != hf[1][0] and hf[0][1] != hf[1][1]
+    assert [m for m, _, _ in calls].count("ar") == 1
+
+
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 def test_hf_assisted_counts_what_it_accepted(target_model, cache):
     """The target as its own assistant: every drafted token is accepted, with either cache
