@@ -86,6 +86,9 @@ void compute_helper_q() {
 """
 
 
+FA_IMPL = "#pragma once\n\n#include <cstdint>\n\nbool iqk_flash_attn_impl(int type_k);\n"
+
+
 def _regions_sources() -> dict[str, str]:
     """The files the regions patch edits, each holding its anchors among other lines."""
     out: dict[str, str] = {}
@@ -102,6 +105,7 @@ def _fake_sdist(folder: Path) -> None:
             f"{root}/vendor/ik_llama.cpp/CMakeLists.txt": b"project(fake)\n",
             f"{root}/vendor/ik_llama.cpp/{ik_build.ONE_ROW_FILE}": KQUANTS.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}": FA_TEMPLATES.encode(),
+            f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.IMPL}": FA_IMPL.encode(),
             **{f"{root}/vendor/ik_llama.cpp/{path}": text.encode()
                for path, text in _regions_sources().items()},
             f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
@@ -171,18 +175,29 @@ def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
 
 
 def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tmp_path):
-    path = tmp_path / ik_flash_patch.FILE
+    path, impl = tmp_path / ik_flash_patch.FILE, tmp_path / ik_flash_patch.IMPL
     path.parent.mkdir(parents=True)
     path.write_text(FA_TEMPLATES)
+    impl.write_text(FA_IMPL)
     assert ik_flash_patch.apply(tmp_path) == 3  # two group loops, one of rows left over
-    text = path.read_text()
+    text, shared = path.read_text(), impl.read_text()
     assert "Mc[ik] != 0" not in text  # no range cut by the last row's cells any more
     assert text.count("ADASPEC_SKIP_MASKED(q_step)") == 2
     assert text.count("ADASPEC_SKIP_MASKED(n_left)") == 1
     assert text.count("ADASPEC_SKIP_MASKED(1)") == 1  # rows of different sequences, apart
-    helpers = text.index("static inline bool adaspec_block_masked")
-    assert helpers < text.index("void compute_helper(") < text.index("adaspec_rows_apart(mask")
+    # the mask readers once, in the header the kernel's caller includes too
+    assert "static inline bool adaspec_block_masked" not in text
+    assert shared.index("#include <cstdint>") < shared.index("bool adaspec_block_masked")
+    assert shared.index("bool adaspec_block_masked") < shared.index("bool adaspec_rows_apart")
+    assert shared.index("bool adaspec_rows_apart") < shared.index("bool iqk_flash_attn_impl(")
+    including = text.index('#include "iqk/iqk_flash_impl.h"')
+    assert including < text.index("void compute_helper(") < text.index("adaspec_rows_apart(mask")
     assert ik_flash_patch.apply(tmp_path) == 3 and path.read_text() == text  # resumed build
+    assert impl.read_text() == shared
+    impl.write_text(FA_IMPL.replace("#include <cstdint>", "#include <stdint.h>"))
+    with pytest.raises(ik_flash_patch.PatchError, match="iqk_flash_impl.h: no `#include"):
+        ik_flash_patch.apply(tmp_path)
+    impl.write_text(FA_IMPL)
     # another version's source: an error naming what is missing, never a silent build
     path.write_text(FA_TEMPLATES.replace("void compute_helper(", "void compute_rows("))
     with pytest.raises(ik_flash_patch.PatchError, match="no compute_helper"):
@@ -205,9 +220,10 @@ def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_rows_ap
     assert "adaspec_inp_cells" in llama and "int adaspec_kv_regions(" in llama
     store = got["src/llama-build-context.cpp"]
     assert store.index("ggml_set_rows") < store.index("    if (k_cur) {")  # before the run copy
-    fa = got["ggml/src/iqk/iqk_flash_attn.cpp"]
-    assert fa.index("static bool adaspec_rows_own") < fa.index("iqk_flash_attn_noalibi(")
-    assert fa.index("adaspec_rows_own(mask") < fa.index("// I keep changing my mind")
+    fa = got["ggml/src/iqk/iqk_flash_attn.cpp"]  # the flash patch's reader, not a copy
+    assert "adaspec_rows_apart(mask, stride_m, neq1, nek1, 128)" in fa
+    assert "static bool" not in fa and "uint64_t" not in fa
+    assert fa.index("adaspec_rows_apart(mask") < fa.index("// I keep changing my mind")
     assert ik_regions_patch.apply(tmp_path) == len(ik_regions_patch._EDITS) + 1  # resumed
     assert {path: (tmp_path / path).read_text() for path in texts} == got
     (tmp_path / "src/llama.cpp").write_text("// another version\n")
@@ -336,7 +352,7 @@ int main() {
     std::mt19937 rng(7);
     const int nk = 512, rows = 8;
     static uint16_t mask[rows*nk];
-    long checked = 0, hidden = 0;
+    long checked = 0, hidden = 0, apart = 0;
     for (int trial = 0; trial < 4000; ++trial) {
         for (auto & m : mask) m = 0xFC00;
         int open = rng() %% 4;  // visible cells: none, one, a run, or scattered
@@ -356,24 +372,40 @@ int main() {
                     if (got != plain(mr, nk*2, nq, k_step)) { printf("differs\n"); return 1; }
                     ++checked; hidden += got;
                 }
+        for (int k_step : {32, 128}) {  // rows apart: at most half of the group's reading
+            long all = 0, own = 0;
+            for (int b = 0; b < nk/k_step; ++b) {
+                int need = 0;
+                for (int j = 0; j < rows; ++j)
+                    need += !plain((const char *)(mask + j*nk + b*k_step), nk*2, 1, k_step);
+                all += need > 0;
+                own += need;
+            }
+            if (adaspec_rows_apart(mask, nk*2, rows, nk, k_step) != (2*own <= all*rows) ||
+                adaspec_rows_apart(mask, 0, rows, nk, k_step)) {
+                printf("rows apart differs\n"); return 1;
+            }
+            apart += 2*own <= all*rows;
+        }
     }
-    printf("%%ld %%ld\n", checked, hidden);
+    printf("%%ld %%ld %%ld\n", checked, hidden, apart);
     return 0;
 }
 """
 
 
 def test_the_patch_reads_a_hidden_block_as_a_plain_reading_of_the_mask_does(tmp_path):
-    """The patch's C++ helper, compiled: it must call a block hidden exactly when every half
+    """The patch's C++ helpers, compiled: it must call a block hidden exactly when every half
     of every row's mask there is -inf (a wrong answer would change the attention's output,
-    or slow it), on thousands of masks with cells open singly, in runs and scattered."""
+    or slow it), on thousands of masks with cells open singly, in runs and scattered; and
+    call rows apart exactly when a plain count of their blocks says so."""
     import shutil
     import subprocess
 
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    helpers = ik_flash_patch._HELPERS.split("#define ADASPEC_SKIP_MASKED")[0]
+    helpers = ik_flash_patch.SHARED
     src = tmp_path / "masked.cpp"
     src.write_text(HARNESS % helpers)
     exe = tmp_path / "masked"
@@ -381,5 +413,6 @@ def test_the_patch_reads_a_hidden_block_as_a_plain_reading_of_the_mask_does(tmp_
                    check=True, capture_output=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
-    checked, hidden = map(int, out.stdout.split())
+    checked, hidden, apart = map(int, out.stdout.split())
     assert checked > 100_000 and 0 < hidden < checked  # both answers were exercised
+    assert 0 < apart < 2 * 4000  # rows apart and together, both seen

@@ -21,8 +21,10 @@ The test for a hidden block runs for every row, head and layer over the whole ca
 `-2` in NAME it reads the mask four halves at a time, which vectorizes: with 8 sequences of
 500 cells a decoding call took 123 ms with a scan of one half at a time and 103 ms with this
 one (session 12, `experiments/results/concurrency-sweep-epyc-fa2/`). Since `-3`, rows that
-share one mask row (a token's query heads, `ik_regions_patch`) read it once. A new NAME
-makes older builds rebuild.
+share one mask row (a token's query heads, `ik_regions_patch`) read it once. Since `-4`, the
+two mask readers live in `iqk_flash_impl.h` (`SHARED`), which both the kernel's header and
+`iqk_flash_attn.cpp` include, so `ik_regions_patch` calls them instead of keeping a copy. A
+new NAME makes older builds rebuild.
 
 Without flash attention (adaspec's setting for one sequence) the cache's whole length is
 scored for every row and masked after: with 8 requests of 512 cells, a prompt chunk of 256
@@ -36,11 +38,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-NAME = "fa-multi-sequence-3"
+NAME = "fa-multi-sequence-4"
 FILE = "ggml/src/iqk/fa/iqk_fa_templates.h"
+IMPL = "ggml/src/iqk/iqk_flash_impl.h"  # included by the kernel's header and its caller
 MARK = "adaspec_block_masked"
+_IMPL_ANCHOR = "#include <cstdint>\n"
 
-_HELPERS = r"""// adaspec (fa-multi-sequence): a block of cells the mask hides from every row of a
+SHARED = r"""#include <cstring>
+// adaspec (fa-multi-sequence): a block of cells the mask hides from every row of a
 // group adds nothing (exp(-inf) = 0, added as exact zeros), so it is skipped wherever it is.
 // A row's block is read four halves at a time and without an early exit, so the compiler
 // vectorizes it: every call scans each row's mask over the whole cache, for every head and
@@ -59,20 +64,17 @@ static inline bool adaspec_block_masked(const char * mr, int stride_m, int nq, i
     }
     return true;
 }
-// (rows with one mask row, stride_m 0: the query heads of one token, read once)
-#define ADASPEC_SKIP_MASKED(NQ) \
-    if (adaspec_block_masked(mr, stride_m, stride_m ? NQ : 1, k_step)) { \
-        kh.next_block(k_step); vh.next_block(k_step); mr += k_step*sizeof(ggml_half); continue; }
-// Rows of different sequences need different blocks: attended one at a time they read at
-// most half of what the group reads (every block any row needs, for all its rows).
-static inline bool adaspec_rows_apart(const char * mask, int stride_m, int nq, int nk1,
+// Rows of different sequences need different blocks (fp16 cells, k_step a block): attended
+// one at a time they read at most half of what the group reads (every block any row needs,
+// for all its rows).
+static inline bool adaspec_rows_apart(const void * mask, int stride_m, int nq, int nk1,
                                       int k_step) {
     if (stride_m == 0) return false;  // one mask row for all: the same blocks
     long all = 0, own = 0;
     for (int b = 0; b < nk1/k_step; ++b) {
         int need = 0;
         for (int j = 0; j < nq; ++j) {
-            need += !adaspec_block_masked(mask + j*stride_m + b*k_step*sizeof(ggml_half),
+            need += !adaspec_block_masked((const char *)mask + (long)j*stride_m + 2L*b*k_step,
                                           stride_m, 1, k_step);
         }
         all += need > 0;
@@ -80,6 +82,13 @@ static inline bool adaspec_rows_apart(const char * mask, int stride_m, int nq, i
     }
     return 2*own <= all*nq;
 }
+"""
+
+_HELPERS = r"""#include "iqk/iqk_flash_impl.h"  // adaspec: adaspec_block_masked, adaspec_rows_apart
+// (rows with one mask row, stride_m 0: the query heads of one token, read once)
+#define ADASPEC_SKIP_MASKED(NQ) \
+    if (adaspec_block_masked(mr, stride_m, stride_m ? NQ : 1, k_step)) { \
+        kh.next_block(k_step); vh.next_block(k_step); mr += k_step*sizeof(ggml_half); continue; }
 """
 
 _HELPER_ANCHOR = ("template <int Dk, int Dv, int q_step, int k_step, typename KHelper, "
@@ -138,10 +147,20 @@ class PatchError(Exception):
     """The source lacks what this patch expects (another ik_llama.cpp version)."""
 
 
+def patch_impl(text: str) -> str:
+    """`iqk_flash_impl.h` with the shared mask readers; text already patched comes back
+    unchanged."""
+    if MARK in text:
+        return text
+    if text.count(_IMPL_ANCHOR) != 1:
+        raise PatchError(f"{IMPL}: no `#include <cstdint>` to put the mask readers after")
+    return text.replace(_IMPL_ANCHOR, _IMPL_ANCHOR + SHARED, 1)
+
+
 def patch_text(text: str) -> tuple[str, int]:
     """The header with the patch applied, and how many block loops now skip hidden blocks;
     text already patched comes back unchanged."""
-    if MARK in text:
+    if "ADASPEC_SKIP_MASKED" in text:
         return text, text.count("ADASPEC_SKIP_MASKED(q_step)") + text.count(
             "ADASPEC_SKIP_MASKED(n_left)")
     if text.count(_HELPER_ANCHOR) != 1:
@@ -166,12 +185,15 @@ def apply(src: Path) -> int:
     """Patch the unpacked source in place (atomically); returns the loops patched."""
     from adaspec.store.atomic import write_text
 
-    path = src / FILE
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PatchError(f"{path} unreadable ({exc})") from None
-    patched, loops = patch_text(text)
-    if patched != text:
-        write_text(path, patched)
+    texts = {}
+    for name in (IMPL, FILE):
+        try:
+            texts[name] = (src / name).read_text()
+        except OSError as exc:
+            raise PatchError(f"{src / name} unreadable ({exc})") from None
+    impl = patch_impl(texts[IMPL])
+    patched, loops = patch_text(texts[FILE])
+    for name, new in ((IMPL, impl), (FILE, patched)):
+        if new != texts[name]:
+            write_text(src / name, new)
     return loops

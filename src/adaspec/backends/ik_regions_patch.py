@@ -23,13 +23,16 @@ calls it for a cache of several sequences with flash attention, `backends/ikllam
   (rows of different sequences), each row is attended on its own with the query heads that
   share a key/value head as one group, so a row's cells are read once per group of heads,
   not once per head; the hidden-block skip of `ik_flash_patch` leaves it only its region.
+  Which calls those are is `ik_flash_patch`'s `adaspec_rows_apart` over blocks of 128
+  cells (`-2` in NAME: a call, not a copy of it). Each thread reads the mask for that
+  (8 rows x a few blocks of 32 words a layer: microseconds).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-NAME = "kv-regions-1"
+NAME = "kv-regions-2"
 MARK = "adaspec (kv-regions)"
 
 
@@ -150,7 +153,7 @@ static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batc
     // one group: a row reads its cells once per group, and the hidden-block skip leaves it
     // its own sequence's. Rows that share their blocks (a prompt) keep the path below.
     if (neq3 == 1 && rk2 > 1 && rk2 == rv2 && neq1 > 1 && neq1 <= 64 && mask && !sinks &&
-        adaspec_rows_own(mask, stride_m, neq1, nek1)) {
+        adaspec_rows_apart(mask, stride_m, neq1, nek1, 128)) {
         for (int t = ith; t < neq1*nek2; t += nth) {
             const int iq1 = t/nek2, ik02 = t - (t/nek2)*nek2;
             if (!iqk_flash_attn_impl(int_type_k, int_type_v, Dk, Dv, rk2, nek1, nbq2, stride_k,
@@ -164,32 +167,6 @@ static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batc
         }
         return true;
     }
-
-""", "before"),
-    ("ggml/src/iqk/iqk_flash_attn.cpp",
-     "extern \"C\" IQK_API bool iqk_flash_attn_noalibi(", """\
-// adaspec (kv-regions): whether the rows' needed blocks of 128 cells are mostly their own (at
-// most half of what attending them together reads: every block any row needs, for all rows).
-static bool adaspec_rows_own(const void * mask, int stride_m, int nq, int nk) {
-    const uint64_t ninf = 0xFC00FC00FC00FC00ull;  // four fp16 -inf
-    long all = 0, own = 0;
-    for (int b = 0; b + 128 <= nk; b += 128) {
-        int need = 0;
-        for (int j = 0; j < nq; ++j) {
-            const char * m = (const char *)mask + (long)j*stride_m + 2L*b;
-            uint64_t seen = 0;
-            for (int l = 0; l < 32; ++l) {
-                uint64_t w;
-                std::memcpy(&w, m + 8*l, sizeof(w));
-                seen |= w ^ ninf;
-            }
-            need += seen != 0;
-        }
-        all += need > 0;
-        own += need;
-    }
-    return 2*own <= all*nq;
-}
 
 """, "before"),
 ]
