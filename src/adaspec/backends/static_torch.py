@@ -285,12 +285,13 @@ class StaticTorchBackend(ModelBackend):
         if hidden_layer is not None and not 0 <= hidden_layer <= self.num_layers:
             raise InputError(f"hidden_layer must be in [0, {self.num_layers}]")
         hidden = None
-        band_start = start if tree_mask is None else _first_hidden(tree_mask, start, n)
-        fixed = (self.graphs != "off" and not last_row_only and hidden_layer is None
-                 and n <= GRAPH_SIZES[-1] and band_start is not None
-                 and start - band_start <= BAND)
-        if fixed:
-            assert band_start is not None
+        band_start = None  # where a fixed pass's mask may start hiding cached slots
+        if (self.graphs != "off" and not last_row_only and hidden_layer is None
+                and n <= GRAPH_SIZES[-1]):
+            band_start = start if tree_mask is None else _first_hidden(tree_mask, start, n)
+            if band_start is not None and start - band_start > BAND:
+                band_start = None
+        if band_start is not None:
             logits = self._fixed_run(ids, pos, tree_mask, band_start)
         else:
             logits, hidden = self._exact_run(ids, pos, tree_mask, hidden_layer, last_row_only)
@@ -340,8 +341,8 @@ class StaticTorchBackend(ModelBackend):
         else:
             sees = _causal_sees(size, 0).clone()
             mask = tree_mask.to("cpu", torch.bool)
-            sees[:n, :start - band_start] = mask[:, mask.shape[-1] - n - (start - band_start):
-                                                 mask.shape[-1] - n]
+            if band_start < start:  # a mask as wide as the cache: its band's columns
+                sees[:n, :start - band_start] = mask[:, band_start:start]
             sees[:n, BAND:BAND + n] = mask[:, -n:]
         f.load(ids, pos, torch.arange(start, start + n), sees, band_start)
         if f.graph is not None:

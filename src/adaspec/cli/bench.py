@@ -288,11 +288,12 @@ def _run(config, prompts, needs_draft: bool, progress: bool) -> int:
         return load_backend(name, config.dtype, weights, role=role, device=config.device)[0]
     load_s = time.perf_counter() - t0
     say(f"models loaded in {load_s:.1f} s; measuring memory bandwidth")
-    device = str(getattr(target, "device", "cpu"))  # where the target's weights are read
+    # where the target's weights are read: a GPU's memory, or the host's
+    device = "cuda" if str(getattr(target, "device", "cpu")).startswith("cuda") else "cpu"
     machine = describe_machine(device)
     dtype = getattr(target, "dtype", torch.float32)  # a llama.cpp target (gguf) has none
     bandwidth = measure_bandwidth(dtype=dtype if dtype.is_floating_point else torch.float32,
-                                  device="cuda" if device.startswith("cuda") else "cpu")
+                                  device=device)
     say(f"memory bandwidth: {bandwidth['copy_gbs']} GB/s copy, {bandwidth['gemv_gbs']} GB/s GEMV")
     runner = BenchRunner(
         config,

@@ -39,12 +39,9 @@ def measure_bandwidth(
 ) -> dict:
     """GB/s of a large copy and of a GEMV over a `megabytes`-sized matrix, in `device`'s
     memory (a GPU's own for `cuda`: what its passes' weight reads are held against)."""
-    n = megabytes * (1 << 20) // 4
-    src = torch.randn(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    copy_s = _best_seconds(lambda: dst.copy_(src), repeats, device)
-    copy_gbs = 2 * src.numel() * 4 / copy_s / 1e9
+    from adaspec.cost.measure import copy_bandwidth_gbs
 
+    copy_gbs = copy_bandwidth_gbs(megabytes, repeats, device)
     elem = torch.empty((), dtype=dtype).element_size()
     cols = 4096
     rows = megabytes * (1 << 20) // (cols * elem)
