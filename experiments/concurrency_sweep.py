@@ -392,6 +392,49 @@ def health(port: int) -> dict:
     return {}
 
 
+ROUND_SERIES = ("adaspec_batch_rounds_total", "adaspec_batch_round_seconds_total",
+                "adaspec_batch_tokens_total")
+
+
+def round_counters(port: int) -> dict[str, float]:
+    """The server's batched-round counters (`serve/metrics.py`), keyed `name/label`."""
+    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+        conn = http.client.HTTPConnection(HOST, port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        return parse_round_counters(text)
+    return {}
+
+
+def parse_round_counters(text: str) -> dict[str, float]:
+    """`round_counters` from the Prometheus text of /metrics."""
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in ROUND_SERIES and "} " in rest:
+            label, _, value = rest.partition("} ")
+            out[f"{name}/{label.split('=')[1].strip(chr(34))}"] = float(value)
+    return out
+
+
+def round_split(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """Where a wave's server time went: seconds and rounds of prefill and decode rounds, the
+    prompt and step tokens scored (the wave's counters less the warm-up's)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    if not d:
+        return None
+    sec = {k: round(d.get(f"adaspec_batch_round_seconds_total/{k}", 0.0), 2)
+           for k in ("prefill", "decode")}
+    rounds = {k: int(d.get(f"adaspec_batch_rounds_total/{k}", 0)) for k in ("prefill", "decode")}
+    return {"seconds": sec, "rounds": rounds,
+            "prompt_tokens": int(d.get("adaspec_batch_tokens_total/prompt", 0)),
+            "step_tokens": int(d.get("adaspec_batch_tokens_total/step", 0)),
+            "cut_tokens": int(d.get("adaspec_batch_tokens_total/cut", 0))}
+
+
 def _log_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -555,8 +598,10 @@ def measure(ctx: Context, system: System, clients: int, prompts: list[SweepPromp
         if w.outcome != "ok":
             row["error"] = f"warm-up {w.outcome}: {w.error}"
             return row
+        before = round_counters(peer.port)
         records, wall = run_wave(peer, system, clients, prompts, rpc, ctx, "adaspec")
         row["server"]["alive_after"] = peer.alive()
+        row["rounds"] = round_split(before, round_counters(peer.port))
     finally:
         peer.close()
     row.update(summary=summarize(records, wall), requests=[asdict(r) for r in records])
@@ -664,8 +709,46 @@ def combined(run: dict) -> list[dict]:
             m["agg_tokens_per_s"] = round(statistics.median(rates), 2)
             m["agg_tokens_per_s_range"] = [min(rates), max(rates)]
             row["summary"] = m
+            splits = [r["rounds"] for r in done if r.get("rounds")]
+            if splits:
+                row["rounds"] = _sum_splits(splits)
         out.append(row)
     return out
+
+
+def _sum_splits(splits: list[dict]) -> dict:
+    total: dict = {"seconds": {}, "rounds": {}}
+    for s in splits:
+        for part in ("seconds", "rounds"):
+            for k, v in s[part].items():
+                total[part][k] = round(total[part].get(k, 0) + v, 2)
+        for k in ("prompt_tokens", "step_tokens", "cut_tokens"):
+            total[k] = total.get(k, 0) + s[k]
+    return total
+
+
+def rounds_md(run: dict) -> list[str]:
+    """adaspec's own account of its waves (`/metrics`, summed over the repeats): seconds in
+    rounds that carried prompt chunks and in decode-only rounds."""
+    rows = [r for r in combined(run) if r.get("rounds")]
+    if not rows:
+        return []
+    lines = ["## Where adaspec's server time went (its /metrics, summed over the repeats)", "",
+             "Prefill rounds carry prompt chunks (and the other requests' steps ride along); "
+             "decode rounds carry steps only. Step tokens = each request's token per round "
+             "plus the drafts verified; cut = drafts the batch pricing left out.", "",
+             "| system | clients | prefill rounds (s) | decode rounds (s) | prefill share | "
+             "prompt tokens | step tokens | cut |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        s = r["rounds"]
+        pre, dec = s["seconds"].get("prefill", 0.0), s["seconds"].get("decode", 0.0)
+        share = pre / (pre + dec) if pre + dec else None
+        lines.append(f"| {r['system']} | {r['concurrency']} | {pre:.1f} "
+                     f"({s['rounds'].get('prefill', 0)}) | {dec:.1f} "
+                     f"({s['rounds'].get('decode', 0)}) | {_f(share)} | {s['prompt_tokens']} | "
+                     f"{s['step_tokens']} | {s['cut_tokens']} |")
+    return [*lines, ""]
 
 
 def sweep_md(run: dict) -> str:
@@ -716,6 +799,7 @@ def sweep_md(run: dict) -> str:
                 f"{m['ok']}/{m['requests']} | {_f(m['server_decode_tokens_per_s_p50'], 1)} |")
         lines.append("")
     lines += targets_md(run)
+    lines += rounds_md(run)
     if run["notes"]:
         lines += ["## Notes", "", *(f"- {n}" for n in run["notes"]), ""]
     return "\n".join(lines)

@@ -258,3 +258,27 @@ def test_the_fake_server_fixture_serves_concurrent_streams(fake_port):
         t.join()
     assert [r.outcome for r in results] == ["ok"] * 4
 
+
+
+def test_the_server_time_split_reads_the_servers_round_counters():
+    """A wave's rounds are its /metrics counters less the warm-up's, summed over repeats
+    and written as prefill and decode seconds."""
+    from adaspec.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics(lambda: 0.0, lambda: 0.0)
+    metrics.batch_round(1, 40, 0, 0, 0.5)  # the warm-up's prompt
+    before = sweep.parse_round_counters(metrics.render().decode())
+    metrics.batch_round(3, 100, 2, 0, 1.5)
+    metrics.batch_round(3, 0, 5, 4, 0.25)
+    metrics.batch_round(2, 0, 2, 0, 0.25)
+    split = sweep.round_split(before, sweep.parse_round_counters(metrics.render().decode()))
+    assert split == {"seconds": {"prefill": 1.5, "decode": 0.5},
+                     "rounds": {"prefill": 1, "decode": 2},
+                     "prompt_tokens": 100, "step_tokens": 9, "cut_tokens": 4}
+    run = _run([("adaspec:ar", 8, 10.0), ("adaspec:ar", 8, 12.0)])
+    for row in run["rows"]:
+        row["rounds"] = split
+    (row,) = sweep.combined(run)
+    assert row["rounds"]["seconds"] == {"prefill": 3.0, "decode": 1.0}
+    table = "\n".join(sweep.rounds_md(run))
+    assert "| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.75 | 200 | 18 | 8 |" in table

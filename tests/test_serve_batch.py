@@ -154,3 +154,36 @@ def test_the_serve_command_starts_the_slots_it_resolves(model_dirs, monkeypatch,
     target, draft = model_dirs
     assert main(["serve", "--target", target, "--draft", draft, "--device", "cpu", *flags]) == 0
     assert [c.max_batch for c in started] == [slots]
+
+
+def test_the_metrics_count_the_batched_rounds(instance):
+    """/metrics says where the batch's time went: rounds and their call seconds by kind
+    (prefill or decode), the tokens they scored, and the requests per call."""
+    from .test_serve import metric
+
+    bodies = [{**body(i, n=6 + 3 * i), "method": "ar"} for i in range(4)]
+    with live_server(instance, max_batch=4) as url:
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(lambda b: alone(url, b), bodies))
+        rounds = {k: metric(url, "adaspec_batch_rounds_total", kind=k)
+                  for k in ("prefill", "decode")}
+        seconds = {k: metric(url, "adaspec_batch_round_seconds_total", kind=k)
+                   for k in ("prefill", "decode")}
+        prompt = metric(url, "adaspec_batch_tokens_total", part="prompt")
+        step = metric(url, "adaspec_batch_tokens_total", part="step")
+        calls = metric(url, "adaspec_batch_requests_count")
+        most = max(s.value for f in _families(url) if f.name == "adaspec_batch_requests"
+                   for s in f.samples if s.name == "adaspec_batch_requests_bucket"
+                   and s.labels["le"] == "+Inf")
+    assert rounds["prefill"] >= 1 and rounds["decode"] >= 1
+    assert seconds["prefill"] > 0 and seconds["decode"] > 0
+    assert calls == most == rounds["prefill"] + rounds["decode"]
+    # a request's first token comes from its prompt's last row, each later one from a step
+    assert step == sum(g["usage"]["completion_tokens"] - 1 for g in got)
+    assert 0 < prompt <= sum(g["usage"]["prompt_tokens"] for g in got)
+
+
+def _families(url: str):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return list(text_string_to_metric_families(httpx.get(url + "/metrics").text))

@@ -51,12 +51,12 @@ class RoundStats:
     """What the last round did (for metrics and tests)."""
 
     sequences: int = 0
-    tokens: int = 0
-    prefill_tokens: int = 0
+    tokens: int = 0  # scored by the round's calls (prompt chunks included)
+    prefill_tokens: int = 0  # prompt tokens (a prompt run alone: as sent, before cache reuse)
     drafted: int = 0  # drafted tokens verified
     cut: int = 0  # drafted tokens the pricing left out
     lengths: list[int] = field(default_factory=list)
-    call_seconds: float = 0.0  # the round's one call to the runtime
+    call_seconds: float = 0.0  # the round's calls to the runtime (the batched one, any alone)
 
 
 def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
@@ -223,6 +223,7 @@ class BatchDecoder:
             member.call.out = ForwardOutput(logits=rows)
             member.call.seconds = seconds  # each request waited for the whole call
             member.prompt_left = None
+        stats.tokens = sum(len(i[1]) for i in items)
         for member in alone:
             assert member.call is not None
             try:
@@ -230,8 +231,11 @@ class BatchDecoder:
             except Exception as exc:
                 events.append((member.key, exc))
                 self.drop(member.key)
+            sent = len(member.call.tokens)
+            stats.tokens += sent
+            prefill += sent if member.call.prompt_reuse is not None else 0
+            seconds += member.call.seconds
         stats.sequences = len(items) + len(alone)
-        stats.tokens = sum(len(i[1]) for i in items)
         stats.prefill_tokens = prefill
         stats.call_seconds = seconds
         self.last = stats

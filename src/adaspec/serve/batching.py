@@ -111,6 +111,11 @@ class BatchScheduler(Scheduler):
                     self._finish(running, error=errors.ServeError(
                         500, "internal error while decoding", type="server_error"))
                 continue
+            if self.metrics is not None and self.decoder.last.sequences:
+                last = self.decoder.last
+                self.metrics.batch_round(last.sequences, last.prefill_tokens,
+                                         last.tokens - last.prefill_tokens, last.cut,
+                                         last.call_seconds)
             for key, item in events:
                 member = self._running.get(str(key))
                 if member is not None:

@@ -21,6 +21,7 @@ from adaspec.core.metrics import RequestStats
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 RATE_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400, 1000)
 SHARE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
 def method_label(method: str) -> str:
@@ -67,6 +68,32 @@ class ServeMetrics:
         self.acceptance = Histogram("adaspec_acceptance_rate",
                                     "accepted / drafted draft tokens, per request that drafted",
                                     ["method"], buckets=SHARE_BUCKETS, registry=r)
+
+        # continuous batching (--max-batch > 1): where the worker's time goes, round by round
+        self.rounds = Counter(
+            "adaspec_batch_rounds", "batched rounds (one target call each), by kind: prefill "
+            "(the call carried prompt chunks) or decode", ["kind"], registry=r)
+        self.round_seconds = Counter(
+            "adaspec_batch_round_seconds", "seconds in the rounds' target calls, by kind",
+            ["kind"], registry=r)
+        self.round_tokens = Counter(
+            "adaspec_batch_tokens", "tokens the rounds' calls scored, by part: prompt (prefill "
+            "chunks), step (each request's token and the drafts verified), and drafted tokens "
+            "the batch pricing cut before the call (cut, not scored)", ["part"], registry=r)
+        self.round_requests = Histogram(
+            "adaspec_batch_requests", "requests in a round's call", buckets=ROW_BUCKETS,
+            registry=r)
+
+    def batch_round(self, requests: int, prompt_tokens: int, step_tokens: int, cut: int,
+                    seconds: float) -> None:
+        """One batched round (engine/batch.py's RoundStats, passed as numbers)."""
+        kind = "prefill" if prompt_tokens else "decode"
+        self.rounds.labels(kind).inc()
+        self.round_seconds.labels(kind).inc(seconds)
+        self.round_tokens.labels("prompt").inc(prompt_tokens)
+        self.round_tokens.labels("step").inc(step_tokens)
+        self.round_tokens.labels("cut").inc(cut)
+        self.round_requests.observe(requests)
 
     def finished(self, method: str, stats: RequestStats, finish: str, ttft: float | None,
                  duration: float) -> None:
