@@ -381,14 +381,21 @@ class LlamaPeer(Peer):
         self.decoder.close()
 
 
-def health(port: int) -> dict:
-    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+def _get(port: int, path: str) -> bytes | None:
+    """The body of GET path on the local server, None when it does not answer."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
         conn = http.client.HTTPConnection(HOST, port, timeout=10)
         try:
-            conn.request("GET", "/health")
-            return json.loads(conn.getresponse().read() or b"{}")
+            conn.request("GET", path)
+            return conn.getresponse().read()
         finally:
             conn.close()
+    return None
+
+
+def health(port: int) -> dict:
+    with contextlib.suppress(ValueError):
+        return json.loads(_get(port, "/health") or b"{}")
     return {}
 
 
@@ -398,26 +405,17 @@ ROUND_SERIES = ("adaspec_batch_rounds_total", "adaspec_batch_round_seconds_total
 
 def round_counters(port: int) -> dict[str, float]:
     """The server's batched-round counters (`serve/metrics.py`), keyed `name/label`."""
-    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-        conn = http.client.HTTPConnection(HOST, port, timeout=10)
-        try:
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-        finally:
-            conn.close()
-        return parse_round_counters(text)
-    return {}
+    body = _get(port, "/metrics")
+    return parse_round_counters(body.decode()) if body else {}
 
 
 def parse_round_counters(text: str) -> dict[str, float]:
     """`round_counters` from the Prometheus text of /metrics."""
-    out = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        if name in ROUND_SERIES and "} " in rest:
-            label, _, value = rest.partition("} ")
-            out[f"{name}/{label.split('=')[1].strip(chr(34))}"] = float(value)
-    return out
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f"{s.name}/{next(iter(s.labels.values()))}": s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name in ROUND_SERIES}
 
 
 def round_split(before: dict[str, float], after: dict[str, float]) -> dict | None:

@@ -263,14 +263,19 @@ def test_the_fake_server_fixture_serves_concurrent_streams(fake_port):
 def test_the_server_time_split_reads_the_servers_round_counters():
     """A wave's rounds are its /metrics counters less the warm-up's, summed over repeats
     and written as prefill and decode seconds."""
+    from adaspec.engine.batch import RoundStats
     from adaspec.serve.metrics import ServeMetrics
 
+    def round_(requests: int, prompt: int, step: int, cut: int, seconds: float) -> RoundStats:
+        return RoundStats(sequences=requests, tokens=prompt + step, prefill_tokens=prompt,
+                          cut=cut, call_seconds=seconds)
+
     metrics = ServeMetrics(lambda: 0.0, lambda: 0.0)
-    metrics.batch_round(1, 40, 0, 0, 0.5)  # the warm-up's prompt
+    metrics.batch_round(round_(1, 40, 0, 0, 0.5))  # the warm-up's prompt
     before = sweep.parse_round_counters(metrics.render().decode())
-    metrics.batch_round(3, 100, 2, 0, 1.5)
-    metrics.batch_round(3, 0, 5, 4, 0.25)
-    metrics.batch_round(2, 0, 2, 0, 0.25)
+    metrics.batch_round(round_(3, 100, 2, 0, 1.5))
+    metrics.batch_round(round_(3, 0, 5, 4, 0.25))
+    metrics.batch_round(round_(2, 0, 2, 0, 0.25))
     split = sweep.round_split(before, sweep.parse_round_counters(metrics.render().decode()))
     assert split == {"seconds": {"prefill": 1.5, "decode": 0.5},
                      "rounds": {"prefill": 1, "decode": 2},

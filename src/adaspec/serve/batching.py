@@ -112,10 +112,7 @@ class BatchScheduler(Scheduler):
                         500, "internal error while decoding", type="server_error"))
                 continue
             if self.metrics is not None and self.decoder.last.sequences:
-                last = self.decoder.last
-                self.metrics.batch_round(last.sequences, last.prefill_tokens,
-                                         last.tokens - last.prefill_tokens, last.cut,
-                                         last.call_seconds)
+                self.metrics.batch_round(self.decoder.last)
             for key, item in events:
                 member = self._running.get(str(key))
                 if member is not None:

@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 
 from adaspec.core.metrics import RequestStats
+from adaspec.engine.batch import RoundStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 RATE_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400, 1000)
@@ -84,16 +85,15 @@ class ServeMetrics:
             "adaspec_batch_requests", "requests in a round's call", buckets=ROW_BUCKETS,
             registry=r)
 
-    def batch_round(self, requests: int, prompt_tokens: int, step_tokens: int, cut: int,
-                    seconds: float) -> None:
-        """One batched round (engine/batch.py's RoundStats, passed as numbers)."""
-        kind = "prefill" if prompt_tokens else "decode"
+    def batch_round(self, stats: RoundStats) -> None:
+        """One batched round, as engine/batch.py's decoder reports it."""
+        kind = "prefill" if stats.prefill_tokens else "decode"
         self.rounds.labels(kind).inc()
-        self.round_seconds.labels(kind).inc(seconds)
-        self.round_tokens.labels("prompt").inc(prompt_tokens)
-        self.round_tokens.labels("step").inc(step_tokens)
-        self.round_tokens.labels("cut").inc(cut)
-        self.round_requests.observe(requests)
+        self.round_seconds.labels(kind).inc(stats.call_seconds)
+        self.round_tokens.labels("prompt").inc(stats.prefill_tokens)
+        self.round_tokens.labels("step").inc(stats.tokens - stats.prefill_tokens)
+        self.round_tokens.labels("cut").inc(stats.cut)
+        self.round_requests.observe(stats.sequences)
 
     def finished(self, method: str, stats: RequestStats, finish: str, ttft: float | None,
                  duration: float) -> None:
