@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.backends import ik_build, ik_flash_patch, ik_regions_patch, ikllama
+from adaspec.backends import (
+    ik_build,
+    ik_flash_patch,
+    ik_prefetch_patch,
+    ik_regions_patch,
+    ikllama,
+)
 from adaspec.cli import main
 from adaspec.store import native_build
 
@@ -35,12 +41,25 @@ esac
 """
 
 
-# The shape of the kernels file the source patch edits: a one-row shortcut before the
-# repacked k-quant kernels (left alone), two inside them, one after them (left alone).
+# The shape of the kernels file the source patches edit: a one-row shortcut before the
+# repacked k-quant kernels (left alone), two inside them, one after them (left alone); the
+# first load of a block in the repacked Q4_K and Q6_K kernels (where the prefetch goes).
 KQUANTS = """template <int nrc_y> void before() { if constexpr (nrc_y == 1) { a(); } }
 static void mul_mat_q2_k_r4_q8_k(int n) {
     if constexpr (nrc_y == 1) { d4 = d4 * s; }
     if constexpr (nrc_y == 1) { one(); } else { many(); }
+}
+template <int nrc_y>
+static void mul_mat_q4_k_r4_q8_k(int n) {
+        for (int ibl = 0; ibl < nbl; ++ibl) {
+            auto dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)iq4[ibl].d));
+        }
+}
+template <int nrc_y>
+static void mul_mat_q6_k_r4_q8_k(int n) {
+        for (int ibl = 0; ibl < nbl; ++ibl) {
+            auto dl = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)iq6[ibl].d));
+        }
 }
 template <typename Dequantizer> void set_functions(std::array<mul_mat_t, 8>& funcs) {
     if constexpr (nrc_y == 1) { b(); }
@@ -145,6 +164,7 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     assert "-DCMAKE_INSTALL_RPATH=$ORIGIN" in info["cmake_options"]
     assert info["patches"] == list(ik_build.PATCHES) and info["one_row_shortcuts_guarded"] == 2
     assert ik_flash_patch.NAME in info["patches"] and info["flash_attention_loops_patched"] == 3
+    assert ik_prefetch_patch.NAME in info["patches"] and info["prefetching_kernels"] == 2
     assert ik_build.current(info)
     assert not ik_build.work_dir(VERSION).exists()
     # a build for another CPU is not used
@@ -172,6 +192,31 @@ def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
     path.unlink()
     with pytest.raises(ik_build.IkBuildError, match="unreadable"):
         ik_build.patch_source(tmp_path)
+
+
+def test_the_prefetch_patch_fetches_two_blocks_ahead_in_the_q4_k_and_q6_k_kernels(tmp_path):
+    path = tmp_path / ik_prefetch_patch.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(KQUANTS)
+    assert ik_prefetch_patch.apply(tmp_path) == 2
+    text = path.read_text()
+    helper = text.index("static inline void adaspec_prefetch_block(")
+    assert helper < text.index("static void mul_mat_q4_k_r4_q8_k(")  # declared before use
+    body = text[helper:text.index("static void mul_mat_q4_k_r4_q8_k(")]
+    assert "if constexpr (nrc_y > 1)" in body  # a lone row is left alone
+    assert "(block + 2)" in body and "_mm_prefetch(" in body
+    for blocks, load in (("iq4", "iq4[ibl].d"), ("iq6", "iq6[ibl].d")):
+        call = f"adaspec_prefetch_block<nrc_y>({blocks} + ibl);"
+        assert text.count(call) == 1 and text.index(call) < text.index(load)  # before the load
+    assert "mul_mat_q2_k_r4_q8_k(int n) {\n    if constexpr" in text  # other kernels untouched
+    assert ik_prefetch_patch.apply(tmp_path) == 2 and path.read_text() == text  # resumed build
+    # another version's source: an error naming what is missing, never a silent build
+    path.write_text(KQUANTS.replace("iq6[ibl].d", "iq6[ibl].dm"))
+    with pytest.raises(ik_prefetch_patch.PatchError, match="expected one `auto dl"):
+        ik_prefetch_patch.apply(tmp_path)
+    path.unlink()
+    with pytest.raises(ik_prefetch_patch.PatchError, match="unreadable"):
+        ik_prefetch_patch.apply(tmp_path)
 
 
 def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tmp_path):
