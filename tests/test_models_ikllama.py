@@ -50,6 +50,12 @@ def test_in_a_child_process_it_scores_what_it_scores_in_process(smollm):
     try:
         assert child.kind == f"{local.kind}+child"  # ik_llama, or ik_llama-native when built here
         assert child.batch_noise == local.batch_noise
+        # a native build's source patches, which the cost profiles' key names
+        assert child.patches == local.patches
+        from adaspec.cost.cache import profile_key
+
+        assert profile_key(child, None)["target"].get("patches") == (
+            sorted(local.patches) or None)
         ids = torch.tensor([1604, 3987, 46477, 24, 94])
         a = child.prefill(ids).logits
         b = local.prefill(ids).logits
