@@ -6,13 +6,14 @@ kernels (`ggml/src/iqk/iqk_gemm_kquants.cpp`) load the weights only when they us
 2-core Zen 5 the hottest instruction of a round of 8 rows was a weight load, and the kernels
 ran at a third of the CPU's int8 rate (`experiments/results/int8-roofline-epyc/`). Asking
 for the block of 256 quants two blocks ahead (a software prefetch, which changes no
-arithmetic: the logits stay bit for bit equal) took a round of 8 rows from 81 to 72 ms and
-one of 16 from 148 to 136 ms (`experiments/ik_kernel_ab.py`,
-`experiments/results/ik-prefetch-epyc/`).
+arithmetic: the logits stay bit for bit equal) took a round of one token for each of 8
+requests from 86-88 to 78-80 ms, 8 tokens of one request from 80-83 to 72 and 16 from
+146-148 to 137 (`experiments/ik_kernel_ab.py`, `experiments/results/ik-prefetch-epyc/`).
 
 Only calls of two rows or more prefetch: a lone row is bound by memory bandwidth, which the
-hardware prefetcher already keeps busy (prefetching there was slower). A prompt chunk keeps
-its weights in cache between its groups of 8 rows, so it neither gains nor loses.
+hardware prefetcher already keeps busy (prefetching it too showed no gain through the
+machine's drift). A prompt chunk keeps its weights in cache between its groups of 8 rows,
+so it neither gains nor loses.
 """
 
 from __future__ import annotations
