@@ -173,10 +173,29 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     assert ik_build.native_library(VERSION) is None
 
 
-def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
-    path = tmp_path / ik_build.ONE_ROW_FILE
+def _kernels_file(src: Path) -> Path:
+    """The fake kernels file both k-quant patches edit, written under `src`."""
+    assert ik_build.ONE_ROW_FILE == ik_prefetch_patch.FILE
+    path = src / ik_build.ONE_ROW_FILE
     path.parent.mkdir(parents=True)
     path.write_text(KQUANTS)
+    return path
+
+
+def _refuses(apply, src: Path, path: Path, error: type[Exception], other: str,
+             match: str) -> None:
+    """A patch given another version's file (`other`) raises `error` naming what it lacks,
+    and one given no file raises it saying the source is unreadable."""
+    path.write_text(other)
+    with pytest.raises(error, match=match):
+        apply(src)
+    path.unlink()
+    with pytest.raises(error, match="unreadable"):
+        apply(src)
+
+
+def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
+    path = _kernels_file(tmp_path)
     assert ik_build.patch_source(tmp_path) == 2
     text = path.read_text()
     assert text.startswith(ik_build.ONE_ROW_MACRO)  # off unless the compiler is told
@@ -186,18 +205,13 @@ def test_the_source_patch_guards_only_the_repacked_kernels_shortcuts(tmp_path):
     assert ik_build.ONE_ROW_SHORTCUT in before and ik_build.ONE_ROW_GUARDED not in before
     assert ik_build.patch_source(tmp_path) == 2 and path.read_text() == text  # resumed build
     # another version's source: an error naming it, never a silent unpatched build
-    path.write_text(KQUANTS.replace("mul_mat_q2_k_r4_q8_k", "mul_mat_q2_k_r8_q8_k"))
-    with pytest.raises(ik_build.IkBuildError, match="lacks the repacked k-quant kernels"):
-        ik_build.patch_source(tmp_path)
-    path.unlink()
-    with pytest.raises(ik_build.IkBuildError, match="unreadable"):
-        ik_build.patch_source(tmp_path)
+    _refuses(ik_build.patch_source, tmp_path, path, ik_build.IkBuildError,
+             KQUANTS.replace("mul_mat_q2_k_r4_q8_k", "mul_mat_q2_k_r8_q8_k"),
+             "lacks the repacked k-quant kernels")
 
 
 def test_the_prefetch_patch_fetches_two_blocks_ahead_in_the_q4_k_and_q6_k_kernels(tmp_path):
-    path = tmp_path / ik_prefetch_patch.FILE
-    path.parent.mkdir(parents=True)
-    path.write_text(KQUANTS)
+    path = _kernels_file(tmp_path)
     assert ik_prefetch_patch.apply(tmp_path) == 2
     text = path.read_text()
     helper = text.index("static inline void adaspec_prefetch_block(")
@@ -211,12 +225,8 @@ def test_the_prefetch_patch_fetches_two_blocks_ahead_in_the_q4_k_and_q6_k_kernel
     assert "mul_mat_q2_k_r4_q8_k(int n) {\n    if constexpr" in text  # other kernels untouched
     assert ik_prefetch_patch.apply(tmp_path) == 2 and path.read_text() == text  # resumed build
     # another version's source: an error naming what is missing, never a silent build
-    path.write_text(KQUANTS.replace("iq6[ibl].d", "iq6[ibl].dm"))
-    with pytest.raises(ik_prefetch_patch.PatchError, match="expected one `auto dl"):
-        ik_prefetch_patch.apply(tmp_path)
-    path.unlink()
-    with pytest.raises(ik_prefetch_patch.PatchError, match="unreadable"):
-        ik_prefetch_patch.apply(tmp_path)
+    _refuses(ik_prefetch_patch.apply, tmp_path, path, ik_prefetch_patch.PatchError,
+             KQUANTS.replace("iq6[ibl].d", "iq6[ibl].dm"), "expected one `auto dl")
 
 
 def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tmp_path):
