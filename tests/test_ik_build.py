@@ -14,6 +14,7 @@ import pytest
 from adaspec.backends import (
     ik_build,
     ik_flash_patch,
+    ik_hugepages_patch,
     ik_prefetch_patch,
     ik_regions_patch,
     ikllama,
@@ -107,6 +108,12 @@ void compute_helper_q() {
 
 FA_IMPL = "#pragma once\n\n#include <cstdint>\n\nbool iqk_flash_attn_impl(int type_k);\n"
 
+# The shape of the CPU backend file the huge-pages patch edits: its first include, the
+# buffer's allocation and what follows it.
+BACKEND = (ik_hugepages_patch.INCLUDE_AFTER + '#include "ggml-alloc.h"\n\n'
+           + "static void * alloc(size_t size) {\n" + ik_hugepages_patch.ALLOC
+           + "\n    return init(data, size);\n}\n")
+
 
 def _regions_sources() -> dict[str, str]:
     """The files the regions patch edits, each holding its anchors among other lines."""
@@ -125,6 +132,7 @@ def _fake_sdist(folder: Path) -> None:
             f"{root}/vendor/ik_llama.cpp/{ik_build.ONE_ROW_FILE}": KQUANTS.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}": FA_TEMPLATES.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.IMPL}": FA_IMPL.encode(),
+            f"{root}/vendor/ik_llama.cpp/{ik_hugepages_patch.FILE}": BACKEND.encode(),
             **{f"{root}/vendor/ik_llama.cpp/{path}": text.encode()
                for path, text in _regions_sources().items()},
             f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
@@ -165,6 +173,7 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     assert info["patches"] == list(ik_build.PATCHES) and info["one_row_shortcuts_guarded"] == 2
     assert ik_flash_patch.NAME in info["patches"] and info["flash_attention_loops_patched"] == 3
     assert ik_prefetch_patch.NAME in info["patches"] and info["prefetching_kernels"] == 2
+    assert ik_hugepages_patch.NAME in info["patches"]
     assert ik_build.current(info)
     assert not ik_build.work_dir(VERSION).exists()
     # a build for another CPU is not used
@@ -227,6 +236,26 @@ def test_the_prefetch_patch_fetches_two_blocks_ahead_in_the_q4_k_and_q6_k_kernel
     # another version's source: an error naming what is missing, never a silent build
     _refuses(ik_prefetch_patch.apply, tmp_path, path, ik_prefetch_patch.PatchError,
              KQUANTS.replace("iq6[ibl].d", "iq6[ibl].dm"), "expected one `auto dl")
+
+
+def test_the_huge_pages_patch_advises_big_buffers_before_their_first_touch(tmp_path):
+    path = tmp_path / ik_hugepages_patch.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(BACKEND)
+    ik_hugepages_patch.apply(tmp_path)
+    text = path.read_text()
+    include = text.index("#include <sys/mman.h>")
+    assert text.index(ik_hugepages_patch.INCLUDE_AFTER) < include < text.index("ggml-alloc.h")
+    advice = text.index("madvise((void *)first, last - first, MADV_HUGEPAGE);")
+    # after the allocation and its failure check, before the buffer is handed out (touched)
+    assert text.index("if (data == NULL)") < advice < text.index("return init(data, size);")
+    assert "size >= ((size_t)4 << 20)" in text  # small buffers are left alone
+    assert text.count("#ifdef __linux__") == 2  # madvise is Linux's
+    ik_hugepages_patch.apply(tmp_path)
+    assert path.read_text() == text  # resumed build
+    _refuses(ik_hugepages_patch.apply, tmp_path, path, ik_hugepages_patch.PatchError,
+             BACKEND.replace("void * data = malloc(size);", "void * data = calloc(1, size);"),
+             "expected one `void \\* data = malloc")
 
 
 def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tmp_path):

@@ -5,6 +5,7 @@ in a child process too, and clear errors when the package is missing or of anoth
 from __future__ import annotations
 
 import ctypes
+import os
 
 import pytest
 import torch
@@ -65,6 +66,35 @@ def test_in_a_child_process_it_scores_what_it_scores_in_process(smollm):
         assert child.cache_len == 5
     finally:
         child.close()
+
+
+def _advised_huge_bytes() -> int:
+    """Bytes of this process's mappings advised to take huge pages (`hg` in their VmFlags)."""
+    total = size = 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line.startswith("Size:"):
+                size = int(line.split()[1]) * 1024
+            elif line.startswith("VmFlags:") and "hg" in line.split()[1:]:
+                total += size
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+def test_a_native_build_advises_its_weights_to_take_huge_pages():
+    from adaspec.backends import ik_hugepages_patch
+
+    ikllama.library()  # chooses the library (a native build when `make setup` made one)
+    if ikllama._choose_build() != "native":
+        pytest.skip("the wheel's library (no native build here) carries no source patches")
+    before = _advised_huge_bytes()
+    backend = IkLlamaBackend(smollm_gguf(), n_threads=1, name="smollm", n_ctx=512)
+    try:
+        assert ik_hugepages_patch.NAME in backend.patches
+        # the repacked weights' buffer (about 100 MiB for SmolLM2-135M) is advised
+        assert _advised_huge_bytes() - before >= 64 << 20
+    finally:
+        backend.close()
 
 
 class CountingLib:
