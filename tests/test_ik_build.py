@@ -17,6 +17,7 @@ from adaspec.backends import (
     ik_hugepages_patch,
     ik_prefetch_patch,
     ik_regions_patch,
+    ik_two_groups_patch,
     ikllama,
 )
 from adaspec.cli import main
@@ -44,7 +45,8 @@ esac
 
 # The shape of the kernels file the source patches edit: a one-row shortcut before the
 # repacked k-quant kernels (left alone), two inside them, one after them (left alone); the
-# first load of a block in the repacked Q4_K and Q6_K kernels (where the prefetch goes).
+# first load of a block in the repacked Q4_K and Q6_K kernels (where the prefetch goes); the
+# Q4_K kernel's loop over groups of 4 rows (where the two-group pass goes first).
 KQUANTS = """template <int nrc_y> void before() { if constexpr (nrc_y == 1) { a(); } }
 static void mul_mat_q2_k_r4_q8_k(int n) {
     if constexpr (nrc_y == 1) { d4 = d4 * s; }
@@ -52,9 +54,12 @@ static void mul_mat_q2_k_r4_q8_k(int n) {
 }
 template <int nrc_y>
 static void mul_mat_q4_k_r4_q8_k(int n) {
+    for (int ix = 0; ix < nrc_x; ix += 4) {
+        const block_q4_k_r4 * iq4 = (const block_q4_k_r4 *)((const char *)vx + (ix+0)*bx);
         for (int ibl = 0; ibl < nbl; ++ibl) {
             auto dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)iq4[ibl].d));
         }
+    }
 }
 template <int nrc_y>
 static void mul_mat_q6_k_r4_q8_k(int n) {
@@ -174,6 +179,8 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     assert ik_flash_patch.NAME in info["patches"] and info["flash_attention_loops_patched"] == 3
     assert ik_prefetch_patch.NAME in info["patches"] and info["prefetching_kernels"] == 2
     assert ik_hugepages_patch.NAME in info["patches"]
+    assert info["patches"].index(ik_two_groups_patch.NAME) > info["patches"].index(
+        ik_prefetch_patch.NAME)
     assert ik_build.current(info)
     assert not ik_build.work_dir(VERSION).exists()
     # a build for another CPU is not used
@@ -236,6 +243,31 @@ def test_the_prefetch_patch_fetches_two_blocks_ahead_in_the_q4_k_and_q6_k_kernel
     # another version's source: an error naming what is missing, never a silent build
     _refuses(ik_prefetch_patch.apply, tmp_path, path, ik_prefetch_patch.PatchError,
              KQUANTS.replace("iq6[ibl].d", "iq6[ibl].dm"), "expected one `auto dl")
+
+
+def test_the_two_group_patch_runs_before_the_q4_k_kernels_own_loop(tmp_path):
+    path = _kernels_file(tmp_path)
+    with pytest.raises(ik_two_groups_patch.PatchError, match="prefetch patch goes first"):
+        ik_two_groups_patch.apply(tmp_path)
+    ik_prefetch_patch.apply(tmp_path)
+    ik_two_groups_patch.apply(tmp_path)
+    text = path.read_text()
+    helper = text.index("static int adaspec_q4_k_r4_two_groups(")
+    kernel = text.index("static void mul_mat_q4_k_r4_q8_k(")
+    # after the prefetch helper it calls, before the kernel that calls it
+    assert text.index("static inline void adaspec_prefetch_block(") < helper < kernel
+    body = text[helper:kernel]
+    assert "if constexpr (nrc_y == 1) {\n        return 0;" in body  # a lone row: the kernel's
+    assert "nrc_x - nrc_x % 8" in body  # a last group of 4 rows: the kernel's
+    assert body.count("adaspec_prefetch_block<nrc_y>(iqg[g] + ibl);") == 1
+    loop = "for (int ix = adaspec_q4_k_r4_two_groups<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x;"
+    assert text.count(loop) == 1 and kernel < text.index(loop)
+    assert "for (int ix = 0; ix < nrc_x; ix += 4)" not in text
+    ik_two_groups_patch.apply(tmp_path)
+    assert path.read_text() == text  # resumed build
+    _refuses(ik_two_groups_patch.apply, tmp_path, path, ik_two_groups_patch.PatchError,
+             ik_prefetch_patch.patch_text(KQUANTS)[0].replace("ix += 4", "ix += 8"),
+             "expected one `for \\(int ix = 0")
 
 
 def test_the_huge_pages_patch_advises_big_buffers_before_their_first_touch(tmp_path):

@@ -53,3 +53,20 @@ def test_real_pair_default_method_is_exact_and_priced(engine):
     choices = auto.drafter.choices  # one choice per step that could draft (not the last)
     assert choices.plain + choices.ngram + choices.draft <= out.stats.target_calls - 1
     assert len(out.stats.steps) <= choices.ngram + choices.draft
+
+
+def test_real_target_scores_a_blocks_rows_as_it_scores_them_alone(engine):
+    """Rows past a block's first 8 take a native build's two-group walk of the Q4_K kernel
+    (`k-quant-two-groups`), a lone token the pinned walk: the same logits, bit for bit, or
+    a verified draft and a plain step could disagree."""
+    import torch
+
+    target = engine.target
+    ids = torch.tensor(engine.tokenizer.encode(PROMPT * 2)[:20])
+    target.truncate(0)
+    block = target.forward(ids).logits
+    target.truncate(0)
+    alone = torch.cat([target.forward(ids[i : i + 1]).logits for i in range(len(ids))])
+    target.truncate(0)
+    assert block.shape == alone.shape == (20, target.vocab_size)
+    assert torch.equal(block, alone)

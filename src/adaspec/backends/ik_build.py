@@ -8,10 +8,11 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ikllama.py`).
 
-Five source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
+Six source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
 several sequences in one cache (`ik_flash_patch.py`). A region of the cache per sequence, with
 attention that reads a row's own region (`ik_regions_patch.py`). Weights fetched ahead in the
-repacked Q4_K and Q6_K kernels for calls of several rows (`ik_prefetch_patch.py`). The CPU
+repacked Q4_K and Q6_K kernels for calls of several rows (`ik_prefetch_patch.py`), and the
+Q4_K one taking them 8 rows at a time (`ik_two_groups_patch.py`). The CPU
 buffers (weights, KV cache) advised to take huge pages (`ik_hugepages_patch.py`). And: the
 repacked k-quant kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone
 activation row that group the float products another way than the kernel for several rows, so a
@@ -50,6 +51,7 @@ from adaspec.backends import (
     ik_hugepages_patch,
     ik_prefetch_patch,
     ik_regions_patch,
+    ik_two_groups_patch,
 )
 from adaspec.store import native_build
 from adaspec.store.atomic import write_text
@@ -82,7 +84,7 @@ ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"
 ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
 PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME,
-           ik_prefetch_patch.NAME, ik_hugepages_patch.NAME)
+           ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_hugepages_patch.NAME)
 
 
 class IkBuildError(NativeBuildError):
@@ -171,9 +173,11 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
         fa_loops = ik_flash_patch.apply(src)
         ik_regions_patch.apply(src)
         prefetching = ik_prefetch_patch.apply(src)
+        ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
         ik_hugepages_patch.apply(src)
     except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
-            ik_prefetch_patch.PatchError, ik_hugepages_patch.PatchError) as exc:
+            ik_prefetch_patch.PatchError, ik_two_groups_patch.PatchError,
+            ik_hugepages_patch.PatchError) as exc:
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "

@@ -6,8 +6,8 @@ Why: with repacking the weights live in one anonymous buffer of about 1 GiB (`ma
 commonly set transparent huge pages to `madvise` (the kernel uses them only where a program
 asks), and the pinned ik_llama.cpp never asks. Advising the buffer before its first touch
 makes the page faults take 2 MiB pages: on a 2-core Zen 5, one token of the 1.5B target took
-7-8% less time (29 against 31-32 ms, in both of the machine's speed states), a round of 8
-requests 1-2% less, a prompt chunk the same (`experiments/ik_kernel_ab.py`,
+7-8% less time (29 against 30-33 ms; 22.6 against 24.6 in the machine's faster state), a
+round of 8 requests about 1% less, a prompt chunk the same (`experiments/ik_kernel_ab.py`,
 `experiments/results/ik-hugepages-epyc/`). Memory placement only: the logits stay bit for bit
 equal. Where transparent huge pages are off (`never`) the advice does nothing.
 """

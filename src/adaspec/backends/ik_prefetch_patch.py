@@ -48,6 +48,10 @@ CALLS = (
 )
 
 
+def _call(blocks: str) -> str:
+    return f"            {MARK}<nrc_y>({blocks} + ibl);\n"
+
+
 class PatchError(Exception):
     """The source lacks what this patch expects (another ik_llama.cpp version)."""
 
@@ -55,8 +59,8 @@ class PatchError(Exception):
 def patch_text(text: str) -> tuple[str, int]:
     """The kernels file with the prefetches (unchanged when already there); returns it and
     how many kernels prefetch."""
-    if MARK in text:
-        return text, text.count(f"{MARK}<nrc_y>(")
+    if MARK in text:  # its own calls (the two-group patch adds one of its own)
+        return text, sum(text.count(_call(blocks)) for _, blocks in CALLS)
     anchors = [HELPER_BEFORE] + [anchor for anchor, _ in CALLS]
     for anchor in anchors:
         if text.count(anchor) != 1:
@@ -64,7 +68,7 @@ def patch_text(text: str) -> tuple[str, int]:
                              f"{text.count(anchor)}")
     text = text.replace(HELPER_BEFORE, HELPER + HELPER_BEFORE)
     for anchor, blocks in CALLS:
-        text = text.replace(anchor, f"            {MARK}<nrc_y>({blocks} + ibl);\n" + anchor)
+        text = text.replace(anchor, _call(blocks) + anchor)
     return text, len(CALLS)
 
 
