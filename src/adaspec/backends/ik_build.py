@@ -51,6 +51,7 @@ from adaspec.backends import (
     ik_hugepages_patch,
     ik_prefetch_patch,
     ik_regions_patch,
+    ik_source,
     ik_two_groups_patch,
 )
 from adaspec.store import native_build
@@ -176,8 +177,7 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
         ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
         ik_hugepages_patch.apply(src)
     except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
-            ik_prefetch_patch.PatchError, ik_two_groups_patch.PatchError,
-            ik_hugepages_patch.PatchError) as exc:
+            ik_source.PatchError) as exc:  # the one-file patches' error
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "

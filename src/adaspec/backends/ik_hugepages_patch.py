@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adaspec.backends.ik_source import PatchError, patch_file
+
 NAME = "huge-pages"
 FILE = "ggml/src/ggml-backend.cpp"
 MARK = "adaspec (huge-pages)"
@@ -43,10 +45,6 @@ ADVICE = f"""#ifdef __linux__
 """
 
 
-class PatchError(Exception):
-    """The source lacks what this patch expects (another ik_llama.cpp version)."""
-
-
 def patch_text(text: str) -> str:
     """The backend file with the advice (unchanged when already there)."""
     if MARK in text:
@@ -60,13 +58,4 @@ def patch_text(text: str) -> str:
 
 def apply(src: Path) -> None:
     """Patch the unpacked source in place (atomically)."""
-    from adaspec.store.atomic import write_text
-
-    path = src / FILE
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PatchError(f"unreadable source ({exc})") from None
-    patched = patch_text(text)
-    if patched != text:
-        write_text(path, patched)
+    patch_file(src, FILE, patch_text)

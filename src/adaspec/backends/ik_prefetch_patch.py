@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adaspec.backends.ik_source import PatchError, patch_file
+
 NAME = "k-quant-prefetch"
 FILE = "ggml/src/iqk/iqk_gemm_kquants.cpp"
 MARK = "adaspec_prefetch_block"
@@ -52,10 +54,6 @@ def _call(blocks: str) -> str:
     return f"            {MARK}<nrc_y>({blocks} + ibl);\n"
 
 
-class PatchError(Exception):
-    """The source lacks what this patch expects (another ik_llama.cpp version)."""
-
-
 def patch_text(text: str) -> tuple[str, int]:
     """The kernels file with the prefetches (unchanged when already there); returns it and
     how many kernels prefetch."""
@@ -74,14 +72,4 @@ def patch_text(text: str) -> tuple[str, int]:
 
 def apply(src: Path) -> int:
     """Patch the unpacked source in place (atomically); returns how many kernels prefetch."""
-    from adaspec.store.atomic import write_text
-
-    path = src / FILE
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PatchError(f"unreadable source ({exc})") from None
-    patched, kernels = patch_text(text)
-    if patched != text:
-        write_text(path, patched)
-    return kernels
+    return patch_text(patch_file(src, FILE, lambda text: patch_text(text)[0]))[1]

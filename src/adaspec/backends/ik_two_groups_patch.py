@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adaspec.backends import ik_prefetch_patch
+from adaspec.backends.ik_source import PatchError, patch_file
 
 NAME = "k-quant-two-groups"
 FILE = ik_prefetch_patch.FILE
@@ -32,10 +33,6 @@ LOOP = ("    for (int ix = 0; ix < nrc_x; ix += 4) {\n"
         "(const block_q4_k_r4 *)((const char *)vx + (ix+0)*bx);\n")
 LOOP_FROM = f"    for (int ix = {MARK}<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x; ix += 4) {{\n"
 HELPER = (Path(__file__).parent / "ik_two_groups.cpp").read_text
-
-
-class PatchError(Exception):
-    """The source lacks what this patch expects (another ik_llama.cpp version)."""
 
 
 def patch_text(text: str) -> str:
@@ -57,13 +54,4 @@ def patch_text(text: str) -> str:
 
 def apply(src: Path) -> None:
     """Patch the unpacked source in place (atomically)."""
-    from adaspec.store.atomic import write_text
-
-    path = src / FILE
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PatchError(f"unreadable source ({exc})") from None
-    patched = patch_text(text)
-    if patched != text:
-        write_text(path, patched)
+    patch_file(src, FILE, patch_text)
