@@ -78,7 +78,7 @@ CMAKE_OPTIONS = (
 # A lone row through the general k-quant kernel: `if constexpr (nrc_y == 1)` shortcuts in the
 # x86 repacked kernels become `if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)`, the
 # macro 0 unless defined.
-ONE_ROW_FILE = "ggml/src/iqk/iqk_gemm_kquants.cpp"
+ONE_ROW_FILE = ik_prefetch_patch.FILE  # the repacked k-quant kernels, which it also patches
 ONE_ROW_REGION = ("static void mul_mat_q2_k_r4_q8_k(",
                   "template <typename Dequantizer> void set_functions(")
 ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"

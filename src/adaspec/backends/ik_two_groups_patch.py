@@ -27,7 +27,7 @@ NAME = "k-quant-two-groups"
 FILE = ik_prefetch_patch.FILE
 MARK = "adaspec_q4_k_r4_two_groups"
 
-KERNEL = "template <int nrc_y>\nstatic void mul_mat_q4_k_r4_q8_k("
+KERNEL = ik_prefetch_patch.HELPER_BEFORE  # the pinned x86 Q4_K kernel
 LOOP = ("    for (int ix = 0; ix < nrc_x; ix += 4) {\n"
         "        const block_q4_k_r4 * iq4 = "
         "(const block_q4_k_r4 *)((const char *)vx + (ix+0)*bx);\n")
