@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from adaspec.backends import (
+    ik_amx_patch,
     ik_build,
     ik_flash_patch,
     ik_hugepages_patch,
@@ -46,8 +47,11 @@ esac
 # The shape of the kernels file the source patches edit: a one-row shortcut before the
 # repacked k-quant kernels (left alone), two inside them, one after them (left alone); the
 # first load of a block in the repacked Q4_K and Q6_K kernels (where the prefetch goes); the
-# Q4_K kernel's loop over groups of 4 rows (where the two-group pass goes first).
-KQUANTS = """template <int nrc_y> void before() { if constexpr (nrc_y == 1) { a(); } }
+# Q4_K kernel's loop over groups of 4 rows (where the two-group pass goes first); the Q5_K
+# kernel after it and the x86 kernel table (where the AMX kernel and its dispatch go).
+KQUANTS = """#include "iqk_gemm_kquants.h"
+#include <cstring>
+template <int nrc_y> void before() { if constexpr (nrc_y == 1) { a(); } }
 static void mul_mat_q2_k_r4_q8_k(int n) {
     if constexpr (nrc_y == 1) { d4 = d4 * s; }
     if constexpr (nrc_y == 1) { one(); } else { many(); }
@@ -62,6 +66,9 @@ static void mul_mat_q4_k_r4_q8_k(int n) {
     }
 }
 template <int nrc_y>
+static void mul_mat_q5_k_r4_q8_k(int n) {
+}
+template <int nrc_y>
 static void mul_mat_q6_k_r4_q8_k(int n) {
         for (int ibl = 0; ibl < nbl; ++ibl) {
             auto dl = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)iq6[ibl].d));
@@ -69,6 +76,13 @@ static void mul_mat_q6_k_r4_q8_k(int n) {
 }
 template <typename Dequantizer> void set_functions(std::array<mul_mat_t, 8>& funcs) {
     if constexpr (nrc_y == 1) { b(); }
+}
+bool iqk_set_kernels_kquants(int typeA, std::array<mul_mat_t, 8>& kernels, mul_mat_t& func16) {
+    switch (typeA) {
+        case GGML_TYPE_Q4_K_R4:
+            IQK_SET_MUL_MAT_FUNCTIONS(mul_mat_q4_k_r4_q8_k, kernels)
+            break;
+    }
 }
 """
 
@@ -268,6 +282,31 @@ def test_the_two_group_patch_runs_before_the_q4_k_kernels_own_loop(tmp_path):
     _refuses(ik_two_groups_patch.apply, tmp_path, path, ik_two_groups_patch.PatchError,
              ik_prefetch_patch.patch_text(KQUANTS)[0].replace("ix += 4", "ix += 8"),
              "expected one `for \\(int ix = 0")
+
+
+def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_to_the_x86_table(tmp_path):
+    path = _kernels_file(tmp_path)
+    ik_prefetch_patch.apply(tmp_path)
+    ik_two_groups_patch.apply(tmp_path)
+    ik_amx_patch.apply(tmp_path)
+    text = path.read_text()
+    q4, q5 = (text.index(f"static void mul_mat_q{k}_k_r4_q8_k(") for k in (4, 5))
+    amx = text.index("static void mul_mat_q4_k_r4_q8_k_amx(")
+    assert q4 < amx < q5  # after the kernel it calls for the rows left over
+    body = text[amx:q5]
+    assert "if defined(__AMX_INT8__)" in text[q4:amx]  # compiled only for an AMX target
+    assert "mul_mat_q4_k_r4_q8_k<nrc_y>(n, (const char *)vx + tiled*bx" in body
+    assert "ARCH_REQ_XCOMP_PERM" in text and '"ADASPEC_IK_AMX"' in text
+    hook = text.index("adaspec_amx::use_q4_k_r4(kernels, func16);")
+    table = text.index("IQK_SET_MUL_MAT_FUNCTIONS(mul_mat_q4_k_r4_q8_k, kernels)")
+    assert table < hook < text.index("break;", table)  # over the pinned kernels' slots
+    assert text.index("#include <sys/syscall.h>") < text.index("template <int nrc_y>")
+    assert text.count("#include <sys/syscall.h>") == 1
+    ik_amx_patch.apply(tmp_path)
+    assert path.read_text() == text  # resumed build
+    _refuses(ik_amx_patch.apply, tmp_path, path, ik_amx_patch.PatchError,
+             KQUANTS.replace("case GGML_TYPE_Q4_K_R4:", "case GGML_TYPE_Q4_K:"),
+             "no x86 `case GGML_TYPE_Q4_K_R4:`")
 
 
 def test_the_huge_pages_patch_advises_big_buffers_before_their_first_touch(tmp_path):

@@ -8,12 +8,14 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ikllama.py`).
 
-Six source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
+Seven source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
 several sequences in one cache (`ik_flash_patch.py`). A region of the cache per sequence, with
 attention that reads a row's own region (`ik_regions_patch.py`). Weights fetched ahead in the
 repacked Q4_K and Q6_K kernels for calls of several rows (`ik_prefetch_patch.py`), and the
 Q4_K one taking them 8 rows at a time (`ik_two_groups_patch.py`). The CPU
-buffers (weights, KV cache) advised to take huge pages (`ik_hugepages_patch.py`). And: the
+buffers (weights, KV cache) advised to take huge pages (`ik_hugepages_patch.py`). On a CPU
+with AMX, the repacked Q4_K kernel's integer sums computed with tiles for calls of several
+rows (`ik_amx_patch.py`, bit for bit the same results). And: the
 repacked k-quant kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone
 activation row that group the float products another way than the kernel for several rows, so a
 token fed alone came out up to 0.5 logits away from the same token in a block, and greedy
@@ -47,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adaspec.backends import (
+    ik_amx_patch,
     ik_flash_patch,
     ik_hugepages_patch,
     ik_prefetch_patch,
@@ -85,7 +88,8 @@ ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"
 ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
 PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME,
-           ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_hugepages_patch.NAME)
+           ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_hugepages_patch.NAME,
+           ik_amx_patch.NAME)
 
 
 class IkBuildError(NativeBuildError):
@@ -176,6 +180,7 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
         prefetching = ik_prefetch_patch.apply(src)
         ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
         ik_hugepages_patch.apply(src)
+        ik_amx_patch.apply(src)  # after the Q4_K kernel's own patches: it calls that kernel
     except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
             ik_source.PatchError) as exc:  # the one-file patches' error
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
