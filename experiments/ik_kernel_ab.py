@@ -4,7 +4,8 @@ the ratio within a repeat, since this machine's speed drifts by 10% between minu
 
 Each process loads the default target repacked (as adaspec runs it) and times, median of 11:
 - `one`: a lone token after 300 cells (plain decoding);
-- `block8` / `block16`: 8 / 16 tokens of one sequence after 300 cells (verification);
+- `block4` / `block8` / `block16`: 4 / 8 / 16 tokens of one sequence after 300 cells
+  (verification);
 - `round8`: one token for each of 8 sequences of 300 cells, regions on (`serve`'s rounds);
 - `prompt256`: a chunk of 256 prompt tokens;
 and saves the logits of blocks of 1, 2, 3, 5, 8, 13 and 16 tokens, compared across libraries
@@ -12,6 +13,10 @@ bit for bit.
 
     .venv/bin/python experiments/ik_kernel_ab.py --lib base=/path/libllama.so \\
         --lib new=/other/libllama.so --repeats 3 --out results.json
+
+`--env NAME:VAR=VALUE` sets an environment variable for one library's processes, so one
+build can be timed against itself with a kernel switched off (`--lib amx=LIB --lib
+pinned=LIB --env pinned:ADASPEC_IK_AMX=off`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHAPES = ("one", "block8", "block16", "round8", "prompt256")
+SHAPES = ("one", "block4", "block8", "block16", "round8", "prompt256")
 
 
 def child(out: str) -> None:
@@ -59,7 +64,7 @@ def child(out: str) -> None:
         tok = lambda: rng.randrange(1000, 30000)  # noqa: E731
         if shape == "round8":
             return [(s, 300, tok()) for s in range(1, 9)]
-        n = {"one": 1, "block8": 8, "block16": 16, "prompt256": 256}[shape]
+        n = {"one": 1, "block4": 4, "block8": 8, "block16": 16, "prompt256": 256}[shape]
         return [(0, 300 + i, tok()) for i in range(n)]
 
     medians = {}
@@ -77,6 +82,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", action="append", required=True,
                     help="NAME=PATH of a libllama.so (libggml.so beside it); the first is the base")
+    ap.add_argument("--env", action="append", default=[],
+                    help="NAME:VAR=VALUE, an environment variable for library NAME's processes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None, help="a JSON file for every repeat and the ratios")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -91,20 +98,28 @@ def main() -> None:
     for name, path in libs.items():
         if not Path(path).is_file():
             sys.exit(f"--lib {name}: no file {path}")
+    extra: dict[str, dict[str, str]] = {name: {} for name in libs}
+    for item in args.env:
+        name, _, setting = item.partition(":")
+        var, eq, value = setting.partition("=")
+        if name not in libs or not eq or not var:
+            sys.exit(f"--env {item!r}: expected NAME:VAR=VALUE with NAME one of {list(libs)}")
+        extra[name][var] = value
     tmp = tempfile.mkdtemp(prefix="ik-ab-")
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in libs}
     for r in range(args.repeats):
         order = list(libs) if r % 2 == 0 else list(reversed(libs))
         for name in order:
             out = f"{tmp}/{name}-{r}.json"
-            env = {**os.environ, "IK_LLAMA_CPP_LIB_PATH": libs[name]}
+            env = {**os.environ, "IK_LLAMA_CPP_LIB_PATH": libs[name], **extra[name]}
             subprocess.run([sys.executable, __file__, "--lib", "x=y", "--child", out],
                            env=env, check=True)
             runs[name].append(json.loads(Path(out).read_text()))
             print(name, r, {k: round(v, 1) for k, v in runs[name][-1].items()}, flush=True)
     base = next(iter(libs))
     ref = np.load(f"{tmp}/{base}-0.json.npy")
-    report: dict = {"libraries": libs, "repeats": runs, "ratio_to_base": {}, "logits_equal": {}}
+    report: dict = {"libraries": libs, "environment": extra, "repeats": runs,
+                    "ratio_to_base": {}, "logits_equal": {}}
     for name in libs:
         if name == base:
             continue

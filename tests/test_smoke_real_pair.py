@@ -57,8 +57,9 @@ def test_real_pair_default_method_is_exact_and_priced(engine):
 
 def test_real_target_scores_a_blocks_rows_as_it_scores_them_alone(engine):
     """Rows past a block's first 8 take a native build's two-group walk of the Q4_K kernel
-    (`k-quant-two-groups`), a lone token the pinned walk: the same logits, bit for bit, or
-    a verified draft and a plain step could disagree."""
+    (`k-quant-two-groups`), and on a CPU with AMX the block's rows take the tile kernel
+    (`k-quant-amx`: 16 rows, then 4), a lone token the pinned kernel: the same logits, bit
+    for bit, or a verified draft and a plain step could disagree."""
     import torch
 
     target = engine.target
@@ -70,3 +71,50 @@ def test_real_target_scores_a_blocks_rows_as_it_scores_them_alone(engine):
     target.truncate(0)
     assert block.shape == alone.shape == (20, target.vocab_size)
     assert torch.equal(block, alone)
+
+
+# A fresh process loads the real target on ik_llama.cpp, scores a block of 8 tokens (the
+# Q4_K kernel table is set up) and prints whether the process holds AMX's tile state.
+AMX_PROBE = """
+import ctypes, sys
+from adaspec.backends.ikllama import IkLlamaBackend
+from adaspec.backends.llamacpp import gguf_file
+from adaspec.store.catalog import TARGET_DEFAULT
+import torch
+backend = IkLlamaBackend(gguf_file(TARGET_DEFAULT), n_threads=2, n_ctx=256)
+backend.forward(torch.arange(1000, 1008))
+mask = ctypes.c_uint64(0)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(158, 0x1022, ctypes.byref(mask))  # arch_prctl(ARCH_GET_XCOMP_PERM)
+print(bool(mask.value & (1 << 18)))  # XTILEDATA
+"""
+
+
+def test_a_native_build_on_an_amx_cpu_multiplies_on_tiles_unless_told_not_to():
+    """Where the CPU has AMX, the native build's Q4_K kernels ask Linux for the tile state
+    when a block of rows is first scored (`k-quant-amx`); ADASPEC_IK_AMX=off keeps the
+    pinned kernels, which never ask."""
+    import os
+    import subprocess
+    import sys
+
+    from adaspec.backends import ik_amx_patch, ik_build, ikllama
+    from adaspec.lab.bench.machine import cpu_flags
+
+    need("models")
+    ikllama.library()
+    if ikllama._choose_build() != "native":
+        pytest.skip("the wheel's library (no native build here) carries no source patches")
+    if "amx_int8" not in cpu_flags():
+        pytest.skip("this CPU has no AMX (the patch compiles to nothing here)")
+    info = ik_build.build_info(ikllama.IK_VERSION) or {}
+    assert ik_amx_patch.NAME in info.get("patches", [])
+
+    def holds_tiles(switch: str) -> bool:
+        run = subprocess.run([sys.executable, "-c", AMX_PROBE], capture_output=True, text=True,
+                             env={**os.environ, ik_amx_patch.ENV: switch}, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.strip().splitlines()[-1] == "True"
+
+    assert holds_tiles("on")
+    assert not holds_tiles(ik_amx_patch.OFF)

@@ -15,7 +15,7 @@
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512BW__) && defined(HAVE_VNNI256)
 #define ADASPEC_AMX_Q4K 1
 #ifndef ADASPEC_AMX_MIN_ROWS
-#define ADASPEC_AMX_MIN_ROWS 4  // fewer rows: the kernel above is faster
+#define ADASPEC_AMX_MIN_ROWS 6  // fewer rows: the kernel above is faster
 #endif
 namespace adaspec_amx {
 
@@ -76,7 +76,7 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
     static thread_local std::vector<int8_t> quants;
     quants.resize(size_t(nbl)*4*nrc_y*64);
     order_quants(q8, nbl, quants.data());
-    alignas(64) uint8_t wq[2][8][16*64];        // [buffer][2*run + p]: weights x scale bits
+    alignas(64) uint8_t wq[8][16*64];           // [2*run + p]: weights x scale bits, tile rows
     alignas(64) int32_t sums[4][nrc_y][16];
     configure(nrc_y);
     auto mf = _mm256_set1_epi8(0xf);
@@ -85,77 +85,70 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
     auto m7 = _mm512_set1_epi32(7);
     union { __m256i vec; uint32_t val[8]; } hd[4];
     __m256 acc[4][nrc_y];
-    __m256 d4[2][4], m4[4];
-    __m256i mins[4];
-    const block_q4_k_r4 * w[4];
-    // scales and mins of super-block ibl (as the kernel above), its weights into wq[buf]
-    auto prepare = [&](int ibl, int buf) {
-        for (int G = 0; G < 4; ++G) {
-            const block_q4_k_r4 * iq4 = w[G];
-            auto dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)iq4[ibl].d));
-            d4[buf][G] = _mm256_set_m128(_mm256_castps256_ps128(dl), _mm256_castps256_ps128(dl));
-            m4[G] = _mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_set_m128(_mm256_extractf128_ps(dl, 1), _mm256_extractf128_ps(dl, 1)));
-            auto lbits = _mm256_loadu_si256((const __m256i *)iq4[ibl].scales_l);
-            auto hbits128 = _mm_loadu_si128((const __m128i *)iq4[ibl].scales_h);
-            auto hbits = MM256_SET_M128I(hbits128, _mm_slli_epi16(hbits128, 4));
-            hd[G].vec = _mm256_or_si256(_mm256_and_si256(lbits, mf), _mm256_and_si256(hbits, m3));
-            mins[G] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lbits, 4), mf), _mm256_and_si256(_mm256_srli_epi16(hbits, 2), m3));
-        }
-        // row r of run (h, g) holds, for each of the 16 weight rows, quants 16h + 4(r%4) .. +3
-        // of sub-block 4g + r/4, times the scale's low 3 bits (and in the next tile its high 3)
-        for (int j = 0; j < 8; ++j) {
-            auto s = _mm512_cvtepu8_epi32(_mm_set_epi32(hd[3].val[j], hd[2].val[j], hd[1].val[j], hd[0].val[j]));
-            auto slo = _mm512_and_si512(s, m7), shi = _mm512_srli_epi32(s, 3);
-            slo = _mm512_or_si512(slo, _mm512_slli_epi32(slo, 16));
-            shi = _mm512_or_si512(shi, _mm512_slli_epi32(shi, 16));
-            // 64 bytes of each group: [bits1 h0 | bits1 h1 | bits2 h0 | bits2 h1], 4 rows each
-            auto v0 = _mm512_loadu_si512((const void *)(w[0][ibl].qs + 64*j));
-            auto v1 = _mm512_loadu_si512((const void *)(w[1][ibl].qs + 64*j));
-            auto v2 = _mm512_loadu_si512((const void *)(w[2][ibl].qs + 64*j));
-            auto v3 = _mm512_loadu_si512((const void *)(w[3][ibl].qs + 64*j));
-            auto t0 = _mm512_shuffle_i32x4(v0, v1, 0x44), t1 = _mm512_shuffle_i32x4(v0, v1, 0xee);
-            auto t2 = _mm512_shuffle_i32x4(v2, v3, 0x44), t3 = _mm512_shuffle_i32x4(v2, v3, 0xee);
-            __m512i z[4];  // [2*parity + h]: 128-bit lane G = group G's 4 rows
-            z[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
-            z[1] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
-            z[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
-            z[3] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
-            int g = j / 4, jr = j % 4;
-            for (int par = 0; par < 2; ++par) for (int h = 0; h < 2; ++h) {
-                auto bits = z[2*par + h];
-                auto lo = _mm512_and_si512(bits, m4b);                          // quants 4*par ..
-                auto hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4b);    // quants 4*par + 8 ..
-                uint8_t * lo_run = wq[buf][2*(2*h + g)], * hi_run = wq[buf][2*(2*h + g) + 1];
-                int r_lo = 4*jr + par, r_hi = 4*jr + par + 2;
-                _mm512_store_si512((void *)(lo_run + 64*r_lo), _mm512_mullo_epi16(lo, slo));
-                _mm512_store_si512((void *)(hi_run + 64*r_lo), _mm512_mullo_epi16(lo, shi));
-                _mm512_store_si512((void *)(lo_run + 64*r_hi), _mm512_mullo_epi16(hi, slo));
-                _mm512_store_si512((void *)(hi_run + 64*r_hi), _mm512_mullo_epi16(hi, shi));
-            }
-        }
-    };
     for (int ix = 0; ix < tiled; ix += 16) {
+        const block_q4_k_r4 * w[4];
         for (int G = 0; G < 4; ++G) w[G] = (const block_q4_k_r4 *)((const char *)vx + (ix + 4*G)*bx);
         for (int G = 0; G < 4; ++G) for (int iy = 0; iy < nrc_y; ++iy) acc[G][iy] = _mm256_setzero_ps();
-        prepare(0, 0);
-        for (int G = 0; G < 4; ++G) process_min_r4_b32(0, m4[G], mins[G], q8, acc[G]);
         for (int ibl = 0; ibl < nbl; ++ibl) {
-            int buf = ibl & 1;
+            __m256 d4[4];
+            for (int G = 0; G < 4; ++G) {  // scales and mins, as the kernel above
+                const block_q4_k_r4 * iq4 = w[G];
+                auto dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)iq4[ibl].d));
+                d4[G] = _mm256_set_m128(_mm256_castps256_ps128(dl), _mm256_castps256_ps128(dl));
+                auto m4 = _mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_set_m128(_mm256_extractf128_ps(dl, 1), _mm256_extractf128_ps(dl, 1)));
+                auto lbits = _mm256_loadu_si256((const __m256i *)iq4[ibl].scales_l);
+                auto hbits128 = _mm_loadu_si128((const __m128i *)iq4[ibl].scales_h);
+                auto hbits = MM256_SET_M128I(hbits128, _mm_slli_epi16(hbits128, 4));
+                hd[G].vec = _mm256_or_si256(_mm256_and_si256(lbits, mf), _mm256_and_si256(hbits, m3));
+                auto mins = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lbits, 4), mf), _mm256_and_si256(_mm256_srli_epi16(hbits, 2), m3));
+                process_min_r4_b32(ibl, m4, mins, q8, acc[G]);
+            }
+            // row r of run (h, g) holds, for each of the 16 weight rows, quants 16h + 4(r%4) .. +3
+            // of sub-block 4g + r/4, times the scale's low 3 bits (and in the next tile its high 3)
+            for (int j = 0; j < 8; ++j) {
+                auto s = _mm512_cvtepu8_epi32(_mm_set_epi32(hd[3].val[j], hd[2].val[j], hd[1].val[j], hd[0].val[j]));
+                auto slo = _mm512_and_si512(s, m7), shi = _mm512_srli_epi32(s, 3);
+                slo = _mm512_or_si512(slo, _mm512_slli_epi32(slo, 16));
+                shi = _mm512_or_si512(shi, _mm512_slli_epi32(shi, 16));
+                // 64 bytes of each group: [bits1 h0 | bits1 h1 | bits2 h0 | bits2 h1], 4 rows each
+                auto v0 = _mm512_loadu_si512((const void *)(w[0][ibl].qs + 64*j));
+                auto v1 = _mm512_loadu_si512((const void *)(w[1][ibl].qs + 64*j));
+                auto v2 = _mm512_loadu_si512((const void *)(w[2][ibl].qs + 64*j));
+                auto v3 = _mm512_loadu_si512((const void *)(w[3][ibl].qs + 64*j));
+                auto t0 = _mm512_shuffle_i32x4(v0, v1, 0x44), t1 = _mm512_shuffle_i32x4(v0, v1, 0xee);
+                auto t2 = _mm512_shuffle_i32x4(v2, v3, 0x44), t3 = _mm512_shuffle_i32x4(v2, v3, 0xee);
+                __m512i z[4];  // [2*parity + h]: 128-bit lane G = group G's 4 rows
+                z[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+                z[1] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
+                z[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+                z[3] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
+                int g = j / 4, jr = j % 4;
+                for (int par = 0; par < 2; ++par) for (int h = 0; h < 2; ++h) {
+                    auto bits = z[2*par + h];
+                    auto lo = _mm512_and_si512(bits, m4b);                          // quants 4*par ..
+                    auto hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4b);    // quants 4*par + 8 ..
+                    uint8_t * lo_run = wq[2*(2*h + g)], * hi_run = wq[2*(2*h + g) + 1];
+                    int r_lo = 4*jr + par, r_hi = 4*jr + par + 2;
+                    _mm512_store_si512((void *)(lo_run + 64*r_lo), _mm512_mullo_epi16(lo, slo));
+                    _mm512_store_si512((void *)(hi_run + 64*r_lo), _mm512_mullo_epi16(lo, shi));
+                    _mm512_store_si512((void *)(lo_run + 64*r_hi), _mm512_mullo_epi16(hi, slo));
+                    _mm512_store_si512((void *)(hi_run + 64*r_hi), _mm512_mullo_epi16(hi, shi));
+                }
+            }
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             const int8_t * a = quants.data() + size_t(ibl)*4*nrc_y*64;
             _tile_loadd(4, a + 0*nrc_y*64, 64);
-            _tile_loadd(5, wq[buf][0], 64); _tile_loadd(6, wq[buf][1], 64);
+            _tile_loadd(5, wq[0], 64); _tile_loadd(6, wq[1], 64);
             _tile_dpbsud(0, 4, 5); _tile_dpbsud(1, 4, 6);
             _tile_loadd(7, a + 1*nrc_y*64, 64);
-            _tile_loadd(5, wq[buf][2], 64); _tile_loadd(6, wq[buf][3], 64);
+            _tile_loadd(5, wq[2], 64); _tile_loadd(6, wq[3], 64);
             _tile_dpbsud(0, 7, 5); _tile_dpbsud(1, 7, 6);
             _tile_loadd(4, a + 2*nrc_y*64, 64);
-            _tile_loadd(5, wq[buf][4], 64); _tile_loadd(6, wq[buf][5], 64);
+            _tile_loadd(5, wq[4], 64); _tile_loadd(6, wq[5], 64);
             _tile_dpbsud(2, 4, 5); _tile_dpbsud(3, 4, 6);
             _tile_loadd(7, a + 3*nrc_y*64, 64);
-            _tile_loadd(5, wq[buf][6], 64); _tile_loadd(6, wq[buf][7], 64);
+            _tile_loadd(5, wq[6], 64); _tile_loadd(6, wq[7], 64);
             _tile_dpbsud(2, 7, 5); _tile_dpbsud(3, 7, 6);
-            if (ibl + 1 < nbl) prepare(ibl + 1, buf ^ 1);  // while the tiles multiply
             _tile_stored(0, sums[0], 64); _tile_stored(1, sums[1], 64);
             _tile_stored(2, sums[2], 64); _tile_stored(3, sums[3], 64);
             for (int iy = 0; iy < nrc_y; ++iy) {
@@ -167,13 +160,10 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
                 auto i2 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(h0, _mm512_set_epi32(0,0,0,0,0,0,0,0, 27,26,25,24, 11,10,9,8), h1));
                 auto i3 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(h0, _mm512_set_epi32(0,0,0,0,0,0,0,0, 31,30,29,28, 15,14,13,12), h1));
                 auto dy = _mm256_set1_ps(q8.scale(iy, ibl));
-                acc[0][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[buf][0], dy), _mm256_cvtepi32_ps(i0), acc[0][iy]);
-                acc[1][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[buf][1], dy), _mm256_cvtepi32_ps(i1), acc[1][iy]);
-                acc[2][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[buf][2], dy), _mm256_cvtepi32_ps(i2), acc[2][iy]);
-                acc[3][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[buf][3], dy), _mm256_cvtepi32_ps(i3), acc[3][iy]);
-            }
-            if (ibl + 1 < nbl) {
-                for (int G = 0; G < 4; ++G) process_min_r4_b32(ibl + 1, m4[G], mins[G], q8, acc[G]);
+                acc[0][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[0], dy), _mm256_cvtepi32_ps(i0), acc[0][iy]);
+                acc[1][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[1], dy), _mm256_cvtepi32_ps(i1), acc[1][iy]);
+                acc[2][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[2], dy), _mm256_cvtepi32_ps(i2), acc[2][iy]);
+                acc[3][iy] = _mm256_fmadd_ps(_mm256_mul_ps(d4[3], dy), _mm256_cvtepi32_ps(i3), acc[3][iy]);
             }
         }
         for (int G = 0; G < 4; ++G) for (int iy = 0; iy < nrc_y; ++iy) {
@@ -188,9 +178,7 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
 // The Q4_K_R4 kernels for ADASPEC_AMX_MIN_ROWS activation rows and more, and for 16.
 inline void use_q4_k_r4(std::array<mul_mat_t, IQK_MAX_NY>& kernels, mul_mat_t& func16) {
     if (!enabled()) return;
-    static_assert(IQK_MAX_NY == 8, "the AMX kernels fill slots 1..8");
-    if (ADASPEC_AMX_MIN_ROWS <= 2) kernels[1] = mul_mat_q4_k_r4_q8_k_amx<2>;
-    if (ADASPEC_AMX_MIN_ROWS <= 3) kernels[2] = mul_mat_q4_k_r4_q8_k_amx<3>;
+    static_assert(IQK_MAX_NY == 8, "the AMX kernels fill slots 4..8 (rows 4..8)");
     if (ADASPEC_AMX_MIN_ROWS <= 4) kernels[3] = mul_mat_q4_k_r4_q8_k_amx<4>;
     if (ADASPEC_AMX_MIN_ROWS <= 5) kernels[4] = mul_mat_q4_k_r4_q8_k_amx<5>;
     if (ADASPEC_AMX_MIN_ROWS <= 6) kernels[5] = mul_mat_q4_k_r4_q8_k_amx<6>;

@@ -11,7 +11,7 @@ which kernel scored it (the backend's rows-alike check and the smoke test's bloc
 lone comparison hold). Compiled only where the compiler targets AMX (`GGML_NATIVE` on such
 a CPU); at run time the process asks Linux for the tile state, and without it (or with
 `ADASPEC_IK_AMX=off`) the kernels are the pinned ones. A lone row and calls of fewer than
-`MIN_ROWS` rows keep the pinned kernel, which is faster there.
+`ADASPEC_AMX_MIN_ROWS` rows (ik_amx.cpp) keep the pinned kernel, which is faster there.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from adaspec.backends.ik_source import PatchError, patch_file
 NAME = "k-quant-amx"
 FILE = ik_prefetch_patch.FILE
 MARK = "adaspec_amx"
-ENV = "ADASPEC_IK_AMX"  # "off": the pinned kernels even where AMX is there
-MIN_ROWS = 4  # ADASPEC_AMX_MIN_ROWS in ik_amx.cpp
+ENV = "ADASPEC_IK_AMX"  # OFF: the pinned kernels even where AMX is there (read by ik_amx.cpp)
+OFF = "off"
 
 # the x86 Q4_K kernel ends where the Q5_K one begins: the AMX kernel goes between them
 AFTER_KERNEL = "template <int nrc_y>\nstatic void mul_mat_q5_k_r4_q8_k("
