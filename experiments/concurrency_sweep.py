@@ -17,6 +17,9 @@ Systems:
   PYTHONPATH). A server that does not know `--max-batch` (before continuous batching) is
   started without it at C = 1 (said in the output); at C > 1 the row reports the error.
   `adaspec:fixed` is `adaspec:<--fixed>`.
+- `adaspec:METHOD@VAR=VALUE` -- the same with an environment variable set for that server
+  (more than one: `@A=1@B=2`), e.g. `adaspec:auto@ADASPEC_IK_AMX=off` for the native build's
+  pinned kernels beside its AMX ones in one run.
 - `adaspec-fifo:METHOD` -- the same with `--max-batch 1` (one request decoding, the others
   queued), the baseline of issue 33's "today's" targets.
 - `llama-server`, `llama-server:spec=TYPE` -- the native llama-server the bench builds
@@ -112,6 +115,7 @@ class System:
     kind: str  # adaspec | adaspec-fifo | llama-server
     method: str = ""  # adaspec's --method
     spec: str = "none"  # llama-server's --spec-type
+    env: tuple[tuple[str, str], ...] = ()  # adaspec's server: VAR=VALUE set for its process
 
 
 def parse_systems(text: str, fixed: str) -> list[System]:
@@ -122,14 +126,16 @@ def parse_systems(text: str, fixed: str) -> list[System]:
         item = item.strip()
         kind, _, rest = item.partition(":")
         if kind in ("adaspec", "adaspec-fifo"):
+            rest, *settings = re.split(r"@(?=[A-Za-z_][A-Za-z0-9_]*=)", rest)
+            env = tuple((var, value) for var, _, value in (s.partition("=") for s in settings))
             method = fixed if rest == "fixed" else rest
             if not method:
                 raise SystemExit(f"{item!r}: give a method, e.g. adaspec:auto")
             from adaspec.methods.spec import parse_method
 
             parse_method(method)  # a typo fails before any server starts
-            label = f"{kind}:{method}"
-            systems.append(System(label, kind, method=method))
+            label = f"{kind}:{method}" + "".join(f"@{s}" for s in settings)
+            systems.append(System(label, kind, method=method, env=env))
         elif kind == "llama-server":
             spec = rest.partition("spec=")[2] if rest else "none"
             if rest and not rest.startswith("spec="):
@@ -333,14 +339,15 @@ class AdaspecPeer(Peer):
     """`adaspec serve` on a free loopback port, ready when /health answers 200 (started and
     waited for by the bench's LlamaServer, which runs any binary with these arguments)."""
 
-    def __init__(self, binary: Path, args: list[str], log: Path, startup_timeout: float):
+    def __init__(self, binary: Path, args: list[str], log: Path, startup_timeout: float,
+                 env: dict[str, str] | None = None):
         try:
-            self.server = LlamaServer(binary, args, log, startup_timeout).start()
+            self.server = LlamaServer(binary, args, log, startup_timeout, env=env).start()
         except PeerUnavailable as exc:  # its messages name llama-server
             raise PeerUnavailable(str(exc).replace(SERVER, "adaspec serve")) from None
         assert self.server.proc is not None
         self.port, self.pid = self.server.port, self.server.proc.pid
-        self.info = {"binary": str(binary), "args": args, "log": str(log),
+        self.info = {"binary": str(binary), "args": args, "env": env or {}, "log": str(log),
                      "url": f"http://{HOST}:{self.port}", "health": health(self.port)}
 
     def alive(self, settle: float = 0.0) -> bool:
@@ -474,7 +481,7 @@ def start_adaspec(ctx: Context, system: System, clients: int, max_batch: bool
     log = ctx.log_path(system, clients)
     try:
         peer = AdaspecPeer(ctx.adaspec_bin, [*args, "--max-batch", str(slots)], log,
-                           ctx.startup_timeout)
+                           ctx.startup_timeout, dict(system.env))
         return peer, {"max_batch": slots if max_batch else None,
                       "max_batch_note": "given" if max_batch else "1 (FIFO system)"}
     except PeerUnavailable as exc:
@@ -490,7 +497,7 @@ def start_adaspec(ctx: Context, system: System, clients: int, max_batch: bool
             "started without it, one request at a time, what was asked for")
     ctx.notes.append(f"{system.label} at {clients} client(s): {note}")
     peer = AdaspecPeer(ctx.adaspec_bin, args, ctx.log_path(system, clients, "-nomb"),
-                       ctx.startup_timeout)
+                       ctx.startup_timeout, dict(system.env))
     return peer, {"max_batch": None, "max_batch_note": note}
 
 

@@ -5,6 +5,7 @@ honest as these parts."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from pathlib import Path
@@ -23,6 +24,8 @@ from .test_bench_llama_server import FAKE_START, write_fake  # noqa: E402
 # dies of SIGSEGV while loading without --no-repack (FAKE_CRASH_AT_START) and on its first
 # completion with a speculative type (FAKE_SPEC_CRASH).
 FAKE = FAKE_START + r'''
+if os.environ.get("FAKE_SAY"):  # what a system's environment told this server
+    print("said " + os.environ["FAKE_SAY"], flush=True)
 
 
 def events(mode, n):
@@ -159,6 +162,20 @@ def test_systems_parse_with_commas_inside_methods_and_bad_ones_say_why():
                       ("llama-server:spec=eagle", "spec types here"), ("vllm", "unknown system")]:
         with pytest.raises(SystemExit, match=says):
             sweep.parse_systems(bad, "ngram:k=4")
+
+
+def test_an_adaspec_system_sets_environment_variables_for_its_own_server(fake_binary,
+                                                                        tmp_path):
+    off, plain = sweep.parse_systems("adaspec:ngram:k=4@FAKE_SAY=tiles-off@B=2,adaspec:auto",
+                                     "ngram:k=3")
+    assert (off.label, off.method) == ("adaspec:ngram:k=4@FAKE_SAY=tiles-off@B=2", "ngram:k=4")
+    assert off.env == (("FAKE_SAY", "tiles-off"), ("B", "2")) and plain.env == ()
+    ctx = dataclasses.replace(_context(tmp_path, None), adaspec_bin=fake_binary)
+    for system, said in ((off, True), (plain, False)):
+        peer, _ = sweep.start_adaspec(ctx, system, 2, True)
+        peer.close()
+        log = ctx.log_path(system, 2).read_text()
+        assert ("said tiles-off" in log) is said, log
 
 
 def _context(tmp_path: Path, llama_bin: Path | None) -> sweep.Context:

@@ -132,9 +132,12 @@ class LlamaServer:
     call twice); a server that dies is a PeerUnavailable quoting its log."""
 
     def __init__(self, binary: str | Path, args: list[str], log_path: str | Path,
-                 startup_timeout: float = STARTUP_TIMEOUT) -> None:
+                 startup_timeout: float = STARTUP_TIMEOUT,
+                 env: dict[str, str] | None = None) -> None:
+        """env: variables set for the server's process on top of this one's."""
         self.binary = Path(binary)
         self.args = list(args)
+        self.env = dict(env or {})
         self.log_path = Path(log_path)
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
@@ -153,6 +156,7 @@ class LlamaServer:
                     [str(self.binary), *self.args, "--host", HOST, "--port", str(self.port)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,
+                    env={**os.environ, **self.env} if self.env else None,
                 )
             try:
                 self._wait_ready()
