@@ -14,9 +14,6 @@
 // (its headers: ik_amx_patch.INCLUDES, at the top of the file)
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512BW__) && defined(HAVE_VNNI256)
 #define ADASPEC_AMX_Q4K 1
-#ifndef ADASPEC_AMX_MIN_ROWS
-#define ADASPEC_AMX_MIN_ROWS 6  // fewer rows: the kernel above is faster
-#endif
 namespace adaspec_amx {
 
 // The tile state is off until the process asks the kernel for it (Linux >= 5.16).
@@ -175,16 +172,13 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
 }
 
 
-// The Q4_K_R4 kernels for ADASPEC_AMX_MIN_ROWS activation rows and more, and for 16.
+// The Q4_K_R4 kernel for 16 activation rows at a time (ik's `func16`: prompt chunks, blocks
+// of 16 and more). Calls of 8 rows and fewer keep the kernel above: with their weights read
+// from memory once per call (rounds of a few requests), the tile kernel measured no faster
+// in the library, though faster on weights in cache.
 inline void use_q4_k_r4(std::array<mul_mat_t, IQK_MAX_NY>& kernels, mul_mat_t& func16) {
-    if (!enabled()) return;
-    static_assert(IQK_MAX_NY == 8, "the AMX kernels fill slots 4..8 (rows 4..8)");
-    if (ADASPEC_AMX_MIN_ROWS <= 4) kernels[3] = mul_mat_q4_k_r4_q8_k_amx<4>;
-    if (ADASPEC_AMX_MIN_ROWS <= 5) kernels[4] = mul_mat_q4_k_r4_q8_k_amx<5>;
-    if (ADASPEC_AMX_MIN_ROWS <= 6) kernels[5] = mul_mat_q4_k_r4_q8_k_amx<6>;
-    if (ADASPEC_AMX_MIN_ROWS <= 7) kernels[6] = mul_mat_q4_k_r4_q8_k_amx<7>;
-    kernels[7] = mul_mat_q4_k_r4_q8_k_amx<8>;
-    func16 = mul_mat_q4_k_r4_q8_k_amx<16>;
+    (void)kernels;
+    if (enabled()) func16 = mul_mat_q4_k_r4_q8_k_amx<16>;
 }
 
 }  // namespace adaspec_amx

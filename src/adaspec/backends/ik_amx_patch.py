@@ -10,8 +10,10 @@ as it is, so every output is bit for bit the kernel's and a row's logits do not 
 which kernel scored it (the backend's rows-alike check and the smoke test's block-against-
 lone comparison hold). Compiled only where the compiler targets AMX (`GGML_NATIVE` on such
 a CPU); at run time the process asks Linux for the tile state, and without it (or with
-`ADASPEC_IK_AMX=off`) the kernels are the pinned ones. A lone row and calls of fewer than
-`ADASPEC_AMX_MIN_ROWS` rows (ik_amx.cpp) keep the pinned kernel, which is faster there.
+`ADASPEC_IK_AMX=off`) the kernels are the pinned ones. Only calls of 16 rows at a time take it
+(ik's `func16`: prompt chunks, blocks of 16 and more); rounds of 8 requests and fewer rows
+keep the pinned kernel: reading their weights from memory once per call, the tile kernel
+measured no faster there in the library (faster on weights in cache).
 """
 
 from __future__ import annotations

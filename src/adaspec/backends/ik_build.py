@@ -151,6 +151,24 @@ def patch_source(src: Path) -> int:
     return count
 
 
+def apply_patches(src: Path) -> dict[str, int]:
+    """Every patch of `PATCHES` on the unpacked source `src` (again on a resumed build: no
+    change); returns what the counting ones changed, for build.json."""
+    patched = patch_source(src)
+    try:
+        fa_loops = ik_flash_patch.apply(src)
+        ik_regions_patch.apply(src)
+        prefetching = ik_prefetch_patch.apply(src)
+        ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
+        ik_hugepages_patch.apply(src)
+        ik_amx_patch.apply(src)  # after the Q4_K kernel's own patches: it calls that kernel
+    except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
+            ik_source.PatchError) as exc:  # the one-file patches' error
+        raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
+    return {"one_row_shortcuts_guarded": patched, "flash_attention_loops_patched": fa_loops,
+            "prefetching_kernels": prefetching}
+
+
 def current(info: dict | None) -> bool:
     """A finished build made with this adaspec's source patches."""
     return info is not None and tuple(info.get("patches") or ()) == PATCHES
@@ -173,17 +191,7 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
     t0 = time.monotonic()
     src, commit = native_build.fetch_source(PACKAGE, version, "ik_llama.cpp", work, WHAT, say,
                                             IkBuildError)
-    patched = patch_source(src)
-    try:
-        fa_loops = ik_flash_patch.apply(src)
-        ik_regions_patch.apply(src)
-        prefetching = ik_prefetch_patch.apply(src)
-        ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
-        ik_hugepages_patch.apply(src)
-        ik_amx_patch.apply(src)  # after the Q4_K kernel's own patches: it calls that kernel
-    except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
-            ik_source.PatchError) as exc:  # the one-file patches' error
-        raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
+    counts = apply_patches(src)
     log_path = work / "build.log"
     bar = native_build.Progress(f"building {WHAT} for this CPU ({PACKAGE} {version}, {jobs} "
                                 f"jobs; log {log_path})", progress_stream)
@@ -203,8 +211,7 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
             shutil.copy2(path.resolve(), tmp / "lib" / name)
         write_json(tmp / BUILD_INFO, {
             "runtime": WHAT, "package": PACKAGE, "version": version, "commit": commit,
-            "patches": list(PATCHES), "one_row_shortcuts_guarded": patched,
-            "flash_attention_loops_patched": fa_loops, "prefetching_kernels": prefetching,
+            "patches": list(PATCHES), **counts,
             **native_build.build_record(CMAKE_OPTIONS, generator, tools, seconds),
         })
     shutil.rmtree(work, ignore_errors=True)
