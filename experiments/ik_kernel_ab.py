@@ -35,7 +35,7 @@ from pathlib import Path
 SHAPES = ("one", "block4", "block8", "block16", "round8", "prompt256")
 
 
-def child(out: str) -> None:
+def child(out: str, shapes: tuple[str, ...] = SHAPES) -> None:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -68,7 +68,7 @@ def child(out: str) -> None:
         return [(0, 300 + i, tok()) for i in range(n)]
 
     medians = {}
-    for shape in SHAPES:
+    for shape in shapes:
         times = []
         for _ in range(6 if shape == "prompt256" else 12):
             seconds, _ = ctx.decode(rows(shape), every_row=shape != "prompt256")
@@ -86,10 +86,15 @@ def main() -> None:
                     help="NAME:VAR=VALUE, an environment variable for library NAME's processes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None, help="a JSON file for every repeat and the ratios")
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help=f"which calls to time (shorter processes drift less): {SHAPES}")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    shapes = tuple(args.shapes.split(","))
+    if not set(shapes) <= set(SHAPES):
+        sys.exit(f"--shapes: choose from {', '.join(SHAPES)}")
     if args.child:
-        return child(args.child)
+        return child(args.child, shapes)
     import numpy as np
 
     libs = dict(item.split("=", 1) for item in args.lib)
@@ -112,8 +117,8 @@ def main() -> None:
         for name in order:
             out = f"{tmp}/{name}-{r}.json"
             env = {**os.environ, "IK_LLAMA_CPP_LIB_PATH": libs[name], **extra[name]}
-            subprocess.run([sys.executable, __file__, "--lib", "x=y", "--child", out],
-                           env=env, check=True)
+            subprocess.run([sys.executable, __file__, "--lib", "x=y", "--shapes", args.shapes,
+                            "--child", out], env=env, check=True)
             runs[name].append(json.loads(Path(out).read_text()))
             print(name, r, {k: round(v, 1) for k, v in runs[name][-1].items()}, flush=True)
     base = next(iter(libs))
@@ -128,7 +133,7 @@ def main() -> None:
             for r in range(args.repeats))
         report["ratio_to_base"][name] = {
             shape: [round(runs[name][r][shape] / runs[base][r][shape], 3)
-                    for r in range(args.repeats)] for shape in SHAPES}
+                    for r in range(args.repeats)] for shape in shapes}
     print(json.dumps({k: report[k] for k in ("ratio_to_base", "logits_equal")}, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
