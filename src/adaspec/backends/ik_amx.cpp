@@ -1,4 +1,4 @@
-// adaspec (k-quant-amx): the repacked Q4_K kernel on AMX tiles, for calls of several
+// adaspec (k-quant-amx): the repacked Q4_K kernel on AMX tiles, for calls of 16
 // activation rows on a CPU with AMX (adaspec's `backends/ik_amx_patch.py`).
 //
 // The kernel above this one sums, per weight row, per super-block and per half of each
@@ -132,6 +132,7 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
                     _mm512_store_si512((void *)(hi_run + 64*r_hi), _mm512_mullo_epi16(hi, shi));
                 }
             }
+            // the four runs of 64 quants, written out: tile numbers are immediates
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             const int8_t * a = quants.data() + size_t(ibl)*4*nrc_y*64;
             _tile_loadd(4, a + 0*nrc_y*64, 64);

@@ -1,4 +1,4 @@
-"""The repacked Q4_K kernel on AMX tiles, for calls of several rows on a CPU with AMX.
+"""The repacked Q4_K kernel on AMX tiles, for calls of 16 rows at a time on a CPU with AMX.
 
 Why: on an Intel Xeon with AMX (2 vCPUs) a round of one token for each of 8 requests cost
 2.2 single-token passes, a prompt token about as much as a round's row: the repacked Q4_K
