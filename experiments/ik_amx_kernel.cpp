@@ -20,7 +20,8 @@ double now() {
 }
 
 template <int ny>
-void shape(int n, int nx, int reps, int pinned_rows) {
+void shape(int n, int nx, int reps, int pinned_rows) {  // pinned_rows: 6 or 8, dividing ny
+    static_assert(ny % 2 == 0, "rows: 6, 8 or 16");
     std::mt19937 rng(1000*ny + n);
     const int nbl = n / QK_K;
     const size_t row = nbl*sizeof(block_q4_k_r4)/4;  // bytes of one weight row (4 share a block)
@@ -40,14 +41,12 @@ void shape(int n, int nx, int reps, int pinned_rows) {
     std::vector<float> out_pinned(nx*ny), out_amx(nx*ny);
     DataInfo pinned{out_pinned.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};
     DataInfo amx{out_amx.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};
-    auto run_pinned = [&]() {  // as ik's driver splits rows: calls of at most pinned_rows
+    auto run_pinned = [&]() {  // as ik's driver splits rows: calls of pinned_rows
         for (int done = 0; done < ny; ) {
             DataInfo part = pinned; part.cur_y = done;
-            int m = std::min(pinned_rows, ny - done);
-            if (m == 8) mul_mat_q4_k_r4_q8_k<8>(n, w.data(), row, part, nx);
-            else if (m == 6) mul_mat_q4_k_r4_q8_k<6>(n, w.data(), row, part, nx);
-            else mul_mat_q4_k_r4_q8_k<4>(n, w.data(), row, part, nx);
-            done += m;
+            if (pinned_rows == 8) mul_mat_q4_k_r4_q8_k<8>(n, w.data(), row, part, nx);
+            else mul_mat_q4_k_r4_q8_k<6>(n, w.data(), row, part, nx);
+            done += pinned_rows;
         }
     };
     auto run_amx = [&]() { adaspec_amx::mul_mat_q4_k_r4_q8_k_amx<ny>(n, w.data(), row, amx, nx); };
