@@ -145,7 +145,8 @@ def test_fixed_shapes_score_what_exact_shapes_score():
     for n in (1, 3, 5, 8, 13, 64, 65):
         chain = torch.randint(1, 60, (n,), generator=torch.Generator().manual_seed(n))
         close(fixed.forward(chain).logits, exact.forward(chain).logits)
-    assert set(fixed._fixed) == {1, 4, 8, 16, 64}  # 65 tokens: the exact-shape pass
+    # 65 tokens: the exact-shape pass
+    assert {size for size, _ in fixed._fixed} == {1, 4, 8, 16, 64}
     for b in (exact, fixed):
         b.truncate(20)  # a chain's rollback
     tokens, parents = torch.tensor([11, 12, 13, 14, 15]), [-1, 0, 0, 1, 2]
@@ -189,7 +190,7 @@ def test_a_draft_trees_levels_run_as_fixed_passes():
     fixed._exact_run = lambda *a, **k: exact_runs.append(1) or real(*a, **k)
     level2 = fixed.forward(torch.tensor(levels[1][0]), pos2, full2).logits
     close(level2, exact.forward(torch.tensor(levels[1][0]), pos2, full2).logits)
-    assert not exact_runs and 4 in fixed._fixed  # the fixed pass of 4, not the exact shape
+    assert not exact_runs and (4, 256) in fixed._fixed  # the fixed pass of 4, not the exact shape
     # a sibling's key differs from the ancestor's: seeing it would change the logits
     wrong = full2.clone()
     wrong[:, base:base + 2] = True
@@ -274,3 +275,40 @@ def test_a_layers_mask_is_made_where_its_inputs_are():
     cos, sin = rope(torch.arange(5, 8, device="meta"), cfg.head_dim, cfg.rope_theta, x.dtype)
     out, (keys, _) = attention(x, cos, sin, past)
     assert out.shape == (1, 3, cfg.hidden_size) and keys.shape[-2] == 8
+
+
+def test_fixed_passes_attend_over_a_span_covering_the_cache_not_every_slot():
+    """A fixed pass reads the cache's first `span` slots (a power of two covering the pass),
+    not every slot of a long cache, and scores what exact shapes score on either side of a
+    span's edge; compiled, the span is a dynamic dimension, so a size compiles once for
+    every span, and a pass where nothing came before (only padding rows) yields no NaN."""
+    from torch._dynamo.utils import counters
+
+    from adaspec.backends.static_torch import MIN_SPAN
+
+    model = tiny_model(seed=21, random_norms=True, context=2048)
+    exact = static_backend(model, "exact", graphs="off")
+    fixed = static_backend(model, "fixed", graphs="eager")
+    compiled = static_backend(model, "compiled", graphs="eager", compile=True)
+    total = fixed._slot_ids.numel()
+    gen = torch.Generator().manual_seed(21)
+    prompt = torch.randint(1, 60, (MIN_SPAN - 6,), generator=gen)
+    for b in (exact, fixed, compiled):
+        b.prefill(prompt)
+    before = counters["stats"]["unique_graphs"]
+    for n in (1, 4, 4, 1, 8, 4, 240, 1, 4, 4):  # 250 -> 512 -> 1024; 240: an exact shape
+        chain = torch.randint(1, 60, (n,), generator=gen)
+        want = exact.forward(chain).logits
+        close(fixed.forward(chain).logits, want)
+        close(compiled.forward(chain).logits, want)
+    spans = {span for _, span in fixed._fixed}
+    assert {256, 512, 1024} <= spans and max(spans) < total
+    assert compiled.compiled and {s for _, s in compiled._fixed} == spans
+    sizes = {size for size, _ in compiled._fixed}
+    # a size compiles at most twice (its first span static, then the span dynamic), not
+    # once per span
+    assert counters["stats"]["unique_graphs"] - before <= 2 * len(sizes)
+    # padding rows of a pass that sees no earlier slot still read something: no NaN
+    empty = static_backend(model, "empty", graphs="eager")
+    assert torch.isfinite(empty.forward(torch.tensor([5, 6, 7])).logits).all()
+    assert torch.isfinite(empty.forward(torch.tensor([8])).logits).all()

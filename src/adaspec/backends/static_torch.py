@@ -7,10 +7,14 @@ positions, so a flattened token tree is scored in one pass.
 
 Passes of up to 64 tokens after the prompt (decode, verification, tree shapes) can run at
 fixed shapes (`graphs`): padded to 1, 2, 4, ..., 64 tokens, the padding written to scratch
-slots past the cache, a mask over the whole cache, so every tensor's shape depends on the
-padded size alone. On a GPU each size is captured once as a CUDA graph and replayed (one
-launch instead of hundreds of small ones, which otherwise cost more than the pass); on the
-CPU the same fixed-shape pass runs eagerly, which is how tests check it.
+slots past the cache, attention and its mask over the cache's first `span` slots (a power of
+two covering the pass, at least MIN_SPAN), so every tensor's shape depends on the padded
+size and the span alone. On a GPU each (size, span) is captured once as a CUDA graph and
+replayed (one launch instead of hundreds of small ones, which otherwise cost more than the
+pass); on the CPU the same fixed-shape pass runs eagerly, which is how tests check it. The
+span keeps a pass from reading the empty slots of a long cache: on the H200 a verification
+pass of 4 tokens after 512 cost 9.4 ms over all 8,768 slots of the default cache and 5.4
+over 1,280 (experiments/results/gpu-h200-parts).
 With `compile` (`ADASPEC_TORCH_COMPILE=1` where the runtime is loaded by name) each fixed
 pass is compiled by torch.compile first, which fuses its small kernels (norms, rotary,
 activations); a compiler that fails leaves the eager pass.
@@ -44,6 +48,7 @@ TREE_SLOTS = 512
 # cached slots just before a fixed pass that its mask may hide: a draft tree's levels fed
 # so far, of which each new node sees its ancestors only (more: the exact-shape pass)
 BAND = 64
+MIN_SPAN = 256  # the shortest attention span of a fixed pass (slots)
 ARCHITECTURES = ("qwen2", "llama")
 GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the fixed pass sizes (tokens, padding included)
 # graphs: "cuda" captures a CUDA graph per size, "eager" runs the fixed-shape pass without
@@ -178,7 +183,9 @@ class StaticTorchBackend(ModelBackend):
             # one process: 2 x 7 sizes, past dynamo's default limit of 8 per code object)
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
-        self._pass = (torch.compile(self._fixed_pass, fullgraph=True, dynamic=False)
+        # the span is a dynamic dimension (`_FixedPass.at`): one compiled graph serves a
+        # size at every span
+        self._pass = (torch.compile(self._fixed_pass, fullgraph=True)
                       if compile else self._fixed_pass)
         # scratch slots past the cache: a fixed pass writes its padding there
         self._scratch = self.max_context + TREE_SLOTS
@@ -189,7 +196,7 @@ class StaticTorchBackend(ModelBackend):
                        for _ in range(cfg.num_layers)]
         self._inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, weight.device)
         self._slot_ids = torch.arange(shape[2], device=weight.device)
-        self._fixed: dict[int, _FixedPass] = {}
+        self._fixed: dict[tuple[int, int], _FixedPass] = {}  # by (size, span)
         self._pool: Any = None  # the captured graphs' shared memory pool
         self._len = 0
         self._ids = _CachedIds()  # the cached tokens (prefix reuse)
@@ -324,15 +331,23 @@ class StaticTorchBackend(ModelBackend):
 
     def _fixed_run(self, ids: torch.Tensor, pos: torch.Tensor,
                    tree_mask: torch.Tensor | None, band_start: int) -> torch.Tensor:
-        """The pass padded to the next of `GRAPH_SIZES`: its inputs copied into the size's
-        buffers (two host-to-device copies), then its graph replayed (or, eagerly, the
-        fixed-shape pass run); the real rows' logits [n, V]. Cached slots from `band_start`
-        on are seen as `tree_mask` says, those before it by every row."""
+        """The pass padded to the next of `GRAPH_SIZES`, attending over the first `span`
+        slots: its inputs copied into the (size, span)'s buffers (two host-to-device copies),
+        then its graph replayed (or, eagerly, the fixed-shape pass run); the real rows'
+        logits [n, V]. Cached slots from `band_start` on are seen as `tree_mask` says, those
+        before it by every row."""
         n, start = int(ids.numel()), self._len
         size = next(b for b in GRAPH_SIZES if b >= n)
-        f = self._fixed.get(size)
+        span = MIN_SPAN
+        while span < start + size:
+            span *= 2
+        span = min(span, self._slot_ids.numel())
+        f = self._fixed.get((size, span))
         if f is None:
-            f = self._fixed[size] = _FixedPass(size, self._scratch, self._cache[0][0].device)
+            f = self._fixed[(size, span)] = _FixedPass(
+                size, torch.arange(span, device=self._slot_ids.device), self._scratch)
+            if self.compiled:
+                torch._dynamo.mark_dynamic(f.at, 0)
             if self.graphs == "cuda":
                 self._capture(f)
         if tree_mask is None:  # a chain: made once per size and length (the host's time
@@ -365,13 +380,20 @@ class StaticTorchBackend(ModelBackend):
             return self._pass(f)
 
     def _fixed_pass(self, f: _FixedPass) -> torch.Tensor:
-        """Logits [size, V] of a fixed pass: every shape depends on the size alone, and the
-        cache length, slots and mask are read from tensors (what a captured graph replays)."""
+        """Logits [size, V] of a fixed pass: every shape depends on the size and span alone,
+        and the cache length, slots and mask are read from tensors (what a captured graph
+        replays)."""
         cfg, stack = self.config, self.model.model
-        rel = self._slot_ids - f.band_start  # [total]: slot index within the band
-        band = f.sees[:, rel.clamp(0, BAND - 1)]  # [size, total]
+        size = f.ids.shape[0]
+        rel = f.at - f.band_start  # [span]: slot index within the band
+        band = f.sees[:, rel.clamp(0, BAND - 1)]  # [size, span]
         mask = torch.where((rel >= 0) & (rel < BAND), band, rel < 0)
-        mask[:, f.slots] = f.sees[:, BAND:]
+        new = f.at - f.slots[0]  # [span]: the new token a slot holds (padding's: none)
+        mask = torch.where((new >= 0) & (new < size), f.sees[:, BAND + new.clamp(0, size - 1)],
+                           mask)
+        # a row that sees nothing (padding before any real pass) sees slot 0: a bare row's
+        # attention is NaN, and a NaN value written to the cache poisons every later read
+        mask = mask | ((f.at == 0) & ~mask.any(-1, keepdim=True))
         cos, sin = rope(f.positions, cfg.head_dim, cfg.rope_theta, self.dtype, self._inv_freq)
         x = stack.embed_tokens(f.ids)[None]
         layer: Any
@@ -465,14 +487,16 @@ class PassInputs:
 
 
 class _FixedPass:
-    """The device buffers of one fixed pass size: token ids, rotary positions and cache slots
-    [size] (padding: token 0 at position 0, in scratch slots), the first cached slot the
-    mask may hide (`band_start`: every row sees the slots before it), and what each row
-    sees [size, BAND + size] of the BAND slots from there and of the new tokens; a captured
-    graph reads them at each replay."""
+    """The device buffers of one fixed pass (size, span): token ids, rotary positions and
+    cache slots [size] (padding: token 0 at position 0, in scratch slots), the first cached
+    slot the mask may hide (`band_start`: every row sees the slots before it), and what each
+    row sees [size, BAND + size] of the BAND slots from there and of the new tokens; a
+    captured graph reads them at each replay. `at` [span] numbers the slots attended to."""
 
-    def __init__(self, size: int, scratch: int, device: torch.device) -> None:
+    def __init__(self, size: int, at: torch.Tensor, scratch: int) -> None:
         self.size = size
+        self.at = at
+        device = at.device
         self._scratch = torch.arange(scratch, scratch + size)
         self.inputs = PassInputs({"ids": (size,), "positions": (size,), "slots": (size,),
                                   "band_start": ()}, device)
