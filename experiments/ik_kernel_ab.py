@@ -7,6 +7,7 @@ Each process loads the default target repacked (as adaspec runs it) and times, m
 - `block4` / `block8` / `block16`: 4 / 8 / 16 tokens of one sequence after 300 cells
   (verification);
 - `round8`: one token for each of 8 sequences of 300 cells, regions on (`serve`'s rounds);
+  `round8x2` / `round8x4`: 2 / 4 tokens each (a round verifying drafts);
 - `prompt256`: a chunk of 256 prompt tokens;
 and saves the logits of blocks of 1, 2, 3, 5, 8, 13 and 16 tokens, compared across libraries
 bit for bit.
@@ -32,7 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHAPES = ("one", "block4", "block8", "block16", "round8", "prompt256")
+SHAPES = ("one", "block4", "block8", "block16", "round8", "round8x2", "round8x4",
+          "prompt256")
 
 
 def child(out: str, shapes: tuple[str, ...] = SHAPES) -> None:
@@ -62,8 +64,9 @@ def child(out: str, shapes: tuple[str, ...] = SHAPES) -> None:
 
     def rows(shape: str) -> list[tuple[int, int, int]]:
         tok = lambda: rng.randrange(1000, 30000)  # noqa: E731
-        if shape == "round8":
-            return [(s, 300, tok()) for s in range(1, 9)]
+        if shape.startswith("round8"):
+            each = int(shape.partition("x")[2] or 1)
+            return [(s, 300 + i, tok()) for s in range(1, 9) for i in range(each)]
         n = {"one": 1, "block4": 4, "block8": 8, "block16": 16, "prompt256": 256}[shape]
         return [(0, 300 + i, tok()) for i in range(n)]
 
