@@ -368,3 +368,40 @@ def test_batch_load_prices_one_request_as_alone():
     assert BatchLoad(None, 5).others == 0  # unpriced batch: drafters price as alone
     load = BatchLoad(steep_cost, 3)
     assert load.others == 2 and load.call_ms(2) == steep_cost(5, 3)
+    assert not BatchLoad(steep_cost, 1).shared and BatchLoad(steep_cost, 3).shared
+
+
+def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
+    """A prompt being prefilled in chunks is no decoding request (it emits nothing this
+    round), but its chunk rides in the round's call: the load counts it as a sequence of
+    that many tokens, and auto prices a draft of the one decoding request in that call
+    (where a drafted token costs little beside the chunk) rather than as a call alone."""
+    from adaspec.cost.batch import BatchLoad
+
+    load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200)
+    assert load.others == 0 and load.shared
+    assert load.call_ms(2) == steep_cost(203, 2)
+    engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
+    drafter = engine.drafter
+    drafter.batch, drafter._load = load, load
+    overhead = drafter.profile.overhead_ms
+    assert drafter._verify_ms(2, 10) == steep_cost(203, 2) + overhead
+    drafter._load = BatchLoad(steep_cost, 1)  # nothing rides along: priced as alone
+    assert drafter._verify_ms(2, 10) == drafter.profile.target_ms(3, 10) + overhead
+
+    from adaspec.backends.static_torch import static_backend
+
+    views = static_backend(target.model, "tiny").sequences(2)  # prompts go in chunks
+    engines = [build_engine("ar", v, None, None, eos_token_ids=[]) for v in views]
+    decoder = BatchDecoder(cost=steep_cost, prefill_tokens=4)
+    decoder.add("short", engines[0].stream_steps(PROMPTS[0], max_new_tokens=6), engines[0])
+    decoder.add("long", engines[1].stream_steps(PROMPTS[2] * 2, max_new_tokens=6),
+                engines[1])
+    seen = []
+    while len(decoder):
+        decoder.round()
+        seen.append((decoder.load.sequences, decoder.load.prompts,
+                     decoder.load.prompt_tokens))
+    # while the long prompt's 24 tokens go in chunks of 4, the short request decodes beside
+    assert (1, 1, 4) in seen
+    assert seen[-1][1:] == (0, 0)

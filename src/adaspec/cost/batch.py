@@ -40,20 +40,30 @@ class BatchLoad:
     """The call a batched request's draft joins, as its drafter prices it: a draft of n
     tokens makes the round's call carry n more tokens, and its drafting time holds up every
     request of the round, so it pays only where it raises the batch's tokens per ms, not
-    one request's. `engine/batch.BatchDecoder` keeps it current each round."""
+    one request's. A prompt chunk in the same call makes drafted tokens cheap beside it (a
+    call's time grows about linearly past a few dozen tokens). `engine/batch.BatchDecoder`
+    keeps it current each round."""
 
     cost: BatchCostFn | None = None
     sequences: int = 1  # requests decoding together this round, the drafter's own included
+    prompts: int = 0  # prompts being prefilled in chunks beside them (a sequence each)
+    prompt_tokens: int = 0  # the prompt tokens the round's call is expected to carry
 
     @property
     def others(self) -> int:
-        """The other requests of the round (0: priced as a request alone)."""
+        """The other decoding requests of the round (0: none, or an unpriced batch)."""
         return self.sequences - 1 if self.cost is not None else 0
+
+    @property
+    def shared(self) -> bool:
+        """Whether the round's call carries more than this request (else: priced alone)."""
+        return self.cost is not None and (self.sequences > 1 or self.prompt_tokens > 0)
 
     def call_ms(self, drafted: int) -> float:
         """ms of the round's call with `drafted` more tokens than one per request."""
         assert self.cost is not None
-        return self.cost(self.sequences + drafted, self.sequences)
+        return self.cost(self.sequences + self.prompt_tokens + drafted,
+                         self.sequences + self.prompts)
 
 
 @dataclass

@@ -277,7 +277,7 @@ class AutoDrafter(Drafter):
     def _verify_ms(self, drafted: int, context: int) -> float:
         """ms of the target call that verifies `drafted` tokens: this request's own, or, in a
         batch, the round's call with them added (`cost.batch.BatchLoad`)."""
-        if self._load is not None and self._load.others:
+        if self._load is not None and self._load.shared:
             return self._load.call_ms(drafted) + self.profile.overhead_ms
         return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
 

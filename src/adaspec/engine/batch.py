@@ -144,7 +144,10 @@ class BatchDecoder:
         """One round (see the module's docstring): what each request produced, in order; a
         request ends after its GenerationResult or its Exception."""
         events: list[tuple[Hashable, StreamChunk | GenerationResult | Exception]] = []
-        self.load.cost, self.load.sequences = self.cost, len(self._members)
+        filling = [m.prompt_left for m in self._members.values() if m.prompt_left]
+        self.load.cost, self.load.prompts = self.cost, len(filling)
+        self.load.sequences = max(1, len(self._members) - len(filling))
+        self.load.prompt_tokens = min(self.prefill_tokens, sum(len(p) for p in filling))
         for member in list(self._members.values()):
             if member.call is not None and member.call.out is None:
                 continue  # a prefill still in chunks
