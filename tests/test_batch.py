@@ -361,6 +361,25 @@ def test_a_joined_auto_still_drafts_where_the_batch_pays(target, draft):
     assert calls > 0
 
 
+def test_a_prompt_chunk_in_the_call_does_not_make_weak_drafts_look_cheap():
+    """Beside a long prompt chunk a round's call is long, and a drafted token adds little
+    to it; valued at nothing, the chunk would make a draft of any acceptance pay. Valued at
+    the batch's decoding rate (`prompt_value`), a draft beside it pays only where it would
+    pay in a decode round."""
+    from adaspec.cost.batch import prompt_value
+
+    def cost(tokens: int, sequences: int) -> float:
+        return 100.0 + 10.0 * tokens  # decode round of 2: 120 ms; a token 10 ms more
+
+    worth = prompt_value(cost, 2, 1, 200)
+    assert worth == pytest.approx(2 / 120 * 2000)
+    assert choose_lengths([[0.05], []], 200, cost) == [1, 0]  # the chunk valued at nothing
+    assert choose_lengths([[0.05], []], 200, cost, worth) == [0, 0]
+    assert choose_lengths([[0.5], []], 200, cost, worth) == [1, 0]  # pays in a decode round
+    assert choose_lengths([[0.5], []], 0, cost) == [1, 0]
+    assert choose_lengths([[0.05], []], 0, cost) == [0, 0]
+
+
 def test_batch_load_prices_one_request_as_alone():
     from adaspec.cost.batch import BatchLoad
 
@@ -381,11 +400,14 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200)
     assert load.others == 0 and load.shared
     assert load.call_ms(2) == steep_cost(203, 2)
+    # the chunk is worth its time at the decoding rate: 1 token / 10 ms over 2000 ms
+    assert load.prompt_value == pytest.approx(200.0)
     engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
     drafter.batch, drafter._load = load, load
     overhead = drafter.profile.overhead_ms
     assert drafter._verify_ms(2, 10) == steep_cost(203, 2) + overhead
+    assert drafter._base() == pytest.approx(201.0)  # its own token and the chunk's worth
     drafter._load = BatchLoad(steep_cost, 1)  # nothing rides along: priced as alone
     assert drafter._verify_ms(2, 10) == drafter.profile.target_ms(3, 10) + overhead
 

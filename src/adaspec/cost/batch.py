@@ -35,6 +35,19 @@ FORMAT = 1
 BatchCostFn = Callable[[int, int], float]
 
 
+def prompt_value(cost: BatchCostFn, sequences: int, prompts: int, prompt_tokens: int) -> float:
+    """What prompt chunks riding in a round's call are worth, in decoded tokens: the time
+    they add to the call, at the rate the round's `sequences` decoding requests make
+    without them. Counted so, a draft beside a chunk pays only where its tokens come cheaper
+    than the batch's own decoding; counted as nothing, the chunk's long call would make any
+    draft look cheap."""
+    if not prompt_tokens:
+        return 0.0
+    s = max(1, sequences)
+    alone = cost(s, s)
+    return s / alone * max(0.0, cost(s + prompt_tokens, s + prompts) - alone)
+
+
 @dataclass
 class BatchLoad:
     """The call a batched request's draft joins, as its drafter prices it: a draft of n
@@ -58,6 +71,13 @@ class BatchLoad:
     def shared(self) -> bool:
         """Whether the round's call carries more than this request (else: priced alone)."""
         return self.cost is not None and (self.sequences > 1 or self.prompt_tokens > 0)
+
+    @property
+    def prompt_value(self) -> float:
+        """The round's prompt chunks in decoded tokens (`prompt_value`); 0 unpriced."""
+        if self.cost is None:
+            return 0.0
+        return prompt_value(self.cost, self.sequences, self.prompts, self.prompt_tokens)
 
     def call_ms(self, drafted: int) -> float:
         """ms of the round's call with `drafted` more tokens than one per request."""

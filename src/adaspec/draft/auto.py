@@ -283,8 +283,11 @@ class AutoDrafter(Drafter):
 
     def _base(self) -> float:
         """Tokens a step emits without this request's draft: its own one, and in a batch
-        one for each other request of the round (the rate a draft must raise)."""
-        return 1.0 + (self._load.others if self._load is not None else 0)
+        one for each other request of the round and the worth of its prompt chunks (the
+        rate a draft must raise)."""
+        if self._load is None or not self._load.shared:
+            return 1.0
+        return 1.0 + self._load.others + self._load.prompt_value
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
                      context: int) -> tuple[int, float]:

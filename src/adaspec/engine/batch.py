@@ -32,7 +32,7 @@ from adaspec.backends.sequences import (
     SequenceView,
     forward_together,
 )
-from adaspec.cost.batch import BatchCostFn, BatchLoad
+from adaspec.cost.batch import BatchCostFn, BatchLoad, prompt_value
 from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall, TextGenerator
 
 PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
@@ -60,16 +60,17 @@ class RoundStats:
 
 
 def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
-                   cost: BatchCostFn) -> list[int]:
+                   cost: BatchCostFn, other_value: float = 0.0) -> list[int]:
     """How many drafted tokens of each request one call verifies. accepts[i]: request i's
     drafted levels' acceptance estimates (None: its draft is fixed, verified whole, counted in
-    `fixed_tokens` with the call's other tokens beyond one per request). Adds drafted tokens
-    in order of expected gain and keeps the count with the most expected tokens per ms;
-    verifying no draft at all is one of the candidates, so the choice never expects less than
-    the batch without speculation."""
+    `fixed_tokens` with the call's other tokens beyond one per request); other_value: what
+    the call's other work (prompt chunks, `cost.batch.prompt_value`) is worth in tokens.
+    Adds drafted tokens in order of expected gain and keeps the count with the most expected
+    tokens per ms; verifying no draft at all is one of the candidates, so the choice never
+    expects less than the batch without speculation."""
     sequences = len(accepts)
     tokens = sequences + fixed_tokens
-    value = float(sequences)
+    value = float(sequences) + other_value
     lengths = [0] * len(accepts)
     best, best_lengths = value / cost(tokens, sequences), list(lengths)
     heap = [(-a[0], i, 0, a[0]) for i, a in enumerate(accepts) if a]
@@ -276,8 +277,8 @@ class BatchDecoder:
                 accepts.append(levels)
         if self.cost is not None and calls:
             cost = self.cost
-            lengths = choose_lengths(accepts, fixed,
-                                     lambda n, s: cost(n, s + chunks))
+            lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks),
+                                     prompt_value(cost, len(calls), chunks, prefill))
         else:
             lengths = [len(a) if a else 0 for a in accepts]
         for call, a, n in zip(calls, accepts, lengths, strict=True):
