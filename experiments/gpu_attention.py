@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_costs import SHAPES, TINY, curve, model_of
+from gpu_costs import add_common, curve, model_of, shapes_for
 from gpu_decode_parts import graph_ms
 
 
@@ -33,17 +33,15 @@ def folded(q, keys, values, mask):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true")
+    add_common(ap, "experiments/results/gpu-attention")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--out", default="experiments/results/gpu-attention")
     args = ap.parse_args()
 
     import adaspec.backends.decoder as dec
     from adaspec.backends.static_torch import static_backend
 
     device = args.device
-    shapes, vocab = (TINY, 1000) if args.tiny else (SHAPES, 151_936)
+    shapes, vocab = shapes_for(args.tiny)
     name = next(iter(shapes))
     shape = shapes[name]
     heads, kvh = shape["num_attention_heads"], shape["num_key_value_heads"]

@@ -47,6 +47,18 @@ TINY = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
+def add_common(ap, out: str) -> None:
+    """The options every GPU experiment takes (this one and those that import it)."""
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
+    ap.add_argument("--out", default=out)
+
+
+def shapes_for(tiny: bool) -> tuple[dict, int]:
+    """The models' shapes and vocabulary: the built-in pair's, or tiny ones."""
+    return (TINY, 1000) if tiny else (SHAPES, 151_936)
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_costs import SHAPES, TINY, curve, model_of, sync
+from gpu_costs import add_common, curve, model_of, shapes_for, sync
 
 
 def graph_ms(fn, device: str, inner: int, reps: int = 20) -> float:
@@ -146,19 +146,17 @@ def attention_parts(shape: dict, device: str, spans: tuple[int, ...], layers: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true")
+    add_common(ap, "experiments/results/gpu-decode-parts")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--contexts", default="8192,768", help="cache sizes (positions)")
     ap.add_argument("--compile-sizes", default="1,4", help="sizes also timed compiled")
-    ap.add_argument("--out", default="experiments/results/gpu-decode-parts")
     args = ap.parse_args()
 
     from adaspec.backends.static_torch import static_backend
 
     device = args.device
-    shapes, vocab = (TINY, 1000) if args.tiny else (SHAPES, 151_936)
+    shapes, vocab = shapes_for(args.tiny)
     name = next(iter(shapes))
     shape = shapes[name]
     model = model_of(shape, vocab, device, torch.bfloat16)

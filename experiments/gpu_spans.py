@@ -24,24 +24,22 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_costs import SHAPES, TINY, curve, loop_step_ms, model_of
+from gpu_costs import add_common, curve, loop_step_ms, model_of, shapes_for
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true")
+    add_common(ap, "experiments/results/gpu-spans")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--max-context", type=int, default=8192)
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--out", default="experiments/results/gpu-spans")
     args = ap.parse_args()
 
     import adaspec.backends.static_torch as st
     from adaspec.backends.static_torch import static_backend
 
     device = args.device
-    shapes, vocab = (TINY, 1000) if args.tiny else (SHAPES, 151_936)
+    shapes, vocab = shapes_for(args.tiny)
     graphs = "cuda" if device == "cuda" else "eager"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
