@@ -127,6 +127,14 @@ def test_calibration_is_cached_per_configuration(target, draft, tokenizer, tmp_p
         assert cached_profile(patched) is None
     finally:
         del target.patches
+    # A rebuild of the same patches (their text may have changed) is another configuration
+    target.built_at = "2026-11-28T00:00:00+0000"
+    try:
+        rebuilt = profile_key(target, draft)
+        assert rebuilt["target"]["built_at"] == "2026-11-28T00:00:00+0000"
+        assert profile_path(rebuilt) != plain and cached_profile(rebuilt) is None
+    finally:
+        del target.built_at
     assert cached_profile(profile_key(target, draft)) is not None
     # A corrupt cache entry is measured again, not trusted.
     profile_path(profile_key(target, draft)).write_text("garbage")

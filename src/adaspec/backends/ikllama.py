@@ -161,6 +161,7 @@ def library() -> Any:
 
     info = ik_build.build_info(IK_VERSION) if build == "native" else None
     api.adaspec_patches = tuple((info or {}).get("patches") or ())
+    api.adaspec_built_at = (info or {}).get("built_at")
     lib = api._lib
     c = ctypes
     signatures: dict[str, tuple[list[Any], Any]] = {
@@ -311,6 +312,9 @@ class IkLlamaBackend(ChainBackend):
             self.kind = f"{self.kind}-regions"
         # the source changes a native build carries: other kernels, another cost curve
         self.patches = tuple(getattr(api, "adaspec_patches", ()))
+        # and when it was built: a patch whose text changed under the same name rebuilds
+        # (`adaspec runtime build --force`) with other kernels, measured again too
+        self.built_at: str | None = getattr(api, "adaspec_built_at", None)
         # padded to blocks, or lone rows scored as in blocks: verification scores what plain
         # decoding scores, nothing to recheck
         alike = self.min_rows > 1 or getattr(self, "rows_match", False)

@@ -22,11 +22,12 @@ from adaspec.backends.child_process import ChildProcess
 from adaspec.backends.sequences import Feed, SequenceView, views
 from adaspec.errors import InputError
 
-# what the parent mirrors of the child's model; `patches` (a native build's source changes) is
-# in the cost profiles' key, so a library with new kernels gets its curves measured again
+# what the parent mirrors of the child's model; `patches` and `built_at` (a native build's
+# source changes and build time) are in the cost profiles' key, so a library with new
+# kernels gets its curves measured again
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
                "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params",
-               "max_sequences", "patches")
+               "max_sequences", "patches", "built_at")
 
 
 class _SharedRows:

@@ -40,7 +40,8 @@ def cpu_model() -> str:
 
 def describe_backend(backend: ModelBackend) -> dict:
     """What a cost curve depends on: the model, the runtime and, for a library built here,
-    the source changes it carries (a new patch makes the stored curves stale)."""
+    the source changes it carries and when it was built (a new patch, or a rebuild, makes
+    the stored curves stale)."""
     out = {
         "name": backend.name,
         "kind": getattr(backend, "kind", "torch"),
@@ -49,6 +50,9 @@ def describe_backend(backend: ModelBackend) -> dict:
     patches = getattr(backend, "patches", ())
     if patches:
         out["patches"] = sorted(patches)
+    built = getattr(backend, "built_at", None)
+    if built:
+        out["built_at"] = str(built)
     return out
 
 
