@@ -427,3 +427,13 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     # while the long prompt's 24 tokens go in chunks of 4, the short request decodes beside
     assert (1, 1, 4) in seen
     assert seen[-1][1:] == (0, 0)
+
+
+def test_a_shape_timed_in_a_slow_moment_is_read_at_its_fast_rounds():
+    """The batch cost reads each shape at its fastest round: a shape caught twice by the
+    machine's slow moments (which a median of its rounds would report) does not come out
+    dearer than the shapes it is compared with."""
+    from adaspec.cost.batch import settled_ms
+
+    assert settled_ms([195.0, 349.0, 360.0, 201.0, 352.0]) == 195.0
+    assert settled_ms([394.0]) == 394.0
