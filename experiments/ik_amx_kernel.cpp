@@ -1,4 +1,4 @@
-// The repacked Q4_K kernel against its AMX version (`k-quant-amx`), in one process, calls
+// The repacked Q4_K kernel against its AMX version (`k-quant-amx-2`), in one process, calls
 // alternating: compiled by experiments/ik_amx_kernel.py with the patched ik_llama.cpp kernels
 // file included below (from the source tree adaspec's build patches; nothing of it is
 // copied here). Random Q4_K_R4 weights and Q8_K activations of the target's shapes; every
@@ -19,9 +19,9 @@ double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-template <int ny>
-void shape(int n, int nx, int reps, int pinned_rows) {  // pinned_rows: 6 or 8, dividing ny
-    static_assert(ny % 2 == 0, "rows: 6, 8 or 16");
+// ny activation rows (a multiple of 16) by nx weight rows of n quants: the pinned kernel in
+// calls of 8 rows (as ik's driver splits them) against the tile kernel taking all at once
+void shape(int n, int nx, int ny, int reps) {
     std::mt19937 rng(1000*ny + n);
     const int nbl = n / QK_K;
     const size_t row = nbl*sizeof(block_q4_k_r4)/4;  // bytes of one weight row (4 share a block)
@@ -41,15 +41,16 @@ void shape(int n, int nx, int reps, int pinned_rows) {  // pinned_rows: 6 or 8, 
     std::vector<float> out_pinned(nx*ny), out_amx(nx*ny);
     DataInfo pinned{out_pinned.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};
     DataInfo amx{out_amx.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};
-    auto run_pinned = [&]() {  // as ik's driver splits rows: calls of pinned_rows
-        for (int done = 0; done < ny; ) {
+    auto run_pinned = [&]() {
+        for (int done = 0; done < ny; done += 8) {
             DataInfo part = pinned; part.cur_y = done;
-            if (pinned_rows == 8) mul_mat_q4_k_r4_q8_k<8>(n, w.data(), row, part, nx);
-            else mul_mat_q4_k_r4_q8_k<6>(n, w.data(), row, part, nx);
-            done += pinned_rows;
+            mul_mat_q4_k_r4_q8_k<8>(n, w.data(), row, part, nx);
         }
     };
-    auto run_amx = [&]() { adaspec_amx::mul_mat_q4_k_r4_q8_k_amx<ny>(n, w.data(), row, amx, nx); };
+    auto run_amx = [&]() {  // as the patched driver: order the rows, then one call
+        adaspec_amx::order(amx, n, ny);
+        adaspec_amx::mul_mat_q4_k_r4_q8_k_amx(n, w.data(), row, amx, nx);
+    };
     run_pinned(); run_amx();
     int differ = 0;
     for (size_t k = 0; k < out_pinned.size(); ++k) differ += std::memcmp(&out_pinned[k], &out_amx[k], 4) != 0;
@@ -72,10 +73,13 @@ int main() {
         std::printf("{\"error\": \"no AMX tile state (Linux refused, or ADASPEC_IK_AMX=off)\"}\n");
         return 2;
     }
-    // the 1.5B target's Q4_K shapes: 1536 -> 8960 (ffn up, gate) and 8960 -> 1536 (down)
-    shape<6>(1536, 8960, 41, 6);  shape<6>(8960, 1536, 41, 6);
-    shape<8>(1536, 8960, 41, 8);  shape<8>(8960, 1536, 41, 8);
-    shape<16>(1536, 8960, 21, 8); shape<16>(8960, 1536, 21, 8);
+    // the 1.5B target's Q4_K shapes, one thread's half of the weight rows: 1536 -> 8960 (ffn
+    // up, gate), 8960 -> 1536 (down) and 1536 -> 1536 (attention q, o); 16 rows (a block of
+    // 16, a round of 8 x 2), 64 and 256 (prompt chunks)
+    for (int ny : {16, 64, 256}) {
+        int reps = ny == 256 ? 9 : 21;
+        shape(1536, 4480, ny, reps); shape(8960, 768, ny, reps); shape(1536, 768, ny, reps);
+    }
     return 0;
 }
 #endif

@@ -84,6 +84,41 @@ bool iqk_set_kernels_kquants(int typeA, std::array<mul_mat_t, 8>& kernels, mul_m
             break;
     }
 }
+#endif
+"""
+
+# The shapes of the kernels' header and of ik's driver that the AMX patch edits: the driver's
+# plain and fused (gate and up) products, each with its 16-row loop, and MulMat::prepare.
+KQUANTS_HEADER = """#pragma once
+#include "iqk_common.h"
+bool iqk_set_kernels_kquants(int ne00, int typeA, int typeB, std::array<mul_mat_t, IQK_MAX_NY>& kernels, mul_mat_t& func16);
+void iqk_gemm_q8kv_fa(int D);
+"""
+DRIVER = """struct MulMat {
+    std::array<mul_mat_t, IQK_MAX_NY> funcs = {};
+    mul_mat_t func16 = nullptr;
+    inline void mul_mat_NxM(int n, const void * vx, size_t bx, DataInfo& info, int nrc_x, int nrc_y) {
+        if (func16 && nrc_y >= 16) {
+            func16(n, vx, bx, info, nrc_x);
+        }
+    }
+    inline void mul_mat_up_gate_NxM(int n, DataInfo& info, int nrc_x, int nrc_y) {
+        float tmp[k_x_step*16];
+        auto process = [&tmp](mul_mat_t func, const DataInfo& this_info, int ix, int nx, int ny) {};
+        if (func16 && nrc_y >= 16) {
+                    process(func16, this_info, ix, this_nrc_x, 16);
+        }
+    }
+};
+bool MulMat::prepare(int typeA, int typeB, int ne00, MulMat& mm, int Ny) {
+    switch (typeA) {
+        case GGML_TYPE_Q4_K_R4:
+            return iqk_set_kernels_kquants(ne00, typeA, typeB, mm.funcs, mm.func16);
+    }
+}
+bool MulMat::prepare(int typeA, int typeB, int ne00, MulMat& m, int /*Ny*/) {
+            return iqk_set_kernels_kquants(ne00, typeA, typeB, m.funcs, m.func16);
+}
 """
 
 # The shape of the flash-attention kernels the second patch edits: compute_helper (its group
@@ -152,6 +187,8 @@ def _fake_sdist(folder: Path) -> None:
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}": FA_TEMPLATES.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.IMPL}": FA_IMPL.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_hugepages_patch.FILE}": BACKEND.encode(),
+            f"{root}/vendor/ik_llama.cpp/{ik_amx_patch.HEADER}": KQUANTS_HEADER.encode(),
+            f"{root}/vendor/ik_llama.cpp/{ik_amx_patch.DRIVER}": DRIVER.encode(),
             **{f"{root}/vendor/ik_llama.cpp/{path}": text.encode()
                for path, text in _regions_sources().items()},
             f"{root}/.git/modules/vendor/ik_llama.cpp/HEAD": b"fedcba9876543210\n",
@@ -284,8 +321,11 @@ def test_the_two_group_patch_runs_before_the_q4_k_kernels_own_loop(tmp_path):
              "expected one `for \\(int ix = 0")
 
 
-def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_to_the_x86_table(tmp_path):
+def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_a_path_for_every_16_rows(tmp_path):
     path = _kernels_file(tmp_path)
+    header, driver = tmp_path / ik_amx_patch.HEADER, tmp_path / ik_amx_patch.DRIVER
+    header.write_text(KQUANTS_HEADER)
+    driver.write_text(DRIVER)
     ik_prefetch_patch.apply(tmp_path)
     ik_two_groups_patch.apply(tmp_path)
     ik_amx_patch.apply(tmp_path)
@@ -295,18 +335,45 @@ def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_to_the_x86_table(t
     assert q4 < amx < q5  # after the kernel it calls for the rows left over
     body = text[amx:q5]
     assert "if defined(__AMX_INT8__)" in text[q4:amx]  # compiled only for an AMX target
-    assert "mul_mat_q4_k_r4_q8_k<nrc_y>(n, (const char *)vx + tiled*bx" in body
+    assert "mul_mat_q4_k_r4_q8_k<16>(n, (const char *)vx + tiled*bx" in body
     assert "ARCH_REQ_XCOMP_PERM" in text and '"ADASPEC_IK_AMX"' in text
-    hook = text.index("adaspec_amx::use_q4_k_r4(kernels, func16);")
-    table = text.index("IQK_SET_MUL_MAT_FUNCTIONS(mul_mat_q4_k_r4_q8_k, kernels)")
-    assert table < hook < text.index("break;", table)  # over the pinned kernels' slots
+    # the entry points the driver calls: outside the x86 kernels' namespace, before the end
+    rows = text.index("mul_mat_t adaspec_amx_rows(int typeA) {")
+    assert text.index("void adaspec_amx_order(const DataInfo& info, int n, int nrc_y) {") > rows
+    assert rows > text.index("bool iqk_set_kernels_kquants(") and text.endswith("}\n\n#endif\n")
+    assert "use_q4_k_r4" not in text  # ik's 16-row slot keeps the pinned kernel
     assert text.index("#include <sys/syscall.h>") < text.index("template <int nrc_y>")
     assert text.count("#include <sys/syscall.h>") == 1
+    declared = header.read_text()
+    assert declared.index("mul_mat_t adaspec_amx_rows(int typeA);") > declared.index(
+        "bool iqk_set_kernels_kquants(")
+    d = driver.read_text()
+    member = d.index("mul_mat_t adaspec_rows = nullptr;")
+    assert d.index("mul_mat_t func16 = nullptr;") < member < d.index("inline void mul_mat_NxM(")
+    # both products take every 16 rows first, ordered once; the fused one in its process
+    plain, fused = (d.index("if (adaspec_rows && nrc_y - info.cur_y >= 16)", at)
+                    for at in (0, d.index("mul_mat_up_gate_NxM")))
+    assert plain < d.index("if (func16 && nrc_y >= 16)") < d.index("mul_mat_up_gate_NxM")
+    assert "adaspec_rows(n, vx, bx, info, nrc_x);" in d[plain:d.index("mul_mat_up_gate_NxM")]
+    assert fused < d.index("if (func16 && nrc_y >= 16)", fused)
+    assert d.count("adaspec_amx_order(info, n, rows);") == 2
+    assert "process(adaspec_rows, this_info, ix, this_nrc_x, rows);" in d[fused:]
+    # the fused product's activated gate values: room for every row, not 16
+    assert "float tmp[k_x_step*16];" not in d
+    assert "adaspec_tmp.resize(k_x_step*std::max(16, nrc_y - info.cur_y));" in d
+    # set with the x86 k-quant kernels only (not the other prepare's `m.`)
+    assert d.count("mm.adaspec_rows = adaspec_amx_rows(typeA);\n            return "
+                   "iqk_set_kernels_kquants(ne00, typeA, typeB, mm.funcs, mm.func16);") == 1
+    assert "m.adaspec_rows" not in d.replace("mm.adaspec_rows", "")
     ik_amx_patch.apply(tmp_path)
-    assert path.read_text() == text  # resumed build
+    assert (path.read_text(), header.read_text(), driver.read_text()) == (text, declared, d)
     _refuses(ik_amx_patch.apply, tmp_path, path, ik_amx_patch.PatchError,
-             KQUANTS.replace("case GGML_TYPE_Q4_K_R4:", "case GGML_TYPE_Q4_K:"),
-             "no x86 `case GGML_TYPE_Q4_K_R4:`")
+             KQUANTS.replace("static void mul_mat_q5_k_r4_q8_k(", "static void q5("),
+             "expected one `template <int nrc_y>`")
+    path.write_text(KQUANTS)
+    driver.write_text(DRIVER.replace("        if (func16 && nrc_y >= 16) {\n", "", 1))
+    with pytest.raises(ik_amx_patch.PatchError, match="the plain and the fused product"):
+        ik_amx_patch.apply(tmp_path)
 
 
 def test_the_huge_pages_patch_advises_big_buffers_before_their_first_touch(tmp_path):

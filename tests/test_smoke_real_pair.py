@@ -58,7 +58,7 @@ def test_real_pair_default_method_is_exact_and_priced(engine):
 def test_real_target_scores_a_blocks_rows_as_it_scores_them_alone(engine):
     """Rows past a block's first 8 take a native build's two-group walk of the Q4_K kernel
     (`k-quant-two-groups`), and on a CPU with AMX the block's first 16 rows take the tile
-    kernel (`k-quant-amx`), a lone token the pinned kernel: the same logits, bit
+    kernel (`k-quant-amx-2`), a lone token the pinned kernel: the same logits, bit
     for bit, or a verified draft and a plain step could disagree."""
     import torch
 
@@ -91,8 +91,8 @@ print(bool(mask.value & (1 << 18)))  # XTILEDATA
 
 
 def test_a_native_build_on_an_amx_cpu_multiplies_on_tiles_unless_told_not_to():
-    """Where the CPU has AMX, the native build's Q4_K kernel table asks Linux for the tile
-    state when it is first set up (`k-quant-amx`); ADASPEC_IK_AMX=off keeps the pinned
+    """Where the CPU has AMX, the native build's driver asks Linux for the tile state when
+    it first sets up a Q4_K product (`k-quant-amx-2`); ADASPEC_IK_AMX=off keeps the pinned
     kernels, which never ask."""
     import os
     import subprocess
