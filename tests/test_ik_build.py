@@ -89,15 +89,14 @@ bool iqk_set_kernels_kquants(int typeA, std::array<mul_mat_t, 8>& kernels, mul_m
 
 # The shapes of the kernels' header and of ik's driver that the AMX patch edits: the driver's
 # plain and fused (gate and up) products, each with its 16-row loop, and MulMat::prepare.
-KQUANTS_HEADER = """#pragma once
+KQUANTS_HEADER = f"""#pragma once
 #include "iqk_common.h"
-bool iqk_set_kernels_kquants(int ne00, int typeA, int typeB, std::array<mul_mat_t, IQK_MAX_NY>& kernels, mul_mat_t& func16);
-void iqk_gemm_q8kv_fa(int D);
+{ik_amx_patch.DECLARE_AFTER}void iqk_gemm_q8kv_fa(int D);
 """
 DRIVER = """struct MulMat {
     std::array<mul_mat_t, IQK_MAX_NY> funcs = {};
     mul_mat_t func16 = nullptr;
-    inline void mul_mat_NxM(int n, const void * vx, size_t bx, DataInfo& info, int nrc_x, int nrc_y) {
+    inline void mul_mat_NxM(int n, const void * vx, size_t bx, DataInfo& info, int nrc_x, int ny) {
         if (func16 && nrc_y >= 16) {
             func16(n, vx, bx, info, nrc_x);
         }

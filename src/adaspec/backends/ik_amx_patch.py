@@ -70,9 +70,9 @@ FILE_END = "#endif\n"  # IQK_IMPLEMENT's
 # --- the kernels header: their declarations
 DECLARE_AFTER = ("bool iqk_set_kernels_kquants(int ne00, int typeA, int typeB, "
                  "std::array<mul_mat_t, IQK_MAX_NY>& kernels, mul_mat_t& func16);\n")
-DECLARATIONS = ("\n// adaspec (k-quant-amx-2): a kernel taking every 16 activation rows of a call at "
-                "once (nullptr\n// where there is none), after `adaspec_amx_order` took those "
-                "rows\nmul_mat_t adaspec_amx_rows(int typeA);\n"
+DECLARATIONS = ("\n// adaspec (k-quant-amx-2): a kernel taking every 16 activation rows of a "
+                "call at once (nullptr\n// where there is none), after `adaspec_amx_order` "
+                "took those rows\nmul_mat_t adaspec_amx_rows(int typeA);\n"
                 "void adaspec_amx_order(const DataInfo& info, int n, int nrc_y);\n")
 
 # --- the driver: a member, set with the k-quant kernels, taken first by both products
