@@ -1,7 +1,7 @@
-// The repacked Q4_K kernel against its AMX version (`k-quant-amx-2`), in one process, calls
+// The repacked Q4_K and Q6_K kernels against their AMX versions (`k-quant-amx-2`), in one process, calls
 // alternating: compiled by experiments/ik_amx_kernel.py with the patched ik_llama.cpp kernels
 // file included below (from the source tree adaspec's build patches; nothing of it is
-// copied here). Random Q4_K_R4 weights and Q8_K activations of the target's shapes; every
+// copied here). Random Q4_K_R4 / Q6_K_R4 weights and Q8_K activations of the target's shapes; every
 // output compared bit for bit; prints one JSON line per shape: medians in ms.
 #include IK_KERNELS_FILE
 
@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <type_traits>
 
 #ifndef ADASPEC_AMX_Q4K
 int main() { std::printf("{\"error\": \"the kernels file has no AMX kernel for this CPU\"}\n"); return 2; }
@@ -19,24 +20,34 @@ double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// ny activation rows (a multiple of 16) by nx weight rows of n quants: the pinned kernel in
-// calls of 8 rows (as ik's driver splits them) against the tile kernel taking all at once
-void shape(int n, int nx, int ny, int reps) {
+// ny activation rows (a multiple of 16) by nx weight rows of n quants of a repacked type
+// (Block, 4 rows a block): the pinned kernel in calls of 8 rows (as ik's driver splits them)
+// against the tile kernel taking all at once
+template <typename Block>
+void shape(const char * type, int n, int nx, int ny, int reps, mul_mat_t pinned8, mul_mat_t tiles) {
     std::mt19937 rng(1000*ny + n);
     const int nbl = n / QK_K;
-    const size_t row = nbl*sizeof(block_q4_k_r4)/4;  // bytes of one weight row (4 share a block)
+    const size_t row = nbl*sizeof(Block)/4;  // bytes of one weight row (4 share a block)
     std::vector<uint8_t> w(row*nx);
     for (auto & b : w) b = rng();
     for (int g = 0; g < nx/4; ++g) for (int i = 0; i < nbl; ++i) {
-        auto * blk = (block_q4_k_r4 *)(w.data() + g*4*row) + i;
+        auto * blk = (Block *)(w.data() + g*4*row) + i;
         for (auto & d : blk->d) d = _cvtss_sh(0.001f + 0.01f*(rng() % 1000)/1000.f, 0);
     }
     std::vector<block_q8_K> y(nbl*ny);
     for (auto & b : y) {
         b.d = 0.01f*(rng() % 1000)/1000.f;
         for (auto & q : b.qs) q = int8_t(int(rng() % 255) - 127);
-        float * f = (float *)b.bsums;  // the repacked kernels read 8 floats there
-        for (int k = 0; k < 8; ++k) f[k] = (rng() % 10000)/100.f - 50.f;
+        if (std::is_same<Block, block_q4_k_r4>::value) {
+            float * f = (float *)b.bsums;  // the repacked Q4_K kernel reads 8 floats there
+            for (int k = 0; k < 8; ++k) f[k] = (rng() % 10000)/100.f - 50.f;
+        } else {  // the Q6_K one, the sums of 16 quants
+            for (int k = 0; k < QK_K/16; ++k) {
+                int sum = 0;
+                for (int j = 0; j < 16; ++j) sum += b.qs[16*k + j];
+                b.bsums[k] = sum;
+            }
+        }
     }
     std::vector<float> out_pinned(nx*ny), out_amx(nx*ny);
     DataInfo pinned{out_pinned.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};
@@ -44,12 +55,12 @@ void shape(int n, int nx, int ny, int reps) {
     auto run_pinned = [&]() {
         for (int done = 0; done < ny; done += 8) {
             DataInfo part = pinned; part.cur_y = done;
-            mul_mat_q4_k_r4_q8_k<8>(n, w.data(), row, part, nx);
+            pinned8(n, w.data(), row, part, nx);
         }
     };
     auto run_amx = [&]() {  // as the patched driver: order the rows, then one call
         adaspec_amx::order(amx, n, ny);
-        adaspec_amx::mul_mat_q4_k_r4_q8_k_amx(n, w.data(), row, amx, nx);
+        tiles(n, w.data(), row, amx, nx);
     };
     run_pinned(); run_amx();
     int differ = 0;
@@ -60,8 +71,8 @@ void shape(int n, int nx, int ny, int reps) {
         a.push_back(t1 - t0); b.push_back(t2 - t1);
     }
     std::sort(a.begin(), a.end()); std::sort(b.begin(), b.end());
-    std::printf("{\"rows\": %d, \"n\": %d, \"weight_rows\": %d, \"pinned_ms\": %.4f, \"amx_ms\": %.4f, "
-                "\"amx_over_pinned\": %.3f, \"outputs\": %zu, \"differ\": %d}\n", ny, n, nx,
+    std::printf("{\"type\": \"%s\", \"rows\": %d, \"n\": %d, \"weight_rows\": %d, \"pinned_ms\": %.4f, "
+                "\"amx_ms\": %.4f, \"amx_over_pinned\": %.3f, \"outputs\": %zu, \"differ\": %d}\n", type, ny, n, nx,
                 1e3*a[reps/2], 1e3*b[reps/2], b[reps/2]/a[reps/2], out_pinned.size(), differ);
     std::fflush(stdout);
 }
@@ -73,12 +84,19 @@ int main() {
         std::printf("{\"error\": \"no AMX tile state (Linux refused, or ADASPEC_IK_AMX=off)\"}\n");
         return 2;
     }
-    // the 1.5B target's Q4_K shapes, one thread's half of the weight rows: 1536 -> 8960 (ffn
-    // up, gate), 8960 -> 1536 (down) and 1536 -> 1536 (attention q, o); 16 rows (a block of
-    // 16, a round of 8 x 2), 64 and 256 (prompt chunks)
+    // the 1.5B target's shapes, one thread's half of the weight rows. Q4_K: 1536 -> 8960 (ffn
+    // up, gate), 8960 -> 1536 (down in some layers) and 1536 -> 1536 (attention q, o); Q6_K:
+    // 8960 -> 1536 (down in the others) and 1536 -> 256 (attention v). 16 rows (a block of
+    // 16, a round of 8 x 2: Q6_K keeps its pinned kernel there), 64 and 256 (prompt chunks).
+    auto q4 = mul_mat_q4_k_r4_q8_k<8>, q6 = mul_mat_q6_k_r4_q8_k<8>;
+    auto q4t = adaspec_amx::mul_mat_q4_k_r4_q8_k_amx, q6t = adaspec_amx::mul_mat_q6_k_r4_q8_k_amx;
     for (int ny : {16, 64, 256}) {
         int reps = ny == 256 ? 9 : 21;
-        shape(1536, 4480, ny, reps); shape(8960, 768, ny, reps); shape(1536, 768, ny, reps);
+        shape<block_q4_k_r4>("q4_K", 1536, 4480, ny, reps, q4, q4t);
+        shape<block_q4_k_r4>("q4_K", 8960, 768, ny, reps, q4, q4t);
+        shape<block_q4_k_r4>("q4_K", 1536, 768, ny, reps, q4, q4t);
+        shape<block_q6_k_r4>("q6_K", 8960, 768, ny, reps, q6, q6t);
+        shape<block_q6_k_r4>("q6_K", 1536, 128, ny, reps, q6, q6t);
     }
     return 0;
 }

@@ -1,10 +1,10 @@
-"""The repacked Q4_K kernel against its AMX version (`k-quant-amx-2`), in one process: a
-kernel-level A/B that the machine's drift between processes cannot blur.
+"""The repacked Q4_K and Q6_K kernels against their AMX versions (`k-quant-amx-2`), in one
+process: a kernel-level A/B that the machine's drift between processes cannot blur.
 
 It unpacks the pinned ik_llama.cpp source (as `adaspec runtime build` does, from pip's cache
 when it is there), applies adaspec's patches (`ik_build.apply_patches`), and compiles
 `ik_amx_kernel.cpp` with the patched kernels file included: the same two kernels the native
-library has, called alternately on random weights of the 1.5B target's Q4_K shapes (the pinned
+library has, called alternately on random weights of the 1.5B target's Q4_K and Q6_K shapes (the pinned
 kernel in calls of 8 rows, as ik's driver splits them; the tile kernel on all rows at once, as
 the patched driver calls it), every output compared bit for bit. Needs a CPU with AMX and the
 native build's `libggml.so` (`make setup` on such a CPU).

@@ -256,12 +256,5 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
     _tile_release();
 }
 
-
-// ik's driver: calls of 16 activation rows and more take the kernel above, every 16 rows
-// at once (`adaspec_amx_rows`, `adaspec_amx_order` below, called from iqk_mul_mat.cpp)
-inline mul_mat_t rows_kernel(int typeA) {
-    return typeA == GGML_TYPE_Q4_K_R4 && enabled() ? mul_mat_q4_k_r4_q8_k_amx : nullptr;
-}
-
 }  // namespace adaspec_amx
 #endif

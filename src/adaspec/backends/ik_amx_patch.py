@@ -1,22 +1,23 @@
-"""The repacked Q4_K kernel on AMX tiles, for calls of 16 rows and more on a CPU with AMX.
+"""The repacked Q4_K and Q6_K kernels on AMX tiles, for calls of many rows on a CPU with AMX.
 
 Why: on an Intel Xeon with AMX (2 vCPUs) a prompt token costs about as much as a round's
-row, and most of a prompt chunk's time is the repacked Q4_K kernel (`mul_mat_q4_k_r4_q8_k`
-in `ggml/src/iqk/iqk_gemm_kquants.cpp`), which multiplies with 256-bit int8 dot products,
-where one AMX tile instruction multiplies 16 rows of activations by 16 weight rows over 64
-quants. `ik_amx.cpp` computes the kernel's integer sums (scale x quants, per weight row and
-half sub-block) with tiles and leaves its float code as it is, so every output is bit for bit
-the kernel's and a row's logits do not depend on which kernel scored it (the backend's
-rows-alike check and the smoke test's block-against-lone comparison hold).
+row, and most of a prompt chunk's time is the repacked Q4_K and Q6_K kernels
+(`mul_mat_q4_k_r4_q8_k`, `mul_mat_q6_k_r4_q8_k` in `ggml/src/iqk/iqk_gemm_kquants.cpp`),
+which multiply with int8 dot products on vector registers, where one AMX tile instruction
+multiplies 16 rows of activations by 16 weight rows over 64 quants. `ik_amx.cpp` (Q4_K) and
+`ik_amx_q6.cpp` (Q6_K) compute the kernels' integer sums (scale x quants, per weight row and
+half or parity of the sub-blocks) with tiles and leave their float code as it is, so every
+output is bit for bit the kernel's and a row's logits do not depend on which kernel scored it
+(the backend's rows-alike check and the smoke test's block-against-lone comparison hold).
 
 ik's driver (`ggml/src/iqk/iqk_mul_mat.cpp`) calls a kernel for each 16 activation rows of
 each 64 weight rows, so a 16-row tile kernel prepared the same weights (quants x scale bits)
 and ordered the same activations again for every 16 rows of a prompt chunk. This patch gives
 the driver a path for every 16 rows of a call at once (`MulMat::adaspec_rows`, in the plain
 product and in the fused gate-and-up one): the activations are ordered once per call and
-thread, each 64 weight rows prepared once. Rows beyond a multiple of 16 keep the pinned
+thread, the weights prepared once per call. Rows beyond a multiple of 16 keep the pinned
 kernels, as do calls of fewer rows (rounds of 8 requests read their weights from memory once
-per call, where the tile kernel measured no faster).
+per call, where the tile kernel measured no faster) and Q6_K calls of 16 rows.
 
 Compiled only where the compiler targets AMX (`GGML_NATIVE` on such a CPU); at run time the
 process asks Linux for the tile state, and without it (or with `ADASPEC_IK_AMX=off`) the
@@ -38,13 +39,17 @@ MARK = "adaspec_amx"
 ENV = "ADASPEC_IK_AMX"  # OFF: the pinned kernels even where AMX is there (read by ik_amx.cpp)
 OFF = "off"
 
-# --- the kernels file: the kernel after the x86 Q4_K one, two functions at the end
-# the x86 Q4_K kernel ends where the Q5_K one begins: the AMX kernel goes between them
+# --- the kernels file: each tile kernel after the x86 kernel it calls for the rows it leaves,
+# two functions at the end
+# the x86 Q4_K kernel ends where the Q5_K one begins, the Q6_K one where the kernel tables begin
 AFTER_KERNEL = "template <int nrc_y>\nstatic void mul_mat_q5_k_r4_q8_k("
+AFTER_Q6_KERNEL = "template <typename Dequantizer> void set_functions("
 KERNEL = (Path(__file__).parent / "ik_amx.cpp").read_text
+Q6_KERNEL = (Path(__file__).parent / "ik_amx_q6.cpp").read_text
 # the kernel's headers, after the file's own first include (outside any namespace)
 FIRST_INCLUDE = '#include "iqk_gemm_kquants.h"\n'
-INCLUDES = "#include <sys/syscall.h>\n#include <unistd.h>\n#include <cstdlib>\n#include <vector>\n"
+INCLUDES = ("#include <sys/syscall.h>\n#include <unistd.h>\n#include <cstdlib>\n#include <cstring>\n"
+            "#include <vector>\n")
 EXPORTS = """
 // adaspec (k-quant-amx-2): the tile kernel for ik's driver, where this CPU has one
 mul_mat_t adaspec_amx_rows(int typeA) {
@@ -119,17 +124,22 @@ def _one(text: str, file: str, anchor: str) -> int:
 
 
 def patch_text(text: str) -> str:
-    """The kernels file with the AMX kernel and its two entry points (unchanged when already
+    """The kernels file with the AMX kernels and their two entry points (unchanged when already
     there)."""
     if MARK in text:
         return text
     if FIRST_INCLUDE not in text:
         raise PatchError(f"{FILE}: no `{FIRST_INCLUDE.strip()}`")
     kernel_at = _one(text, FILE, AFTER_KERNEL)
+    q6_kernel = text.find("static void mul_mat_q6_k_r4_q8_k(", kernel_at)
+    q6_at = text.find(AFTER_Q6_KERNEL, q6_kernel)  # the first tables, after the x86 kernels
+    if q6_kernel < 0 or q6_at < 0:
+        raise PatchError(f"{FILE}: no `{AFTER_Q6_KERNEL}` after the x86 Q6_K kernel")
     if not text.endswith(FILE_END):
         raise PatchError(f"{FILE}: does not end with `{FILE_END.strip()}`")
     end = len(text) - len(FILE_END)
     text = text[:end] + EXPORTS + text[end:]
+    text = text[:q6_at] + Q6_KERNEL() + "\n" + text[q6_at:]
     text = text[:kernel_at] + KERNEL() + "\n" + text[kernel_at:]
     return text.replace(FIRST_INCLUDE, FIRST_INCLUDE + INCLUDES, 1)
 
