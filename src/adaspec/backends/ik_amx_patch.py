@@ -48,8 +48,8 @@ KERNEL = (Path(__file__).parent / "ik_amx.cpp").read_text
 Q6_KERNEL = (Path(__file__).parent / "ik_amx_q6.cpp").read_text
 # the kernel's headers, after the file's own first include (outside any namespace)
 FIRST_INCLUDE = '#include "iqk_gemm_kquants.h"\n'
-INCLUDES = ("#include <sys/syscall.h>\n#include <unistd.h>\n#include <cstdlib>\n#include <cstring>\n"
-            "#include <vector>\n")
+INCLUDES = ("#include <sys/syscall.h>\n#include <unistd.h>\n#include <cstdlib>\n"
+            "#include <cstring>\n#include <vector>\n")
 EXPORTS = """
 // adaspec (k-quant-amx-2): the tile kernel for ik's driver, where this CPU has one
 mul_mat_t adaspec_amx_rows(int typeA) {
