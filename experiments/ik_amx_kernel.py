@@ -6,8 +6,8 @@ when it is there), applies adaspec's patches (`ik_build.apply_patches`), and com
 `ik_amx_kernel.cpp` with the patched kernels file included: the kernels the native library
 has, called alternately on random weights of the 1.5B target's Q4_K and Q6_K shapes (the
 pinned kernel in calls of 8 rows, as ik's driver splits them; the tile kernel on all rows at
-once, as the patched driver calls it), every output compared bit for bit. Needs a CPU with AMX and the
-native build's `libggml.so` (`make setup` on such a CPU).
+once, as the patched driver calls it), every output compared bit for bit. Needs a CPU with
+AMX and the native build's `libggml.so` (`make setup` on such a CPU).
 
     .venv/bin/python experiments/ik_amx_kernel.py --out experiments/results/ik-amx-xeon/kernel.json
 """
