@@ -14,8 +14,8 @@ attention that reads a row's own region (`ik_regions_patch.py`). Weights fetched
 repacked Q4_K and Q6_K kernels for calls of several rows (`ik_prefetch_patch.py`), and the
 Q4_K one taking them 8 rows at a time (`ik_two_groups_patch.py`). The CPU
 buffers (weights, KV cache) advised to take huge pages (`ik_hugepages_patch.py`). On a CPU
-with AMX, the repacked Q4_K kernel's integer sums computed with tiles for every 16 rows of a
-call at once (`ik_amx_patch.py`, bit for bit the same results). And: the
+with AMX, the repacked Q4_K and Q6_K kernels' integer sums computed with tiles for every 16
+rows of a call at once (`ik_amx_patch.py`, bit for bit the same results). And: the
 repacked k-quant kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone
 activation row that group the float products another way than the kernel for several rows, so a
 token fed alone came out up to 0.5 logits away from the same token in a block, and greedy
