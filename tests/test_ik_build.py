@@ -334,13 +334,13 @@ def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_a_path_for_every_1
     assert q4 < amx < q5  # after the kernel it calls for the rows left over
     body = text[amx:q5]
     assert "if defined(__AMX_INT8__)" in text[q4:amx]  # compiled only for an AMX target
-    assert "mul_mat_q4_k_r4_q8_k<16>(n, (const char *)vx + tiled*bx" in body
+    assert "pinned_rest(mul_mat_q4_k_r4_q8_k<16>, n, vx, bx, info, tiled" in body
     # the Q6_K one after the x86 Q6_K kernel it calls, before the kernel tables
     q6, tables = (text.index(f) for f in ("static void mul_mat_q6_k_r4_q8_k(",
                                            "template <typename Dequantizer> void set_functions("))
     q6_amx = text.index("static void mul_mat_q6_k_r4_q8_k_amx(")
     assert q6 < q6_amx < tables
-    assert "mul_mat_q6_k_r4_q8_k<16>(n, (const char *)vx + tiled*bx" in text[q6_amx:tables]
+    assert "pinned_rest(mul_mat_q6_k_r4_q8_k<16>, n, vx, bx, info, tiled" in text[q6_amx:tables]
     assert "inline mul_mat_t rows_kernel(int typeA)" in text[q6_amx:tables]
     assert "ARCH_REQ_XCOMP_PERM" in text and '"ADASPEC_IK_AMX"' in text
     # the entry points the driver calls: outside the x86 kernels' namespace, before the end

@@ -159,21 +159,49 @@ inline void order(const DataInfo& info, int n, int nrc_y) {
 
 constexpr int kChunk = 64;  // weight rows prepared at a time (4 tiles of 16)
 
+// What both tile kernels share (the Q6_K one is in ik_amx_q6.cpp).
+// Weight rows tiled .. nrc_x (fewer than 16), or every row (tiled = 0): the pinned kernel
+// for each 16 activation rows, as ik's driver would call it.
+inline void pinned_rest(mul_mat_t pinned16, int n, const void * vx, size_t bx, const DataInfo& info,
+                        int tiled, int nrc_x, int nrc_y) {
+    for (int y0 = 0; tiled < nrc_x && y0 < nrc_y; y0 += 16) {
+        DataInfo rest = info;
+        rest.s += tiled;
+        rest.cur_y += y0;
+        pinned16(n, (const char *)vx + tiled*bx, bx, rest, nrc_x - tiled);
+    }
+}
+
+// The float code's lanes for groups (2P, 2P + 1) of 4 weight rows: per group, its rows' first
+// halves (Q6_K: even sub-blocks) from h0, then their second halves (odd) from h1; h0 and h1
+// hold the 16 weight rows' integer sums.
+inline __m512i lanes(__m512i h0, __m512i h1, int P) {
+    const __m512i pick = P == 0
+        ? _mm512_set_epi32(23,22,21,20, 7,6,5,4, 19,18,17,16, 3,2,1,0)
+        : _mm512_set_epi32(31,30,29,28, 15,14,13,12, 27,26,25,24, 11,10,9,8);
+    return _mm512_permutex2var_epi32(h0, pick, h1);
+}
+
+// 16 activation rows (from y0) by 16 weight rows (from x) out: per group of 4, its two
+// halves' sums added, as the pinned kernels end
+inline void store_block(const DataInfo& info, int y0, int x, const __m512 (&acc)[16][2]) {
+    DataInfo out = info;
+    out.cur_y += y0;
+    for (int iy = 0; iy < 16; ++iy) for (int P = 0; P < 2; ++P) {
+        auto lo = _mm512_castps512_ps256(acc[iy][P]), hi = _mm512_extractf32x8_ps(acc[iy][P], 1);
+        out.store(x + 8*P, iy, _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)));
+        out.store(x + 8*P + 4, iy, _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
+    }
+}
+
 // The product of a call's weight rows with the activation rows `order` took (its signature is
 // ik's kernels': the rows' count is the order's).
 static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const DataInfo& info, int nrc_x) {
     Ordered& o = ordered();
     GGML_ASSERT(nrc_x%4 == 0 && o.n == n && o.first == info.src1_row(0));
     const int nrc_y = o.rows;
-    int tiled = nrc_x - nrc_x%16;
-    if (tiled < nrc_x) {  // rows beyond whole tiles of 16: the kernel above, as they are
-        for (int y0 = 0; y0 < nrc_y; y0 += 16) {
-            DataInfo rest = info;
-            rest.s += tiled;
-            rest.cur_y += y0;
-            mul_mat_q4_k_r4_q8_k<16>(n, (const char *)vx + tiled*bx, bx, rest, nrc_x - tiled);
-        }
-    }
+    const int tiled = nrc_x - nrc_x%16;  // rows beyond whole tiles of 16: the kernel above
+    pinned_rest(mul_mat_q4_k_r4_q8_k<16>, n, vx, bx, info, tiled, nrc_x, nrc_y);
     if (!tiled) return;
     const int nbl = n / QK_K;
     const int blocks = nrc_y / 16;
@@ -183,9 +211,6 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
     alignas(64) int32_t sums[2][4][16][16];
     __m512 acc[16][2];
     configure();
-    const __m512i pick[2] = {
-        _mm512_set_epi32(23,22,21,20, 7,6,5,4, 19,18,17,16, 3,2,1,0),
-        _mm512_set_epi32(31,30,29,28, 15,14,13,12, 27,26,25,24, 11,10,9,8)};
     for (int x0 = 0; x0 < tiled; x0 += kChunk) {
         const int wblocks = std::min(kChunk, tiled - x0)/16;
         for (int wb = 0; wb < wblocks; ++wb) {
@@ -233,7 +258,7 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
                             s = _mm512_fmadd_ps(p.c[P][1], b1, s);
                             s = _mm512_fmadd_ps(p.c[P][2], b2, s);
                             s = _mm512_fmadd_ps(p.c[P][3], b3, s);
-                            auto i = _mm512_permutex2var_epi32(h0, pick[P], h1);
+                            auto i = lanes(h0, h1, P);
                             acc[iy][P] = _mm512_fmadd_ps(_mm512_mul_ps(p.d[P], dy), _mm512_cvtepi32_ps(i), s);
                         }
                     }
@@ -244,12 +269,7 @@ static void mul_mat_q4_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
                     if (ibl + 1 < nbl) tiles(ibl + 1, sums[(ibl + 1) & 1]);
                     finish(ibl, sums[ibl & 1]);
                 }
-                for (int iy = 0; iy < 16; ++iy) for (int P = 0; P < 2; ++P) {
-                    auto lo = _mm512_castps512_ps256(acc[iy][P]), hi = _mm512_extractf32x8_ps(acc[iy][P], 1);
-                    DataInfo out = info; out.cur_y += 16*b;
-                    out.store(x0 + 16*wb + 8*P, iy, _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)));
-                    out.store(x0 + 16*wb + 8*P + 4, iy, _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
-                }
+                store_block(info, 16*b, x0 + 16*wb, acc);
             }
         }
     }

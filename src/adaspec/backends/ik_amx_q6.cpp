@@ -102,15 +102,9 @@ static void mul_mat_q6_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
     Ordered& o = ordered();
     GGML_ASSERT(nrc_x%4 == 0 && o.n == n && o.first == info.src1_row(0));
     const int nrc_y = o.rows;
-    int tiled = nrc_y < 32 ? 0 : nrc_x - nrc_x%16;
-    if (tiled < nrc_x) {  // rows beyond whole tiles of 16 (or every row): the kernel above
-        for (int y0 = 0; y0 < nrc_y; y0 += 16) {
-            DataInfo rest = info;
-            rest.s += tiled;
-            rest.cur_y += y0;
-            mul_mat_q6_k_r4_q8_k<16>(n, (const char *)vx + tiled*bx, bx, rest, nrc_x - tiled);
-        }
-    }
+    // rows beyond whole tiles of 16 (or every row): the kernel above
+    const int tiled = nrc_y < 32 ? 0 : nrc_x - nrc_x%16;
+    pinned_rest(mul_mat_q6_k_r4_q8_k<16>, n, vx, bx, info, tiled, nrc_x, nrc_y);
     if (!tiled) return;
     const int nbl = n / QK_K;
     const int blocks = nrc_y / 16;
@@ -120,9 +114,6 @@ static void mul_mat_q6_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
     alignas(64) int32_t sums[2][2][4][16][16];  // [buffer][parity][piece][row][weight row]
     __m512 acc[16][2];
     configure();
-    const __m512i pick[2] = {
-        _mm512_set_epi32(23,22,21,20, 7,6,5,4, 19,18,17,16, 3,2,1,0),
-        _mm512_set_epi32(31,30,29,28, 15,14,13,12, 27,26,25,24, 11,10,9,8)};
     for (int x0 = 0; x0 < tiled; x0 += kChunk6) {
         const block_q6_k_r4 * w[4];
         for (int G = 0; G < 4; ++G) w[G] = (const block_q6_k_r4 *)((const char *)vx + (x0 + 4*G)*bx);
@@ -170,7 +161,7 @@ static void mul_mat_q6_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
                         m = _mm512_dpwssd_epi32(m, p.s[P][1], b1);
                         m = _mm512_dpwssd_epi32(m, p.s[P][2], b2);
                         m = _mm512_dpwssd_epi32(m, p.s[P][3], b3);
-                        auto i = _mm512_add_epi32(_mm512_permutex2var_epi32(h[0], pick[P], h[1]), m);
+                        auto i = _mm512_add_epi32(lanes(h[0], h[1], P), m);
                         acc[iy][P] = _mm512_fmadd_ps(_mm512_mul_ps(p.d[P], dy), _mm512_cvtepi32_ps(i), acc[iy][P]);
                     }
                 }
@@ -180,12 +171,7 @@ static void mul_mat_q6_k_r4_q8_k_amx(int n, const void * vx, size_t bx, const Da
                 if (ibl + 1 < nbl) tiles(ibl + 1, sums[(ibl + 1) & 1]);
                 finish(ibl, sums[ibl & 1]);
             }
-            for (int iy = 0; iy < 16; ++iy) for (int P = 0; P < 2; ++P) {
-                auto lo = _mm512_castps512_ps256(acc[iy][P]), hi = _mm512_extractf32x8_ps(acc[iy][P], 1);
-                DataInfo out = info; out.cur_y += 16*b;
-                out.store(x0 + 8*P, iy, _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)));
-                out.store(x0 + 8*P + 4, iy, _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
-            }
+            store_block(info, 16*b, x0, acc);
         }
     }
     _tile_release();
