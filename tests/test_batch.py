@@ -76,8 +76,9 @@ def steep_cost(tokens: int, sequences: int) -> float:
 
 
 def flat_cost(tokens: int, sequences: int) -> float:
-    """A call whose tokens cost almost nothing: every draft pays."""
-    return 10.0 + 1e-9 * tokens
+    """A call whose drafted tokens cost almost nothing beside its requests' own rows (10 ms
+    each): every draft pays, since any accepted token saves a row."""
+    return 10.0 * sequences + 1e-9 * tokens
 
 
 @pytest.mark.parametrize("cost", [None, steep_cost, flat_cost], ids=["unpriced", "steep", "flat"])
@@ -127,29 +128,66 @@ def test_stop_strings_and_lengths_together(target, draft, tokenizer):
         assert (results[i].text, results[i].finish_reason) == (want.text, want.finish_reason)
 
 
-def test_choose_lengths_never_expects_less_than_no_drafts():
+def _expected_net(accepts, lengths, worth, cost, fixed=0):
+    """ms the batch is expected to end sooner by with these lengths, net of the call."""
+    n = len(accepts)
+    saved = 0.0
+    for a, k, w in zip(accepts, lengths, worth, strict=True):
+        p = 1.0
+        for x in a[:k]:
+            p *= x
+            saved += p * w
+    return saved - (cost(n + fixed + sum(lengths), n) - cost(n + fixed, n))
+
+
+def test_choose_lengths_never_expects_less_than_no_drafts_and_is_best_for_linear_calls():
+    import itertools
+
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
-        n = int(torch.randint(1, 9, (1,), generator=g))
-        accepts = [torch.rand(int(torch.randint(0, 6, (1,), generator=g)), generator=g).tolist()
+        n = int(torch.randint(1, 5, (1,), generator=g))
+        accepts = [torch.rand(int(torch.randint(0, 4, (1,), generator=g)), generator=g).tolist()
                    for _ in range(n)]
-        slope = float(torch.rand(1, generator=g)) * 3
+        worth = (torch.rand(n, generator=g) * 40).tolist()
+        slope = float(torch.rand(1, generator=g)) * 20
 
         def cost(tokens, sequences, slope=slope):
-            return 20.0 + slope * tokens
+            return 20.0 + 5.0 * sequences + slope * tokens
 
-        lengths = choose_lengths(accepts, 0, cost)
-        value = n
-        for a, k in zip(accepts, lengths, strict=True):
-            assert 0 <= k <= len(a)
-            p = 1.0
-            for x in a[:k]:
-                p *= x
-                value += p
-        assert value / cost(n + sum(lengths), n) >= n / cost(n, n) - 1e-12
+        lengths = choose_lengths(accepts, 0, cost, worth)
+        assert all(0 <= k <= len(a) for a, k in zip(accepts, lengths, strict=True))
+        got = _expected_net(accepts, lengths, worth, cost)
+        assert got >= 0.0
+        best = max(_expected_net(accepts, list(ks), worth, cost)
+                   for ks in itertools.product(*(range(len(a) + 1) for a in accepts)))
+        assert got == pytest.approx(best, abs=1e-9)  # greedy is optimal when calls are linear
     # the slack goes where it pays most: the sure draft before the doubtful one
-    assert choose_lengths([[0.99, 0.99], [0.1, 0.1]], 0, lambda t, s: 10 + t) == [2, 0]
-    assert choose_lengths([[0.9], [0.9]], 0, lambda t, s: 10.0 * t) == [0, 0]
+    assert choose_lengths([[0.99, 0.99], [0.1, 0.1]], 0, lambda t, s: 10 + t, [5, 5]) == [2, 0]
+    assert choose_lengths([[0.9], [0.9]], 0, lambda t, s: 10.0 * t, [10, 10]) == [0, 0]
+
+
+def test_a_token_is_worth_the_row_it_saves_where_its_request_would_end():
+    """`BatchLoad.token_ms`: a request that outlasts every other saves a whole call with each
+    accepted token; one that ends beside others saves only its row of that call (a tie is
+    counted as outlasting it); with requests waiting, its place goes to the next one sooner,
+    so a token is worth the batch's time per token."""
+    from adaspec.cost.batch import BatchLoad
+
+    def cost(tokens: int, sequences: int) -> float:
+        return 20.0 + 10.0 * sequences + 8.0 * (tokens - sequences)
+
+    load = BatchLoad(cost, sequences=3, budgets=[100, 50, 50])
+    assert load.token_ms(100) == cost(1, 1) == 30.0  # the last to end: a call of its own
+    assert load.token_ms(50) == cost(3, 3) - cost(2, 2) == 10.0  # two others outlast it
+    assert load.token_ms(20) == 10.0
+    load.waiting = 1
+    assert load.token_ms(50) == pytest.approx(cost(3, 3) / 3)
+    # so at acceptance 0.7 (a drafted token costs 8 ms here) only the longest request drafts
+    load.waiting = 0
+    worth = [load.token_ms(b) for b in load.budgets]
+    assert choose_lengths([[0.7], [0.7], [0.7]], 0, cost, worth) == [1, 0, 0]
+    # negative control: priced at the batch's time per token, the short ones draft as well
+    assert choose_lengths([[0.7], [0.7], [0.7]], 0, cost, [cost(3, 3) / 3] * 3) == [1, 1, 1]
 
 
 def test_cancel_mid_batch_leaves_the_others(target, draft):
@@ -291,10 +329,12 @@ def test_module_names_its_default_prefill_budget():
     assert batch_mod.PREFILL_TOKENS >= 1
 
 
-def test_drafts_go_first_to_the_request_with_the_most_left():
-    """The pricing weighs a request's drafted tokens by its token budget left over the most
-    any request has left: of two equally good drafts, where the call's slack pays for one
-    only, the request with more to go keeps its draft (the batch finishes when it does)."""
+def test_drafts_go_to_the_request_that_outlasts_the_others():
+    """Of two equally good drafts, the request with more to go keeps its draft: its accepted
+    tokens end the batch's work sooner by a whole call, the other's by its row of a call
+    (`BatchLoad.token_ms`), which here is less than the drafted token adds. Two requests
+    with as much to go each outlast the other's draft, so neither drafts; with a request
+    waiting for a place, finishing sooner hands it the place, and both do."""
     from adaspec.core.proposal import Proposal
     from adaspec.engine.batch import RoundStats, _Member
     from adaspec.engine.loop import TargetCall
@@ -307,17 +347,19 @@ def test_drafts_go_first_to_the_request_with_the_most_left():
         return _Member(key, iter(()), call)
 
     def cost(tokens: int, sequences: int) -> float:
-        return 10.0 * sequences + 5.0 * max(0, tokens - sequences)
+        return 30.0 + 10.0 * sequences + 9.5 * max(0, tokens - sequences)
 
-    short, long_ = member("short", 5), member("long", 100)
+    def lengths(decoder: BatchDecoder, members: list[_Member]) -> list[int]:
+        decoder._members = {m.key: m for m in members}
+        stats = RoundStats()
+        decoder._price(members, 0, 0, stats)
+        return stats.lengths
+
     decoder = BatchDecoder(cost)
-    stats = RoundStats()
-    decoder._price([short, long_], 0, 0, stats)
-    assert stats.lengths == [0, 3]  # the request with 5 tokens to go verifies no draft
-    even = [member("a", 100), member("b", 100)]
-    stats = RoundStats()
-    decoder._price(even, 0, 0, stats)
-    assert stats.lengths == [3, 3]
+    assert lengths(decoder, [member("short", 5), member("long", 100)]) == [0, 3]
+    assert lengths(decoder, [member("a", 100), member("b", 100)]) == [0, 0]
+    decoder.load.waiting = decoder.waiting = 1
+    assert lengths(decoder, [member("a", 100), member("b", 100)]) == [3, 3]
 
 
 def _auto_wave(target, draft, cost, join: bool):
@@ -354,39 +396,33 @@ def test_a_joined_auto_does_not_draft_what_the_batch_would_cut(target, draft):
 
 def test_a_joined_auto_still_drafts_where_the_batch_pays(target, draft):
     def slow_call(tokens: int, sequences: int) -> float:
-        """A call far slower than a draft step, whatever it carries: drafting pays."""
-        return 1000.0 + 1e-9 * tokens
+        """Each request's row far dearer than a draft step, drafted tokens nearly free:
+        drafting pays."""
+        return 1000.0 * sequences + 1e-9 * tokens
 
     _, calls = _auto_wave(target, draft, slow_call, join=True)
     assert calls > 0
 
 
 def test_a_prompt_chunk_in_the_call_does_not_make_weak_drafts_look_cheap():
-    """Beside a long prompt chunk a round's call is long, and a drafted token adds little
-    to it; valued at nothing, the chunk would make a draft of any acceptance pay. Valued at
-    the batch's decoding rate (`prompt_value`), a draft beside it pays only where it would
-    pay in a decode round."""
-    from adaspec.cost.batch import prompt_value
+    """Beside a long prompt chunk a round's call is long, and a drafted token adds little to
+    it in proportion; it still adds its own time, which the tokens it is expected to save
+    must exceed, as in a decode round."""
 
     def cost(tokens: int, sequences: int) -> float:
-        return 100.0 + 10.0 * tokens  # decode round of 2: 120 ms; a token 10 ms more
+        return 100.0 + 10.0 * tokens  # a token 10 ms more, beside a chunk or not
 
-    worth = prompt_value(cost, 2, 1, 200)
-    assert worth == pytest.approx(2 / 120 * 2000)
-    assert choose_lengths([[0.05], []], 200, cost) == [1, 0]  # the chunk valued at nothing
-    assert choose_lengths([[0.05], []], 200, cost, worth) == [0, 0]
-    assert choose_lengths([[0.5], []], 200, cost, worth) == [1, 0]  # pays in a decode round
-    assert choose_lengths([[0.5], []], 0, cost) == [1, 0]
-    assert choose_lengths([[0.05], []], 0, cost) == [0, 0]
+    for chunk in (0, 200):
+        assert choose_lengths([[0.05], []], chunk, cost, [120.0, 120.0]) == [0, 0]
+        assert choose_lengths([[0.5], []], chunk, cost, [120.0, 120.0]) == [1, 0]
 
 
 def test_batch_load_prices_one_request_as_alone():
     from adaspec.cost.batch import BatchLoad
 
-    assert BatchLoad(steep_cost, 1).others == 0
-    assert BatchLoad(None, 5).others == 0  # unpriced batch: drafters price as alone
+    assert not BatchLoad(None, 5).shared  # unpriced batch: drafters price as alone
     load = BatchLoad(steep_cost, 3)
-    assert load.others == 2 and load.call_ms(2) == steep_cost(5, 3)
+    assert load.call_ms(2) == steep_cost(5, 3)
     assert not BatchLoad(steep_cost, 1).shared and BatchLoad(steep_cost, 3).shared
 
 
@@ -395,21 +431,22 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     round), but its chunk rides in the round's call: the load counts it as a sequence of
     that many tokens, and auto prices a draft of the one decoding request in that call
     (where a drafted token costs little beside the chunk) rather than as a call alone."""
-    from adaspec.cost.batch import BatchLoad
+    from adaspec.cost.batch import BatchLoad, Seat
 
-    load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200)
-    assert load.others == 0 and load.shared
+    load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200, budgets=[6, 6])
+    assert load.shared
     assert load.call_ms(2) == steep_cost(203, 2)
-    # the chunk is worth its time at the decoding rate: 1 token / 10 ms over 2000 ms
-    assert load.prompt_value == pytest.approx(200.0)
     engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
-    drafter.batch, drafter._load = load, load
+    drafter.batch = drafter._seat = Seat(load, remaining=6)
     overhead = drafter.profile.overhead_ms
     assert drafter._verify_ms(2, 10) == steep_cost(203, 2) + overhead
-    assert drafter._base() == pytest.approx(201.0)  # its own token and the chunk's worth
-    drafter._load = BatchLoad(steep_cost, 1)  # nothing rides along: priced as alone
+    # the prompt outlasts it: a token saves its row of a call of two (10 ms), and the
+    # round's call is worth that many of its tokens
+    assert drafter._base(10) == pytest.approx((steep_cost(201, 2) + overhead) / 10.0)
+    drafter._seat = Seat(BatchLoad(steep_cost, 1))  # nothing rides along: priced as alone
     assert drafter._verify_ms(2, 10) == drafter.profile.target_ms(3, 10) + overhead
+    assert drafter._base(10) == 1.0
 
     from adaspec.backends.static_torch import static_backend
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,55 +34,69 @@ FORMAT = 2  # 2: shapes read at their fastest round (1: medians)
 BatchCostFn = Callable[[int, int], float]
 
 
-def prompt_value(cost: BatchCostFn, sequences: int, prompts: int, prompt_tokens: int) -> float:
-    """What prompt chunks riding in a round's call are worth, in decoded tokens: the time
-    they add to the call, at the rate the round's `sequences` decoding requests make
-    without them. Counted so, a draft beside a chunk pays only where its tokens come cheaper
-    than the batch's own decoding; counted as nothing, the chunk's long call would make any
-    draft look cheap."""
-    if not prompt_tokens:
-        return 0.0
-    s = max(1, sequences)
-    alone = cost(s, s)
-    return s / alone * max(0.0, cost(s + prompt_tokens, s + prompts) - alone)
-
-
 @dataclass
 class BatchLoad:
-    """The call a batched request's draft joins, as its drafter prices it: a draft of n
-    tokens makes the round's call carry n more tokens, and its drafting time holds up every
-    request of the round, so it pays only where it raises the batch's tokens per ms, not
-    one request's. A prompt chunk in the same call makes drafted tokens cheap beside it (a
-    call's time grows about linearly past a few dozen tokens). `engine/batch.BatchDecoder`
-    keeps it current each round."""
+    """The round a batched request's draft joins, as its drafter and the batch price it: a
+    draft of n tokens makes the round's call carry n more tokens, and its drafting time holds
+    up every request of the round. What an accepted token is worth is the time the batch's
+    work ends sooner by (`token_ms`), so a draft pays only where it shortens the batch, not
+    only its own request. `engine/batch.BatchDecoder` keeps it current each round."""
 
     cost: BatchCostFn | None = None
     sequences: int = 1  # requests decoding together this round, the drafter's own included
     prompts: int = 0  # prompts being prefilled in chunks beside them (a sequence each)
     prompt_tokens: int = 0  # the prompt tokens the round's call is expected to carry
-
-    @property
-    def others(self) -> int:
-        """The other decoding requests of the round (0: none, or an unpriced batch)."""
-        return self.sequences - 1 if self.cost is not None else 0
+    budgets: list[int] = field(default_factory=list)  # every request's tokens left to emit
+    waiting: int = 0  # requests queued for a place in the batch
 
     @property
     def shared(self) -> bool:
         """Whether the round's call carries more than this request (else: priced alone)."""
         return self.cost is not None and (self.sequences > 1 or self.prompt_tokens > 0)
 
-    @property
-    def prompt_value(self) -> float:
-        """The round's prompt chunks in decoded tokens (`prompt_value`); 0 unpriced."""
-        if self.cost is None:
-            return 0.0
-        return prompt_value(self.cost, self.sequences, self.prompts, self.prompt_tokens)
-
     def call_ms(self, drafted: int) -> float:
         """ms of the round's call with `drafted` more tokens than one per request."""
         assert self.cost is not None
         return self.cost(self.sequences + self.prompt_tokens + drafted,
                          self.sequences + self.prompts)
+
+    def token_ms(self, remaining: int) -> float:
+        """ms by which the batch's work ends sooner when a request with `remaining` tokens
+        left emits one token more now. With requests waiting, its place goes to the next
+        one sooner: a token is worth the batch's time per token. Else it saves its own row
+        of the round it would have ended in, whose cost depends on how many requests are
+        still decoding then: those with at least as many tokens left (a tie is counted as
+        outlasting it, since a draft shortens its own request only). The request that
+        outlasts all others saves a whole call; one that ends beside seven others saves the
+        eighth row of a call, which on a CPU costs far less than a call of its own."""
+        assert self.cost is not None
+        if self.waiting:
+            s = max(1, len(self.budgets))
+            return self.cost(s, s) / s
+        after = max(0, sum(1 for b in self.budgets if b >= remaining) - 1)
+        if after == 0:
+            return self.cost(1, 1)
+        return max(0.0, self.cost(after + 1, after + 1) - self.cost(after, after))
+
+
+@dataclass
+class Seat:
+    """One request's place in a batch: the round it is priced in and its own budget left
+    (`Engine.join_batch` hands it to the drafter)."""
+
+    load: BatchLoad
+    remaining: int = 0
+
+    @property
+    def shared(self) -> bool:
+        return self.load.shared
+
+    def call_ms(self, drafted: int) -> float:
+        return self.load.call_ms(drafted)
+
+    def token_ms(self) -> float:
+        """What one more accepted token of this request is worth, in ms of the batch."""
+        return self.load.token_ms(self.remaining)
 
 
 @dataclass

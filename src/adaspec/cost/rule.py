@@ -18,9 +18,9 @@ def cost_keeps_drafting(
     probs: acceptance probability of each token drafted so far in this step; step_ms[n]: ms
     of a step that drafts n tokens (n draft forwards + a verification of n + overhead).
     A step drafting n tokens emits base + sum_{i <= n} prod_{j <= i} p_j tokens on average
-    (base: 1, or in a batch one more per other request sharing the call); draft another when
-    that per ms would rise with one more token, or with up to LOOKAHEAD more, each guessed
-    accepted with probability `guess` (at most `limit` in all)."""
+    (base: 1, or in a batch the round's time in this request's tokens, `AutoDrafter._base`);
+    draft another when that per ms would rise with one more token, or with up to LOOKAHEAD
+    more, each guessed accepted with probability `guess` (at most `limit` in all)."""
     n = len(probs)
     value, p_all = base, 1.0
     for p in probs:

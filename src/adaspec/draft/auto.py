@@ -34,7 +34,7 @@ import torch
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import SamplingParams, draw
-from adaspec.cost.batch import BatchLoad
+from adaspec.cost.batch import Seat
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
@@ -175,7 +175,7 @@ class AutoDrafter(Drafter):
         self.choices = AutoStats()
         self._last: Choice | None = None
         self._model_started = False
-        self._load: BatchLoad | None = None  # the batch this step is priced in (`propose`)
+        self._seat: Seat | None = None  # the batch this step is priced in (`propose`)
         self.draft_memory = RateEstimate(DRAFT_PRIOR)  # spans requests
         self._reset_estimates()
 
@@ -277,23 +277,25 @@ class AutoDrafter(Drafter):
     def _verify_ms(self, drafted: int, context: int) -> float:
         """ms of the target call that verifies `drafted` tokens: this request's own, or, in a
         batch, the round's call with them added (`cost.batch.BatchLoad`)."""
-        if self._load is not None and self._load.shared:
-            return self._load.call_ms(drafted) + self.profile.overhead_ms
+        if self._seat is not None and self._seat.shared:
+            return self._seat.call_ms(drafted) + self.profile.overhead_ms
         return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
 
-    def _base(self) -> float:
-        """Tokens a step emits without this request's draft: its own one, and in a batch
-        one for each other request of the round and the worth of its prompt chunks (the
-        rate a draft must raise)."""
-        if self._load is None or not self._load.shared:
+    def _base(self, context: int) -> float:
+        """Tokens a step is worth without this request's draft: alone, its own one; in a
+        batch, the round's time in tokens of this request (`BatchLoad.token_ms`), so that a
+        drafted token raises the rate exactly where the batch's work ends sooner by more
+        than the token adds to the call."""
+        if self._seat is None or not self._seat.shared:
             return 1.0
-        return 1.0 + self._load.others + self._load.prompt_value
+        worth = self._seat.token_ms()
+        return self._verify_ms(0, context) / worth if worth > 0 else float("inf")
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
                      context: int) -> tuple[int, float]:
         """The length n <= limit with the most expected tokens per ms for a geometric
         per-token acceptance `rate`; (n, tokens per ms). n = 0 is a plain step."""
-        base = self._base()
+        base = self._base(context)
         best = (0, base / self._verify_ms(0, context))
         value, p = base, 1.0
         for n in range(1, limit + 1):
@@ -307,7 +309,7 @@ class AutoDrafter(Drafter):
     def _best_prefix(self, accept: list[float], context: int) -> tuple[int, float]:
         """The prefix length with the most expected tokens per ms, given each token's
         estimated acceptance (drafting it costs nothing); (n, tokens per ms)."""
-        base = self._base()
+        base = self._base(context)
         best = (0, base / self._verify_ms(0, context))
         value, p = base, 1.0
         for n, a in enumerate(accept, 1):
@@ -349,8 +351,8 @@ class AutoDrafter(Drafter):
         ctx = len(context)
         # A seeded sampled request is priced as alone: its proposals (hence the random
         # numbers its verification draws) must not depend on its companions in a batch.
-        self._load = self.batch if params.greedy or params.seed is None else None
-        options: list[tuple[float, str, int]] = [(self._base() / self._verify_ms(0, ctx),
+        self._seat = self.batch if params.greedy or params.seed is None else None
+        options: list[tuple[float, str, int]] = [(self._base(ctx) / self._verify_ms(0, ctx),
                                                   "plain", 0)]
         ngram_tokens: list[int] = []
         match = 0
@@ -434,7 +436,7 @@ class AutoDrafter(Drafter):
         a_next = self._draft_rate(params)
         # step_ms[n]: n draft forwards and a verification of n tokens
         step_ms = [n * d1 + self._verify_ms(n, ctx) for n in range(limit + 1)]
-        base = self._base()
+        base = self._base(ctx)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         buckets: list[int] = []

@@ -12,7 +12,7 @@ from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from adaspec.cost.batch import BatchLoad
+    from adaspec.cost.batch import Seat
 
 
 class Drafter(ABC):
@@ -20,9 +20,10 @@ class Drafter(ABC):
     # Proposals may branch (token trees): the target's backend must score tree masks, and
     # the default verifier above temperature 0 is a multi-candidate one.
     drafts_trees: bool = False
-    # Requests decoded together: the round's call this drafter's proposals join, for a
-    # drafter that prices its drafts (None: priced as a request alone). `Engine.join_batch`.
-    batch: BatchLoad | None = None
+    # Requests decoded together: this request's place in the round whose call its
+    # proposals join, for a drafter that prices its drafts (None: priced as a request
+    # alone). `Engine.join_batch`.
+    batch: Seat | None = None
 
     def start(self, prompt_ids: list[int]) -> None:
         """A request with this prompt is about to draft for the first time (called after

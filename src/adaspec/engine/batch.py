@@ -6,9 +6,10 @@ the target calls it needs. A round
   1. runs every request until it needs the target (its drafter proposes on its own);
   2. gives each waiting prompt a chunk of its prefill (at most `prefill_tokens` a round in
      all), so a long prompt never holds the others up for more than a chunk;
-  3. cuts the drafts to what pays over the whole batch (`choose_lengths`): the call's slack
-     goes to more requests or to longer drafts, whichever gives more expected tokens per ms,
-     a request's drafted tokens weighed by its budget left (`_weight`);
+  3. cuts the drafts to what pays over the whole batch (`choose_lengths`): a drafted token
+     is verified where the time the batch's work is expected to end sooner by (its
+     acceptance times `BatchLoad.token_ms`, which depends on how many requests outlast its
+     own) exceeds the time it adds to the call;
   4. scores everything in one call of the runtime (`backends/sequences.forward_together`);
      each request verifies on its own rows in its next round.
 A request that fails is dropped with its error; the others go on.
@@ -32,7 +33,7 @@ from adaspec.backends.sequences import (
     SequenceView,
     forward_together,
 )
-from adaspec.cost.batch import BatchCostFn, BatchLoad, prompt_value
+from adaspec.cost.batch import BatchCostFn, BatchLoad, Seat
 from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall, TextGenerator
 
 PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
@@ -44,6 +45,7 @@ class _Member:
     steps: Iterator[StreamChunk | GenerationResult | TargetCall]
     call: TargetCall | None = None
     prompt_left: list[int] | None = None  # a chunked prefill's tokens still to feed
+    seat: Seat | None = None  # what its drafter prices against (None: not joined)
 
 
 @dataclass
@@ -60,43 +62,36 @@ class RoundStats:
 
 
 def choose_lengths(accepts: list[list[float] | None], fixed_tokens: int,
-                   cost: BatchCostFn, other_value: float = 0.0) -> list[int]:
+                   cost: BatchCostFn, worth: list[float]) -> list[int]:
     """How many drafted tokens of each request one call verifies. accepts[i]: request i's
     drafted levels' acceptance estimates (None: its draft is fixed, verified whole, counted in
-    `fixed_tokens` with the call's other tokens beyond one per request); other_value: what
-    the call's other work (prompt chunks, `cost.batch.prompt_value`) is worth in tokens.
-    Adds drafted tokens in order of expected gain and keeps the count with the most expected
-    tokens per ms; verifying no draft at all is one of the candidates, so the choice never
-    expects less than the batch without speculation."""
+    `fixed_tokens` with the call's other tokens beyond one per request); worth[i]: ms the
+    batch's work ends sooner by when request i emits one token more (`BatchLoad.token_ms`).
+    Adds drafted tokens in order of expected ms saved and keeps the count that saves the most
+    net of what they add to the call; verifying no draft saves nothing, so the choice never
+    expects the batch to end later than without speculation."""
     sequences = len(accepts)
     tokens = sequences + fixed_tokens
-    value = float(sequences) + other_value
+    plain = cost(tokens, sequences)
+    saved = best = 0.0
     lengths = [0] * len(accepts)
-    best, best_lengths = value / cost(tokens, sequences), list(lengths)
-    heap = [(-a[0], i, 0, a[0]) for i, a in enumerate(accepts) if a]
+    best_lengths = list(lengths)
+    heap = [(-a[0] * worth[i], i, 0, a[0]) for i, a in enumerate(accepts) if a]
     heapq.heapify(heap)
     while heap:
-        _, i, level, gain = heapq.heappop(heap)
+        gain_ms, i, level, p = heapq.heappop(heap)
         lengths[i] = level + 1
         tokens += 1
-        value += gain
-        rate = value / cost(tokens, sequences)
-        if rate > best:
-            best, best_lengths = rate, list(lengths)
+        saved -= gain_ms
+        net = saved - (cost(tokens, sequences) - plain)
+        if net > best:
+            best, best_lengths = net, list(lengths)
         a = accepts[i]
         assert a is not None
         if level + 1 < len(a):
-            nxt = gain * a[level + 1]
-            heapq.heappush(heap, (-nxt, i, level + 1, nxt))
+            p *= a[level + 1]
+            heapq.heappush(heap, (-p * worth[i], i, level + 1, p))
     return best_lengths
-
-
-def _weight(remaining: int, most: int) -> float:
-    """What a request's accepted drafted tokens are worth to the batch: its token budget
-    left over the most any request in the round has left. A draft shortens its own request
-    only, while every request pays for the call's extra rows; the requests decoded
-    together finish when the one with the most left does, so drafts go first to it."""
-    return remaining / most if most > 0 else 1.0
 
 
 def _batchable(call: TargetCall | None) -> bool:
@@ -115,7 +110,8 @@ class BatchDecoder:
         self.prefill_tokens = max(1, prefill_tokens)
         self._members: dict[Hashable, _Member] = {}
         self.last = RoundStats()
-        self.load = BatchLoad()  # what the joined engines' drafters price against
+        self.load = BatchLoad()  # the round the joined engines' drafters price against
+        self.waiting = 0  # requests queued for a place (a server sets it before a round)
 
     def __len__(self) -> int:
         return len(self._members)
@@ -129,9 +125,10 @@ class BatchDecoder:
         this batch's rounds (`cost.batch.BatchLoad`) rather than as a request alone."""
         if key in self._members:
             raise ValueError(f"request {key!r} is already decoding")
-        self._members[key] = _Member(key, steps)
+        seat = Seat(self.load) if engine is not None else None
+        self._members[key] = _Member(key, steps, seat=seat)
         if engine is not None:
-            engine.join_batch(self.load)
+            engine.join_batch(seat)
 
     def drop(self, key: Hashable) -> None:
         """Stop a request where it is (its sequence is free for the next one)."""
@@ -149,9 +146,13 @@ class BatchDecoder:
         self.load.cost, self.load.prompts = self.cost, len(filling)
         self.load.sequences = max(1, len(self._members) - len(filling))
         self.load.prompt_tokens = min(self.prefill_tokens, sum(len(p) for p in filling))
+        self.load.budgets = self._budgets()
+        self.load.waiting = self.waiting
         for member in list(self._members.values()):
             if member.call is not None and member.call.out is None:
                 continue  # a prefill still in chunks
+            if member.seat is not None and member.call is not None:
+                member.seat.remaining = member.call.remaining
             member.call = None
             try:
                 while True:
@@ -159,6 +160,8 @@ class BatchDecoder:
                     if isinstance(item, TargetCall):
                         member.call = item
                         break
+                    if isinstance(item, StreamChunk) and member.seat is not None:
+                        member.seat.remaining -= len(item.token_ids)  # before it drafts
                     events.append((member.key, item))
                     if isinstance(item, GenerationResult):
                         self._members.pop(member.key, None)
@@ -170,6 +173,11 @@ class BatchDecoder:
                 self.drop(member.key)
         self._run_calls(events)
         return events
+
+    def _budgets(self) -> list[int]:
+        """Every request's tokens left to emit, as its last call said (a prompt being
+        prefilled: its whole budget)."""
+        return [m.call.remaining for m in self._members.values() if m.call is not None]
 
     def _run_calls(self, events: list) -> None:
         stats = RoundStats()
@@ -260,7 +268,6 @@ class BatchDecoder:
 
     def _price(self, steps: list[_Member], prefill: int, chunks: int, stats: RoundStats) -> None:
         calls = [m.call for m in steps if m.call is not None]
-        most = max((c.remaining for c in calls), default=0)
         accepts: list[list[float] | None] = []
         fixed = prefill
         for call in calls:
@@ -272,13 +279,13 @@ class BatchDecoder:
                 accepts.append(None)
                 fixed += depth
             else:
-                levels = list(proposal.accept or [0.5] * depth)
-                levels[0] *= _weight(call.remaining, most)  # every level's gain scales
-                accepts.append(levels)
+                accepts.append(list(proposal.accept or [0.5] * depth))
         if self.cost is not None and calls:
             cost = self.cost
-            lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks),
-                                     prompt_value(cost, len(calls), chunks, prefill))
+            self.load.cost = cost
+            self.load.budgets = self._budgets()  # this round's, each step's own included
+            worth = [self.load.token_ms(c.remaining) for c in calls]
+            lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
         else:
             lengths = [len(a) if a else 0 for a in accepts]
         for call, a, n in zip(calls, accepts, lengths, strict=True):

@@ -37,7 +37,7 @@ from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
 if TYPE_CHECKING:
-    from adaspec.cost.batch import BatchLoad
+    from adaspec.cost.batch import Seat
 
 
 @dataclass
@@ -79,7 +79,7 @@ class TargetCall:
     root: int = 0  # a step's: cache index and position of the root
     fixed: bool = False  # a step whose draft may not be cut (its random draws depend on it)
     out: ForwardOutput | None = None
-    remaining: int = 0  # a step's: tokens its request may still emit (its budget left)
+    remaining: int = 0  # tokens its request may still emit (its budget left)
     seconds: float = 0.0  # how long the pass took, the device's queue drained (run alone)
 
     def run(self) -> ForwardOutput:
@@ -175,9 +175,9 @@ class TextGenerator(ABC):
                 "prompt or lower max_new_tokens"
             )
 
-    def join_batch(self, load: BatchLoad | None) -> None:
+    def join_batch(self, seat: Seat | None) -> None:
         """Decode with other requests (`engine/batch.py`): drafters that price their drafts
-        price them against `load`, the round's call; None: alone again."""
+        price them against `seat`, this request's place in the round; None: alone again."""
 
     # ------------------------------------------------------------------ output
     def stream(
@@ -275,9 +275,9 @@ class Engine(TextGenerator):
     def drafts_trees(self) -> bool:
         return self.drafter is not None and self.drafter.drafts_trees
 
-    def join_batch(self, load: BatchLoad | None) -> None:
+    def join_batch(self, seat: Seat | None) -> None:
         if self.drafter is not None:
-            self.drafter.batch = load
+            self.drafter.batch = seat
 
     def request_verifier(self, sampling: SamplingParams) -> Verifier:
         """The verifier of one request (bad settings fail here, before any compute)."""
@@ -319,7 +319,8 @@ class Engine(TextGenerator):
             # A server's requests share their chat template's system turn: the target may
             # keep what it already holds of the prefix this prompt shares with the last one.
             reuse = common_prefix(prompt_ids, self._last_prompt)
-            call = TargetCall(self.target, torch.tensor(prompt_ids), prompt_reuse=reuse)
+            call = TargetCall(self.target, torch.tensor(prompt_ids), prompt_reuse=reuse,
+                              remaining=max_new_tokens)
             yield call
             assert call.out is not None
             prefill = call.out

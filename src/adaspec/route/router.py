@@ -32,7 +32,7 @@ from adaspec.route.artifact import RouterArtifact, load_artifact
 from adaspec.route.policy import MODES, RouterPolicy
 
 if TYPE_CHECKING:
-    from adaspec.cost.batch import BatchLoad
+    from adaspec.cost.batch import Seat
     from adaspec.cost.profile import CostProfile
 
 
@@ -77,9 +77,9 @@ class RoutedGenerator(TextGenerator):
         self.force = force
         self.last_state: torch.Tensor | None = None  # the last request's prompt state
 
-    def join_batch(self, load: BatchLoad | None) -> None:
+    def join_batch(self, seat: Seat | None) -> None:
         for arm in self.arms.values():
-            arm.join_batch(load)
+            arm.join_batch(seat)
 
     def decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]

@@ -103,6 +103,7 @@ class BatchScheduler(Scheduler):
             self._check_running()
             if not self._running:
                 continue
+            self.decoder.waiting = len(self._waiting)  # its drafts' worth depends on it
             try:
                 events = self.decoder.round()
             except Exception:  # never let one round kill the worker
