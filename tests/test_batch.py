@@ -188,6 +188,12 @@ def test_a_token_is_worth_the_row_it_saves_where_its_request_would_end():
     assert choose_lengths([[0.7], [0.7], [0.7]], 0, cost, worth) == [1, 0, 0]
     # negative control: priced at the batch's time per token, the short ones draft as well
     assert choose_lengths([[0.7], [0.7], [0.7]], 0, cost, [cost(3, 3) / 3] * 3) == [1, 1, 1]
+    # two requests that both draft well (3 and 2 tokens a step) need 50 rounds at the
+    # least, not 100: the batch's end waits on both, and a token is worth half their call
+    both = BatchLoad(cost, sequences=2, budgets=[100, 100], paces=[3.0, 2.0])
+    assert both.least_rounds() == 50.0
+    assert both.token_ms(100) == pytest.approx(cost(2, 2) / 2)
+    assert BatchLoad(cost, 2, budgets=[100, 100], paces=[3.0]).token_ms(100) == 10.0
 
 
 def test_cancel_mid_batch_leaves_the_others(target, draft):
@@ -329,18 +335,21 @@ def test_module_names_its_default_prefill_budget():
     assert batch_mod.PREFILL_TOKENS >= 1
 
 
-def test_drafts_go_to_the_request_that_outlasts_the_others():
+def test_drafts_go_to_the_requests_the_batch_s_end_waits_on():
     """Of two equally good drafts, the request with more to go keeps its draft: its accepted
     tokens end the batch's work sooner by a whole call, the other's by its row of a call
     (`BatchLoad.token_ms`), which here is less than the drafted token adds. Two requests
-    with as much to go each outlast the other's draft, so neither drafts; with a request
-    waiting for a place, finishing sooner hands it the place, and both do."""
+    with as much to go where one has nothing to draft: the batch ends when that one does,
+    so the other's draft saves only a row. Two that both draft well end sooner together,
+    and both draft; so do both with a request waiting for a place (finishing sooner hands
+    it the place)."""
     from adaspec.core.proposal import Proposal
     from adaspec.engine.batch import RoundStats, _Member
     from adaspec.engine.loop import TargetCall
 
-    def member(key: str, remaining: int) -> _Member:
-        proposal = Proposal.chain(7, [1, 2, 3], accept=[0.9, 0.9, 0.9])
+    def member(key: str, remaining: int, drafts: bool = True) -> _Member:
+        proposal = Proposal.chain(7, [1, 2, 3] if drafts else [],
+                                  accept=[0.9, 0.9, 0.9] if drafts else None)
         tokens, positions, mask = proposal.target_inputs(0)
         call = TargetCall(None, tokens, positions, mask,  # type: ignore[arg-type]
                           proposal=proposal, root=0, remaining=remaining)
@@ -349,17 +358,18 @@ def test_drafts_go_to_the_request_that_outlasts_the_others():
     def cost(tokens: int, sequences: int) -> float:
         return 30.0 + 10.0 * sequences + 9.5 * max(0, tokens - sequences)
 
-    def lengths(decoder: BatchDecoder, members: list[_Member]) -> list[int]:
+    def lengths(members: list[_Member], waiting: int = 0) -> list[int]:
+        decoder = BatchDecoder(cost)
         decoder._members = {m.key: m for m in members}
+        decoder.load.waiting = waiting
         stats = RoundStats()
         decoder._price(members, 0, 0, stats)
         return stats.lengths
 
-    decoder = BatchDecoder(cost)
-    assert lengths(decoder, [member("short", 5), member("long", 100)]) == [0, 3]
-    assert lengths(decoder, [member("a", 100), member("b", 100)]) == [0, 0]
-    decoder.load.waiting = decoder.waiting = 1
-    assert lengths(decoder, [member("a", 100), member("b", 100)]) == [3, 3]
+    assert lengths([member("short", 5), member("long", 100)]) == [0, 3]
+    assert lengths([member("a", 100), member("b", 100, drafts=False)]) == [0, 0]
+    assert lengths([member("a", 100), member("b", 100)]) == [3, 3]
+    assert lengths([member("a", 100), member("b", 100, drafts=False)], waiting=1) == [3, 0]
 
 
 def _auto_wave(target, draft, cost, join: bool):

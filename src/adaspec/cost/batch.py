@@ -47,6 +47,7 @@ class BatchLoad:
     prompts: int = 0  # prompts being prefilled in chunks beside them (a sequence each)
     prompt_tokens: int = 0  # the prompt tokens the round's call is expected to carry
     budgets: list[int] = field(default_factory=list)  # every request's tokens left to emit
+    paces: list[float] = field(default_factory=list)  # each one's tokens a step, drafting
     waiting: int = 0  # requests queued for a place in the batch
 
     @property
@@ -60,19 +61,36 @@ class BatchLoad:
         return self.cost(self.sequences + self.prompt_tokens + drafted,
                          self.sequences + self.prompts)
 
+    def least_rounds(self) -> float:
+        """Rounds the batch needs at the least: its slowest request's, each request making
+        as many tokens a step as its drafts could (`paces`; 1 where not known)."""
+        paces = self.paces + [1.0] * (len(self.budgets) - len(self.paces))
+        return max((b / max(1.0, e) for b, e in zip(self.budgets, paces, strict=False)),
+                   default=0.0)
+
     def token_ms(self, remaining: int) -> float:
         """ms by which the batch's work ends sooner when a request with `remaining` tokens
-        left emits one token more now. With requests waiting, its place goes to the next
-        one sooner: a token is worth the batch's time per token. Else it saves its own row
-        of the round it would have ended in, whose cost depends on how many requests are
-        still decoding then: those with at least as many tokens left (a tie is counted as
-        outlasting it, since a draft shortens its own request only). The request that
-        outlasts all others saves a whole call; one that ends beside seven others saves the
-        eighth row of a call, which on a CPU costs far less than a call of its own."""
+        left emits one token more now.
+
+        - With requests waiting, its place goes to the next one sooner: a token is worth
+          the batch's time per token.
+        - A request that would end the batch later than its slowest request must (more
+          tokens left than `least_rounds`) is what the batch's end waits on, with the others
+          so placed: its tokens are worth their share of a call of those requests.
+        - Any other saves its own row of the round it would have ended in, whose cost
+          depends on how many requests are still decoding then: those with at least as many
+          tokens left (a tie counts as outlasting it, since a draft shortens its own request
+          only). The request that outlasts all others saves a whole call; one that ends
+          beside seven others saves the eighth row of a call, which on a CPU costs far less
+          than a call of its own."""
         assert self.cost is not None
         if self.waiting:
             s = max(1, len(self.budgets))
             return self.cost(s, s) / s
+        least = self.least_rounds()
+        if remaining > least:
+            k = max(1, sum(1 for b in self.budgets if b > least))
+            return self.cost(k, k) / k
         after = max(0, sum(1 for b in self.budgets if b >= remaining) - 1)
         if after == 0:
             return self.cost(1, 1)

@@ -320,6 +320,23 @@ class AutoDrafter(Drafter):
                 best = (n, rate)
         return best
 
+    def _free_option(self, accept: list[float], context: int) -> tuple[float, int]:
+        """A draft that costs nothing to make (n-gram, history): its value as this step is
+        priced, and how many of its tokens to propose. In a batch that is as many as a
+        request alone would verify: the batch cuts them to what pays over the whole batch
+        (`engine/batch.choose_lengths`), and reads from them the tokens a step of this request
+        could make (its pace, which decides whether the batch's end waits on it)."""
+        n, value = self._best_prefix(accept, context)
+        seat = self._seat
+        if seat is None or not seat.shared:
+            return value, n
+        self._seat = None
+        try:
+            alone, _ = self._best_prefix(accept, context)
+        finally:
+            self._seat = seat
+        return value, alone
+
     def _catch_up_ms(self, context: list[int]) -> float:
         """What a draft-model step costs beyond its single-token forwards: the prompt prefill
         when the draft has not started, else the first forward's extra tokens (those
@@ -360,7 +377,7 @@ class AutoDrafter(Drafter):
             ngram_tokens, match = self.ngram.lookup_with_match(context, limit)
             if ngram_tokens:
                 rate = self.ngram_rates[min(match, 4)].rate
-                n, value = self._best_length(rate, len(ngram_tokens), 0.0, 0.0, ctx)
+                value, n = self._free_option([rate] * len(ngram_tokens), ctx)
                 options.append((value, "ngram", n))
         history_tokens: list[int] = []
         cells: list[tuple[int, int, int]] = []
@@ -372,7 +389,7 @@ class AutoDrafter(Drafter):
                 history_tokens = found.tokens
                 cells = [history_cell(o, c, self._run + i) for i, (o, c) in
                          enumerate(zip(found.orders, found.confidence, strict=True))]
-                n, value = self._best_prefix([self.history_rates[c].rate for c in cells], ctx)
+                value, n = self._free_option([self.history_rates[c].rate for c in cells], ctx)
                 options.append((value, "history", n))
                 self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
         if self.model is not None and limit > 0:
@@ -381,6 +398,9 @@ class AutoDrafter(Drafter):
             n, value = self._best_length(self._draft_rate(params), limit, fixed, d1, ctx)
             options.append((value, "draft", n))
         value, kind, n = max(options, key=lambda o: o[0])
+        free = [o for o in options if o[1] in ("ngram", "history") and o[2] > 0]
+        if kind == "plain" and free and self._seat is not None and self._seat.shared:
+            value, kind, n = max(free, key=lambda o: o[0])  # the batch decides (`_free_option`)
         if kind == "plain" or n == 0:
             self.choices.plain += 1
             self._last = None

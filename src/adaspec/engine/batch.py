@@ -18,9 +18,11 @@ A request that fails is dropped with its error; the others go on.
 from __future__ import annotations
 
 import heapq
+import operator
 import time
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -46,6 +48,7 @@ class _Member:
     call: TargetCall | None = None
     prompt_left: list[int] | None = None  # a chunked prefill's tokens still to feed
     seat: Seat | None = None  # what its drafter prices against (None: not joined)
+    paced: list[float] = field(default_factory=lambda: [1.0, 1.0])  # steps, their tokens
 
 
 @dataclass
@@ -146,7 +149,7 @@ class BatchDecoder:
         self.load.cost, self.load.prompts = self.cost, len(filling)
         self.load.sequences = max(1, len(self._members) - len(filling))
         self.load.prompt_tokens = min(self.prefill_tokens, sum(len(p) for p in filling))
-        self.load.budgets = self._budgets()
+        self._budgets()
         self.load.waiting = self.waiting
         for member in list(self._members.values()):
             if member.call is not None and member.call.out is None:
@@ -174,10 +177,14 @@ class BatchDecoder:
         self._run_calls(events)
         return events
 
-    def _budgets(self) -> list[int]:
+    def _budgets(self) -> None:
         """Every request's tokens left to emit, as its last call said (a prompt being
-        prefilled: its whole budget)."""
-        return [m.call.remaining for m in self._members.values() if m.call is not None]
+        prefilled: its whole budget), and its pace: the tokens a step of it is expected to
+        make if it verified whole what its drafter proposed, over its steps so far (with one
+        plain step as a prior)."""
+        members = [m for m in self._members.values() if m.call is not None]
+        self.load.budgets = [m.call.remaining for m in members if m.call is not None]
+        self.load.paces = [m.paced[1] / m.paced[0] for m in members]
 
     def _run_calls(self, events: list) -> None:
         stats = RoundStats()
@@ -270,20 +277,25 @@ class BatchDecoder:
         calls = [m.call for m in steps if m.call is not None]
         accepts: list[list[float] | None] = []
         fixed = prefill
-        for call in calls:
+        for member in steps:
+            call = member.call
+            assert call is not None
             proposal = call.proposal
             depth = proposal.depth if proposal is not None else 0
+            levels = list(proposal.accept or [0.5] * depth) if proposal is not None else []
+            member.paced[0] += 1
+            member.paced[1] += 1 + sum(accumulate(levels, operator.mul))
             if proposal is None or depth == 0:
                 accepts.append([])
             elif call.fixed or not proposal.is_chain or self.cost is None:
                 accepts.append(None)
                 fixed += depth
             else:
-                accepts.append(list(proposal.accept or [0.5] * depth))
+                accepts.append(levels)
         if self.cost is not None and calls:
             cost = self.cost
             self.load.cost = cost
-            self.load.budgets = self._budgets()  # this round's, each step's own included
+            self._budgets()  # this round's, each step's own included
             worth = [self.load.token_ms(c.remaining) for c in calls]
             lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
         else:
