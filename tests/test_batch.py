@@ -77,7 +77,8 @@ def steep_cost(tokens: int, sequences: int) -> float:
 
 def flat_cost(tokens: int, sequences: int) -> float:
     """A call whose drafted tokens cost almost nothing beside its requests' own rows (10 ms
-    each): every draft pays, since any accepted token saves a row."""
+    each): with requests queued behind the batch (`BatchDecoder.waiting`) every draft pays,
+    since any accepted token hands a place on sooner."""
     return 10.0 * sequences + 1e-9 * tokens
 
 
@@ -89,6 +90,7 @@ def test_greedy_together_equals_alone(target, draft, cost, arrive_every):
     requests = {i: e.stream_steps(p, max_new_tokens=n)
                 for i, (e, p, n) in enumerate(zip(engines, PROMPTS, lengths, strict=True))}
     decoder = BatchDecoder(cost=cost)
+    decoder.waiting = 1
     cut = 0
     original = decoder._run_calls
 
@@ -166,10 +168,11 @@ def test_choose_lengths_never_expects_less_than_no_drafts_and_is_best_for_linear
     assert choose_lengths([[0.9], [0.9]], 0, lambda t, s: 10.0 * t, [10, 10]) == [0, 0]
 
 
-def test_a_token_is_worth_the_row_it_saves_where_its_request_would_end():
+def test_a_token_is_worth_what_it_shortens_the_batch_by():
     """`BatchLoad.token_ms`: a request that outlasts every other saves a whole call with each
-    accepted token; one that ends beside others saves only its row of that call (a tie is
-    counted as outlasting it); with requests waiting, its place goes to the next one sooner,
+    accepted token; one that ends while others go on saves a row of a later call, no more
+    than its drafted row costs now (a tie counts as outlasting it); requests that all draft
+    well end sooner together; with requests waiting, its place goes to the next one sooner,
     so a token is worth the batch's time per token."""
     from adaspec.cost.batch import BatchLoad
 
@@ -178,8 +181,8 @@ def test_a_token_is_worth_the_row_it_saves_where_its_request_would_end():
 
     load = BatchLoad(cost, sequences=3, budgets=[100, 50, 50])
     assert load.token_ms(100) == cost(1, 1) == 30.0  # the last to end: a call of its own
-    assert load.token_ms(50) == cost(3, 3) - cost(2, 2) == 10.0  # two others outlast it
-    assert load.token_ms(20) == 10.0
+    assert load.token_ms(50) == 0.0  # the other 50 outlasts it: a drafted row for a row
+    assert load.token_ms(20) == 0.0
     load.waiting = 1
     assert load.token_ms(50) == pytest.approx(cost(3, 3) / 3)
     # so at acceptance 0.7 (a drafted token costs 8 ms here) only the longest request drafts
@@ -193,7 +196,7 @@ def test_a_token_is_worth_the_row_it_saves_where_its_request_would_end():
     both = BatchLoad(cost, sequences=2, budgets=[100, 100], paces=[3.0, 2.0])
     assert both.least_rounds() == 50.0
     assert both.token_ms(100) == pytest.approx(cost(2, 2) / 2)
-    assert BatchLoad(cost, 2, budgets=[100, 100], paces=[3.0]).token_ms(100) == 10.0
+    assert BatchLoad(cost, 2, budgets=[100, 100], paces=[3.0]).token_ms(100) == 0.0
 
 
 def test_cancel_mid_batch_leaves_the_others(target, draft):
@@ -436,6 +439,30 @@ def test_batch_load_prices_one_request_as_alone():
     assert not BatchLoad(steep_cost, 1).shared and BatchLoad(steep_cost, 3).shared
 
 
+def test_a_joined_auto_proposes_its_free_drafts_whole_and_the_batch_cuts_them(target, draft):
+    """An n-gram continuation costs nothing to make: in a batch, auto proposes as much of it
+    as a request alone would verify, even where the batch's pricing leaves it no token worth
+    its row (here a companion with as much to go and nothing to draft keeps the batch
+    going), so the batch sees the request's pace and does the cutting. Priced as alone,
+    the same proposal; the batch then verifies none of it."""
+    from adaspec.cost.batch import BatchLoad, Seat
+
+    engine = build_engine("auto:profile=flat,use=ngram", target, None, None,
+                          eos_token_ids=[])
+    drafter = engine.drafter
+    context = [5, 6, 7, 8, 9] * 4
+    alone = drafter.propose(context, 8, engine.controller, SamplingParams(), None)
+    assert alone.depth > 0
+    load = BatchLoad(steep_cost, sequences=2, budgets=[50, 50], paces=[1.0, 1.0])
+    seat = Seat(load, remaining=50)
+    drafter.batch = seat
+    joined = drafter.propose(context, 8, engine.controller, SamplingParams(), None)
+    assert drafter._base(len(context)) == float("inf")  # no token of it shortens the batch
+    assert joined.depth == alone.depth
+    worth = [load.token_ms(50)] * 2
+    assert choose_lengths([joined.accept, []], 0, steep_cost, worth) == [0, 0]
+
+
 def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     """A prompt being prefilled in chunks is no decoding request (it emits nothing this
     round), but its chunk rides in the round's call: the load counts it as a sequence of
@@ -443,7 +470,7 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     (where a drafted token costs little beside the chunk) rather than as a call alone."""
     from adaspec.cost.batch import BatchLoad, Seat
 
-    load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200, budgets=[6, 6])
+    load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200, budgets=[6, 4])
     assert load.shared
     assert load.call_ms(2) == steep_cost(203, 2)
     engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
@@ -451,9 +478,11 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     drafter.batch = drafter._seat = Seat(load, remaining=6)
     overhead = drafter.profile.overhead_ms
     assert drafter._verify_ms(2, 10) == steep_cost(203, 2) + overhead
-    # the prompt outlasts it: a token saves its row of a call of two (10 ms), and the
+    # it outlasts the prompt's request: a token saves a call of its own (10 ms), and the
     # round's call is worth that many of its tokens
     assert drafter._base(10) == pytest.approx((steep_cost(201, 2) + overhead) / 10.0)
+    load.budgets = [6, 8]  # the prompt's request outlasts it: no token of it is worth a row
+    assert drafter._base(10) == float("inf")
     drafter._seat = Seat(BatchLoad(steep_cost, 1))  # nothing rides along: priced as alone
     assert drafter._verify_ms(2, 10) == drafter.profile.target_ms(3, 10) + overhead
     assert drafter._base(10) == 1.0
