@@ -8,8 +8,8 @@ the target calls it needs. A round
      all), so a long prompt never holds the others up for more than a chunk;
   3. cuts the drafts to what pays over the whole batch (`choose_lengths`): a drafted token
      is verified where the time the batch's work is expected to end sooner by (its
-     acceptance times `BatchLoad.token_ms`, which depends on how many requests outlast its
-     own) exceeds the time it adds to the call;
+     acceptance times `BatchLoad.token_ms`, which depends on whether the batch's end waits
+     on its request) exceeds the time it adds to the call;
   4. scores everything in one call of the runtime (`backends/sequences.forward_together`);
      each request verifies on its own rows in its next round.
 A request that fails is dropped with its error; the others go on.
