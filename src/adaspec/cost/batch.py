@@ -106,13 +106,6 @@ class Seat:
     load: BatchLoad
     remaining: int = 0
 
-    @property
-    def shared(self) -> bool:
-        return self.load.shared
-
-    def call_ms(self, drafted: int) -> float:
-        return self.load.call_ms(drafted)
-
     def token_ms(self) -> float:
         """What one more accepted token of this request is worth, in ms of the batch."""
         return self.load.token_ms(self.remaining)

@@ -274,11 +274,18 @@ class AutoDrafter(Drafter):
             return self.draft_overall.rate
         return self.draft_learned.rate
 
+    def _in_batch(self) -> Seat | None:
+        """The seat this step is priced in, where the round's call carries more than this
+        request (else None: priced as a request alone)."""
+        seat = self._seat
+        return seat if seat is not None and seat.load.shared else None
+
     def _verify_ms(self, drafted: int, context: int) -> float:
         """ms of the target call that verifies `drafted` tokens: this request's own, or, in a
         batch, the round's call with them added (`cost.batch.BatchLoad`)."""
-        if self._seat is not None and self._seat.shared:
-            return self._seat.call_ms(drafted) + self.profile.overhead_ms
+        seat = self._in_batch()
+        if seat is not None:
+            return seat.load.call_ms(drafted) + self.profile.overhead_ms
         return self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
 
     def _base(self, context: int) -> float:
@@ -286,9 +293,10 @@ class AutoDrafter(Drafter):
         batch, the round's time in tokens of this request (`BatchLoad.token_ms`), so that a
         drafted token raises the rate exactly where the batch's work ends sooner by more
         than the token adds to the call."""
-        if self._seat is None or not self._seat.shared:
+        seat = self._in_batch()
+        if seat is None:
             return 1.0
-        worth = self._seat.token_ms()
+        worth = seat.token_ms()
         return self._verify_ms(0, context) / worth if worth > 0 else float("inf")
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
@@ -328,7 +336,7 @@ class AutoDrafter(Drafter):
         could make (its pace, which decides whether the batch's end waits on it)."""
         n, value = self._best_prefix(accept, context)
         seat = self._seat
-        if seat is None or not seat.shared:
+        if self._in_batch() is None:
             return value, n
         self._seat = None
         try:
@@ -399,7 +407,7 @@ class AutoDrafter(Drafter):
             options.append((value, "draft", n))
         value, kind, n = max(options, key=lambda o: o[0])
         free = [o for o in options if o[1] in ("ngram", "history") and o[2] > 0]
-        if kind == "plain" and free and self._seat is not None and self._seat.shared:
+        if kind == "plain" and free and self._in_batch() is not None:
             value, kind, n = max(free, key=lambda o: o[0])  # the batch decides (`_free_option`)
         if kind == "plain" or n == 0:
             self.choices.plain += 1

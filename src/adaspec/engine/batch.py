@@ -48,7 +48,10 @@ class _Member:
     call: TargetCall | None = None
     prompt_left: list[int] | None = None  # a chunked prefill's tokens still to feed
     seat: Seat | None = None  # what its drafter prices against (None: not joined)
-    paced: list[float] = field(default_factory=lambda: [1.0, 1.0])  # steps, their tokens
+    # its pace: tokens its steps would make if verified whole, over its steps (one plain
+    # step as a prior)
+    steps_seen: int = 1
+    tokens_seen: float = 1.0
 
 
 @dataclass
@@ -149,7 +152,7 @@ class BatchDecoder:
         self.load.cost, self.load.prompts = self.cost, len(filling)
         self.load.sequences = max(1, len(self._members) - len(filling))
         self.load.prompt_tokens = min(self.prefill_tokens, sum(len(p) for p in filling))
-        self._budgets()
+        self._note_budgets()
         self.load.waiting = self.waiting
         for member in list(self._members.values()):
             if member.call is not None and member.call.out is None:
@@ -177,14 +180,12 @@ class BatchDecoder:
         self._run_calls(events)
         return events
 
-    def _budgets(self) -> None:
-        """Every request's tokens left to emit, as its last call said (a prompt being
-        prefilled: its whole budget), and its pace: the tokens a step of it is expected to
-        make if it verified whole what its drafter proposed, over its steps so far (with one
-        plain step as a prior)."""
+    def _note_budgets(self) -> None:
+        """Put in the round's load every request's tokens left to emit, as its last call
+        said (a prompt being prefilled: its whole budget), and its pace (`_Member`)."""
         members = [m for m in self._members.values() if m.call is not None]
         self.load.budgets = [m.call.remaining for m in members if m.call is not None]
-        self.load.paces = [m.paced[1] / m.paced[0] for m in members]
+        self.load.paces = [m.tokens_seen / m.steps_seen for m in members]
 
     def _run_calls(self, events: list) -> None:
         stats = RoundStats()
@@ -283,8 +284,8 @@ class BatchDecoder:
             proposal = call.proposal
             depth = proposal.depth if proposal is not None else 0
             levels = list(proposal.accept or [0.5] * depth) if proposal is not None else []
-            member.paced[0] += 1
-            member.paced[1] += 1 + sum(accumulate(levels, operator.mul))
+            member.steps_seen += 1
+            member.tokens_seen += 1 + sum(accumulate(levels, operator.mul))
             if proposal is None or depth == 0:
                 accepts.append([])
             elif call.fixed or not proposal.is_chain or self.cost is None:
@@ -295,7 +296,7 @@ class BatchDecoder:
         if self.cost is not None and calls:
             cost = self.cost
             self.load.cost = cost
-            self._budgets()  # this round's, each step's own included
+            self._note_budgets()  # this round's, each step's own included
             worth = [self.load.token_ms(c.remaining) for c in calls]
             lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
         else:
