@@ -505,11 +505,54 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     assert seen[-1][1:] == (0, 0)
 
 
-def test_a_shape_timed_in_a_slow_moment_is_read_at_its_fast_rounds():
-    """The batch cost reads each shape at its fastest round: a shape caught twice by the
-    machine's slow moments (which a median of its rounds would report) does not come out
-    dearer than the shapes it is compared with."""
+def test_a_shape_is_read_against_the_plain_call_of_its_own_round():
+    """The batch cost reads each shape as the plain call's median times the median of its
+    ratio to the plain call timed beside it: a shape caught in the machine's slow moments
+    (which slow its round's plain call alike) does not come out dearer than the rest, and a
+    shape that is dearer in every round is, however its fastest round read (a drafted token
+    in a call of eight, 144 ms at its fastest like the plain call, 17% dearer by ratio)."""
     from adaspec.cost.batch import settled_ms
 
-    assert settled_ms([195.0, 349.0, 360.0, 201.0, 352.0]) == 195.0
-    assert settled_ms([394.0]) == 394.0
+    plain = [150.0, 300.0, 310.0, 160.0, 290.0]
+    assert settled_ms(plain, plain) == 290.0
+    slowed = [2 * p for p in plain]  # twice the plain call in every round
+    assert settled_ms(plain, slowed) == 580.0
+    caught = [180.0, 300.0, 320.0, 190.0, 300.0]  # ~ the plain call, slow where it was
+    assert settled_ms(plain, caught) < 1.1 * settled_ms(plain, plain)
+    dearer = [145.0, 350.0, 360.0, 190.0, 340.0]  # min alike, 17% dearer by ratio
+    assert min(dearer) < min(plain) and settled_ms(plain, dearer) > 1.1 * 290.0
+
+
+def test_the_timed_shapes_put_a_draft_on_one_sequence():
+    from adaspec.cost.batch import call_lengths
+
+    assert call_lengths(8, 16) == [2] * 8
+    assert call_lengths(8, 9) == [1] * 7 + [2]
+    assert call_lengths(4, 8) == [2] * 4
+    assert call_lengths(1, 5) == [5]
+
+
+def test_a_batch_cost_measured_with_fewer_sequences_is_measured_again_wider(monkeypatch,
+                                                                             tmp_path):
+    """A server with 8 slots does not price its rounds from a curve a 2-slot server stored
+    (its 8-sequence calls would be read off the 2-sequence row); the wider curve is kept."""
+    from adaspec.cost import batch as cb
+    from adaspec.cost import cache
+    from adaspec.cost.profile import Curve
+
+    monkeypatch.setattr(cache, "profiles_dir", lambda: tmp_path)
+    widths = []
+
+    def fake_measure(views, key, progress=None):
+        seqs = [s for s in cb.SEQUENCES if s <= cb._most_sequences(len(views))]
+        widths.append(seqs[-1])
+        rows = [[10.0 * s + n for n in (1, 64)] for s in seqs]
+        return cb.BatchCost(Curve([1, 64], seqs, rows), key)
+
+    monkeypatch.setattr(cb, "measure_batch_cost", fake_measure)
+    target = TorchBackend(tiny_model(seed=1))
+    cb.batch_cost_for(target, [target] * 2)
+    cb.batch_cost_for(target, [target] * 2)  # read back
+    cb.batch_cost_for(target, [target] * 8)  # wider: measured again
+    cb.batch_cost_for(target, [target] * 4)  # the 8-sequence curve serves 4
+    assert widths == [2, 8]
