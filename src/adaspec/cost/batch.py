@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import sys
 import time
-from statistics import median
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -179,7 +179,7 @@ def measure_batch_cost(
     for round_ in range(repeats + 1):
         for s, n in times:  # each sequence count's plain call first, its other shapes next
             items = [(v, context_ids(t, v.vocab_size, seed=100 + j), ALL)
-                     for j, (v, t) in enumerate(zip(views, call_lengths(s, n)))]
+                     for j, (v, t) in enumerate(zip(views[:s], call_lengths(s, n), strict=True))]
             t0 = time.perf_counter()
             forward_together(items)
             ms = 1000 * (time.perf_counter() - t0)
