@@ -309,6 +309,22 @@ def test_the_draft_prefill_is_spread_over_what_the_request_has_produced():
         1000 * (len(context) - 4) / profile.draft_prefill_tokens_per_s / START_HORIZON)
 
 
+def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
+    """Joined to a batch, a draft prefill holds up every request, and the worth of the
+    later steps it would serve moves as requests come and go: it is not spread."""
+    from adaspec.cost.batch import BatchLoad, Seat
+
+    profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
+    drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
+    prompt = REPEATING[:6]
+    drafter.start(prompt)
+    context = prompt + [1] * 4
+    spread = 1000 * len(context) / profile.draft_prefill_tokens_per_s / 4
+    assert drafter._catch_up_ms(context) == pytest.approx(spread)
+    drafter._seat = Seat(BatchLoad(cost=lambda t, s: 10.0 * t, sequences=3), remaining=20)
+    assert drafter._catch_up_ms(context) == pytest.approx(4 * spread)
+
+
 # ----------------------------------------------------------------- propose
 def ngram_drafter(rows) -> AutoDrafter:
     drafter = AutoDrafter(two_context_profile(rows))
