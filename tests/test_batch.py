@@ -169,11 +169,12 @@ def test_choose_lengths_never_expects_less_than_no_drafts_and_is_best_for_linear
 
 
 def test_a_token_is_worth_what_it_shortens_the_batch_by():
-    """`BatchLoad.token_ms`: a request that outlasts every other saves a whole call with each
-    accepted token; one that ends while others go on saves a row of a later call, no more
-    than its drafted row costs now (a tie counts as outlasting it); requests that all draft
-    well end sooner together; with requests waiting, its place goes to the next one sooner,
-    so a token is worth the batch's time per token."""
+    """`BatchLoad.token_ms`: a request that outlasts every other saves its steps at the end,
+    where it runs alone: a whole call for every `pace` accepted tokens; one that ends while
+    others go on saves a row of a later call, no more than its drafted row costs now (a tie
+    counts as outlasting it); requests that all draft well end sooner together; with
+    requests waiting, its place goes to the next one sooner, so a token is worth the batch's
+    time per token."""
     from adaspec.cost.batch import BatchLoad
 
     def cost(tokens: int, sequences: int) -> float:
@@ -181,6 +182,8 @@ def test_a_token_is_worth_what_it_shortens_the_batch_by():
 
     load = BatchLoad(cost, sequences=3, budgets=[100, 50, 50])
     assert load.token_ms(100) == cost(1, 1) == 30.0  # the last to end: a call of its own
+    # ... for each of its tokens where it runs alone at the end, making 2.5 tokens a step
+    assert load.token_ms(100, pace=2.5) == pytest.approx(30.0 / 2.5)
     assert load.token_ms(50) == 0.0  # the other 50 outlasts it: a drafted row for a row
     assert load.token_ms(20) == 0.0
     load.waiting = 1

@@ -73,17 +73,20 @@ class BatchLoad:
         return max((b / max(1.0, e) for b, e in zip(self.budgets, paces, strict=False)),
                    default=0.0)
 
-    def token_ms(self, remaining: int) -> float:
+    def token_ms(self, remaining: int, pace: float = 1.0) -> float:
         """ms by which the batch's work ends sooner when a request with `remaining` tokens
-        left emits one token more now.
+        left (and `pace`, its tokens a step drafting) emits one token more now.
 
         - With requests waiting, its place goes to the next one sooner: a token is worth
           the batch's time per token.
         - A request that would end the batch later than its slowest request must (more
           tokens left than `least_rounds`) is what the batch's end waits on, with the others
           so placed: its tokens are worth their share of a call of those requests.
-        - The request that outlasts all the others (none has as many tokens left) saves a
-          whole call with each.
+        - The request that outlasts all the others (none has as many tokens left) saves
+          its steps at the end, where it runs alone and drafts as alone: a call of its own
+          for every `pace` tokens. (Priced at a whole call a token, a request that had just
+          joined, hence outlasted the rest until the next one joined, verified drafts in
+          calls of eight: in the 8-client sweep 6% fewer rounds for 5% more calls' time.)
         - Any other ends while the batch goes on: an accepted token saves its row of a
           later call, about what the drafted row adds to this one, so with the rejected
           ones counted its drafts never pay (0). Priced by the curve's rows instead (a
@@ -99,7 +102,7 @@ class BatchLoad:
             k = max(1, sum(1 for b in self.budgets if b > least))
             return self.cost(k, k) / k
         if sum(1 for b in self.budgets if b >= remaining) <= 1:  # itself, or none known
-            return self.cost(1, 1)
+            return self.cost(1, 1) / max(1.0, pace)
         return 0.0
 
 
@@ -110,10 +113,11 @@ class Seat:
 
     load: BatchLoad
     remaining: int = 0
+    pace: float = 1.0  # its tokens a step, drafting (`engine/batch._Member`)
 
     def token_ms(self) -> float:
         """What one more accepted token of this request is worth, in ms of the batch."""
-        return self.load.token_ms(self.remaining)
+        return self.load.token_ms(self.remaining, self.pace)
 
 
 @dataclass

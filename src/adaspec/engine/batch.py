@@ -53,6 +53,10 @@ class _Member:
     steps_seen: int = 1
     tokens_seen: float = 1.0
 
+    @property
+    def pace(self) -> float:
+        return self.tokens_seen / self.steps_seen
+
 
 @dataclass
 class RoundStats:
@@ -185,7 +189,10 @@ class BatchDecoder:
         said (a prompt being prefilled: its whole budget), and its pace (`_Member`)."""
         members = [m for m in self._members.values() if m.call is not None]
         self.load.budgets = [m.call.remaining for m in members if m.call is not None]
-        self.load.paces = [m.tokens_seen / m.steps_seen for m in members]
+        self.load.paces = [m.pace for m in members]
+        for member in self._members.values():
+            if member.seat is not None:
+                member.seat.pace = member.pace
 
     def _run_calls(self, events: list) -> None:
         stats = RoundStats()
@@ -297,7 +304,8 @@ class BatchDecoder:
             cost = self.cost
             self.load.cost = cost
             self._note_budgets()  # this round's, each step's own included
-            worth = [self.load.token_ms(c.remaining) for c in calls]
+            worth = [self.load.token_ms(m.call.remaining, m.pace) for m in steps
+                     if m.call is not None]
             lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
         else:
             lengths = [len(a) if a else 0 for a in accepts]
