@@ -36,7 +36,10 @@ from adaspec.serve.instance import ModelInstance  # noqa: E402
 
 
 def reset_slots(instance: ModelInstance) -> None:
-    """Empty every slot's caches, so no wave inherits another's prompts."""
+    """Empty every slot's caches and the history, so no wave inherits another's prompts
+    (as concurrency_sweep.py's fresh server a wave)."""
+    if instance.history is not None:
+        instance.history.index.clear()
     for view, draft in instance.slots:
         view.reset()
         if draft is not None:
@@ -45,18 +48,28 @@ def reset_slots(instance: ModelInstance) -> None:
 
 def run_requests(instance: ModelInstance, decoder: BatchDecoder, method: str,
                  prompts: list[str], max_tokens: int, order: list[int] | None = None,
-                 join: bool = True, each_round: Callable[[RoundStats], None] | None = None
+                 join: bool = True, each_round: Callable[[RoundStats], None] | None = None,
+                 per_client: int = 1,
                  ) -> tuple[dict[int, GenerationResult], list[TextGenerator]]:
-    """Greedy chat requests, prompt i on slot i, added in `order`, decoded together until
-    all are done: their results by slot, and the slots' engines. join False: the drafters
-    price their drafts as requests alone (the pricing before `cost.batch.BatchLoad`)."""
-    engines = [instance.slot_engine(method, i) for i in range(len(prompts))]
+    """Greedy chat requests decoded together until all are done: their results by prompt,
+    and the slots' engines. With per_client 1, prompt i on slot i, added in `order`; with
+    more, len(prompts) / per_client clients (slots), client c sending prompts c, c + C,
+    ... one after the other, the next as soon as the last is done (as concurrency_sweep.py's
+    clients do). join False: the drafters price their drafts as requests alone (the
+    pricing before `cost.batch.BatchLoad`)."""
+    clients = len(prompts) // per_client
+    engines = [instance.slot_engine(method, i) for i in range(clients)]
     for engine in engines:
         engine.join_batch(None)
     reset_slots(instance)
-    for i in order if order is not None else range(len(prompts)):
-        decoder.add(i, engines[i].stream_steps(prompts[i], max_tokens, SamplingParams(),
-                                               chat=True), engines[i] if join else None)
+
+    def send(i: int) -> None:
+        slot = i % clients
+        decoder.add(i, engines[slot].stream_steps(prompts[i], max_tokens, SamplingParams(),
+                                                  chat=True), engines[slot] if join else None)
+
+    for i in order if order is not None else range(clients):
+        send(i)
     results: dict[int, GenerationResult] = {}
     while len(decoder):
         for key, item in decoder.round():
@@ -64,20 +77,29 @@ def run_requests(instance: ModelInstance, decoder: BatchDecoder, method: str,
                 raise item
             if isinstance(item, GenerationResult):
                 results[int(str(key))] = item
+                instance.request_done(engines[int(str(key)) % clients])  # the history learns
+                if int(str(key)) + clients < len(prompts):
+                    send(int(str(key)) + clients)
         if each_round is not None:
             each_round(decoder.last)
     return results, engines
 
 
 def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: list[str],
-         max_tokens: int, join: bool = True) -> dict:
-    """One wave's figures (join: see `run_requests`)."""
+         max_tokens: int, join: bool = True, per_client: int = 1) -> dict:
+    """One wave's figures (join, per_client: see `run_requests`)."""
     drafted = cut = rounds = prefill = 0
-    call_s = prefill_call_s = 0.0
+    call_s = prefill_call_s = modelled_ms = 0.0
+    by_sequences: dict[int, list[int]] = {}  # sequences -> [rounds, drafted verified]
     decode_rounds: dict[int, list[float]] = {}  # sequences -> decode-only rounds' call seconds
 
     def count(last: RoundStats) -> None:
-        nonlocal drafted, cut, rounds, prefill, call_s, prefill_call_s
+        nonlocal drafted, cut, rounds, prefill, call_s, prefill_call_s, modelled_ms
+        if decoder.cost is not None and last.sequences:
+            modelled_ms += decoder.cost(last.tokens, last.sequences)
+        seen = by_sequences.setdefault(last.sequences, [0, 0])
+        seen[0] += 1
+        seen[1] += last.drafted
         drafted += last.drafted
         cut += last.cut
         prefill += last.prefill_tokens
@@ -90,7 +112,7 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
 
     t0 = time.perf_counter()
     results, engines = run_requests(instance, decoder, method, prompts, max_tokens, join=join,
-                                    each_round=count)
+                                    each_round=count, per_client=per_client)
     wall = time.perf_counter() - t0
     stats = [r.stats for r in results.values()]
     tokens = sum(s.new_tokens for s in stats)
@@ -104,6 +126,10 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
         "method": method, "requests": len(prompts), "tokens": tokens,
         "wall_s": round(wall, 2), "agg_tok_s": round(tokens / wall, 1), "rounds": rounds,
         "call_s": round(call_s, 2), "prefill_tokens": prefill,
+        # the rounds' calls priced by the batch cost curve: the same for every wave of the
+        # same calls, so methods compare without the machine's noise (modelled, not timed)
+        "modelled_call_s": round(modelled_ms / 1000, 2),
+        "rounds_drafted_by_sequences": {n: v for n, v in sorted(by_sequences.items())},
         # where the calls' time went: rounds carrying prompt tokens (with any decoding beside
         # them), then decode-only rounds by how many requests they carried
         "prefill_rounds_s": round(prefill_call_s, 2),
@@ -134,6 +160,8 @@ def main() -> None:
     ap.add_argument("--methods", default="ar,auto",
                     help="methods; NAME/alone prices NAME's drafts as requests alone")
     ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--per-client", type=int, default=1,
+                    help="requests each of the --requests clients sends, one after the other")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--suites", default="humaneval,codeedit,wmt,sharegpt")
     ap.add_argument("--compare-env", default=None, metavar="VAR=VALUE",
@@ -146,7 +174,8 @@ def main() -> None:
         var, _, value = args.compare_env.partition("=")
         os.environ[var] = value  # read when the runtime's context is made
         setups[args.compare_env] = load(args.requests)
-    prompts = [p.text for p in prompt_pool(args.suites.split(","), args.requests, 2000)]
+    prompts = [p.text for p in prompt_pool(args.suites.split(","),
+                                           args.requests * args.per_client, 2000)]
     rows = []
     for w in range(args.waves):
         order = list(setups) if w % 2 == 0 else list(reversed(setups))
@@ -155,7 +184,7 @@ def main() -> None:
             for method in args.methods.split(","):
                 name, _, how = method.partition("/")
                 row = wave(instance, decoder, name, prompts, args.max_tokens,
-                           join=how != "alone")
+                           join=how != "alone", per_client=args.per_client)
                 row.update(method=method, wave=w, setup=setup, kind=instance.target.kind)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
@@ -163,6 +192,10 @@ def main() -> None:
         for method in args.methods.split(","):
             rates = sorted(r["agg_tok_s"] for r in rows
                            if r["setup"] == setup and r["method"] == method)
+            modelled = sorted(r["tokens"] / r["modelled_call_s"] for r in rows
+                              if r["setup"] == setup and r["method"] == method)
+            print(f"{setup:>30} {method:>8}: modelled {modelled[0]:.1f} tok/s (calls priced "
+                  "by the batch cost curve)")
             print(f"{setup:>30} {method:>8}: median {rates[len(rates) // 2]} tok/s over "
                   f"{len(rates)} waves ({rates[0]}-{rates[-1]})")
     if args.out:
