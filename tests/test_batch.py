@@ -199,6 +199,7 @@ def test_a_token_is_worth_what_it_shortens_the_batch_by():
     both = BatchLoad(cost, sequences=2, budgets=[100, 100], paces=[3.0, 2.0])
     assert both.least_rounds() == 50.0
     assert both.token_ms(100) == pytest.approx(cost(2, 2) / 2)
+    assert both.token_ms(100, pace=3.0) == pytest.approx(cost(2, 2) / 2 / 3)  # 3 a step
     assert BatchLoad(cost, 2, budgets=[100, 100], paces=[3.0]).token_ms(100) == 0.0
 
 
