@@ -363,7 +363,7 @@ def test_drafts_go_to_the_requests_the_batch_s_end_waits_on():
         return _Member(key, iter(()), call)
 
     def cost(tokens: int, sequences: int) -> float:
-        return 30.0 + 10.0 * sequences + 9.5 * max(0, tokens - sequences)
+        return 30.0 + 10.0 * sequences + 6.0 * max(0, tokens - sequences)
 
     def lengths(members: list[_Member], waiting: int = 0) -> list[int]:
         decoder = BatchDecoder(cost)
