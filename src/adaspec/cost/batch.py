@@ -224,7 +224,7 @@ def _most_sequences(views: int) -> int:
 
 def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend]) -> BatchCost:
     """This machine's batch cost of `target`'s runtime: read from the profiles folder, or
-    measured now (a few seconds, said on stderr) and stored."""
+    measured now (about a minute with eight slots, said on stderr) and stored."""
     from adaspec.cost.cache import profile_key, profile_path
 
     key = {**profile_key(target, None), "batch": FORMAT}
