@@ -278,35 +278,52 @@ def test_catch_up_is_free_when_only_the_last_token_is_new():
     drafter.start(REPEATING)
     drafter._model_started = True
     draft.cached_len = len(REPEATING) - 1  # one token to feed: a plain draft forward
-    assert drafter._catch_up_ms(REPEATING) == 0.0
+    assert drafter._catch_up_ms(REPEATING) == (0.0, 0.0)
     draft.cached_len = len(REPEATING)  # nothing pending still feeds one token
-    assert drafter._catch_up_ms(REPEATING) == 0.0
+    assert drafter._catch_up_ms(REPEATING) == (0.0, 0.0)
     draft.cached_len = len(REPEATING) - 3  # three tokens: 4 ms instead of 2
-    assert drafter._catch_up_ms(REPEATING) == pytest.approx(2.0)
+    assert drafter._catch_up_ms(REPEATING) == pytest.approx((2.0, 0.0))
 
 
-def test_the_draft_prefill_is_spread_over_what_the_request_has_produced():
-    """A draft model's prompt prefill is paid off over as many steps as the request has
-    produced tokens (at most START_HORIZON): a short answer never pays for it."""
-    from adaspec.draft.auto import START_HORIZON
-
+def test_the_draft_prefill_is_spread_over_the_tokens_still_to_come():
+    """Alone, a draft model's prompt prefill is charged per token the request is expected
+    to emit still: as many as it has produced, within its budget left. A short answer never
+    pays for it, nor does a request about to end."""
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
     prompt = REPEATING[:6]
     drafter.start(prompt)
-    whole = 1000 * len(prompt) / profile.draft_prefill_tokens_per_s
-    assert drafter._catch_up_ms(prompt) == pytest.approx(whole)  # nothing produced yet
-    context = prompt + [1] * 4
-    assert drafter._catch_up_ms(context) == pytest.approx(
-        1000 * len(context) / profile.draft_prefill_tokens_per_s / 4)
-    context = prompt + [1] * (START_HORIZON + 10)
-    assert drafter._catch_up_ms(context) == pytest.approx(
-        1000 * len(context) / profile.draft_prefill_tokens_per_s / START_HORIZON)
+    per_s = profile.draft_prefill_tokens_per_s
+    whole = 1000 * len(prompt) / per_s
+    assert drafter._catch_up_ms(prompt) == pytest.approx((0.0, whole))  # nothing produced
+    context = prompt + [1] * 40
+    assert drafter._catch_up_ms(context) == pytest.approx((0.0, 1000 * len(context) / per_s / 40))
+    drafter.remaining = 100  # a budget beyond what it produced: still 40 expected
+    assert drafter._catch_up_ms(context) == pytest.approx((0.0, 1000 * len(context) / per_s / 40))
+    drafter.remaining = 5  # five tokens left at most
+    assert drafter._catch_up_ms(context) == pytest.approx((0.0, 1000 * len(context) / per_s / 5))
     # the draft cache still holds the shared start of the previous request's prompt (a chat
     # template's system turn): only the rest is priced
     drafter.model.held = prompt[:4] + [99]
     assert drafter._catch_up_ms(context) == pytest.approx(
-        1000 * (len(context) - 4) / profile.draft_prefill_tokens_per_s / START_HORIZON)
+        (0.0, 1000 * (len(context) - 4) / per_s / 5))
+
+
+def test_a_prefill_priced_per_token_decides_whether_the_draft_starts():
+    """The prefill's share rides on every expected token of the step that would start the
+    draft: a draft that wins per step loses to a plain step when the request has few
+    tokens left to pay the prefill back over, and wins when it has many."""
+    profile = flat_profile()
+    profile.draft_prefill_tokens_per_s = 200.0  # 46 tokens: 230 ms, five and a half calls
+    drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]), use_ngram=False)
+    drafter.start(REPEATING[:6])
+    context = REPEATING[:6] + [1] * 40
+    fixed, per_emitted = drafter._catch_up_ms(context)
+    n, _ = drafter._best_length(0.9, 4, fixed, 1.0, len(context), per_emitted)
+    assert n > 0  # 40 tokens to come: the prefill is paid back
+    drafter.remaining = 2
+    fixed, per_emitted = drafter._catch_up_ms(context)
+    assert drafter._best_length(0.9, 4, fixed, 1.0, len(context), per_emitted)[0] == 0
 
 
 def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
@@ -319,10 +336,11 @@ def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
     prompt = REPEATING[:6]
     drafter.start(prompt)
     context = prompt + [1] * 4
-    spread = 1000 * len(context) / profile.draft_prefill_tokens_per_s / 4
-    assert drafter._catch_up_ms(context) == pytest.approx(spread)
-    drafter._seat = Seat(BatchLoad(cost=lambda t, s: 10.0 * t, sequences=3), remaining=20)
-    assert drafter._catch_up_ms(context) == pytest.approx(4 * spread)
+    whole = 1000 * len(context) / profile.draft_prefill_tokens_per_s
+    assert drafter._catch_up_ms(context) == pytest.approx((0.0, whole / 4))
+    drafter.remaining = 20
+    drafter._seat = Seat(BatchLoad(cost=lambda t, s: 10.0 * t, sequences=3))
+    assert drafter._catch_up_ms(context) == pytest.approx((whole, 0.0))
 
 
 # ----------------------------------------------------------------- propose

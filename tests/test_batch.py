@@ -458,8 +458,9 @@ def test_a_joined_auto_proposes_its_free_drafts_whole_and_the_batch_cuts_them(ta
     alone = drafter.propose(context, 8, engine.controller, SamplingParams(), None)
     assert alone.depth > 0
     load = BatchLoad(steep_cost, sequences=2, budgets=[50, 50], paces=[1.0, 1.0])
-    seat = Seat(load, remaining=50)
+    seat = Seat(load)
     drafter.batch = seat
+    drafter.remaining = 50
     joined = drafter.propose(context, 8, engine.controller, SamplingParams(), None)
     assert drafter._base(len(context)) == float("inf")  # no token of it shortens the batch
     assert joined.depth == alone.depth
@@ -479,7 +480,8 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     assert load.call_ms(2) == steep_cost(203, 2)
     engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
-    drafter.batch = drafter._seat = Seat(load, remaining=6)
+    drafter.batch = drafter._seat = Seat(load)
+    drafter.remaining = 6
     overhead = drafter.profile.overhead_ms
     assert drafter._verify_ms(2, 10) == steep_cost(203, 2) + overhead
     # it outlasts the prompt's request: a token saves a call of its own (10 ms), and the

@@ -745,33 +745,33 @@ def test_a_token_the_target_forbids_is_rejected_even_at_u_zero(monkeypatch):
 
 def test_auto_prices_the_draft_catch_up(toy):
     """Before the draft model has started, a step that would use it pays its prompt
-    prefill spread over as many steps as tokens were produced, at most START_HORIZON (at the
-    profile's prefill rate, else 1000 tokens per s); after, the first forward's extra tokens
-    (those accepted since its last step), at the context length."""
+    prefill spread over as many tokens as were produced, within the budget left (at the
+    profile's prefill rate, else 1000 tokens per s); after, the first forward's extra
+    tokens (those accepted since its last step), at the context length."""
     from adaspec.cost.profile import CostProfile, Curve
-    from adaspec.draft.auto import START_HORIZON, AutoDrafter
+    from adaspec.draft.auto import AutoDrafter
 
     draft_curve = Curve([1, 8], [0, 20], [[1.0, 8.0], [3.0, 24.0]])  # 1 ms a token, x3 at 20
     profile = CostProfile(target=Curve([1, 16], [0], [[10.0, 10.5]]), draft=draft_curve,
                           draft_prefill_tokens_per_s=2000.0)
     ctx = list(range(1, 21))
     drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    drafter.start(ctx[:12])  # 8 tokens produced: spread over 8 steps
-    assert drafter._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 2000.0 / 8)
-    assert START_HORIZON < 40
-    long = list(range(1, 61))  # 48 produced: at most START_HORIZON steps
-    assert drafter._catch_up_ms(long) == pytest.approx(1000 * 60 / 2000.0 / START_HORIZON)
+    drafter.start(ctx[:12])  # 8 tokens produced: spread over 8 tokens to come
+    assert drafter._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 2000.0 / 8))
+    drafter.remaining = 3  # three tokens left
+    assert drafter._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 2000.0 / 3))
+    drafter.remaining = 0
     default_rate = AutoDrafter(CostProfile(target=profile.target, draft=draft_curve),
                                ModelDrafter(TorchBackend(toy)), use_ngram=False)
     default_rate.start(ctx[:12])
-    assert default_rate._catch_up_ms(ctx) == pytest.approx(1000 * 20 / 1000.0 / 8)
+    assert default_rate._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 1000.0 / 8))
     drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)  # starts the draft
     drafter.commit(ctx, [])
     cached = drafter.model.cached_len
     longer = ctx + [3, 4, 5]  # three tokens beyond what the draft holds
     pending = len(longer) - cached
     assert pending >= 2
-    assert drafter._catch_up_ms(longer) == pytest.approx(3.0 * pending - 3.0)
+    assert drafter._catch_up_ms(longer) == pytest.approx((3.0 * pending - 3.0, 0.0))
 
 
 def test_auto_plain_step_when_nothing_pays_or_nothing_may_be_drafted(toy):

@@ -113,16 +113,16 @@ class BatchLoad:
 
 @dataclass
 class Seat:
-    """One request's place in a batch: the round it is priced in and its own budget left
+    """One request's place in a batch: the round it is priced in and its pace
     (`Engine.join_batch` hands it to the drafter)."""
 
     load: BatchLoad
-    remaining: int = 0
     pace: float = 1.0  # its tokens a step, drafting (`engine/batch._Member`)
 
-    def token_ms(self) -> float:
-        """What one more accepted token of this request is worth, in ms of the batch."""
-        return self.load.token_ms(self.remaining, self.pace)
+    def token_ms(self, remaining: int) -> float:
+        """What one more accepted token of this request, with `remaining` tokens left
+        (`Drafter.remaining`), is worth, in ms of the batch."""
+        return self.load.token_ms(remaining, self.pace)
 
 
 @dataclass

@@ -45,7 +45,6 @@ from adaspec.draft.rates import RateEstimate
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
-START_HORIZON = 32  # draft steps a draft model's prompt prefill is paid off over
 DRAFT_PRIOR = 0.6  # the draft model's per-token acceptance before any evidence
 # The draft's acceptance over the engine's recent requests (at most this many trials, older
 # ones fading) is the next request's prior: a run of requests the draft serves badly (short
@@ -296,20 +295,23 @@ class AutoDrafter(Drafter):
         seat = self._in_batch()
         if seat is None:
             return 1.0
-        worth = seat.token_ms()
+        worth = seat.token_ms(self.remaining)
         return self._verify_ms(0, context) / worth if worth > 0 else float("inf")
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
-                     context: int) -> tuple[int, float]:
+                     context: int, per_emitted_ms: float = 0.0) -> tuple[int, float]:
         """The length n <= limit with the most expected tokens per ms for a geometric
-        per-token acceptance `rate`; (n, tokens per ms). n = 0 is a plain step."""
+        per-token acceptance `rate`, each step costing `fixed_ms`, `per_token_ms` a drafted
+        token and `per_emitted_ms` an expected emitted one; (n, tokens per ms). n = 0 is a
+        plain step."""
         base = self._base(context)
         best = (0, base / self._verify_ms(0, context))
         value, p = base, 1.0
         for n in range(1, limit + 1):
             p *= rate
             value += p
-            cost = fixed_ms + per_token_ms * n + self._verify_ms(n, context)
+            cost = (fixed_ms + per_token_ms * n + self._verify_ms(n, context)
+                    + per_emitted_ms * value)
             if value / cost > best[1]:
                 best = (n, value / cost)
         return best
@@ -345,28 +347,46 @@ class AutoDrafter(Drafter):
             self._seat = seat
         return value, alone
 
-    def _catch_up_ms(self, context: list[int]) -> float:
-        """What a draft-model step costs beyond its single-token forwards: the prompt prefill
-        when the draft has not started, else the first forward's extra tokens (those
-        accepted since its last step)."""
+    def _catch_up_ms(self, context: list[int]) -> tuple[float, float]:
+        """What a draft-model step costs beyond its single-token forwards, as (ms a step,
+        ms per token the request emits from here): once the draft has started, the first
+        forward's extra tokens (those accepted since its last step), a step's; before, its
+        prompt prefill, which serves every later draft step of the request.
+
+        Alone, the prefill is spread over the tokens the request is still expected to emit
+        (`_tokens_left`): a step that starts the draft then competes at its tokens per ms
+        with the prefill's share of each token added, which is how the rest of the request
+        compares with and without it. In a batch the prefill holds up every request, and
+        what the later steps are worth moves as requests come and go (a request that just
+        joined outlasts the others until the next one joins), so it is charged to this step
+        whole: in the 8-client sweep, prefills started on that worth made the draft model
+        1.8-4.2 s of a 48-58 s wave, outside the target's calls, for no fewer calls'
+        time."""
         assert self.model is not None
         if not self._model_started:
-            # A one-time cost that serves every later draft step of the request. How many
-            # there will be is unknown; a request that has produced g tokens is taken to
-            # produce about g more (so a short answer, a translation of one sentence, never
-            # pays a prefill it cannot win back), at most START_HORIZON steps. In a batch
-            # the prefill holds up every request, and what the later steps are worth moves
-            # as requests come and go (a request that just joined outlasts the others
-            # until the next one joins), so it is charged to this step whole: in the
-            # 8-client sweep, prefills started on that worth made the draft model 1.8-4.2 s
-            # of a 48-58 s wave, outside the target's calls, for no fewer calls' time.
             rate = self.profile.draft_prefill_tokens_per_s or 1000.0
-            produced = len(context) - self._prompt_len
             fresh = len(context) - self.model.reusable(context)
-            steps = 1 if self._in_batch() is not None else min(START_HORIZON, produced)
-            return 1000 * fresh / rate / max(1, steps)
+            prefill = 1000 * fresh / rate
+            if self._in_batch() is not None:
+                return prefill, 0.0
+            return 0.0, prefill / self._tokens_left(context)
         pending = max(1, len(context) - self.model.cached_len)
-        return self.profile.draft_ms(pending, len(context)) - self.profile.draft_ms(1, len(context))
+        extra = (self.profile.draft_ms(pending, len(context))
+                 - self.profile.draft_ms(1, len(context)))
+        return extra, 0.0
+
+    def _tokens_left(self, context: list[int]) -> int:
+        """Tokens the request is taken to emit still: as many as it has produced (so a short
+        answer, a translation of one sentence, never pays a prefill it cannot win back),
+        within its budget left (`remaining`, where the engine said it), at least one.
+        (Spread over as many draft steps as tokens produced instead, a prefill was priced
+        at a third of its share or less: on a 2-vCPU Xeon the draft then started 19 tokens
+        into HumanEval/1 and took 1.2 s of the request's 5.5 s, for 7 fewer target calls;
+        4.1 s without it.)"""
+        left = len(context) - self._prompt_len
+        if self.remaining > 0:
+            left = min(left, self.remaining)
+        return max(1, left)
 
     # ---------------------------------------------------------------- propose
     def propose(
@@ -408,8 +428,9 @@ class AutoDrafter(Drafter):
                 self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
         if self.model is not None and limit > 0:
             d1 = self.profile.draft_ms(1, ctx)
-            fixed = self._catch_up_ms(context)
-            n, value = self._best_length(self._draft_rate(params), limit, fixed, d1, ctx)
+            fixed, per_emitted = self._catch_up_ms(context)
+            n, value = self._best_length(self._draft_rate(params), limit, fixed, d1, ctx,
+                                         per_emitted)
             options.append((value, "draft", n))
         value, kind, n = max(options, key=lambda o: o[0])
         free = [o for o in options if o[1] in ("ngram", "history") and o[2] > 0]

@@ -24,6 +24,11 @@ class Drafter(ABC):
     # proposals join, for a drafter that prices its drafts (None: priced as a request
     # alone). `Engine.join_batch`.
     batch: Seat | None = None
+    # Tokens the request may still emit, counting the one its next step always makes (its
+    # budget left), as of its next proposal; the engine sets it before every `propose`
+    # (0: not known). A drafter with a one-time cost to start (a draft model's prompt
+    # prefill) prices it over what is left.
+    remaining: int = 0
 
     def start(self, prompt_ids: list[int]) -> None:
         """A request with this prompt is about to draft for the first time (called after

@@ -161,8 +161,6 @@ class BatchDecoder:
         for member in list(self._members.values()):
             if member.call is not None and member.call.out is None:
                 continue  # a prefill still in chunks
-            if member.seat is not None and member.call is not None:
-                member.seat.remaining = member.call.remaining
             member.call = None
             try:
                 while True:
@@ -170,8 +168,6 @@ class BatchDecoder:
                     if isinstance(item, TargetCall):
                         member.call = item
                         break
-                    if isinstance(item, StreamChunk) and member.seat is not None:
-                        member.seat.remaining -= len(item.token_ids)  # before it drafts
                     events.append((member.key, item))
                     if isinstance(item, GenerationResult):
                         self._members.pop(member.key, None)

@@ -418,6 +418,7 @@ class Engine(TextGenerator):
         root = len(context) - 1  # cache index and position of the last token
         proposal = Proposal.chain(context[-1], [])
         if self.drafter is not None and k > 0:
+            self.drafter.remaining = remaining
             t0 = time.perf_counter()
             proposal = self.drafter.propose(
                 context, k, self.controller, sampling, generator, verifier.replacement
