@@ -15,7 +15,7 @@ setup:
 test:
 	$(VENV)/bin/ruff check src tests experiments
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -rs  # -rs: each skipped test with its reason (a missing extra)
+	$(PY) -m pytest -q -rs --durations=15  # -rs: each skipped test with its reason (a missing extra); the 15 slowest, to keep the suite in its 10 minutes
 
 lint:
 	$(VENV)/bin/ruff check src tests experiments
