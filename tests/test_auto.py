@@ -326,6 +326,39 @@ def test_a_prefill_priced_per_token_decides_whether_the_draft_starts():
     assert drafter._best_length(0.9, 4, fixed, 1.0, len(context), per_emitted)[0] == 0
 
 
+def test_the_draft_starts_only_where_it_beats_the_rate_the_request_had_without_it():
+    """Before the draft model starts, a request's steps alone are counted at their priced
+    ms; once they have made RATE_EVIDENCE tokens, the draft starts only at a step whose
+    priced rate (prefill share included) beats theirs. A step with no n-gram match offers
+    only a plain step beside the draft, which the draft beats; the n-gram steps that came
+    before made tokens faster than the draft would."""
+    from adaspec.draft.auto import RATE_EVIDENCE
+
+    profile = two_context_profile([FLAT, FLAT], [[20.0] * 16, [20.0] * 16])
+    context = list(range(10, 40))  # no repeats: no n-gram match, plain step or draft
+
+    def choose(without: list) -> str:
+        drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
+        drafter.start(context[:20])
+        drafter._without_draft = list(without)
+        drafter.propose(context, 4, StaticLength(4), SamplingParams(), None)
+        return "draft" if drafter.choices.draft else "plain"
+
+    assert choose([0, 0.0]) == "draft"  # nothing known: the step's own options decide
+    assert choose([RATE_EVIDENCE - 1, 1.0]) == "draft"  # too few tokens to tell
+    assert choose([RATE_EVIDENCE, RATE_EVIDENCE * 10.0]) == "plain"  # 10 ms a token before
+    assert choose([RATE_EVIDENCE, RATE_EVIDENCE * 40.0]) == "draft"  # plain steps before
+
+    # what is counted: a step alone, the tokens it emitted and its priced ms
+    drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
+    drafter.start(REPEATING[:6])
+    drafter.propose(REPEATING, 4, StaticLength(4), SamplingParams(), None)  # n-gram match
+    proposed = drafter._last.tokens
+    assert proposed and drafter.choices.ngram == 1
+    drafter.commit(REPEATING + proposed[:2] + [3], [1, 2])
+    assert drafter._without_draft == [3, pytest.approx(FLAT[len(proposed)])]
+
+
 def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
     """Joined to a batch, a draft prefill holds up every request, and the worth of the
     later steps it would serve moves as requests come and go: it is not spread."""
