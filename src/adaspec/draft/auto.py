@@ -449,21 +449,22 @@ class AutoDrafter(Drafter):
                 value, n = self._free_option([self.history_rates[c].rate for c in cells], ctx)
                 options.append((value, "history", n))
                 self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
+        # a step alone before the draft model starts: priced for the rate without it
+        before_draft = not self._model_started and self._in_batch() is None
         if self.model is not None and limit > 0:
             d1 = self.profile.draft_ms(1, ctx)
             fixed, per_emitted = self._catch_up_ms(context)
             n, value = self._best_length(self._draft_rate(params), limit, fixed, d1, ctx,
                                          per_emitted)
-            without = None if self._model_started or self._in_batch() is not None \
-                else self._rate_without_draft()
+            without = self._rate_without_draft() if before_draft else None
             if without is None or value > without:
                 options.append((value, "draft", n))
         value, kind, n = max(options, key=lambda o: o[0])
         free = [o for o in options if o[1] in ("ngram", "history") and o[2] > 0]
         if kind == "plain" and free and self._in_batch() is not None:
             value, kind, n = max(free, key=lambda o: o[0])  # the batch decides (`_free_option`)
-        if kind != "draft" and not self._model_started and self._in_batch() is None:
-            self._priced = (ctx, self._verify_ms(n if kind != "plain" else 0, ctx))
+        if before_draft and kind != "draft":
+            self._priced = (ctx, self._verify_ms(n, ctx))  # plain: n is 0
         if kind == "plain" or n == 0:
             self.choices.plain += 1
             self._last = None
