@@ -43,14 +43,18 @@ class SlowBackend:
     def __init__(self, inner, delay: float = 0.0) -> None:
         self._inner = inner
         self.delay = delay
+        self.gate: threading.Semaphore | None = None  # set: each forward pass takes a permit
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
     def forward(self, *args, **kwargs):
-        delay = self._parent.delay if "_parent" in self.__dict__ else self.delay
-        if delay:
-            time.sleep(delay)
+        owner = self._parent if "_parent" in self.__dict__ else self
+        gate = owner.gate
+        if gate is not None and not gate.acquire(timeout=60):
+            raise RuntimeError("a test's gate stayed closed for 60 s")
+        if owner.delay:
+            time.sleep(owner.delay)
         return self._inner.forward(*args, **kwargs)
 
     def sequences(self, n: int) -> list:
@@ -438,17 +442,23 @@ def test_malformed_json_unknown_model_and_routes(base):
 
 # ---------------------------------------------------------------------- queue and faults
 def test_a_full_queue_answers_429_with_retry_after(instance):
-    with live_server(instance, max_queue=1) as url, slowed(instance, 0.02), \
-            ThreadPoolExecutor(2) as pool:
+    """The target's forward passes wait at a gate (not a delay), so the running request
+    cannot end before the third one arrives."""
+    with live_server(instance, max_queue=1) as url, ThreadPoolExecutor(2) as pool:
         body = {"prompt": PROMPT, "max_tokens": 80, "temperature": 0}
-        running = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=30)
-        wait_until(lambda: health(url)["busy"])
-        queued = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=30)
-        wait_until(lambda: health(url)["queue_depth"] == 1)
-        r = httpx.post(url + "/v1/completions", json=body)
-        assert r.status_code == 429
-        assert int(r.headers["retry-after"]) >= 1
-        assert r.json()["error"]["type"] == "rate_limit_error"
+        gate = instance.target.gate = threading.Semaphore(0)
+        try:
+            running = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=120)
+            wait_until(lambda: health(url)["busy"])
+            queued = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=120)
+            wait_until(lambda: health(url)["queue_depth"] == 1)
+            r = httpx.post(url + "/v1/completions", json=body)
+            assert r.status_code == 429
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        finally:
+            instance.target.gate = None
+            gate.release(100_000)
         assert running.result().status_code == 200 and queued.result().status_code == 200
         assert metric(url, "adaspec_requests_total", status="429") == 1
 

@@ -5,7 +5,7 @@ mid-batch stops only its own request, and the queue limits and health still hold
 
 from __future__ import annotations
 
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -91,20 +91,28 @@ def test_a_client_leaving_mid_batch_stops_only_its_request(instance):
 
 
 def test_the_queue_behind_a_full_batch_answers_429(instance):
+    """Two requests decoding and one waiting fill `max_batch=2, max_queue=1`: a fourth gets
+    429 with Retry-After, and the three still finish. The target's forward passes are held
+    by a gate, not slowed, so no request can end before the fourth arrives."""
     with live_server(instance, max_batch=2, max_queue=1) as url, \
             ThreadPoolExecutor(4) as pool:
-        instance.target.delay = 0.02
+        alone(url, body(0, n=2))  # the worker started and the batch cost known, gate open
+        gate = instance.target.gate = threading.Semaphore(0)
         try:
-            running = [pool.submit(httpx.post, url + "/v1/completions", json=body(i, n=60),
-                                   timeout=60) for i in range(3)]
+            running = [pool.submit(httpx.post, url + "/v1/completions", json=body(i, n=20),
+                                   timeout=120) for i in range(3)]
+            # the first request's prefill waits at the gate; the other two queue behind it
+            wait_until(lambda: health(url)["running"] == 1 and health(url)["queue_depth"] == 2,
+                       timeout=20)
+            gate.release()  # that one prefill: the worker then admits a second request
             wait_until(lambda: health(url)["running"] == 2 and health(url)["queue_depth"] == 1,
                        timeout=20)
             r = httpx.post(url + "/v1/completions", json=body(0, n=5))
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
-            assert all(f.result().status_code == 200 for f in running)
         finally:
-            instance.target.delay = 0.0
-    time.sleep(0)
+            instance.target.gate = None
+            gate.release(100_000)
+        assert all(f.result().status_code == 200 for f in running)
 
 
 def test_a_runtime_with_one_sequence_is_named(model_dirs):
