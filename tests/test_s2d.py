@@ -164,12 +164,12 @@ class QOfLastExit(S2DDrafter):
             return proposal
         from adaspec.core.sampling import process_logits
 
-        rows = []
-        for i in range(proposal.depth):
-            prefix = context + proposal.tokens[:i]
-            rows.append(process_logits(
-                self.model.full_logits(_teacher_forced(self.model, prefix, -1)), params))
-        return Proposal.chain(context[-1], proposal.tokens, torch.stack(rows),
+        # one causal pass over context + drafts: row i is the deepest exit after prefix i
+        with torch.no_grad():
+            hidden = self.model.exit_hidden(torch.tensor([context + proposal.tokens]))[-1]
+            small = self.model.head_logits(hidden)[0, len(context) - 1 : -1]
+        q = process_logits(self.model.full_logits(small), params)
+        return Proposal.chain(context[-1], proposal.tokens, q,
                               forward_calls=proposal.forward_calls)
 
 
