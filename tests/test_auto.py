@@ -583,3 +583,29 @@ def test_a_plain_step_is_priced_as_one_fed_token():
     drafter.start(REPEATING)
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [4]
     assert drafter.choices.draft == 1 and drafter.choices.plain == 0
+
+
+def test_a_steps_prices_are_asked_once_and_not_kept_past_it():
+    """One step asks the batch's cost for each call it prices once (the plain step, both
+    free options and the draft's lengths read the same calls); the next step, in a round
+    whose load changed, asks again."""
+    from adaspec.cost.batch import BatchLoad, Seat
+
+    asked: list[tuple[int, int]] = []
+
+    def cost(tokens: int, sequences: int) -> float:
+        asked.append((tokens, sequences))
+        return 40.0 + 0.1 * tokens
+
+    drafter = AutoDrafter(flat_profile(), draft=ScriptedDraft([confident(1)] * 8))
+    drafter.start(REPEATING)
+    drafter.batch = Seat(BatchLoad(cost=cost, sequences=3, budgets=[50, 60, 70]))
+    drafter.remaining = 50
+    auto_propose(drafter, REPEATING, max_tokens=6)
+    calls = [a for a in asked if a[1] == 3]  # the round's calls (`token_ms` asks others)
+    assert calls and len(calls) == len(set(calls))
+    assert drafter._memo is None
+    first = len(asked)
+    drafter.batch.load.sequences = 5
+    auto_propose(drafter, REPEATING, max_tokens=6)
+    assert any(s == 5 for _, s in asked[first:])
