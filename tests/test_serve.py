@@ -109,6 +109,31 @@ def slowed(instance: ModelInstance, delay: float) -> Iterator[None]:
         instance.target.delay = 0.0
 
 
+@contextmanager
+def gated(instance: ModelInstance) -> Iterator[threading.Semaphore]:
+    """Hold the target's forward passes at a gate for the block (each takes a permit; the
+    test releases what it lets through), so no request ends before the test lets it."""
+    gate = instance.target.gate = threading.Semaphore(0)
+    try:
+        yield gate
+    finally:
+        open_gate(instance)
+
+
+def open_gate(instance: ModelInstance) -> None:
+    gate, instance.target.gate = instance.target.gate, None
+    if gate is not None:
+        gate.release(100_000)  # every pass still waiting
+
+
+def target_passes(url: str, instance: ModelInstance, body: dict) -> int:
+    """The target's forward passes of one whole request (it must answer 200)."""
+    before = instance.target.calls
+    r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return instance.target.calls - before
+
+
 def wait_until(check, timeout: float = 5.0, every: float = 0.01) -> float:
     """Seconds until check() held (fails after `timeout`)."""
     start = time.monotonic()
@@ -448,8 +473,7 @@ def test_a_full_queue_answers_429_with_retry_after(instance):
     cannot end before the third one arrives."""
     with live_server(instance, max_queue=1) as url, ThreadPoolExecutor(2) as pool:
         body = {"prompt": PROMPT, "max_tokens": 80, "temperature": 0}
-        gate = instance.target.gate = threading.Semaphore(0)
-        try:
+        with gated(instance):
             running = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=120)
             wait_until(lambda: health(url)["busy"])
             queued = pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=120)
@@ -458,9 +482,6 @@ def test_a_full_queue_answers_429_with_retry_after(instance):
             assert r.status_code == 429
             assert int(r.headers["retry-after"]) >= 1
             assert r.json()["error"]["type"] == "rate_limit_error"
-        finally:
-            instance.target.gate = None
-            gate.release(100_000)
         assert running.result().status_code == 200 and queued.result().status_code == 200
         assert metric(url, "adaspec_requests_total", status="429") == 1
 
@@ -468,9 +489,7 @@ def test_a_full_queue_answers_429_with_retry_after(instance):
 def test_a_disconnect_cancels_within_a_step_and_frees_the_model(base, instance):
     delay = 0.05
     body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
-    before = instance.target.calls
-    httpx.post(base + "/v1/completions", json={**body, "stream": False}, timeout=60)
-    whole = instance.target.calls - before  # the target passes of the whole request
+    whole = target_passes(base, instance, {**body, "stream": False})
     with slowed(instance, delay):
         with httpx.stream("POST", base + "/v1/completions", json=body) as r:
             lines = r.iter_lines()
@@ -488,23 +507,17 @@ def test_a_disconnect_cancels_within_a_step_and_frees_the_model(base, instance):
         wait_until(lambda: not health(base)["busy"], timeout=10)
     # a client that gives up while its request waits in the queue leaves the queue; the
     # running one waits at a gate meanwhile, so it is still running whatever the timing
-    gate = instance.target.gate = threading.Semaphore(0)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(httpx.post, base + "/v1/completions", timeout=60,
-                                  json={"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
-            wait_until(lambda: health(base)["busy"])
-            with pytest.raises(httpx.ReadTimeout):
-                httpx.post(base + "/v1/completions", timeout=0.3,
-                           json={"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
-            wait_until(lambda: health(base)["queue_depth"] == 0, timeout=10)
-            assert health(base)["busy"]
-            instance.target.gate = None
-            gate.release(100_000)
-            assert running.result().status_code == 200
-    finally:
-        instance.target.gate = None
-        gate.release(100_000)
+    with gated(instance), ThreadPoolExecutor(1) as pool:
+        running = pool.submit(httpx.post, base + "/v1/completions", timeout=60,
+                              json={"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
+        wait_until(lambda: health(base)["busy"])
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(base + "/v1/completions", timeout=0.3,
+                       json={"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
+        wait_until(lambda: health(base)["queue_depth"] == 0, timeout=10)
+        assert health(base)["busy"]
+        open_gate(instance)
+        assert running.result().status_code == 200
     assert metric(base, "adaspec_generations_total", outcome="cancelled") >= 3
     r = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 5})
     assert r.status_code == 200
@@ -515,9 +528,7 @@ def test_a_request_past_its_timeout_is_stopped(instance):
     (each at least 20 ms here), so a slow machine cannot make it pass or fail."""
     body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0}
     with live_server(instance) as url:
-        before = instance.target.calls
-        assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 200
-        whole = instance.target.calls - before  # the target passes of the whole request
+        whole = target_passes(url, instance, body)
     with live_server(instance, timeout=0.4) as url, slowed(instance, 0.02):
         before = instance.target.calls
         r = httpx.post(url + "/v1/completions", timeout=10, json=body)

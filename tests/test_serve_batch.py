@@ -5,7 +5,6 @@ mid-batch stops only its own request, and the queue limits and health still hold
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,6 +15,7 @@ httpx = pytest.importorskip("httpx")
 from .test_serve import (  # noqa: E402, F401  (adaspec_home: this module's fixture too)
     PROMPT,
     adaspec_home,
+    gated,
     health,
     live_server,
     served_instance,
@@ -103,8 +103,7 @@ def test_the_queue_behind_a_full_batch_answers_429(instance):
     with live_server(instance, max_batch=2, max_queue=1) as url, \
             ThreadPoolExecutor(4) as pool:
         alone(url, body(0, n=2))  # the worker started and the batch cost known, gate open
-        gate = instance.target.gate = threading.Semaphore(0)
-        try:
+        with gated(instance) as gate:
             running = [pool.submit(httpx.post, url + "/v1/completions", json=body(i, n=20),
                                    timeout=120) for i in range(3)]
             # the worker admits what has arrived (one or two requests) and waits at the gate
@@ -114,9 +113,6 @@ def test_the_queue_behind_a_full_batch_answers_429(instance):
                 wait_until(lambda: state(url) == (2, 1), timeout=20)
             r = httpx.post(url + "/v1/completions", json=body(0, n=5))
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
-        finally:
-            instance.target.gate = None
-            gate.release(100_000)
         assert all(f.result().status_code == 200 for f in running)
 
 
