@@ -19,6 +19,7 @@ from adaspec.backends import (
     ik_prefetch_patch,
     ik_regions_patch,
     ik_two_groups_patch,
+    ik_wide_patch,
     ikllama,
 )
 from adaspec.cli import main
@@ -70,9 +71,12 @@ static void mul_mat_q5_k_r4_q8_k(int n) {
 }
 template <int nrc_y>
 static void mul_mat_q6_k_r4_q8_k(int n) {
+    for (int ix = 0; ix < nrc_x; ix += 4) {
+        const block_q6_k_r4 * iq6 = (const block_q6_k_r4 *)((const char *)vx + (ix+0)*bx);
         for (int ibl = 0; ibl < nbl; ++ibl) {
             auto dl = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)iq6[ibl].d));
         }
+    }
 }
 template <typename Dequantizer> void set_functions(std::array<mul_mat_t, 8>& funcs) {
     if constexpr (nrc_y == 1) { b(); }
@@ -312,11 +316,43 @@ def test_the_two_group_patch_runs_before_the_q4_k_kernels_own_loop(tmp_path):
     assert body.count("adaspec_prefetch_block<nrc_y>(iqg[g] + ibl);") == 1
     loop = "for (int ix = adaspec_q4_k_r4_two_groups<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x;"
     assert text.count(loop) == 1 and kernel < text.index(loop)
-    assert "for (int ix = 0; ix < nrc_x; ix += 4)" not in text
+    assert text.count("for (int ix = 0; ix < nrc_x; ix += 4)") == 1  # the Q6_K one's
     ik_two_groups_patch.apply(tmp_path)
     assert path.read_text() == text  # resumed build
     _refuses(ik_two_groups_patch.apply, tmp_path, path, ik_two_groups_patch.PatchError,
              ik_prefetch_patch.patch_text(KQUANTS)[0].replace("ix += 4", "ix += 8"),
+             "expected one `for \\(int ix = 0")
+
+
+def test_the_wide_patch_takes_both_loops_on_avx512_and_leaves_the_rest_to_the_kernels(tmp_path):
+    path = _kernels_file(tmp_path)
+    ik_prefetch_patch.apply(tmp_path)
+    with pytest.raises(ik_wide_patch.PatchError, match="two-group patch goes first"):
+        ik_wide_patch.apply(tmp_path)
+    ik_two_groups_patch.apply(tmp_path)
+    ik_wide_patch.apply(tmp_path)
+    text = path.read_text()
+    kernel = text.index("static void mul_mat_q4_k_r4_q8_k(")
+    q6 = text.index("static void mul_mat_q6_k_r4_q8_k(")
+    # after the two-group walk it falls back to, before the kernels that call it
+    assert text.index("static int adaspec_q4_k_r4_two_groups(") < text.index(
+        "static int adaspec_q4_k_r4_wide(") < kernel
+    helpers = text[text.index("adaspec (k-quant-wide)"):kernel]
+    assert helpers.count("#ifdef HAVE_FANCY_SIMD") == 3  # the 512-bit walks on AVX-512 only
+    assert helpers.count("if constexpr (nrc_y <= 8)") == 2  # longer calls: the walk before
+    assert "return adaspec_q4_k_r4_two_groups<nrc_y>(" in helpers
+    assert helpers.count("return nrc_x8;") == 2  # a last group of 4 rows: the kernel's
+    q4_loop = "for (int ix = adaspec_q4_k_r4_wide<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x;"
+    q6_loop = "for (int ix = adaspec_q6_k_r4_wide<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x;"
+    assert text.count(q4_loop) == 1 and kernel < text.index(q4_loop) < q6
+    assert text.count(q6_loop) == 1 and q6 < text.index(q6_loop)
+    assert "for (int ix = 0; ix < nrc_x; ix += 4)" not in text
+    assert "adaspec_q4_k_r4_two_groups<nrc_y>(n, vx, bx, info, nrc_x); ix" not in text
+    ik_wide_patch.apply(tmp_path)
+    assert path.read_text() == text  # resumed build
+    two_groups = ik_two_groups_patch.patch_text(ik_prefetch_patch.patch_text(KQUANTS)[0])
+    _refuses(ik_wide_patch.apply, tmp_path, path, ik_wide_patch.PatchError,
+             two_groups.replace("const block_q6_k_r4 * iq6", "const block_q6_k_r8 * iq6"),
              "expected one `for \\(int ix = 0")
 
 
@@ -327,6 +363,7 @@ def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_a_path_for_every_1
     driver.write_text(DRIVER)
     ik_prefetch_patch.apply(tmp_path)
     ik_two_groups_patch.apply(tmp_path)
+    ik_wide_patch.apply(tmp_path)
     ik_amx_patch.apply(tmp_path)
     text = path.read_text()
     q4, q5 = (text.index(f"static void mul_mat_q{k}_k_r4_q8_k(") for k in (4, 5))

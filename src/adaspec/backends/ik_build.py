@@ -8,11 +8,13 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ikllama.py`).
 
-Seven source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
+Eight source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
 several sequences in one cache (`ik_flash_patch.py`). A region of the cache per sequence, with
 attention that reads a row's own region (`ik_regions_patch.py`). Weights fetched ahead in the
 repacked Q4_K and Q6_K kernels for calls of several rows (`ik_prefetch_patch.py`), and the
-Q4_K one taking them 8 rows at a time (`ik_two_groups_patch.py`). The CPU
+Q4_K one taking them 8 rows at a time (`ik_two_groups_patch.py`); on a CPU with AVX-512,
+both walking 8 rows at a time in 512-bit registers for calls of up to 8 rows
+(`ik_wide_patch.py`). The CPU
 buffers (weights, KV cache) advised to take huge pages (`ik_hugepages_patch.py`). On a CPU
 with AMX, the repacked Q4_K and Q6_K kernels' integer sums computed with tiles for every 16
 rows of a call at once (`ik_amx_patch.py`, bit for bit the same results). And: the
@@ -56,6 +58,7 @@ from adaspec.backends import (
     ik_regions_patch,
     ik_source,
     ik_two_groups_patch,
+    ik_wide_patch,
 )
 from adaspec.store import native_build
 from adaspec.store.atomic import write_text
@@ -88,8 +91,8 @@ ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"
 ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
 PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME,
-           ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_hugepages_patch.NAME,
-           ik_amx_patch.NAME)
+           ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_wide_patch.NAME,
+           ik_hugepages_patch.NAME, ik_amx_patch.NAME)
 
 
 class IkBuildError(NativeBuildError):
@@ -160,6 +163,7 @@ def apply_patches(src: Path) -> dict[str, int]:
         ik_regions_patch.apply(src)
         prefetching = ik_prefetch_patch.apply(src)
         ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
+        ik_wide_patch.apply(src)  # after the two-group patch: it takes over that loop start
         ik_hugepages_patch.apply(src)
         ik_amx_patch.apply(src)  # after the Q4_K kernel's own patches: it calls that kernel
     except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,

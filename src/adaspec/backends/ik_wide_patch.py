@@ -1,0 +1,63 @@
+"""The repacked Q4_K and Q6_K kernels walk 8 weight rows at a time in 512-bit registers.
+
+Why: a round of requests decoded together (one token each for up to 8 of them) spent 77% of
+its time in these two kernels (`mul_mat_q4_k_r4_q8_k<8>` 55%, `mul_mat_q6_k_r4_q8_k<8>` 22%;
+`perf` on a 2-vCPU Intel Xeon), and those run on 256-bit registers, 4 weight rows at a time,
+shuffling each activation into place for one dot product. On a CPU with AVX-512 the walk
+here holds two groups of 4 rows in the halves of one 512-bit register: each shuffle feeds
+both and each instruction does both groups' work. It fetches ahead in its own order (the
+kernels' prefetch, two blocks ahead within a group of 4, misses the second group's first
+blocks). Every lane does the pinned kernel's integer and float operations for its rows, in
+the same order, so the logits stay bit for bit equal, whatever the call's shape. Measured
+in one process on the 1.5B target's shapes, weights streamed from memory, two threads:
+8 activation rows 0.76-0.90 of the pinned kernel's time, 1 row 0.87-0.94
+(`experiments/ik_wide_kernel.py`, `experiments/results/ik-wide-xeon/`).
+
+Calls of up to 8 rows take it (ik's driver splits rows into calls of 8); longer calls keep
+the two-group walk (`ik_two_groups_patch.py`) or the AMX tiles. Without AVX-512 nothing
+changes. Needs the two-group patch, whose loop start it takes over.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adaspec.backends import ik_two_groups_patch
+from adaspec.backends.ik_source import PatchError, patch_file
+
+NAME = "k-quant-wide"
+FILE = ik_two_groups_patch.FILE
+MARK = "adaspec_q4_k_r4_wide"
+
+KERNEL = ik_two_groups_patch.KERNEL  # the pinned x86 Q4_K kernel: the helpers go before it
+Q4_LOOP = ik_two_groups_patch.LOOP_FROM
+Q4_LOOP_FROM = Q4_LOOP.replace(ik_two_groups_patch.MARK, MARK)
+Q6_LOOP = ("    for (int ix = 0; ix < nrc_x; ix += 4) {\n"
+           "        const block_q6_k_r4 * iq6 = "
+           "(const block_q6_k_r4 *)((const char *)vx + (ix+0)*bx);\n")
+Q6_LOOP_FROM = Q6_LOOP.replace("int ix = 0;",
+                                "int ix = adaspec_q6_k_r4_wide<nrc_y>(n, vx, bx, info, nrc_x);")
+HELPER = (Path(__file__).parent / "ik_wide.cpp").read_text
+
+
+def patch_text(text: str) -> str:
+    """The kernels file with the wide walks (unchanged when already there)."""
+    if MARK in text:
+        return text
+    if ik_two_groups_patch.MARK not in text:
+        raise PatchError(f"{FILE}: the two-group patch goes first ({ik_two_groups_patch.NAME})")
+    for anchor in (KERNEL, Q4_LOOP, Q6_LOOP):
+        if text.count(anchor) != 1:
+            raise PatchError(f"{FILE}: expected one `{anchor.strip().splitlines()[0]}`, "
+                             f"found {text.count(anchor)}")
+    kernel = text.index(KERNEL)
+    if not kernel < text.index(Q4_LOOP) < text.index(Q6_LOOP):
+        raise PatchError(f"{FILE}: the Q4_K and Q6_K loops are not after "
+                         f"`{KERNEL.splitlines()[1]}`")
+    text = text.replace(KERNEL, HELPER() + "\n" + KERNEL)
+    return text.replace(Q4_LOOP, Q4_LOOP_FROM).replace(Q6_LOOP, Q6_LOOP_FROM)
+
+
+def apply(src: Path) -> None:
+    """Patch the unpacked source in place (atomically)."""
+    patch_file(src, FILE, patch_text)
