@@ -103,11 +103,12 @@ class BatchLoad:
             s = max(1, len(self.budgets))
             return self.cost(s, s) / s
         least = self.least_rounds()
+        pace = max(1.0, pace)
         if remaining > least:
             k = max(1, sum(1 for b in self.budgets if b > least))
-            return self.cost(k, k) / k / max(1.0, pace)
+            return self.cost(k, k) / k / pace
         if sum(1 for b in self.budgets if b >= remaining) <= 1:  # itself, or none known
-            return self.cost(1, 1) / max(1.0, pace)
+            return self.cost(1, 1) / pace
         return 0.0
 
 
