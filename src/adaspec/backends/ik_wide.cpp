@@ -22,6 +22,38 @@ static inline void adaspec_wide_prefetch(const Block * group, const void * vx, s
     }
 }
 
+// group 0's 32 bytes at p0 and group 1's at p1, in one register
+static inline __m512i adaspec_wide_pair(const void * p0, const void * p1) {
+    return _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+// sub-block ib of super-block ibl: each row's 4 quant runs times both groups' weights,
+// scaled, added to its integer sums (the kernels' VNNI inner loop, two groups at once)
+template <int nrc_y>
+static inline void adaspec_wide_dots(const Q8<nrc_y, block_q8_K>& q8, int ibl, int ib, const __m512i (&qx)[4],
+                                     __m512i scales, __m512i * isum) {
+    for (int iy = 0; iy < nrc_y; ++iy) {
+        auto y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)q8.y[iy][ibl].qs+ib));
+        auto s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx[0], _mm512_shuffle_epi32(y, _MM_PERM_AAAA));
+        s = _mm512_dpbusd_epi32(s, qx[1], _mm512_shuffle_epi32(y, _MM_PERM_BBBB));
+        s = _mm512_dpbusd_epi32(s, qx[2], _mm512_shuffle_epi32(y, _MM_PERM_CCCC));
+        s = _mm512_dpbusd_epi32(s, qx[3], _mm512_shuffle_epi32(y, _MM_PERM_DDDD));
+        isum[iy] = _mm512_add_epi32(isum[iy], _mm512_mullo_epi32(scales, s));
+    }
+}
+
+// weight rows ix .. ix+7 out: per group, its two halves' sums added, as the kernels end
+template <int nrc_y>
+static inline void adaspec_wide_store(const DataInfo& info, int ix, __m512 * acc) {
+    for (int iy = 0; iy < nrc_y; ++iy) {
+        auto lo = _mm512_castps512_ps256(acc[iy]), hi = _mm512_extractf32x8_ps(acc[iy], 1);
+        info.store(ix+0, iy, _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)));
+        info.store(ix+4, iy, _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
+        acc[iy] = _mm512_setzero_ps();
+    }
+}
+
 template <int nrc_y>
 static int adaspec_q4_k_r4_zmm(int n, const void * vx, size_t bx, const DataInfo& info, int nrc_x) {
     GGML_ASSERT(nrc_x%4 == 0);
@@ -80,35 +112,21 @@ static int adaspec_q4_k_r4_zmm(int n, const void * vx, size_t bx, const DataInfo
             for (int ib = 0; ib < QK_K/32; ++ib) {
                 auto scales_d = _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(_mm_set1_epi32(hd[0].val[ib]))),
                                                    _mm256_cvtepi8_epi32(_mm_set1_epi32(hd[1].val[ib])), 1);
-                auto b1 = _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)iqg[0][ibl].qs+2*ib+0)),
-                                             _mm256_loadu_si256((const __m256i *)iqg[1][ibl].qs+2*ib+0), 1);
-                auto b2 = _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)iqg[0][ibl].qs+2*ib+1)),
-                                             _mm256_loadu_si256((const __m256i *)iqg[1][ibl].qs+2*ib+1), 1);
+                auto b1 = adaspec_wide_pair(iqg[0][ibl].qs + 64*ib, iqg[1][ibl].qs + 64*ib);
+                auto b2 = adaspec_wide_pair(iqg[0][ibl].qs + 64*ib + 32, iqg[1][ibl].qs + 64*ib + 32);
                 __m512i qx[4];
                 qx[0] = _mm512_and_si512(b1, mf5);
                 qx[1] = _mm512_and_si512(b2, mf5);
                 qx[2] = _mm512_and_si512(_mm512_srli_epi16(b1, 4), mf5);
                 qx[3] = _mm512_and_si512(_mm512_srli_epi16(b2, 4), mf5);
-                for (int iy = 0; iy < nrc_y; ++iy) {
-                    auto y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)q8.y[iy][ibl].qs+ib));
-                    auto s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx[0], _mm512_shuffle_epi32(y, _MM_PERM_AAAA));
-                    s = _mm512_dpbusd_epi32(s, qx[1], _mm512_shuffle_epi32(y, _MM_PERM_BBBB));
-                    s = _mm512_dpbusd_epi32(s, qx[2], _mm512_shuffle_epi32(y, _MM_PERM_CCCC));
-                    s = _mm512_dpbusd_epi32(s, qx[3], _mm512_shuffle_epi32(y, _MM_PERM_DDDD));
-                    isum[iy] = _mm512_add_epi32(isum[iy], _mm512_mullo_epi32(scales_d, s));
-                }
+                adaspec_wide_dots<nrc_y>(q8, ibl, ib, qx, scales_d, isum);
             }
             for (int iy = 0; iy < nrc_y; ++iy) {
                 acc[iy] = _mm512_fmadd_ps(_mm512_mul_ps(d4, _mm512_set1_ps(q8.scale(iy, ibl))), _mm512_cvtepi32_ps(isum[iy]), acc[iy]);
                 isum[iy] = _mm512_setzero_si512();
             }
         }
-        for (int iy = 0; iy < nrc_y; ++iy) {
-            auto lo = _mm512_castps512_ps256(acc[iy]), hi = _mm512_extractf32x8_ps(acc[iy], 1);
-            info.store(ix+0, iy, _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)));
-            info.store(ix+4, iy, _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
-            acc[iy] = _mm512_setzero_ps();
-        }
+        adaspec_wide_store<nrc_y>(info, ix, acc);
     }
     return nrc_x8;
 }
@@ -165,37 +183,22 @@ static int adaspec_q6_k_r4_zmm(int n, const void * vx, size_t bx, const DataInfo
                 auto iscales = _mm512_inserti32x8(
                     _mm512_castsi256_si512(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const uint32_t *)iqg[0][ibl].scales + 2*ib)))),
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const uint32_t *)iqg[1][ibl].scales + 2*ib))), 1);
-                auto two = [&](const uint8_t * p0, const uint8_t * p1) {
-                    return _mm512_inserti32x8(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)), _mm256_loadu_si256((const __m256i *)p1), 1);
-                };
-                auto lbits1 = two(iqg[0][ibl].ql + 64*ib, iqg[1][ibl].ql + 64*ib);
-                auto lbits2 = two(iqg[0][ibl].ql + 64*ib + 32, iqg[1][ibl].ql + 64*ib + 32);
-                auto hbits  = two(iqg[0][ibl].qh + 32*ib, iqg[1][ibl].qh + 32*ib);
+                auto lbits1 = adaspec_wide_pair(iqg[0][ibl].ql + 64*ib, iqg[1][ibl].ql + 64*ib);
+                auto lbits2 = adaspec_wide_pair(iqg[0][ibl].ql + 64*ib + 32, iqg[1][ibl].ql + 64*ib + 32);
+                auto hbits  = adaspec_wide_pair(iqg[0][ibl].qh + 32*ib, iqg[1][ibl].qh + 32*ib);
                 __m512i qx[4];
                 qx[0] = _mm512_or_si512(_mm512_and_si512(lbits1, m4), _mm512_and_si512(m3, _mm512_slli_epi16(hbits, 4)));
                 qx[1] = _mm512_or_si512(_mm512_and_si512(lbits2, m4), _mm512_and_si512(m3, hbits));
                 qx[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lbits1, 4), m4), _mm512_and_si512(m3, _mm512_slli_epi16(hbits, 2)));
                 qx[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lbits2, 4), m4), _mm512_and_si512(m3, _mm512_srli_epi16(hbits, 2)));
-                for (int iy = 0; iy < nrc_y; ++iy) {
-                    auto y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)q8.y[iy][ibl].qs+ib));
-                    auto sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx[0], _mm512_shuffle_epi32(y, _MM_PERM_AAAA));
-                    sumi = _mm512_dpbusd_epi32(sumi, qx[1], _mm512_shuffle_epi32(y, _MM_PERM_BBBB));
-                    sumi = _mm512_dpbusd_epi32(sumi, qx[2], _mm512_shuffle_epi32(y, _MM_PERM_CCCC));
-                    sumi = _mm512_dpbusd_epi32(sumi, qx[3], _mm512_shuffle_epi32(y, _MM_PERM_DDDD));
-                    isum[iy] = _mm512_add_epi32(isum[iy], _mm512_mullo_epi32(iscales, sumi));
-                }
+                adaspec_wide_dots<nrc_y>(q8, ibl, ib, qx, iscales, isum);
             }
             for (int iy = 0; iy < nrc_y; ++iy) {
                 auto d4y = _mm512_mul_ps(d4, _mm512_set1_ps(q8.scale(iy, ibl)));
                 acc[iy] = _mm512_fmadd_ps(d4y, _mm512_cvtepi32_ps(isum[iy]), acc[iy]);
             }
         }
-        for (int iy = 0; iy < nrc_y; ++iy) {
-            auto lo = _mm512_castps512_ps256(acc[iy]), hi = _mm512_extractf32x8_ps(acc[iy], 1);
-            info.store(ix+0, iy, _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)));
-            info.store(ix+4, iy, _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
-            acc[iy] = _mm512_setzero_ps();
-        }
+        adaspec_wide_store<nrc_y>(info, ix, acc);
     }
     return nrc_x8;
 }
