@@ -4,21 +4,18 @@
 // copied here). Random Q4_K_R4 / Q6_K_R4 weights and Q8_K activations of the target's shapes; every
 // output compared bit for bit; prints one JSON line per shape: medians in ms.
 #include IK_KERNELS_FILE
+#include "ik_kernel_data.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <random>
-#include <type_traits>
+#include <cstring>
 
 #ifndef ADASPEC_AMX_Q4K
 int main() { std::printf("{\"error\": \"the kernels file has no AMX kernel for this CPU\"}\n"); return 2; }
 #else
 namespace {
 
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using adaspec_driver::now;
 
 // ny activation rows (a multiple of 16) by nx weight rows of n quants of a repacked type
 // (Block, 4 rows a block): the pinned kernel in calls of 8 rows (as ik's driver splits them)
@@ -28,27 +25,8 @@ void shape(const char * type, int n, int nx, int ny, int reps, mul_mat_t pinned8
     std::mt19937 rng(1000*ny + n);
     const int nbl = n / QK_K;
     const size_t row = nbl*sizeof(Block)/4;  // bytes of one weight row (4 share a block)
-    std::vector<uint8_t> w(row*nx);
-    for (auto & b : w) b = rng();
-    for (int g = 0; g < nx/4; ++g) for (int i = 0; i < nbl; ++i) {
-        auto * blk = (Block *)(w.data() + g*4*row) + i;
-        for (auto & d : blk->d) d = _cvtss_sh(0.001f + 0.01f*(rng() % 1000)/1000.f, 0);
-    }
-    std::vector<block_q8_K> y(nbl*ny);
-    for (auto & b : y) {
-        b.d = 0.01f*(rng() % 1000)/1000.f;
-        for (auto & q : b.qs) q = int8_t(int(rng() % 255) - 127);
-        if (std::is_same<Block, block_q4_k_r4>::value) {
-            float * f = (float *)b.bsums;  // the repacked Q4_K kernel reads 8 floats there
-            for (int k = 0; k < 8; ++k) f[k] = (rng() % 10000)/100.f - 50.f;
-        } else {  // the Q6_K one, the sums of 16 quants
-            for (int k = 0; k < QK_K/16; ++k) {
-                int sum = 0;
-                for (int j = 0; j < 16; ++j) sum += b.qs[16*k + j];
-                b.bsums[k] = sum;
-            }
-        }
-    }
+    std::vector<uint8_t> w = adaspec_driver::random_weights<Block>(rng, n, nx);
+    std::vector<block_q8_K> y = adaspec_driver::random_activations<Block>(rng, n, ny);
     std::vector<float> out_pinned(nx*ny), out_amx(nx*ny);
     DataInfo pinned{out_pinned.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};
     DataInfo amx{out_amx.data(), (const char *)y.data(), (size_t)nx, nbl*sizeof(block_q8_K)};

@@ -15,13 +15,14 @@ AMX and the native build's `libggml.so` (`make setup` on such a CPU).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from adaspec.backends import ik_build, ikllama
-from adaspec.store import native_build
+sys.path.insert(0, str(Path(__file__).parent))
+
+from ik_kernel_driver import build_and_run, unpack  # noqa: E402
+
+from adaspec.backends import ik_build  # noqa: E402
 
 
 def main() -> None:
@@ -31,34 +32,9 @@ def main() -> None:
                          "by an older adaspec stays as it is: give a fresh folder)")
     ap.add_argument("--out", default=None, help="a JSON file for the results")
     args = ap.parse_args()
-    lib = ik_build.native_library(ikllama.IK_VERSION)
-    if lib is None:
-        sys.exit("no native ik_llama.cpp build for this CPU: run `adaspec runtime build`")
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    src, _ = native_build.fetch_source(ik_build.PACKAGE, ikllama.IK_VERSION, "ik_llama.cpp",
-                                       work, ik_build.WHAT, print)
-    ik_build.apply_patches(src)
-    driver = work / "ik_amx_kernel"
-    kernels = src / "ggml/src/iqk/iqk_gemm_kquants.cpp"
-    compile_cmd = ["g++", "-O3", "-march=native", "-std=c++17",
-                   f'-DIK_KERNELS_FILE="{kernels}"',
-                   *(f"-I{src / d}" for d in ("ggml/include", "ggml/src", "ggml/src/iqk")),
-                   str(Path(__file__).with_suffix(".cpp")), "-o", str(driver),
-                   f"-L{lib.parent}", "-lggml", f"-Wl,-rpath,{lib.parent}"]
-    built = subprocess.run(compile_cmd, capture_output=True, text=True)
-    if built.returncode != 0:
-        sys.exit(f"compiling the driver failed:\n{built.stderr[-3000:]}")
-    ran = subprocess.run([str(driver)], capture_output=True, text=True)
-    rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
-    for row in rows:
-        print(row, flush=True)
-    if ran.returncode != 0:
-        sys.exit(f"the driver stopped ({ran.returncode}): {ran.stderr[-2000:]}")
-    report = {"machine": native_build.cpu_signature(), "compile": compile_cmd, "shapes": rows,
-              "bit_for_bit": all(r["differ"] == 0 for r in rows)}
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    kernels = unpack(work, ik_build.apply_patches)
+    build_and_run(Path(__file__).with_suffix(".cpp"), kernels, work, {}, [], args.out)
 
 
 if __name__ == "__main__":

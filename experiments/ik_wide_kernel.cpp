@@ -5,23 +5,19 @@
 // of the target's shapes; every output compared bit for bit; one JSON line per shape.
 #include IK_KERNELS_FILE
 #include ADASPEC_WIDE_FILE
+#include "ik_kernel_data.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <thread>
-#include <type_traits>
 
 #ifndef HAVE_FANCY_SIMD
 int main() { std::printf("{\"error\": \"this CPU has no AVX-512: the wide walk is off\"}\n"); return 2; }
 #else
 namespace {
 
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using adaspec_driver::now;
 
 // the patched kernel: the wide walk, then the kernel for the rows it leaves
 template <int NY> void wide4(int n, const void * vx, size_t bx, const DataInfo& info, int nrc_x) {
@@ -45,27 +41,8 @@ void shape(int n, int nx, int copies, int reps, int threads) {
     std::mt19937 rng(7 + NY);
     const int nbl = n / QK_K;
     const size_t row = nbl*sizeof(Block)/4;  // bytes of one weight row (4 share a block)
-    std::vector<uint8_t> w(row*nx*size_t(copies));
-    for (auto & b : w) b = rng();
-    for (size_t g = 0; g < size_t(nx)*copies/4; ++g) for (int i = 0; i < nbl; ++i) {
-        auto * blk = (Block *)(w.data() + g*4*row) + i;
-        for (auto & d : blk->d) d = _cvtss_sh(0.001f + 0.01f*(rng() % 1000)/1000.f, 0);
-    }
-    std::vector<block_q8_K> y(nbl*NY);
-    for (auto & b : y) {
-        b.d = 0.01f*(rng() % 1000)/1000.f;
-        for (auto & q : b.qs) q = int8_t(int(rng() % 255) - 127);
-        if (q4) {  // the repacked Q4_K kernel reads 8 floats there
-            float * f = (float *)b.bsums;
-            for (int k = 0; k < 8; ++k) f[k] = (rng() % 10000)/100.f - 50.f;
-        } else {  // the Q6_K one, the sums of 16 quants
-            for (int k = 0; k < QK_K/16; ++k) {
-                int sum = 0;
-                for (int j = 0; j < 16; ++j) sum += b.qs[16*k + j];
-                b.bsums[k] = sum;
-            }
-        }
-    }
+    std::vector<uint8_t> w = adaspec_driver::random_weights<Block>(rng, n, size_t(nx)*copies);
+    std::vector<block_q8_K> y = adaspec_driver::random_activations<Block>(rng, n, NY);
     std::vector<float> out_pinned(nx*NY), out_wide(nx*NY);
     auto call = [&](mul_mat_t kernel, std::vector<float>& out, int copy) {
         const uint8_t * base = w.data() + size_t(copy)*row*nx;

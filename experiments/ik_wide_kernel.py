@@ -18,15 +18,23 @@ with a last group of 4 weight rows. Needs a CPU with AVX-512 and the native buil
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from adaspec.backends import ik_build, ik_prefetch_patch, ik_two_groups_patch, ikllama
-from adaspec.store import native_build
+sys.path.insert(0, str(Path(__file__).parent))
+
+from ik_kernel_driver import build_and_run, unpack  # noqa: E402
+
+from adaspec.backends import ik_build, ik_prefetch_patch, ik_two_groups_patch  # noqa: E402
 
 WIDE = Path(ik_build.__file__).with_name("ik_wide.cpp")
+
+
+def before_wide(src: Path) -> None:
+    """The patches that come before the wide walk, not it."""
+    ik_build.patch_source(src)
+    ik_prefetch_patch.apply(src)
+    ik_two_groups_patch.apply(src)
 
 
 def main() -> None:
@@ -37,41 +45,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9, help="timed calls a kernel, alternating")
     ap.add_argument("--out", default=None, help="a JSON file for the results")
     args = ap.parse_args()
-    lib = ik_build.native_library(ikllama.IK_VERSION)
-    if lib is None:
-        sys.exit("no native ik_llama.cpp build for this CPU: run `adaspec runtime build`")
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    src, _ = native_build.fetch_source(ik_build.PACKAGE, ikllama.IK_VERSION, "ik_llama.cpp",
-                                       work, ik_build.WHAT, print)
-    ik_build.patch_source(src)  # the patches before the wide walk, not it
-    ik_prefetch_patch.apply(src)
-    ik_two_groups_patch.apply(src)
-    kernels = src / "ggml/src/iqk/iqk_gemm_kquants.cpp"
+    kernels = unpack(work, before_wide)
     if "adaspec_q4_k_r4_wide" in kernels.read_text():
         sys.exit(f"{kernels} already has the wide walk: give a fresh --work folder")
-    driver = work / "ik_wide_kernel"
-    compile_cmd = ["g++", "-O3", "-march=native", "-std=c++17", "-pthread",
-                   f'-DIK_KERNELS_FILE="{kernels}"', f'-DADASPEC_WIDE_FILE="{WIDE}"',
-                   *(f"-I{src / d}" for d in ("ggml/include", "ggml/src", "ggml/src/iqk")),
-                   str(Path(__file__).with_suffix(".cpp")), "-o", str(driver),
-                   f"-L{lib.parent}", "-lggml", f"-Wl,-rpath,{lib.parent}"]
-    built = subprocess.run(compile_cmd, capture_output=True, text=True)
-    if built.returncode != 0:
-        sys.exit(f"compiling the driver failed:\n{built.stderr[-3000:]}")
-    ran = subprocess.run([str(driver), str(args.threads), str(args.repeats)],
-                         capture_output=True, text=True)
-    rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
-    for row in rows:
-        print(row, flush=True)
-    if ran.returncode != 0:
-        sys.exit(f"the driver stopped ({ran.returncode}): {ran.stderr[-2000:]}")
-    report = {"machine": native_build.cpu_signature(), "compile": compile_cmd,
-              "threads": args.threads, "shapes": rows,
-              "bit_for_bit": all(r["differ"] == 0 for r in rows)}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    build_and_run(Path(__file__).with_suffix(".cpp"), kernels, work, {"ADASPEC_WIDE_FILE": WIDE},
+                  [str(args.threads), str(args.repeats)], args.out, threads=args.threads)
 
 
 if __name__ == "__main__":

@@ -352,6 +352,7 @@ def test_drafts_go_to_the_requests_the_batch_s_end_waits_on():
     and both draft; so do both with a request waiting for a place (finishing sooner hands
     it the place)."""
     from adaspec.core.proposal import Proposal
+    from adaspec.cost.batch import BatchLoad, Seat
     from adaspec.engine.batch import RoundStats, _Member
     from adaspec.engine.loop import TargetCall
 
@@ -361,7 +362,7 @@ def test_drafts_go_to_the_requests_the_batch_s_end_waits_on():
         tokens, positions, mask = proposal.target_inputs(0)
         call = TargetCall(None, tokens, positions, mask,  # type: ignore[arg-type]
                           proposal=proposal, root=0, remaining=remaining)
-        return _Member(key, iter(()), call)
+        return _Member(key, iter(()), Seat(BatchLoad()), call)
 
     def cost(tokens: int, sequences: int) -> float:
         return 30.0 + 10.0 * sequences + 6.0 * max(0, tokens - sequences)

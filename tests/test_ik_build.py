@@ -337,11 +337,14 @@ def test_the_wide_patch_takes_both_loops_on_avx512_and_leaves_the_rest_to_the_ke
     # after the two-group walk it falls back to, before the kernels that call it
     assert text.index("static int adaspec_q4_k_r4_two_groups(") < text.index(
         "static int adaspec_q4_k_r4_wide(") < kernel
-    helpers = text[text.index("adaspec (k-quant-wide)"):kernel]
+    helpers = text[text.index(f"adaspec ({ik_wide_patch.NAME})"):kernel]
     assert helpers.count("#ifdef HAVE_FANCY_SIMD") == 3  # the 512-bit walks on AVX-512 only
     assert helpers.count("if constexpr (nrc_y <= 8)") == 2  # longer calls: the walk before
     assert "return adaspec_q4_k_r4_two_groups<nrc_y>(" in helpers
     assert helpers.count("return nrc_x8;") == 2  # a last group of 4 rows: the kernel's
+    fetch = helpers[helpers.index("static inline void adaspec_wide_prefetch("):]
+    fetch = fetch[:fetch.index("\n}\n")]
+    assert "_mm_prefetch(" in fetch and "nrc_y" not in fetch  # a lone row fetches ahead too
     q4_loop = "for (int ix = adaspec_q4_k_r4_wide<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x;"
     q6_loop = "for (int ix = adaspec_q6_k_r4_wide<nrc_y>(n, vx, bx, info, nrc_x); ix < nrc_x;"
     assert text.count(q4_loop) == 1 and kernel < text.index(q4_loop) < q6

@@ -1,25 +1,25 @@
-// adaspec (k-quant-wide): the repacked Q4_K and Q6_K kernels walk 8 weight rows at a time in
+// adaspec (k-quant-wide-2): the repacked Q4_K and Q6_K kernels walk 8 weight rows at a time in
 // 512-bit registers (two groups of 4, one per half) on a CPU with AVX-512, for calls of up to
 // 8 activation rows (a lone token, a round of requests, a draft block). Each shuffled
 // activation feeds both groups and each instruction does two groups' work. Every lane does
 // the integer and float operations of the kernel below for its group, in the same order:
 // the results are bit for bit the kernel's (adaspec's `backends/ik_wide_patch.py`). It
 // fetches ahead in its own walk's order (the kernel's prefetch, two blocks ahead in a group
-// of 4, would miss the second group's first blocks). Returns the rows it left to the
-// kernel (a last group of 4); without AVX-512, or for more rows, the walk before it.
+// of 4, would miss the second group's first blocks), for a lone row too: on a 2-vCPU Xeon a
+// lone row's walk without it streamed slower than a walk of two rows. Returns the rows it
+// left to the kernel (a last group of 4); without AVX-512, or for more rows, the walk before
+// it.
 #ifdef HAVE_FANCY_SIMD
 // the block ADASPEC_WIDE_AHEAD steps ahead of block ibl of a group, in the walk's order:
 // further in the group, else in the same group of the next 8 rows (`next`)
 #ifndef ADASPEC_WIDE_AHEAD
 #define ADASPEC_WIDE_AHEAD 2
 #endif
-template <int nrc_y, typename Block>
+template <typename Block>
 static inline void adaspec_wide_prefetch(const Block * group, const void * vx, size_t bx, int next, int ibl, int nbl) {
-    if constexpr (nrc_y > 1) {
-        const Block * ahead = ibl + ADASPEC_WIDE_AHEAD < nbl ? group + ibl + ADASPEC_WIDE_AHEAD
-            : (const Block *)((const char *)vx + next*bx) + (ibl + ADASPEC_WIDE_AHEAD - nbl);
-        for (int k = 0; k < (int)sizeof(Block); k += 64) _mm_prefetch((const char *)ahead + k, _MM_HINT_T0);
-    }
+    const Block * ahead = ibl + ADASPEC_WIDE_AHEAD < nbl ? group + ibl + ADASPEC_WIDE_AHEAD
+        : (const Block *)((const char *)vx + next*bx) + (ibl + ADASPEC_WIDE_AHEAD - nbl);
+    for (int k = 0; k < (int)sizeof(Block); k += 64) _mm_prefetch((const char *)ahead + k, _MM_HINT_T0);
 }
 
 // group 0's 32 bytes at p0 and group 1's at p1, in one register
@@ -74,7 +74,7 @@ static int adaspec_q4_k_r4_zmm(int n, const void * vx, size_t bx, const DataInfo
             __m256 d4g[2], m4g[2];
             __m256i minsg[2];
             for (int g = 0; g < 2; ++g) {
-                adaspec_wide_prefetch<nrc_y>(iqg[g], vx, bx, ix + 8 + 4*g, ibl, nbl);
+                adaspec_wide_prefetch(iqg[g], vx, bx, ix + 8 + 4*g, ibl, nbl);
                 auto dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)iqg[g][ibl].d));
                 d4g[g] = _mm256_set_m128(_mm256_castps256_ps128(dl), _mm256_castps256_ps128(dl));
                 m4g[g] = _mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_set_m128(_mm256_extractf128_ps(dl, 1), _mm256_extractf128_ps(dl, 1)));
@@ -151,7 +151,7 @@ static int adaspec_q6_k_r4_zmm(int n, const void * vx, size_t bx, const DataInfo
             __m256 d4g[2];
             __m512i s[4];
             for (int g = 0; g < 2; ++g) {
-                adaspec_wide_prefetch<nrc_y>(iqg[g], vx, bx, ix + 8 + 4*g, ibl, nbl);
+                adaspec_wide_prefetch(iqg[g], vx, bx, ix + 8 + 4*g, ibl, nbl);
                 const block_q6_k_r4 * iq6 = iqg[g];
                 auto dl = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)iq6[ibl].d));
                 d4g[g] = _mm256_set_m128(dl, dl);

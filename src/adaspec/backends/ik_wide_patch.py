@@ -7,11 +7,14 @@ shuffling each activation into place for one dot product. On a CPU with AVX-512 
 here holds two groups of 4 rows in the halves of one 512-bit register: each shuffle feeds
 both and each instruction does both groups' work. It fetches ahead in its own order (the
 kernels' prefetch, two blocks ahead within a group of 4, misses the second group's first
-blocks). Every lane does the pinned kernel's integer and float operations for its rows, in
-the same order, so the logits stay bit for bit equal, whatever the call's shape. Measured
-in one process on the 1.5B target's shapes, weights streamed from memory, two threads:
-8 activation rows 0.76-0.90 of the pinned kernel's time, 1 row 0.87-0.94
-(`experiments/ik_wide_kernel.py`, `experiments/results/ik-wide-xeon/`).
+blocks), for a lone row too: the kernels' prefetch leaves a lone row to the hardware
+prefetcher, and on a 2-vCPU Xeon the wide walk of a lone row then streamed slower than its
+walk of two rows (Q4_K 1536 -> 8960: 553 us against 454). Every lane does the pinned
+kernel's integer and float operations for its rows, in the same order, so the logits stay
+bit for bit equal, whatever the call's shape. Measured in one process on the 1.5B target's
+shapes, weights streamed from memory, two threads: 8 activation rows 0.76-0.90 of the
+pinned kernel's time, 1 row 0.53-0.63 with its prefetch (0.82-0.99 without;
+`experiments/ik_wide_kernel.py`, `experiments/results/ik-wide-xeon/`).
 
 Calls of up to 8 rows take it (ik's driver splits rows into calls of 8); longer calls keep
 the two-group walk (`ik_two_groups_patch.py`) or the AMX tiles. Without AVX-512 nothing
@@ -25,7 +28,7 @@ from pathlib import Path
 from adaspec.backends import ik_two_groups_patch
 from adaspec.backends.ik_source import PatchError, patch_file
 
-NAME = "k-quant-wide"
+NAME = "k-quant-wide-2"  # 2: a lone row fetches ahead too
 FILE = ik_two_groups_patch.FILE
 MARK = "adaspec_q4_k_r4_wide"
 

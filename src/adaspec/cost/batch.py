@@ -115,10 +115,19 @@ class BatchLoad:
 @dataclass
 class Seat:
     """One request's place in a batch: the round it is priced in and its pace
-    (`Engine.join_batch` hands it to the drafter)."""
+    (`Engine.join_batch` hands it to the drafter; `engine/batch.BatchDecoder` counts its
+    steps)."""
 
     load: BatchLoad
-    pace: float = 1.0  # its tokens a step, drafting (`engine/batch._Member`)
+    # its pace: tokens its steps would make if verified whole, over its steps (one plain
+    # step as a prior)
+    steps_seen: int = 1
+    tokens_seen: float = 1.0
+
+    @property
+    def pace(self) -> float:
+        """Its tokens a step, drafting."""
+        return self.tokens_seen / self.steps_seen
 
     def token_ms(self, remaining: int) -> float:
         """What one more accepted token of this request, with `remaining` tokens left

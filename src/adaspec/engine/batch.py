@@ -45,17 +45,9 @@ PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
 class _Member:
     key: Hashable
     steps: Iterator[StreamChunk | GenerationResult | TargetCall]
+    seat: Seat  # its round and pace (its drafter prices against it where it joined)
     call: TargetCall | None = None
     prompt_left: list[int] | None = None  # a chunked prefill's tokens still to feed
-    seat: Seat | None = None  # what its drafter prices against (None: not joined)
-    # its pace: tokens its steps would make if verified whole, over its steps (one plain
-    # step as a prior)
-    steps_seen: int = 1
-    tokens_seen: float = 1.0
-
-    @property
-    def pace(self) -> float:
-        return self.tokens_seen / self.steps_seen
 
 
 @dataclass
@@ -135,8 +127,8 @@ class BatchDecoder:
         this batch's rounds (`cost.batch.BatchLoad`) rather than as a request alone."""
         if key in self._members:
             raise ValueError(f"request {key!r} is already decoding")
-        seat = Seat(self.load) if engine is not None else None
-        self._members[key] = _Member(key, steps, seat=seat)
+        seat = Seat(self.load)
+        self._members[key] = _Member(key, steps, seat)
         if engine is not None:
             engine.join_batch(seat)
 
@@ -182,13 +174,10 @@ class BatchDecoder:
 
     def _note_budgets(self) -> None:
         """Put in the round's load every request's tokens left to emit, as its last call
-        said (a prompt being prefilled: its whole budget), and its pace (`_Member`)."""
+        said (a prompt being prefilled: its whole budget), and its pace (`Seat`)."""
         members = [m for m in self._members.values() if m.call is not None]
         self.load.budgets = [m.call.remaining for m in members if m.call is not None]
-        self.load.paces = [m.pace for m in members]
-        for member in self._members.values():
-            if member.seat is not None:
-                member.seat.pace = member.pace
+        self.load.paces = [m.seat.pace for m in members]
 
     def _run_calls(self, events: list) -> None:
         stats = RoundStats()
@@ -287,8 +276,8 @@ class BatchDecoder:
             proposal = call.proposal
             depth = proposal.depth if proposal is not None else 0
             levels = list(proposal.accept or [0.5] * depth) if proposal is not None else []
-            member.steps_seen += 1
-            member.tokens_seen += 1 + sum(accumulate(levels, operator.mul))
+            member.seat.steps_seen += 1
+            member.seat.tokens_seen += 1 + sum(accumulate(levels, operator.mul))
             if proposal is None or depth == 0:
                 accepts.append([])
             elif call.fixed or not proposal.is_chain or self.cost is None:
@@ -300,7 +289,7 @@ class BatchDecoder:
             cost = self.cost
             self.load.cost = cost
             self._note_budgets()  # this round's, each step's own included
-            worth = [self.load.token_ms(m.call.remaining, m.pace) for m in steps
+            worth = [self.load.token_ms(m.call.remaining, m.seat.pace) for m in steps
                      if m.call is not None]
             lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
         else:
