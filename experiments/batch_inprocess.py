@@ -95,8 +95,7 @@ def wave(instance: ModelInstance, decoder: BatchDecoder, method: str, prompts: l
 
     def count(last: RoundStats) -> None:
         nonlocal drafted, cut, rounds, prefill, call_s, prefill_call_s, modelled_ms
-        if decoder.cost is not None and last.sequences:
-            modelled_ms += decoder.cost(last.tokens, last.sequences)
+        modelled_ms += decoder.modelled_ms() or 0.0
         seen = by_sequences.setdefault(last.sequences, [0, 0])
         seen[0] += 1
         seen[1] += last.drafted

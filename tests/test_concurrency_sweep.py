@@ -253,6 +253,13 @@ def test_the_targets_read_from_the_rows():
     assert "p95 TTFT auto / adaspec-fifo:auto 0.25 (target <= 0.5)" in lines
     assert "auto / adaspec-fifo:auto 0.968 (target >= 0.97)" in lines
     assert "need `adaspec-fifo:auto`" not in lines
+    assert "modelled" not in lines  # no rounds: nothing modelled to read
+    for row, decode in zip(run["rows"][:3], (10.0, 12.0, 11.0), strict=True):
+        row["rounds"] = {"seconds": {}, "rounds": {}, "modelled_seconds": {"decode": decode},
+                         "prompt_tokens": 0, "step_tokens": 0, "cut_tokens": 0}
+    lines = "\n".join(sweep.targets_md(run))
+    assert ("decode rounds modelled, min(ar, ngram:k=4) / auto 1.100 (modelled, not timed)"
+            in lines)
 
 
 def test_repeats_take_the_median_rate_and_keep_the_range():
@@ -290,12 +297,13 @@ def test_the_server_time_split_reads_the_servers_round_counters():
     metrics = ServeMetrics(lambda: 0.0, lambda: 0.0)
     metrics.batch_round(round_(1, 40, 0, 0, 0.5))  # the warm-up's prompt
     before = sweep.parse_round_counters(metrics.render().decode())
-    metrics.batch_round(round_(3, 100, 2, 0, 1.5))
-    metrics.batch_round(round_(3, 0, 5, 4, 0.25))
-    metrics.batch_round(round_(2, 0, 2, 0, 0.25))
+    metrics.batch_round(round_(3, 100, 2, 0, 1.5), 1200.0)
+    metrics.batch_round(round_(3, 0, 5, 4, 0.25), 300.0)  # (modelled: priced by the curve)
+    metrics.batch_round(round_(2, 0, 2, 0, 0.25), 150.0)
     split = sweep.round_split(before, sweep.parse_round_counters(metrics.render().decode()))
     assert split == {"seconds": {"prefill": 1.5, "decode": 0.5},
                      "rounds": {"prefill": 1, "decode": 2},
+                     "modelled_seconds": {"prefill": 1.2, "decode": 0.45},
                      "prompt_tokens": 100, "step_tokens": 9, "cut_tokens": 4}
     run = _run([("adaspec:ar", 8, 10.0), ("adaspec:ar", 8, 12.0)])
     for row in run["rows"]:
@@ -303,4 +311,4 @@ def test_the_server_time_split_reads_the_servers_round_counters():
     (row,) = sweep.combined(run)
     assert row["rounds"]["seconds"] == {"prefill": 3.0, "decode": 1.0}
     table = "\n".join(sweep.rounds_md(run))
-    assert "| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.75 | 200 | 18 | 8 |" in table
+    assert "| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.90 | 0.75 | 200 | 18 | 8 |" in table

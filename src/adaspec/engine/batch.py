@@ -132,6 +132,13 @@ class BatchDecoder:
         if engine is not None:
             engine.join_batch(seat)
 
+    def modelled_ms(self) -> float | None:
+        """The last round's call priced by the batch cost (None: unpriced, or no call): the
+        same calls read the same on a machine whose speed drifts, so methods compare by the
+        calls they chose."""
+        last = self.last
+        return self.cost(last.tokens, last.sequences) if self.cost and last.sequences else None
+
     def drop(self, key: Hashable) -> None:
         """Stop a request where it is (its sequence is free for the next one)."""
         member = self._members.pop(key, None)

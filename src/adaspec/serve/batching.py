@@ -113,7 +113,7 @@ class BatchScheduler(Scheduler):
                         500, "internal error while decoding", type="server_error"))
                 continue
             if self.metrics is not None and self.decoder.last.sequences:
-                self.metrics.batch_round(self.decoder.last)
+                self.metrics.batch_round(self.decoder.last, self.decoder.modelled_ms())
             for key, item in events:
                 member = self._running.get(str(key))
                 if member is not None:

@@ -81,15 +81,22 @@ class ServeMetrics:
             "adaspec_batch_tokens", "tokens the rounds' calls scored, by part: prompt (prefill "
             "chunks), step (each request's token and the drafts verified), and drafted tokens "
             "the batch pricing cut before the call (cut, not scored)", ["part"], registry=r)
+        self.round_modelled = Counter(
+            "adaspec_batch_round_modelled_seconds", "the rounds' calls priced by the batch "
+            "cost curve, by kind (modelled, not timed: the same calls read the same whatever "
+            "else slows the machine)", ["kind"], registry=r)
         self.round_requests = Histogram(
             "adaspec_batch_requests", "requests in a round's call", buckets=ROW_BUCKETS,
             registry=r)
 
-    def batch_round(self, stats: RoundStats) -> None:
-        """One batched round, as engine/batch.py's decoder reports it."""
+    def batch_round(self, stats: RoundStats, modelled_ms: float | None = None) -> None:
+        """One batched round, as engine/batch.py's decoder reports it (modelled_ms: its call
+        priced by the batch cost curve, where the batch is priced)."""
         kind = "prefill" if stats.prefill_tokens else "decode"
         self.rounds.labels(kind).inc()
         self.round_seconds.labels(kind).inc(stats.call_seconds)
+        if modelled_ms is not None:
+            self.round_modelled.labels(kind).inc(modelled_ms / 1000)
         self.round_tokens.labels("prompt").inc(stats.prefill_tokens)
         self.round_tokens.labels("step").inc(stats.tokens - stats.prefill_tokens)
         self.round_tokens.labels("cut").inc(stats.cut)
