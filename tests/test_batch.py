@@ -564,3 +564,20 @@ def test_a_batch_cost_measured_with_fewer_sequences_is_measured_again_wider(monk
     cb.batch_cost_for(target, [target] * 8)  # wider: measured again
     cb.batch_cost_for(target, [target] * 4)  # the 8-sequence curve serves 4
     assert widths == [2, 8]
+
+
+def test_a_round_is_modelled_by_the_batch_cost_of_its_call():
+    """`modelled_ms`: the last round's call priced by the curve (what /metrics adds up as
+    modelled seconds), none where the batch is unpriced or the round made no call."""
+    from adaspec.engine.batch import RoundStats
+
+    def cost(tokens: int, sequences: int) -> float:
+        return 10.0 * tokens + sequences
+
+    decoder = BatchDecoder(cost)
+    assert decoder.modelled_ms() is None  # no round yet
+    decoder.last = RoundStats(sequences=3, tokens=7, call_seconds=9.0)
+    assert decoder.modelled_ms() == 73.0  # the call's shape, not its timed seconds
+    unpriced = BatchDecoder(None)
+    unpriced.last = RoundStats(sequences=3, tokens=7)
+    assert unpriced.modelled_ms() is None
