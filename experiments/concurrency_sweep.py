@@ -443,6 +443,27 @@ def round_split(before: dict[str, float], after: dict[str, float]) -> dict | Non
             "cut_tokens": int(d.get("adaspec_batch_tokens_total/cut", 0))}
 
 
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system, /proc/PID/stat) of the server and each process under it
+    (its runtimes' children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[p] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_split(pid: int, before: dict[int, float], after: dict[int, float]) -> dict:
+    """A wave's CPU seconds: the server's own process (HTTP, scheduling, drafting, pricing)
+    and its runtime children (the models' threads)."""
+    used = {p: after[p] - before.get(p, 0.0) for p in after}
+    return {"server": round(used.pop(pid, 0.0), 2), "runtimes": round(sum(used.values()), 2)}
+
+
 def _log_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -606,10 +627,13 @@ def measure(ctx: Context, system: System, clients: int, prompts: list[SweepPromp
         if w.outcome != "ok":
             row["error"] = f"warm-up {w.outcome}: {w.error}"
             return row
-        before = round_counters(peer.port)
+        before, cpu_before = round_counters(peer.port), cpu_seconds(peer.pid)
         records, wall = run_wave(peer, system, clients, prompts, rpc, ctx, "adaspec")
+        cpu = cpu_split(peer.pid, cpu_before, cpu_seconds(peer.pid))
         row["server"]["alive_after"] = peer.alive()
         row["rounds"] = round_split(before, round_counters(peer.port))
+        if row["rounds"] is not None:
+            row["rounds"]["cpu_seconds"] = cpu
     finally:
         peer.close()
     row.update(summary=summarize(records, wall), requests=[asdict(r) for r in records])
@@ -725,9 +749,9 @@ def combined(run: dict) -> list[dict]:
 
 
 def _sum_splits(splits: list[dict]) -> dict:
-    total: dict = {"seconds": {}, "rounds": {}, "modelled_seconds": {}}
+    total: dict = {"seconds": {}, "rounds": {}, "modelled_seconds": {}, "cpu_seconds": {}}
     for s in splits:
-        for part in ("seconds", "rounds", "modelled_seconds"):
+        for part in ("seconds", "rounds", "modelled_seconds", "cpu_seconds"):
             for k, v in s.get(part, {}).items():
                 total[part][k] = round(total[part].get(k, 0) + v, 2)
         for k in ("prompt_tokens", "step_tokens", "cut_tokens"):
@@ -747,20 +771,25 @@ def rounds_md(run: dict) -> list[str]:
              "plus the drafts verified; cut = drafts the batch pricing left out. Decode "
              "rounds modelled = the same calls priced by the server's batch cost curve "
              "(**modelled, not timed**: the machine's drift does not move it, so systems "
-             "compare by the calls they chose).", "",
+             "compare by the calls they chose). CPU = the wave's CPU seconds of the server's "
+             "own process (HTTP, scheduling, drafting, pricing) and of its runtime children "
+             "(the models' threads), from /proc.", "",
              "| system | clients | prefill rounds (s) | decode rounds (s) | decode rounds "
-             "modelled (s) | prefill share | prompt tokens | step tokens | cut |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "modelled (s) | prefill share | prompt tokens | step tokens | cut | CPU server / "
+             "runtimes (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         s = r["rounds"]
         pre, dec = s["seconds"].get("prefill", 0.0), s["seconds"].get("decode", 0.0)
         share = pre / (pre + dec) if pre + dec else None
         modelled = s.get("modelled_seconds", {}).get("decode")
+        cpu = s.get("cpu_seconds", {})
         lines.append(f"| {r['system']} | {r['concurrency']} | {pre:.1f} "
                      f"({s['rounds'].get('prefill', 0)}) | {dec:.1f} "
                      f"({s['rounds'].get('decode', 0)}) | {_f(modelled)} | {_f(share)} | "
                      f"{s['prompt_tokens']} | "
-                     f"{s['step_tokens']} | {s['cut_tokens']} |")
+                     f"{s['step_tokens']} | {s['cut_tokens']} | "
+                     f"{_f(cpu.get('server'), 1)} / {_f(cpu.get('runtimes'), 1)} |")
     return [*lines, ""]
 
 

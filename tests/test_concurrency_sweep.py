@@ -6,6 +6,7 @@ honest as these parts."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 from pathlib import Path
@@ -307,8 +308,33 @@ def test_the_server_time_split_reads_the_servers_round_counters():
                      "prompt_tokens": 100, "step_tokens": 9, "cut_tokens": 4}
     run = _run([("adaspec:ar", 8, 10.0), ("adaspec:ar", 8, 12.0)])
     for row in run["rows"]:
-        row["rounds"] = split
+        row["rounds"] = {**split, "cpu_seconds": {"server": 1.25, "runtimes": 7.5}}
     (row,) = sweep.combined(run)
     assert row["rounds"]["seconds"] == {"prefill": 3.0, "decode": 1.0}
+    assert row["rounds"]["cpu_seconds"] == {"server": 2.5, "runtimes": 15.0}
     table = "\n".join(sweep.rounds_md(run))
-    assert "| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.90 | 0.75 | 200 | 18 | 8 |" in table
+    assert "| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.90 | 0.75 | 200 | 18 | 8 | 2.5 / 15.0 |" \
+        in table
+
+
+def test_a_waves_cpu_is_split_between_the_server_and_its_children():
+    """The server's own CPU seconds apart from its runtime children's (/proc)."""
+    import subprocess
+    import time
+
+    burn = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "import sys; sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        me = os.getpid()
+        before = sweep.cpu_seconds(me)
+        assert child.pid in before and me in before
+        deadline = time.monotonic() + 60  # a bound on the wait, not a speed check
+        while sweep.cpu_seconds(me).get(child.pid, 0.0) - before[child.pid] < 0.25:
+            assert time.monotonic() < deadline, "the child never burnt its 0.3 s"
+            # (this process reads /proc meanwhile: the server's share)
+        split = sweep.cpu_split(me, before, sweep.cpu_seconds(me))
+        assert split["runtimes"] >= 0.25
+        assert split["server"] > 0.0
+    finally:
+        child.communicate(b"")
