@@ -443,25 +443,35 @@ def round_split(before: dict[str, float], after: dict[str, float]) -> dict | Non
             "cut_tokens": int(d.get("adaspec_batch_tokens_total/cut", 0))}
 
 
-def cpu_seconds(pid: int) -> dict[int, float]:
+def cpu_seconds(pid: int) -> dict[int | str, float]:
     """CPU seconds (user + system, /proc/PID/stat) of the server and each process under it
-    (its runtimes' children)."""
+    (its runtimes' children), and the machine's time stolen by the hypervisor and idle
+    (/proc/stat, all CPUs: "steal", "idle")."""
     tick = os.sysconf("SC_CLK_TCK")
-    out = {}
+    out: dict[int | str, float] = {}
     for p in _tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         out[p] = (int(fields[11]) + int(fields[12])) / tick
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        out["idle"], out["steal"] = int(cpu[4]) / tick, int(cpu[8]) / tick
     return out
 
 
-def cpu_split(pid: int, before: dict[int, float], after: dict[int, float]) -> dict:
-    """A wave's CPU seconds: the server's own process (HTTP, scheduling, drafting, pricing)
-    and its runtime children (the models' threads)."""
+def cpu_split(pid: int, before: dict[int | str, float], after: dict[int | str, float]
+              ) -> dict:
+    """A wave's CPU seconds: the server's own process (HTTP, scheduling, drafting, pricing),
+    its runtime children (the models' threads; `children`: each one's, most first), and the
+    machine's idle and stolen seconds (a wave slowed by the hypervisor shows it)."""
     used = {p: after[p] - before.get(p, 0.0) for p in after}
-    return {"server": round(used.pop(pid, 0.0), 2), "runtimes": round(sum(used.values()), 2)}
+    machine = {k: round(used.pop(k, 0.0), 2) for k in ("idle", "steal")}
+    server = round(used.pop(pid, 0.0), 2)
+    return {"server": server, "runtimes": round(sum(used.values()), 2),
+            "children": sorted((round(v, 2) for v in used.values()), reverse=True),
+            **machine}
 
 
 def _log_text(path: Path) -> str:
@@ -753,7 +763,8 @@ def _sum_splits(splits: list[dict]) -> dict:
     for s in splits:
         for part in ("seconds", "rounds", "modelled_seconds", "cpu_seconds"):
             for k, v in s.get(part, {}).items():
-                total[part][k] = round(total[part].get(k, 0) + v, 2)
+                if isinstance(v, (int, float)):  # (each child's CPU stays per wave)
+                    total[part][k] = round(total[part].get(k, 0) + v, 2)
         for k in ("prompt_tokens", "step_tokens", "cut_tokens"):
             total[k] = total.get(k, 0) + s[k]
     return total
@@ -773,10 +784,11 @@ def rounds_md(run: dict) -> list[str]:
              "(**modelled, not timed**: the machine's drift does not move it, so systems "
              "compare by the calls they chose). CPU = the wave's CPU seconds of the server's "
              "own process (HTTP, scheduling, drafting, pricing) and of its runtime children "
-             "(the models' threads), from /proc.", "",
+             "(the models' threads), and the seconds the hypervisor took from this machine's "
+             "CPUs meanwhile (stolen), from /proc.", "",
              "| system | clients | prefill rounds (s) | decode rounds (s) | decode rounds "
              "modelled (s) | prefill share | prompt tokens | step tokens | cut | CPU server / "
-             "runtimes (s) |",
+             "runtimes / stolen (s) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         s = r["rounds"]
@@ -789,7 +801,8 @@ def rounds_md(run: dict) -> list[str]:
                      f"({s['rounds'].get('decode', 0)}) | {_f(modelled)} | {_f(share)} | "
                      f"{s['prompt_tokens']} | "
                      f"{s['step_tokens']} | {s['cut_tokens']} | "
-                     f"{_f(cpu.get('server'), 1)} / {_f(cpu.get('runtimes'), 1)} |")
+                     f"{_f(cpu.get('server'), 1)} / {_f(cpu.get('runtimes'), 1)} / "
+                     f"{_f(cpu.get('steal'), 1)} |")
     return [*lines, ""]
 
 

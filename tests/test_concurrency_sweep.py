@@ -308,13 +308,14 @@ def test_the_server_time_split_reads_the_servers_round_counters():
                      "prompt_tokens": 100, "step_tokens": 9, "cut_tokens": 4}
     run = _run([("adaspec:ar", 8, 10.0), ("adaspec:ar", 8, 12.0)])
     for row in run["rows"]:
-        row["rounds"] = {**split, "cpu_seconds": {"server": 1.25, "runtimes": 7.5}}
+        row["rounds"] = {**split, "cpu_seconds": {"server": 1.25, "runtimes": 7.5,
+                                                  "children": [6.0, 1.5], "steal": 0.5}}
     (row,) = sweep.combined(run)
     assert row["rounds"]["seconds"] == {"prefill": 3.0, "decode": 1.0}
-    assert row["rounds"]["cpu_seconds"] == {"server": 2.5, "runtimes": 15.0}
+    assert row["rounds"]["cpu_seconds"] == {"server": 2.5, "runtimes": 15.0, "steal": 1.0}
     table = "\n".join(sweep.rounds_md(run))
-    assert "| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.90 | 0.75 | 200 | 18 | 8 | 2.5 / 15.0 |" \
-        in table
+    assert ("| adaspec:ar | 8 | 3.0 (2) | 1.0 (4) | 0.90 | 0.75 | 200 | 18 | 8 | "
+            "2.5 / 15.0 / 1.0 |") in table
 
 
 def test_a_waves_cpu_is_split_between_the_server_and_its_children():
@@ -335,6 +336,8 @@ def test_a_waves_cpu_is_split_between_the_server_and_its_children():
             # (this process reads /proc meanwhile: the server's share)
         split = sweep.cpu_split(me, before, sweep.cpu_seconds(me))
         assert split["runtimes"] >= 0.25
+        assert split["children"][0] >= 0.25  # (and any other child pytest has)
         assert split["server"] > 0.0
+        assert split["idle"] >= 0.0 and split["steal"] >= 0.0
     finally:
         child.communicate(b"")
