@@ -995,10 +995,21 @@ def soak(ctx: Context, system: System, clients: int, seconds: float, pool: list[
                    "max": max(tree), "growth": round(tree[-1] - tree[0], 1),
                    "slope_mb_per_min_second_half": _slope_per_minute(
                        [r[0] for r in rss[half:]], tree[half:]),
+                   "parts": {name: _part([(r[0], value(r)) for r in rss]) for name, value in
+                             (("process", lambda r: r[2]), ("children", lambda r: r[1] - r[2]))},
                    "series": rss},
         "warmup": [asdict(r) for r in warm],
         "requests": [asdict(r) for r in records],
     }
+
+
+def _part(series: list[tuple[float, float]]) -> dict:
+    """One part of the server's RSS over a soak: after the warm-up, at the end, and the slope
+    over the second half."""
+    half = len(series) // 2
+    return {"after_warmup": round(series[0][1], 1), "end": round(series[-1][1], 1),
+            "slope_mb_per_min_second_half": _slope_per_minute(
+                [t for t, _ in series[half:]], [v for _, v in series[half:]])}
 
 
 def soak_md(run: dict) -> str:
@@ -1025,6 +1036,14 @@ def soak_md(run: dict) -> str:
         f"request, {rss['after_warmup']} MB after the warm-up ({s['clients']} requests at "
         f"once), {rss['end']} MB at the end ({rss['growth']:+} MB), {rss['max']} MB at most; "
         f"slope over the second half {rss['slope_mb_per_min_second_half']} MB/min.",
+        *[f"- {name}: {p['after_warmup']} MB after the warm-up, {p['end']} at the end, "
+          f"{p['slope_mb_per_min_second_half']} MB/min over the second half"
+          + (" (the server's own: HTTP, scheduling, drafting, the history)"
+             if name == "process" else " (the runtimes: weights, KV caches, buffers)")
+          for name, p in rss.get("parts", {}).items()],
+        *([f"- the history at the end (a cache that grows to its budget, then holds): "
+           f"{h['tokens']:,} tokens of {h['documents']:,} requests, budget {h['budget']:,}"]
+          if (h := s['server']['health_at_end'].get('history')) else []),
         f"The server at the end: {'running' if s['server']['alive_at_end'] else 'DEAD'}, "
         f"/health {s['server']['health_at_end'].get('status', 'no answer')}.",
         "",

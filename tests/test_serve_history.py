@@ -42,6 +42,9 @@ def test_the_server_learns_saves_and_reloads_its_history(loaded, tmp_path):
         wait_until(kept.path.is_file)  # saved after --history-every requests
         third = complete(base)
         wait_until(lambda: kept.index.requests == 3)
+        held = httpx.get(base + "/health", timeout=10).json()["history"]
+        assert held == {"tokens": kept.index.tokens, "budget": kept.index.budget,
+                        "documents": 3} and held["tokens"] > 0
     texts = {r["choices"][0]["text"] for r in (first, second, third)}
     assert len(texts) == 1  # greedy: the same answer, with or without history drafts
     spec = [r["usage"]["speculation"] for r in (first, second, third)]

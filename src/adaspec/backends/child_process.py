@@ -40,6 +40,9 @@ def _serve(conn: Connection) -> None:
         conn.send((False, ("error", f"{type(exc).__name__}: {exc}")))
         return
     conn.send((True, None))
+    from adaspec.backends.memory import Trimmer
+
+    trimmer = Trimmer()  # what a large call freed goes back to the system
     while True:
         try:
             request = conn.recv()
@@ -54,6 +57,7 @@ def _serve(conn: Connection) -> None:
             conn.send((False, ("input", str(exc))))
         except Exception as exc:
             conn.send((False, ("error", f"{type(exc).__name__}: {exc}")))
+        trimmer.maybe()  # after the answer: the caller does not wait for it
 
 
 # Environment a child gets unless the user set the variable. The target and the draft run in

@@ -200,6 +200,10 @@ def create_app(config: ServeConfig, instance: ModelInstance | None = None) -> Fa
                         max_context=inst.max_context)
             if inst.online is not None:
                 body["online_distillation"] = inst.online.status()
+            if inst.history is not None:  # a cache that grows to its budget, then holds
+                index = inst.history.index
+                body["history"] = {"tokens": index.tokens, "budget": index.budget,
+                                   "documents": index.documents}
         if sched is not None:
             body.update(sched.health())
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
