@@ -3,9 +3,10 @@
 A round's logits are megabytes (151,936 floats a row, up to 17 rows a request) and their
 size changes with every round, so glibc keeps what a large round freed inside its heap: a
 server's resident memory then follows the largest rounds it has seen, not what it holds.
-Measured in a 16-client soak (docs/serve.md): one trim a minute gave back 30-80 MB of the
-server's process. Freed pages come back on their next use at a page fault each; once every
-few seconds that is far below a round's time. Elsewhere than glibc this does nothing.
+Measured in a 16-client soak (experiments/results/concurrency-sweep-xeon-amx/, session 27):
+one trim a minute gave back 30-80 MB of the server's process. Freed pages come back on
+their next use at a page fault each; once every few seconds that is far below a round's
+time. Elsewhere than glibc this does nothing.
 """
 
 from __future__ import annotations
