@@ -189,3 +189,16 @@ def test_the_metrics_count_the_batched_rounds(instance):
     assert step == sum(g["usage"]["completion_tokens"] - 1 for g in got)
     assert 0 < prompt <= sum(g["usage"]["prompt_tokens"] for g in got)
 
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_the_worker_offers_a_trim_after_each_request_or_round(instance, monkeypatch, max_batch):
+    """Both workers (FIFO and batched) give freed memory back between units of work
+    (`backends/memory.Trimmer`, which decides whether it is time)."""
+    from adaspec.backends.memory import Trimmer
+
+    offered: list[int] = []
+    monkeypatch.setattr(Trimmer, "maybe", lambda self: offered.append(1) or False)
+    with live_server(instance, max_batch=max_batch) as url:
+        alone(url, body(2, n=8))
+        wait_until(lambda: len(offered) >= 1)

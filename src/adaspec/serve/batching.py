@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaspec.backends.base import common_prefix
-from adaspec.backends.memory import Trimmer
 from adaspec.engine.batch import BatchDecoder
 from adaspec.engine.loop import GenerationResult, StreamChunk, TextGenerator
 from adaspec.errors import AdaspecError, InputError
@@ -61,7 +60,6 @@ class BatchScheduler(Scheduler):
         self._running: dict[str, _Running] = {}
         self._free = list(range(max_batch))
         self._recorders: dict[int, Any] = {}  # online distillation: a Recorder per slot
-        self._trimmer = Trimmer()
 
     @property
     def busy(self) -> bool:
@@ -120,7 +118,7 @@ class BatchScheduler(Scheduler):
                 member = self._running.get(str(key))
                 if member is not None:
                     self._deliver(member, item)
-            self._trimmer.maybe()  # what the round's logits freed goes back to the system
+            self._trimmer.maybe()  # between rounds (`Scheduler`)
 
     @staticmethod
     def _collect(online: Any) -> None:

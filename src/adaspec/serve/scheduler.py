@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from adaspec.backends.memory import Trimmer
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import GenerationResult, StreamChunk
 from adaspec.errors import AdaspecError, InputError
@@ -96,6 +97,7 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._durations: deque[float] = deque(maxlen=32)  # recent service times
+        self._trimmer = Trimmer()  # the worker gives freed logits back between requests
 
     # ------------------------------------------------------------ event-loop side
     @property
@@ -189,6 +191,7 @@ class Scheduler:
                     self._current = None
                 if job.started is not None:
                     self._durations.append(time.monotonic() - job.started)
+            self._trimmer.maybe()
 
     def _serve(self, job: Job) -> None:
         if job.cancelled:  # cancelled between leaving the queue and starting
