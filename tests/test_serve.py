@@ -597,9 +597,11 @@ def test_serve_rejects_bad_flags_in_one_line(capsys):
 
 
 def refused(url: str) -> bool:
+    """No answer to a new connection: refused outright, or accepted from the backlog the
+    moment before the listener closed and then reset without a response."""
     try:
         httpx.get(url + "/health", timeout=5)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
