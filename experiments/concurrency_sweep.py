@@ -26,9 +26,10 @@ Systems:
   (`lab.bench.peer_build`), started as the bench starts it (`lab.bench.llama_server`: its
   stock settings, the bench's threads, repacking on) with `-np C` slots and `-c C *
   --ctx-per-slot` (continuous batching is its default). If it crashes, the bench's
-  fall-back applies (a native crash with repacking on before any request: restart with
-  `--no-repack`); if a speculative type still crashes (at warm-up or in the wave), the row
-  is measured with plain llama-server instead and says so.
+  fall-back applies (a native crash with repacking on before any request: on a CPU with AMX,
+  restart from llama.cpp built without its AMX kernels, repacking still on; else, or if that
+  crashes too, with `--no-repack`); if a speculative type still crashes (at warm-up or in the
+  wave), the row is measured with plain llama-server instead and says so.
 
 Prompts: from the bench suites (`lab.bench.suites`), interleaved across suites, at most
 `--max-prompt-chars` characters each (ShareGPT has 400 kB ones; HumanEval leaves out the
@@ -98,6 +99,7 @@ from adaspec.lab.bench.llama_server import (
     SETTLE_S,
     LlamaServer,
     LlamaServerDecoder,
+    amx_free_build,
 )
 from adaspec.lab.bench.peer_build import SERVER, PeerUnavailable
 
@@ -358,7 +360,7 @@ class AdaspecPeer(Peer):
 
 
 class SlotServer(LlamaServerDecoder):
-    """The bench's llama-server decoder (its start, its crash fall-back to --no-repack, its
+    """The bench's llama-server decoder (its start, its crash fall-backs, its
     description) with `slots` parallel slots: `-np slots`, the context `n_ctx` shared."""
 
     def __init__(self, slots: int, *args: Any, **kwargs: Any) -> None:
@@ -541,7 +543,7 @@ def start_llama(ctx: Context, system: System, clients: int, spec: str, extra: st
         raise PeerUnavailable("llama-server or the target's GGUF is not available")
     return LlamaPeer(SlotServer(
         clients, ctx.llama_bin, spec, ctx.gguf, ctx.threads, ctx.log_path(system, clients, extra),
-        n_ctx=clients * ctx.ctx_per_slot))
+        n_ctx=clients * ctx.ctx_per_slot, without_amx=amx_free_build(ctx.llama_bin)))
 
 
 def warm_up(peer: Peer, prompt: SweepPrompt, ctx: Context, system: System, clients: int,
@@ -704,7 +706,8 @@ def _measure_llama(ctx: Context, system: System, clients: int, prompts: list[Swe
 
 
 def _repack_off(row: dict, peer: LlamaPeer, prefix: str, say: Callable[[str], None]) -> None:
-    """Record (and say) that the server runs with repacking off after a crash with it."""
+    """Record (and say) how the server runs after a crash with repacking on: built without
+    AMX kernels, or repacking off."""
     row["fallbacks"].append({"what": "repack", **peer.decoder.repack_choice.as_dict()})
     say(prefix + peer.decoder.repack_choice.reason)
 
@@ -862,8 +865,12 @@ def sweep_md(run: dict) -> str:
 
 def _row_marks(r: dict) -> str:
     marks = []
-    for what in sorted({fb["what"] for fb in r.get("fallbacks", [])}):
-        marks.append("fell back to plain" if what == "spec" else "--no-repack")
+    falls = r.get("fallbacks", [])
+    if any(fb["what"] == "spec" for fb in falls):
+        marks.append("fell back to plain")
+    repacks = [fb for fb in falls if fb["what"] == "repack"]
+    if repacks:  # the last says how it ran: built without AMX (repacking on), or --no-repack
+        marks.append("built without AMX" if repacks[-1]["repack"] else "--no-repack")
     if 0 < r["measured"] < r["repeats"]:
         marks.append(f"{r['repeats'] - r['measured']} of {r['repeats']} repeats failed")
     server = r.get("server") or {}

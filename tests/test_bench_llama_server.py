@@ -18,11 +18,12 @@ import pytest
 from adaspec.backends import llamacpp as llamacpp_backend
 from adaspec.backends.llamacpp import RepackChoice, probe_repacking, repack_choice
 from adaspec.errors import InputError
-from adaspec.lab.bench import peer_build
+from adaspec.lab.bench import llama_server, peer_build
 from adaspec.lab.bench.llama_server import (
     LlamaServerDecoder,
     PeerStats,
     PeerUnavailable,
+    amx_free_build,
     server_args,
 )
 from adaspec.lab.bench.references import REFERENCE_METHODS, other_weights, parse_bench_method
@@ -157,6 +158,16 @@ def test_a_failed_build_leaves_no_binary_and_a_finished_one_is_moved_into_place(
     assert info["llama_cpp_commit"] == "0123456789abcdef"
     assert info["llama_cpp_python"] == version and "-DGGML_NATIVE=ON" in info["cmake_options"]
     assert not work.exists()  # the source and objects go after a success
+    assert info["variant"] == "stock" and not any("amx" in o for o in info["cmake_options"])
+    # the build without AMX kernels: its own folder, the compiler told there is no AMX
+    _fake_sdist(peer_build.work_dir(version, peer_build.NO_AMX) / "download", version)
+    no_amx = peer_build.build_server(version=version, log=lambda m: None, progress_stream=out,
+                                     variant=peer_build.NO_AMX)
+    assert no_amx == peer_build.server_binary(version, peer_build.NO_AMX) != binary
+    other = peer_build.build_info(version, peer_build.NO_AMX)
+    assert other["variant"] == peer_build.NO_AMX
+    assert "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in other["cmake_options"]
+    assert peer_build.built_server(version) == binary  # the stock one is left as it was
     # a build for another CPU is not used
     info["cpu_signature"] = {**info["cpu_signature"], "flags_sha256": "other"}
     (peer_build.server_dir(version) / peer_build.BUILD_INFO).write_text(json.dumps(info))
@@ -314,6 +325,75 @@ def test_a_server_that_crashes_with_repacking_restarts_without_it(
     # a given setting is kept: the crash is an error naming the signal and the log
     with pytest.raises(PeerUnavailable, match=r"stopped \(killed by signal 11\)"):
         with_repacking_given()
+
+
+# a build without AMX kernels: the same fake, which no longer crashes with repacking on
+NO_AMX_SOURCE = ("import os\nos.environ.pop('FAKE_CRASH_AT_START', None)\n"
+                 "os.environ.pop('FAKE_CRASH_WITH_REPACK', None)\n")
+
+
+@pytest.mark.parametrize("crash, when", [("FAKE_CRASH_WITH_REPACK", "at its warm-up"),
+                                         ("FAKE_CRASH_AT_START", "while starting")])
+def test_a_crash_with_repacking_on_an_amx_cpu_restarts_from_the_build_without_amx(
+    fake_server, tmp_path, monkeypatch, crash, when
+):
+    monkeypatch.setenv(crash, "1")
+    (tmp_path / "no-amx").mkdir()
+    no_amx = write_fake(tmp_path / "no-amx" / "llama-server", NO_AMX_SOURCE + FAKE_SERVER)
+    asked = []
+    log = tmp_path / "server.log"
+    decoder = LlamaServerDecoder(fake_server, "ngram-mod", "t.gguf", 2, log,
+                                 without_amx=lambda: asked.append(1) or no_amx)
+    try:
+        decoder.warm_up([3, 4, 5], 2, [0])
+        assert asked == [1] and decoder.binary == no_amx and decoder.fell_back
+        assert decoder.repack_choice.on and "--no-repack" not in decoder.server.args
+        reason = decoder.repack_choice.reason
+        assert f"killed by signal 11 {when}" in reason and "without its AMX kernels" in reason
+        assert decoder.generate([3, 4, 5], 3, [0])[0] == _fake_ids([3, 4, 5], 3)
+        assert decoder.describe()["binary"] == str(no_amx)
+    finally:
+        decoder.close()
+    assert "restarted from llama.cpp built without its AMX kernels" in log.read_text()
+
+
+def test_when_the_build_without_amx_crashes_or_cannot_be_built_repacking_goes_off(
+    fake_server, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("FAKE_CRASH_AT_START", "1")
+    crashing = write_fake(tmp_path / "crashing-no-amx", FAKE_SERVER)  # crashes as the stock
+    decoder = LlamaServerDecoder(fake_server, "none", "t.gguf", 2, tmp_path / "a.log",
+                                 without_amx=lambda: crashing)
+    try:
+        assert decoder.binary == fake_server and not decoder.repack_choice.on
+        assert "--no-repack" in decoder.server.args
+        assert "(built without AMX) was killed by signal 11" in decoder.repack_choice.reason
+    finally:
+        decoder.close()
+
+    def unbuildable() -> Path:
+        raise PeerUnavailable("building llama-server failed (no compiler)")
+
+    decoder = LlamaServerDecoder(fake_server, "none", "t.gguf", 2, tmp_path / "b.log",
+                                 without_amx=unbuildable)
+    try:
+        assert decoder.binary == fake_server and "--no-repack" in decoder.server.args
+    finally:
+        decoder.close()
+    assert "could not be built: building llama-server failed (no compiler)" in \
+        (tmp_path / "b.log").read_text()
+
+
+def test_only_the_stock_build_on_a_cpu_with_amx_falls_back_to_the_build_without_it(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(llama_server, "cpu_has_amx", lambda: True)
+    assert amx_free_build(tmp_path / "llama-server") is None  # a binary of unknown build
+    monkeypatch.setattr(llama_server, "ensure_server", lambda variant="": f"built {variant}")
+    build = amx_free_build(peer_build.server_binary())
+    assert build is not None and build() == f"built {peer_build.NO_AMX}"
+    monkeypatch.setattr(llama_server, "cpu_has_amx", lambda: False)
+    assert amx_free_build(peer_build.server_binary()) is None
 
 
 class FakeServerDecoder:

@@ -132,20 +132,27 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     peers.add_argument("--force", action="store_true", help="build again even if built")
     peers.add_argument("--jobs", "-j", type=int, default=None,
                        help="parallel compile jobs (default: the cores this process may use)")
+    peers.add_argument("--without-amx", action="store_true",
+                       help="also build llama-server without its AMX kernels (-mno-amx-*), "
+                       "which the bench runs, repacking on, where the stock build crashes on a "
+                       "CPU with AMX (it builds it then on first use otherwise)")
     peers.set_defaults(func=run_build_peers)
 
 
 def run_build_peers(args: argparse.Namespace) -> int:
     from adaspec.backends.weights import llama_threads
-    from adaspec.lab.bench.peer_build import build_info, build_server, built_server
+    from adaspec.lab.bench.peer_build import NO_AMX, build_info, build_server, built_server
 
-    found = None if args.force else built_server()
-    if found is None:
-        found = build_server(force=args.force, jobs=args.jobs or llama_threads())
-    info = build_info() or {}
-    print(f"llama-server: {found} (llama.cpp {str(info.get('llama_cpp_commit'))[:12]} from "
-          f"llama-cpp-python {info.get('llama_cpp_python')}; built in "
-          f"{info.get('build_seconds', 0) / 60:.1f} min)")
+    for variant in ("", NO_AMX) if args.without_amx else ("",):
+        found = None if args.force else built_server(variant=variant)
+        if found is None:
+            found = build_server(force=args.force, jobs=args.jobs or llama_threads(),
+                                 variant=variant)
+        info = build_info(variant=variant) or {}
+        name = f"llama-server ({variant} build)" if variant else "llama-server"
+        print(f"{name}: {found} (llama.cpp {str(info.get('llama_cpp_commit'))[:12]} from "
+              f"llama-cpp-python {info.get('llama_cpp_python')}; built in "
+              f"{info.get('build_seconds', 0) / 60:.1f} min)")
     return 0
 
 

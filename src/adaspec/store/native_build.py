@@ -29,9 +29,8 @@ class NativeBuildError(AdaspecError):
     """A native build cannot run or failed; the message names the missing piece and the fix."""
 
 
-def cpu_signature() -> dict:
-    """What a native build depends on: the architecture, the CPU model and a hash of its
-    feature flags."""
+def _cpuinfo() -> tuple[str, list[str]]:
+    """The CPU's model name and feature flags (/proc/cpuinfo's first CPU; empty elsewhere)."""
     model, flags = "", ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -39,9 +38,22 @@ def cpu_signature() -> dict:
                 if line.startswith("model name") and not model:
                     model = line.split(":", 1)[1].strip()
                 elif line.startswith(("flags", "Features")) and not flags:
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    flags = line.split(":", 1)[1]
     except OSError:
         pass
+    return model, sorted(flags.split())
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux names them (e.g. "avx512f", "amx_int8")."""
+    return set(_cpuinfo()[1])
+
+
+def cpu_signature() -> dict:
+    """What a native build depends on: the architecture, the CPU model and a hash of its
+    feature flags."""
+    model, names = _cpuinfo()
+    flags = " ".join(names)
     return {
         "machine": platform.machine(),
         "cpu": model or platform.processor() or platform.machine(),

@@ -41,14 +41,23 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adaspec.core.metrics import RequestStats
 from adaspec.errors import InputError
-from adaspec.lab.bench.peer_build import SERVER, PeerUnavailable, server_binary
+from adaspec.lab.bench.peer_build import (
+    NO_AMX,
+    SERVER,
+    VARIANT_OPTIONS,
+    PeerUnavailable,
+    build_info,
+    cpu_has_amx,
+    ensure_server,
+    server_binary,
+)
 from adaspec.lab.bench.references import SERVER_SPECS
 
 # --spec-type values this method runs (llama-server --help lists them; the draft-eagle3 /
@@ -296,16 +305,20 @@ class LlamaServerDecoder:
     max_new_tokens, eos_token_ids)` -> (new token ids, PeerStats), as every bench decoder.
 
     The server starts in the constructor. Its weight repacking is on (its default) unless
-    `repack` is False; with `repack=None`, a server killed by a signal during its first
-    requests (the warm-up) is restarted with `--no-repack` and `repack_choice` says so."""
+    `repack` is False; with `repack=None`, a server killed by a signal while it starts or
+    during its first request (the warm-up) falls back (`fall_back`) and `repack_choice` says
+    how. `without_amx`: gives llama.cpp built without its AMX kernels (`amx_free_build`), the
+    first fall-back where the crash may be llama.cpp's AMX path."""
 
     def __init__(self, binary: str | Path, spec: str, gguf: str | Path, n_threads: int,
                  log_path: str | Path, draft_gguf: str | Path | None = None, n_max: int = 8,
-                 p_min: float = 0.75, repack: bool | None = None, n_ctx: int = CONTEXT) -> None:
+                 p_min: float = 0.75, repack: bool | None = None, n_ctx: int = CONTEXT,
+                 without_amx: Callable[[], Path] | None = None) -> None:
         from adaspec.backends.llamacpp import RepackChoice
 
         self.spec = spec
-        self.binary = Path(binary)
+        self.binary = self._stock = Path(binary)
+        self._without_amx = without_amx
         self.log_path = Path(log_path)
         self._settings: dict[str, Any] = dict(
             spec=spec, gguf=gguf, n_threads=n_threads, draft_gguf=draft_gguf, n_max=n_max,
@@ -331,27 +344,56 @@ class LlamaServerDecoder:
 
     @property
     def fell_back(self) -> bool:
-        """Repacking was turned off by the fall-back (the server crashed with it)."""
-        return self._may_fall_back and not self.repack_choice.on
+        """The server runs otherwise than it was started: a crash with repacking on moved it
+        to the build without AMX kernels, or turned repacking off."""
+        return self._may_fall_back and (not self.repack_choice.on or self.binary != self._stock)
 
     def fall_back(self, when: str = "at its warm-up") -> bool:
         """After a native crash with repacking on, before any request was served (while
-        starting, or at the warm-up): restart without repacking (once)."""
+        starting, or at the warm-up): restart from llama.cpp built without its AMX kernels,
+        repacking still on, where `without_amx` gives one (once); else, or when that crashes
+        too, the stock build without repacking."""
         if not (self._may_fall_back and self.repack_choice.on and not self._served
                 and self.server.crashed):
             return False
         from adaspec.backends.llamacpp import RepackChoice
 
         self.server.close()
-        code = self.server.died_with
-        self.repack_choice = RepackChoice(
-            False, f"{SERVER} was killed by signal {-(code or 0)} {when} with repacking on: "
-                   "restarted with --no-repack")
-        with self.log_path.open("a") as log:
-            log.write(f"\nadaspec: {self.repack_choice.reason}\n")
+        crash = (f"{SERVER}{' (built without AMX)' if self.binary != self._stock else ''} was "
+                 f"killed by signal {-(self.server.died_with or 0)} {when} with repacking on")
+        amx_free = self._amx_free_build()
+        if amx_free is not None:
+            self.binary = amx_free
+            self.repack_choice = RepackChoice(
+                True, f"{crash}, on a CPU with AMX: restarted from llama.cpp built without its "
+                      "AMX kernels (-mno-amx-*), repacking still on")
+        else:
+            self.binary = self._stock
+            self.repack_choice = RepackChoice(False, f"{crash}: restarted with --no-repack")
+        self._note(self.repack_choice.reason)
         self.server = self._server()
-        self.server.start()
+        try:
+            self.server.start()
+        except PeerUnavailable:
+            if not self.fall_back("while starting"):
+                raise
         return True
+
+    def _amx_free_build(self) -> Path | None:
+        """The build without AMX kernels, the first time it is asked for and given (None
+        after, or when building it failed: said in the log)."""
+        build, self._without_amx = self._without_amx, None
+        if build is None:
+            return None
+        try:
+            return build()
+        except PeerUnavailable as exc:
+            self._note(f"llama-server without AMX could not be built: {exc}")
+            return None
+
+    def _note(self, text: str) -> None:
+        with self.log_path.open("a") as log:
+            log.write(f"\nadaspec: {text}\n")
 
     def warm_up(self, prompt_ids: list[int], max_new_tokens: int,
                 eos_token_ids: list[int]) -> None:
@@ -429,10 +471,11 @@ class LlamaServerDecoder:
 
     def describe(self) -> dict:
         """What ran: the binary, its build and its arguments (for the results)."""
-        from adaspec.lab.bench.peer_build import build_info
-
-        info = build_info() if self.binary == server_binary() else None
-        return {"binary": str(self.binary), "args": self.server.args,
+        variant = next((v for v in VARIANT_OPTIONS if self.binary == server_binary(variant=v)),
+                       None)
+        info = build_info(variant=variant) if variant is not None else None
+        return {"binary": str(self.binary), "build": (info or {}).get("variant"),
+                "args": self.server.args,
                 "url": f"http://{HOST}:{self.server.port}", "log": str(self.log_path),
                 "llama_cpp_commit": (info or {}).get("llama_cpp_commit"),
                 "llama_cpp_python": (info or {}).get("llama_cpp_python"),
@@ -461,7 +504,6 @@ def open_server_decoder(
     from adaspec.backends.llamacpp import LlamaCppUnavailable, gguf_file
     from adaspec.backends.weights import llama_threads
     from adaspec.lab.bench.llamacpp_reference import check_greedy_gguf
-    from adaspec.lab.bench.peer_build import ensure_server
 
     spec = str(params.get("spec", "none"))
     if spec not in SPEC_TYPES:
@@ -480,4 +522,15 @@ def open_server_decoder(
     return LlamaServerDecoder(
         binary, spec, gguf, n_threads or llama_threads(), log_path, draft_gguf,
         int(params.get("n_max", 8)), float(params.get("p_min", 0.75)), repack,
+        without_amx=amx_free_build(binary),
     )
+
+
+def amx_free_build(binary: str | Path) -> Callable[[], Path] | None:
+    """For the stock build on a CPU with AMX, where llama.cpp's AMX kernels can crash at the
+    first graph: what returns llama.cpp built without them (building it the first time,
+    about 6 minutes; `adaspec bench build-peers --without-amx` builds it ahead). None for
+    any other binary (one given by ADASPEC_LLAMA_SERVER: its build is not known) or CPU."""
+    if Path(binary) != server_binary() or not cpu_has_amx():
+        return None
+    return lambda: ensure_server(variant=NO_AMX)
