@@ -342,3 +342,13 @@ def test_a_waves_cpu_is_split_between_the_server_and_its_children():
         assert split["idle"] >= 0.0 and split["steal"] >= 0.0
     finally:
         child.communicate("")
+
+
+def test_each_concurrency_starts_its_waves_at_another_system():
+    systems = sweep.parse_systems("adaspec:auto,adaspec:ar,llama-server", "ngram:k=4")
+    first = [sweep.wave_order(systems, 1, step)[0][1].label for step in range(3)]
+    assert first == ["adaspec:auto", "adaspec:ar", "llama-server"]
+    order = sweep.wave_order(systems, 2, 0)
+    assert [k for k, _ in order] == [0, 0, 0, 1, 1, 1]
+    assert [s.label for _, s in order][3] == "adaspec:ar"  # the next repeat rotates too
+    assert sorted(s.label for _, s in order[:3]) == sorted(s.label for s in systems)
