@@ -21,13 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ik_raw import Context, load_model  # noqa: E402
+from ik_raw import suite_sequences  # noqa: E402
 
-from adaspec.backends.ikllama import multi_sequence_flash  # noqa: E402
 from adaspec.lab.bench.machine import describe_machine  # noqa: E402
-from adaspec.lab.bench.suites import load_suite  # noqa: E402
 from adaspec.store.catalog import TARGET_DEFAULT  # noqa: E402
-from adaspec.store.model_store import load_tokenizer  # noqa: E402
 
 SLOTS = 12
 SHAPES = {  # tokens each sequence feeds
@@ -55,14 +52,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default="/tmp/batch-ragged")
     args = ap.parse_args()
-    tokenizer = load_tokenizer(TARGET_DEFAULT, "bfloat16")
-    api, lib, model = load_model(TARGET_DEFAULT)
-    ctx = Context(lib, model, flash=multi_sequence_flash(api), sequences=SLOTS, n_ctx=8192)
-    prompts = []
-    for suite in ("humaneval", "wmt", "sharegpt", "codeedit"):
-        prompts += load_suite(suite, 3)
-    for seq in range(SLOTS):
-        ctx.feed(seq, tokenizer(prompts[seq].text)["input_ids"][:200])
+    _, lib, model, ctx = suite_sequences(TARGET_DEFAULT, SLOTS)
     lengths = ctx.lengths
 
     def rows(counts: list[int]) -> list[tuple[int, int, int]]:

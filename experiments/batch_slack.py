@@ -22,14 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ik_raw import Context, load_model  # noqa: E402
+from ik_raw import suite_sequences  # noqa: E402
 
-from adaspec.backends.ikllama import multi_sequence_flash  # noqa: E402
 from adaspec.backends.weights import llama_threads  # noqa: E402
 from adaspec.lab.bench.machine import describe_machine  # noqa: E402
-from adaspec.lab.bench.suites import load_suite  # noqa: E402
 from adaspec.store.catalog import TARGET_DEFAULT  # noqa: E402
-from adaspec.store.model_store import load_tokenizer  # noqa: E402
 
 SLOTS = 8
 
@@ -44,20 +41,14 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     assert max(sizes) <= SLOTS
 
-    tokenizer = load_tokenizer(args.target, "bfloat16")
-    api, lib, model = load_model(args.target)
-    flash = multi_sequence_flash(api)  # as `serve --max-batch` runs this library
-    ctx = Context(lib, model, flash=flash, sequences=SLOTS, n_ctx=8192)
+    # flash attention as `serve --max-batch` runs this library
+    api, lib, model, ctx = suite_sequences(args.target, SLOTS)
+    flash = ctx.flash
 
     def decode(rows: list[tuple[int, int, int]]) -> float:
         """rows: (sequence, position, token), logits for every row; seconds."""
         return ctx.decode(rows, every_row=True)[0]
 
-    prompts = []
-    for suite in ("humaneval", "wmt", "sharegpt", "codeedit"):
-        prompts += load_suite(suite, 2)
-    for seq, prompt in enumerate(prompts[:SLOTS]):
-        ctx.feed(seq, tokenizer(prompt.text)["input_ids"][:200])
     lengths = ctx.lengths
 
     shapes = {}

@@ -36,6 +36,7 @@ class Context:
     def __init__(self, lib: Any, model: Any, flash: bool, sequences: int,
                  n_ctx: int = 16384) -> None:
         self.lib = lib
+        self.flash = flash
         cp = lib.llama_context_default_params()
         cp.n_ctx = n_ctx
         cp.n_batch = cp.n_ubatch = 512
@@ -88,3 +89,25 @@ class Context:
     def close(self) -> None:
         self.lib.llama_batch_free(self.batch)
         self.lib.llama_free(self.ctx)
+
+
+def suite_sequences(target: str, sequences: int, prompt_tokens: int = 200
+                    ) -> tuple[Any, Any, Any, Context]:
+    """The target loaded as `serve --max-batch` runs it (its multi-sequence flash attention)
+    and a context of `sequences` sequences, each prefilled with the first `prompt_tokens`
+    tokens of a bench prompt (HumanEval, WMT, ShareGPT and code editing in turn): (api,
+    lib, model, context). The batched-call experiments time their shapes after these."""
+    from adaspec.backends.ikllama import multi_sequence_flash
+    from adaspec.lab.bench.suites import load_suite
+    from adaspec.store.model_store import load_tokenizer
+
+    tokenizer = load_tokenizer(target, "bfloat16")
+    api, lib, model = load_model(target)
+    ctx = Context(lib, model, flash=multi_sequence_flash(api), sequences=sequences, n_ctx=8192)
+    per_suite = -(-sequences // 4)
+    prompts = []
+    for suite in ("humaneval", "wmt", "sharegpt", "codeedit"):
+        prompts += load_suite(suite, per_suite)
+    for seq, prompt in enumerate(prompts[:sequences]):
+        ctx.feed(seq, tokenizer(prompt.text)["input_ids"][:prompt_tokens])
+    return api, lib, model, ctx
