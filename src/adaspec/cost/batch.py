@@ -54,6 +54,7 @@ class BatchLoad:
     budgets: list[int] = field(default_factory=list)  # every request's tokens left to emit
     paces: list[float] = field(default_factory=list)  # each one's tokens a step, drafting
     waiting: int = 0  # requests queued for a place in the batch
+    _calls: dict = field(default_factory=dict, repr=False, compare=False)  # `call_ms`'s
 
     @property
     def shared(self) -> bool:
@@ -61,10 +62,17 @@ class BatchLoad:
         return self.cost is not None and (self.sequences > 1 or self.prompt_tokens > 0)
 
     def call_ms(self, drafted: int) -> float:
-        """ms of the round's call with `drafted` more tokens than one per request."""
+        """ms of the round's call with `drafted` more tokens than one per request (every
+        request of a round prices the same calls: read once a round)."""
         assert self.cost is not None
-        return self.cost(self.sequences + self.prompt_tokens + drafted,
-                         self.sequences + self.prompts)
+        key = (self.cost, self.sequences, self.prompt_tokens, self.prompts, drafted)
+        ms = self._calls.get(key)
+        if ms is None:
+            if len(self._calls) > 4096:
+                self._calls.clear()
+            ms = self._calls[key] = self.cost(self.sequences + self.prompt_tokens + drafted,
+                                              self.sequences + self.prompts)
+        return ms
 
     def least_rounds(self) -> float:
         """Rounds the batch needs at the least: its slowest request's, each request making

@@ -52,8 +52,17 @@ class Curve:
             raise InputError("cost curve: one row of ms per context, one value per size")
         if any(not (math.isfinite(v) and v > 0) for row in self.ms for v in row):
             raise InputError("cost curve: every time must be a positive number of ms")
+        # each row read at every whole n up to the last size (and a little past it): the
+        # pricing asks for these thousands of times a round, at a bisection each
+        self._dense = [[0.0] + [self._interpolate(i, n) for n in range(1, self.sizes[-1] + 17)]
+                       for i in range(len(self.contexts))]
 
     def _row_at(self, i: int, n: float) -> float:
+        if type(n) is int and 0 < n < len(self._dense[i]):
+            return self._dense[i][n]
+        return self._interpolate(i, n)
+
+    def _interpolate(self, i: int, n: float) -> float:
         sizes, row = self.sizes, self.ms[i]
         if len(sizes) == 1:
             return row[0] * n / sizes[0]

@@ -180,10 +180,9 @@ class AutoDrafter(Drafter):
         self._without_draft = [0, 0.0]  # tokens emitted, ms priced: steps alone, no draft model
         self._priced: tuple[int, float] | None = None  # (context, ms) of this step, counted there
         self._seat: Seat | None = None  # the batch this step is priced in (`propose`)
-        # a step's prices, by (in a batch, what): one step asks for the same call's ms up to
-        # five times (plain, each free option alone and in the batch, the draft's lengths); at
-        # 16 clients that made `auto` 0.35 ms a step slower than `ngram:k=4`. None: no step.
-        self._memo: dict[tuple[bool, int], float] | None = None
+        # a step's prices (`_prices`), by whether priced in a batch; None: no step
+        self._memo: dict[bool, list[float]] | None = None
+        self._base_memo: float | None = None  # a step's `_base` in a batch
         self.draft_memory = RateEstimate(DRAFT_PRIOR)  # spans requests
         self._reset_estimates()
 
@@ -297,17 +296,26 @@ class AutoDrafter(Drafter):
     def _verify_ms(self, drafted: int, context: int) -> float:
         """ms of the target call that verifies `drafted` tokens: this request's own, or, in a
         batch, the round's call with them added (`cost.batch.BatchLoad`)."""
+        return self._prices(drafted, context)[drafted]
+
+    def _prices(self, upto: int, context: int) -> list[float]:
+        """`_verify_ms` of 0..upto drafted tokens (at least), as this step is priced: read
+        once a step (a step asks for each up to five times: plain, each free option alone
+        and in the batch, the draft's lengths; at 16 clients that made `auto` 0.35 ms a step
+        slower than `ngram:k=4`)."""
         seat = self._in_batch()
-        key = (seat is not None, drafted)
-        if self._memo is not None and key in self._memo:
-            return self._memo[key]
-        if seat is not None:
-            ms = seat.load.call_ms(drafted) + self.profile.overhead_ms
-        else:
-            ms = self.profile.target_ms(drafted + 1, context) + self.profile.overhead_ms
-        if self._memo is not None:
-            self._memo[key] = ms
-        return ms
+        key = seat is not None
+        prices = self._memo.get(key) if self._memo is not None else None
+        if prices is None:
+            prices = []
+            if self._memo is not None:
+                self._memo[key] = prices
+        for n in range(len(prices), upto + 1):
+            if seat is not None:
+                prices.append(seat.load.call_ms(n) + self.profile.overhead_ms)
+            else:
+                prices.append(self.profile.target_ms(n + 1, context) + self.profile.overhead_ms)
+        return prices
 
     def _base(self, context: int) -> float:
         """Tokens a step is worth without this request's draft: alone, its own one; in a
@@ -317,12 +325,12 @@ class AutoDrafter(Drafter):
         seat = self._in_batch()
         if seat is None:
             return 1.0
-        if self._memo is not None and (True, -1) in self._memo:
-            return self._memo[(True, -1)]
+        if self._base_memo is not None:
+            return self._base_memo
         worth = seat.token_ms(self.remaining)
         base = self._verify_ms(0, context) / worth if worth > 0 else float("inf")
         if self._memo is not None:
-            self._memo[(True, -1)] = base
+            self._base_memo = base
         return base
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
@@ -332,13 +340,13 @@ class AutoDrafter(Drafter):
         token and `per_emitted_ms` an expected emitted one; (n, tokens per ms). n = 0 is a
         plain step."""
         base = self._base(context)
-        best = (0, base / self._verify_ms(0, context))
+        prices = self._prices(limit, context)
+        best = (0, base / prices[0])
         value, p = base, 1.0
         for n in range(1, limit + 1):
             p *= rate
             value += p
-            cost = (fixed_ms + per_token_ms * n + self._verify_ms(n, context)
-                    + per_emitted_ms * value)
+            cost = fixed_ms + per_token_ms * n + prices[n] + per_emitted_ms * value
             if value / cost > best[1]:
                 best = (n, value / cost)
         return best
@@ -347,12 +355,13 @@ class AutoDrafter(Drafter):
         """The prefix length with the most expected tokens per ms, given each token's
         estimated acceptance (drafting it costs nothing); (n, tokens per ms)."""
         base = self._base(context)
-        best = (0, base / self._verify_ms(0, context))
+        prices = self._prices(len(accept), context)
+        best = (0, base / prices[0])
         value, p = base, 1.0
         for n, a in enumerate(accept, 1):
             p *= a
             value += p
-            rate = value / self._verify_ms(n, context)
+            rate = value / prices[n]
             if rate > best[1]:
                 best = (n, rate)
         return best
@@ -438,10 +447,11 @@ class AutoDrafter(Drafter):
         replacement: bool = False,
     ) -> Proposal:
         self._memo = {}  # the step's context, seat and load are set from here on
+        self._base_memo = None
         try:
             return self._propose(context, max_tokens, params, generator)
         finally:
-            self._memo = None
+            self._memo = self._base_memo = None
 
     def _propose(self, context: list[int], max_tokens: int, params: SamplingParams,
                  generator: torch.Generator | None) -> Proposal:
@@ -543,7 +553,7 @@ class AutoDrafter(Drafter):
         d1 = self.profile.draft_ms(1, ctx)
         a_next = self._draft_rate(params)
         # step_ms[n]: n draft forwards and a verification of n tokens
-        step_ms = [n * d1 + self._verify_ms(n, ctx) for n in range(limit + 1)]
+        step_ms = [n * d1 + ms for n, ms in enumerate(self._prices(limit, ctx)[: limit + 1])]
         base = self._base(ctx)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
