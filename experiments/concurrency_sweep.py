@@ -8,7 +8,10 @@ sends `--requests-per-client` streamed chat completions one after another (greed
 `--max-tokens` new tokens, loopback HTTP). Every request is timed by its client: latency
 (request sent to the end of the stream) and time to first token (to the first chunk with
 content). The wave's aggregate tokens/s is the sum of the answers' completion tokens over the
-wall time of the whole wave. The server is stopped before the next one starts.
+wall time of the whole wave. The server is stopped before the next one starts. Right before
+each wave a fixed probe (matrix products and an array copy, in a fresh process) reads how
+fast the machine is at that minute; the report lists it beside every wave, and with
+`--repeats` it also compares `auto` with the fixed methods inside each repeat.
 
 Systems:
 
@@ -553,6 +556,44 @@ def warm_up(peer: Peer, prompt: SweepPrompt, ctx: Context, system: System, clien
                         ctx.request_timeout)
 
 
+# ---------------------------------------------------------------------- the machine's speed
+# A fixed piece of work timed in a fresh process: float32 matrix products on every core (the
+# runtimes' compute) and a large array copy (their memory traffic). On this kind of shared VM
+# the same wave reads 5-15% apart from one minute to the next; the probe says how fast the
+# machine was right before each wave, so a slow wave can be told from a slow system.
+PROBE = """
+import json, time
+import numpy as np
+a = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
+big = np.ones(32 * 2**20, dtype=np.float32)
+out = np.empty_like(big)
+a @ a; np.copyto(out, big)
+best_mm = best_cp = float("inf")
+for _ in range(5):
+    t = time.perf_counter()
+    for _ in range(8):
+        a @ a
+    best_mm = min(best_mm, time.perf_counter() - t)
+    t = time.perf_counter()
+    np.copyto(out, big)
+    best_cp = min(best_cp, time.perf_counter() - t)
+print(json.dumps({"matmul_gflops": round(8 * 2 * 512**3 / best_mm / 1e9, 1),
+                  "copy_gbs": round(2 * big.nbytes / best_cp / 1e9, 2)}))
+"""
+
+
+def machine_probe() -> dict | None:
+    """The probe's figures (None where it could not run: it never stops a sweep)."""
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                              timeout=60, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 # ---------------------------------------------------------------------- a wave
 def run_wave(peer: Peer, system: System, clients: int, prompts: list[SweepPrompt],
              rpc: int, ctx: Context, model: str) -> tuple[list[Record], float]:
@@ -639,6 +680,7 @@ def measure(ctx: Context, system: System, clients: int, prompts: list[SweepPromp
         if w.outcome != "ok":
             row["error"] = f"warm-up {w.outcome}: {w.error}"
             return row
+        row["probe"] = machine_probe()
         before, cpu_before = round_counters(peer.port), cpu_seconds(peer.pid)
         records, wall = run_wave(peer, system, clients, prompts, rpc, ctx, "adaspec")
         cpu = cpu_split(peer.pid, cpu_before, cpu_seconds(peer.pid))
@@ -688,6 +730,7 @@ def _measure_llama(ctx: Context, system: System, clients: int, prompts: list[Swe
                 row["error"] = f"warm-up {w.outcome}: {w.error}"
                 return row
             peer.decoder._served += 1
+            row["probe"] = machine_probe()
             records, wall = run_wave(peer, system, clients, prompts, rpc, ctx, model)
             alive = peer.alive(SETTLE_S if any(r.outcome != "ok" for r in records) else 0.0)
             if not alive and spec != "none":
@@ -858,6 +901,7 @@ def sweep_md(run: dict) -> str:
         lines.append("")
     lines += targets_md(run)
     lines += rounds_md(run)
+    lines += waves_md(run)
     if run["notes"]:
         lines += ["## Notes", "", *(f"- {n}" for n in run["notes"]), ""]
     return "\n".join(lines)
@@ -906,6 +950,11 @@ def targets_md(run: dict) -> list[str]:
         if auto and (ar or fx):
             floor = max(v for v in (ar, fx) if v)
             parts.append(f"auto / max(ar, {fixed}) {auto / floor:.3f} (target >= 0.97)")
+        paired = paired_ratios(run, c)
+        if len(paired) > 1:
+            parts.append(f"paired by repeat, median of auto / max(ar, {fixed}) "
+                         f"{statistics.median(paired):.3f} "
+                         f"({', '.join(f'{v:.3f}' for v in paired)})")
         m_auto = modelled.get(("adaspec:auto", c))
         m_floor = [v for v in (modelled.get((f"adaspec:{m}", c)) for m in ("ar", fixed)) if v]
         if m_auto and m_floor:
@@ -925,6 +974,45 @@ def targets_md(run: dict) -> list[str]:
     if not any(s.startswith("adaspec-fifo:auto") for s, _ in rate):
         lines.append("- the targets against today's FIFO queue need `adaspec-fifo:auto` in "
                      "--systems")
+    return [*lines, ""]
+
+
+def paired_ratios(run: dict, clients: int) -> list[float]:
+    """auto / max(ar, the fixed method) within each repeat at `clients`, where all three
+    were measured: the waves of one repeat run back to back, so the machine's slower and
+    faster minutes (the probe) move them alike more often than waves repeats apart."""
+    fixed = run["settings"]["fixed"]
+    by: dict[int, dict[str, float]] = {}
+    for r in run["rows"]:
+        rate = (r.get("summary") or {}).get("agg_tokens_per_s")
+        if r["concurrency"] == clients and rate:
+            by.setdefault(r.get("repeat", 0), {})[r["system"]] = rate
+    out = []
+    for k in sorted(by):
+        got = by[k]
+        auto, ar, fx = (got.get(f"adaspec:{m}") for m in ("auto", "ar", fixed))
+        if auto and ar and fx:
+            out.append(auto / max(ar, fx))
+    return out
+
+
+def waves_md(run: dict) -> list[str]:
+    """Every wave in the order it ran, with the machine's speed just before it."""
+    rows = [r for r in run["rows"] if r.get("probe") is not None]
+    if not rows:
+        return []
+    lines = ["## The waves in the order they ran, with the machine's speed before each", "",
+             "Probe: float32 matrix products on every core and a 128 MB array copy, timed "
+             "in a fresh process right before the wave (the best of five; the server idle). "
+             "It is not used to adjust any figure above.", "",
+             "| clients | repeat | system | agg tok/s | probe GFLOP/s | probe copy GB/s |",
+             "| ---: | ---: | --- | ---: | ---: | ---: |"]
+    for r in rows:
+        rate = (r.get("summary") or {}).get("agg_tokens_per_s")
+        probe = r["probe"]
+        lines.append(f"| {r['concurrency']} | {r.get('repeat', 0) + 1} | {r['system']} | "
+                     f"{_f(rate, 1)} | {_f(probe.get('matmul_gflops'), 1)} | "
+                     f"{_f(probe.get('copy_gbs'), 2)} |")
     return [*lines, ""]
 
 

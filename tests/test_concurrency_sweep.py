@@ -272,6 +272,33 @@ def test_repeats_take_the_median_rate_and_keep_the_range():
     assert row["summary"]["ok"] == 3  # the requests pool
 
 
+def test_repeats_are_also_compared_within_each_repeat():
+    """auto against the better fixed method wave by wave inside each repeat (the waves of a
+    repeat run back to back), beside the medians' ratio."""
+    run = _run([("adaspec:auto", 4, 40.0), ("adaspec:ar", 4, 42.0), ("adaspec:ngram:k=4", 4, 41.0),
+                ("adaspec:auto", 4, 50.0), ("adaspec:ar", 4, 49.0), ("adaspec:ngram:k=4", 4, 50.0),
+                ("adaspec:auto", 4, 45.0), ("adaspec:ar", 4, 45.0)])  # repeat 3 lacks one
+    for i, row in enumerate(run["rows"]):
+        row["repeat"] = i // 3
+    assert [round(v, 3) for v in sweep.paired_ratios(run, 4)] == [0.952, 1.0]
+    lines = "\n".join(sweep.targets_md(run))
+    assert "paired by repeat, median of auto / max(ar, ngram:k=4) 0.976 (0.952, 1.000)" in lines
+    assert "auto / max(ar, ngram:k=4) 0.989" in lines  # medians: 45 / max(45, 45.5)
+    run["rows"] = run["rows"][:3]
+    assert "paired" not in "\n".join(sweep.targets_md(run))  # one repeat: nothing to pair
+
+
+def test_each_wave_lists_the_machine_probe_taken_before_it():
+    run = _run([("adaspec:auto", 2, 40.0), ("adaspec:ar", 2, 30.0)])
+    run["rows"][0]["probe"] = {"matmul_gflops": 250.0, "copy_gbs": 13.5}
+    run["rows"][1]["probe"] = None  # the probe could not run: the wave is left out
+    table = "\n".join(sweep.waves_md(run))
+    assert "| 2 | 1 | adaspec:auto | 40.0 | 250.0 | 13.50 |" in table
+    assert "adaspec:ar" not in table
+    probe = sweep.machine_probe()  # a real one, in a fresh process
+    assert probe is not None and probe["matmul_gflops"] > 0 and probe["copy_gbs"] > 0
+
+
 def test_the_fake_server_fixture_serves_concurrent_streams(fake_port):
     """The wave test above relies on the fake answering clients at once."""
     results: list[sweep.Record] = []
