@@ -20,6 +20,11 @@ def test_curve_interpolates_in_n_and_context():
     assert curve(6, 100) == pytest.approx(60)  # the last slope goes on
     assert curve(1, 50) == 10 and curve(1, 1000) == 20  # clamped to the measured contexts
     assert curve(0) == 0.0
+    # whole sizes come from a table, in-between ones and those far past the last size are
+    # worked out; a row at one context reads the same as one call per size
+    assert curve(3.5, 100) == pytest.approx(35) and curve(500, 100) == pytest.approx(5000)
+    for context in (None, 50, 100, 200, 300, 1000):
+        assert curve.row(40, context) == pytest.approx([curve(n, context) for n in range(1, 41)])
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,18 @@ class Curve:
         slope = (row[j] - row[j - 1]) / (b - a)
         return max(row[j - 1] + slope * (n - a), 1e-3)
 
+    def row(self, upto: int, context: int | None = None) -> list[float]:
+        """[self(n, context) for n in 1..upto], with the context's weights read once."""
+        cs = self.contexts
+        if context is None or len(cs) == 1 or context <= cs[0]:
+            return [self._row_at(0, n) for n in range(1, upto + 1)]
+        if context >= cs[-1]:
+            return [self._row_at(len(cs) - 1, n) for n in range(1, upto + 1)]
+        j = bisect_left(cs, context)
+        w = (context - cs[j - 1]) / (cs[j] - cs[j - 1])
+        return [lo + w * (hi - lo) for lo, hi in
+                ((self._row_at(j - 1, n), self._row_at(j, n)) for n in range(1, upto + 1))]
+
     def __call__(self, n: int, context: int | None = None) -> float:
         """ms for a forward of n tokens after `context` cached tokens (None: the first
         measured context)."""

@@ -25,6 +25,7 @@ the previous request's prompt and output, as the last `commit` saw them, to the 
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -310,11 +311,14 @@ class AutoDrafter(Drafter):
             prices = []
             if self._memo is not None:
                 self._memo[key] = prices
-        for n in range(len(prices), upto + 1):
-            if seat is not None:
-                prices.append(seat.load.call_ms(n) + self.profile.overhead_ms)
-            else:
-                prices.append(self.profile.target_ms(n + 1, context) + self.profile.overhead_ms)
+        if len(prices) > upto:
+            return prices
+        over = self.profile.overhead_ms
+        if seat is not None:
+            prices += [seat.load.call_ms(n) + over for n in range(len(prices), upto + 1)]
+        else:  # a forward of n + 1 tokens verifies n
+            prices += [ms + over for ms in self.profile.target.row(upto + 1, context)
+                       [len(prices):]]
         return prices
 
     def _base(self, context: int) -> float:
@@ -332,6 +336,15 @@ class AutoDrafter(Drafter):
         if self._memo is not None:
             self._base_memo = base
         return base
+
+    def _off_the_end(self, context: int) -> bool:
+        """Whether this step is priced in a batch whose end does not wait on this request
+        (`BatchLoad.token_ms` 0: its tokens shorten nothing). Then a plain step and every
+        draft are worth the same (`_base` is infinite), so none is priced: at 16 clients
+        most steps are such, and pricing them made `auto`'s server use 0.3-0.4 CPU seconds
+        a wave more than `ngram:k=4`'s (2-vCPU Xeon, session 29), time every request of
+        the round waits for."""
+        return self._in_batch() is not None and math.isinf(self._base(context))
 
     def _best_length(self, rate: float, limit: int, fixed_ms: float, per_token_ms: float,
                      context: int, per_emitted_ms: float = 0.0) -> tuple[int, float]:
@@ -372,7 +385,10 @@ class AutoDrafter(Drafter):
         request alone would verify: the batch cuts them to what pays over the whole batch
         (`engine/batch.choose_lengths`), and reads from them the tokens a step of this request
         could make (its pace, which decides whether the batch's end waits on it)."""
-        n, value = self._best_prefix(accept, context)
+        if self._off_the_end(context):
+            value, n = math.inf, 0  # every option is worth the same: only `alone` counts
+        else:
+            n, value = self._best_prefix(accept, context)
         seat = self._seat
         if self._in_batch() is None:
             return value, n
@@ -485,7 +501,7 @@ class AutoDrafter(Drafter):
                 self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
         # a step alone before the draft model starts: priced for the rate without it
         before_draft = not self._model_started and self._in_batch() is None
-        if self.model is not None and limit > 0:
+        if self.model is not None and limit > 0 and not self._off_the_end(ctx):
             d1 = self.profile.draft_ms(1, ctx)
             fixed, per_emitted = self._catch_up_ms(context)
             n, value = self._best_length(self._draft_rate(params), limit, fixed, d1, ctx,
