@@ -26,6 +26,7 @@ from adaspec.errors import InputError
 from adaspec.store.atomic import write_json
 
 FORMAT = 1
+TABLE_PAST = 16  # whole sizes past a curve's last one read from its table (a step's drafts)
 # The formula of a GPU-like machine: verification almost free up to 16 tokens.
 FLAT_FORMULA = (
     "linear:target_ms=20,per_token_ms=0.25,draft_ms=4,draft_per_token_ms=0.1,"
@@ -52,9 +53,10 @@ class Curve:
             raise InputError("cost curve: one row of ms per context, one value per size")
         if any(not (math.isfinite(v) and v > 0) for row in self.ms for v in row):
             raise InputError("cost curve: every time must be a positive number of ms")
-        # each row read at every whole n up to the last size (and a little past it): the
+        # each row read at every whole n up to the last size and TABLE_PAST past it: the
         # pricing asks for these thousands of times a round, at a bisection each
-        self._dense = [[0.0] + [self._interpolate(i, n) for n in range(1, self.sizes[-1] + 17)]
+        self._dense = [[0.0] + [self._interpolate(i, n)
+                                for n in range(1, self.sizes[-1] + TABLE_PAST + 1)]
                        for i in range(len(self.contexts))]
 
     def _row_at(self, i: int, n: float) -> float:
@@ -75,31 +77,34 @@ class Curve:
         slope = (row[j] - row[j - 1]) / (b - a)
         return max(row[j - 1] + slope * (n - a), 1e-3)
 
-    def row(self, upto: int, context: int | None = None) -> list[float]:
-        """[self(n, context) for n in 1..upto], with the context's weights read once."""
+    def _rows_for(self, context: int | None) -> tuple[int, int, float]:
+        """The two measured contexts `context` lies between and its weight on the second
+        (clamped to the measured ones; None: the first)."""
         cs = self.contexts
         if context is None or len(cs) == 1 or context <= cs[0]:
-            return [self._row_at(0, n) for n in range(1, upto + 1)]
+            return 0, 0, 0.0
         if context >= cs[-1]:
-            return [self._row_at(len(cs) - 1, n) for n in range(1, upto + 1)]
+            return len(cs) - 1, len(cs) - 1, 0.0
         j = bisect_left(cs, context)
-        w = (context - cs[j - 1]) / (cs[j] - cs[j - 1])
+        return j - 1, j, (context - cs[j - 1]) / (cs[j] - cs[j - 1])
+
+    def row(self, upto: int, context: int | None = None) -> list[float]:
+        """[self(n, context) for n in 1..upto], with the context's weights read once."""
+        a, b, w = self._rows_for(context)
+        if a == b:
+            return [self._row_at(a, n) for n in range(1, upto + 1)]
         return [lo + w * (hi - lo) for lo, hi in
-                ((self._row_at(j - 1, n), self._row_at(j, n)) for n in range(1, upto + 1))]
+                ((self._row_at(a, n), self._row_at(b, n)) for n in range(1, upto + 1))]
 
     def __call__(self, n: int, context: int | None = None) -> float:
         """ms for a forward of n tokens after `context` cached tokens (None: the first
         measured context)."""
         if n < 1:
             return 0.0
-        cs = self.contexts
-        if context is None or len(cs) == 1 or context <= cs[0]:
-            return self._row_at(0, n)
-        if context >= cs[-1]:
-            return self._row_at(len(cs) - 1, n)
-        j = bisect_left(cs, context)
-        lo, hi = self._row_at(j - 1, n), self._row_at(j, n)
-        w = (context - cs[j - 1]) / (cs[j] - cs[j - 1])
+        a, b, w = self._rows_for(context)
+        if a == b:
+            return self._row_at(a, n)
+        lo, hi = self._row_at(a, n), self._row_at(b, n)
         return lo + w * (hi - lo)
 
 
