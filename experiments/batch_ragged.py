@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ik_raw import suite_sequences  # noqa: E402
+from ik_raw import suite_sequences, write_results  # noqa: E402
 
 from adaspec.lab.bench.machine import describe_machine  # noqa: E402
 from adaspec.store.catalog import TARGET_DEFAULT  # noqa: E402
@@ -70,17 +70,13 @@ def main() -> None:
         priced = curve_ms(curve, sum(counts), len(counts)) if curve else None
         table.append({"shape": name, "tokens": sum(counts), "sequences": len(counts),
                       "ms": round(ms, 1), "curve_ms": round(priced, 1) if priced else None})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "batch_ragged.json").write_text(json.dumps(
-        {"target": TARGET_DEFAULT, "machine": describe_machine(), "rounds": args.rounds,
-         "rows": table}, indent=2))
     lines = [f"# Ragged and even batched calls ({TARGET_DEFAULT}, ik_llama.cpp)", "",
              "| sequences: tokens | tokens | ms (timed) | ms (curve, modelled) |",
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {r['shape']} | {r['tokens']} | {r['ms']} | {r['curve_ms']} |" for r in table]
-    (out / "batch_ragged.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "batch_ragged", {"target": TARGET_DEFAULT,
+                                             "machine": describe_machine(),
+                                             "rounds": args.rounds, "rows": table}, lines)
     ctx.close()
     lib.llama_free_model(model)
 

@@ -15,14 +15,13 @@ batch_slack.json / batch_slack.md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ik_raw import suite_sequences  # noqa: E402
+from ik_raw import suite_sequences, write_results  # noqa: E402
 
 from adaspec.backends.weights import llama_threads  # noqa: E402
 from adaspec.lab.bench.machine import describe_machine  # noqa: E402
@@ -64,21 +63,17 @@ def main() -> None:
     one = ms["1 requests x 1 token"]
     table = [{"shape": name, "ms": round(v, 2), "single_token_passes": round(v / one, 2)}
              for name, v in ms.items()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     record = {"target": args.target, "runtime": f"ik_llama.cpp ({api.adaspec_build})",
               "flash_attention": flash, "machine": describe_machine(), "rounds": args.rounds,
               "rows": table,
               "prompt_tokens": lengths}
-    (out / "batch_slack.json").write_text(json.dumps(record, indent=2))
     lines = [f"# One target call, several requests or one chain ({args.target}, "
              f"{record['runtime']}, {llama_threads()} threads, flash attention "
              f"{'on' if flash else 'off'})", "",
              "| shape | ms | single-token passes |", "| --- | ---: | ---: |"]
     lines += [f"| {r['shape']} | {r['ms']:.1f} | {r['single_token_passes']:.2f} |"
               for r in table]
-    (out / "batch_slack.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "batch_slack", record, lines)
     ctx.close()
     lib.llama_free_model(model)
 

@@ -5,8 +5,10 @@ call's rows placed by hand and rolled back after."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -111,3 +113,12 @@ def suite_sequences(target: str, sequences: int, prompt_tokens: int = 200
     for seq, prompt in enumerate(prompts[:sequences]):
         ctx.feed(seq, tokenizer(prompt.text)["input_ids"][:prompt_tokens])
     return api, lib, model, ctx
+
+
+def write_results(out: str | Path, stem: str, record: dict, lines: list[str]) -> None:
+    """`record` as OUT/STEM.json and the table `lines` as OUT/STEM.md (also printed)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(record, indent=2))
+    (folder / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
