@@ -475,7 +475,8 @@ def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tm
         ik_flash_patch.apply(tmp_path)
 
 
-def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_rows_apart(tmp_path):
+def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_every_row_alike(
+        tmp_path):
     texts = _regions_sources()
     for path, text in texts.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -486,12 +487,16 @@ def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_rows_ap
     # placement before the usual search, the cells handed to the graph, the switch exported
     assert llama.index("return adaspec_place(cache, batch);") < llama.index("uint32_t n_tested")
     assert "adaspec_inp_cells" in llama and "int adaspec_kv_regions(" in llama
+    assert "int adaspec_kv_seq_copy(" in llama  # a shared prefix copied into a region
     store = got["src/llama-build-context.cpp"]
     assert store.index("ggml_set_rows") < store.index("    if (k_cur) {")  # before the run copy
-    fa = got["ggml/src/iqk/iqk_flash_attn.cpp"]  # the flash patch's reader, not a copy
-    assert "adaspec_rows_apart(mask, stride_m, neq1, nek1, 128)" in fa
+    # one path for every masked call, before the pinned kernel's shape-dependent ones (the
+    # lone row's cells split among threads, a prompt's trimmed blocks)
+    fa = got["ggml/src/iqk/iqk_flash_attn.cpp"]
+    one_path = fa.index("if (neq3 == 1 && rk2 > 1 && rk2 == rv2 && mask && !sinks) {")
+    assert one_path < fa.index("    int first_k = 0, last_k = nek1;")
+    assert "t < neq1*nek2; t += nth" in fa[one_path:]  # a (row, key/value head) per thread
     assert "static bool" not in fa and "uint64_t" not in fa
-    assert fa.index("adaspec_rows_apart(mask") < fa.index("// I keep changing my mind")
     assert ik_regions_patch.apply(tmp_path) == len(ik_regions_patch._EDITS) + 1  # resumed
     assert {path: (tmp_path / path).read_text() for path in texts} == got
     (tmp_path / "src/llama.cpp").write_text("// another version\n")

@@ -37,11 +37,13 @@ class ForwardOutput:
     greedy step reads back only its argmax ids (one host transfer per step); `logits` is
     their host copy, made once, when a reader first asks for it."""
 
-    __slots__ = ("device_logits", "hidden", "_host")
+    __slots__ = ("device_logits", "hidden", "cached", "_host")
 
-    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None = None,
+                 cached: int = 0) -> None:
         self.device_logits = logits  # [n, vocab] float, one row per fed token
         self.hidden = hidden  # [n, hidden] at the requested layer (on the CPU), if asked
+        self.cached = cached  # a prefill: leading prompt tokens the cache held, not scored
         self._host: torch.Tensor | None = logits if logits.device.type == "cpu" else None
 
     @property
@@ -212,7 +214,7 @@ class ChainBackend(ModelBackend):
         kept = self._keep_prefix(ids, reuse)
         logits = self._checked_feed(ids[kept:], every_row=False)
         hidden = self._final_state() if hidden_layer is not None else None
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return ForwardOutput(logits=logits, hidden=hidden, cached=kept)
 
     def _keep_prefix(self, ids: list[int], reuse: int) -> int:
         """Keep what the cache holds of prompt `ids` (up to `reuse` tokens, at least one

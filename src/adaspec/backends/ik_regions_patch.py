@@ -19,20 +19,28 @@ calls it for a cache of several sequences with flash attention, `backends/ikllam
   turns it off with the regions;
 - the store: a call's keys and values are written row by row to their cells
   (`ggml_set_rows` with the cells as an input), not as one run from the cache's head;
-- attention (`iqk_flash_attn.cpp`): when a call's rows need different blocks of cells
-  (rows of different sequences), each row is attended on its own with the query heads that
-  share a key/value head as one group, so a row's cells are read once per group of heads,
-  not once per head; the hidden-block skip of `ik_flash_patch` leaves it only its region.
-  Which calls those are is `ik_flash_patch`'s `adaspec_rows_apart` over blocks of 128
-  cells (`-2` in NAME: a call, not a copy of it). Each thread reads the mask for that
-  (8 rows x a few blocks of 32 words a layer: microseconds).
+- attention (`iqk_flash_attn.cpp`), one path for every row (`-3` in NAME): every masked
+  call attends one row at a time, the query heads that share a key/value head as one
+  group, over the cache's blocks from cell 0, one thread per (row, key/value head). The
+  pinned kernel picks its path by the call's shape (a lone row's cells split among the
+  threads and summed after; a prompt's rows in groups whose blocks end where the last
+  row's cells do), so a row scored alone, in a draft block or beside other sequences came
+  out a few bits apart, and greedy speculation through a server parted from plain
+  decoding at near-ties. Now a row's arithmetic depends only on its own cells and where
+  they lie, and a region starts on a block boundary, so a sequence's row is bit for bit
+  the same in any slot, in any call, and in a context of one sequence (which adaspec runs
+  with one region too, `backends/ikllama.py`). Until `-2` only calls whose rows needed
+  different blocks took it (`ik_flash_patch`'s `adaspec_rows_apart`);
+- `adaspec_kv_seq_copy`: a prefix taken from another sequence is copied into the taker's
+  region (keys and values, layer by layer), where `llama_kv_cache_seq_cp` would tag the
+  giver's cells with both ids: read from another region its blocks would be cut elsewhere.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-NAME = "kv-regions-2"
+NAME = "kv-regions-3"
 MARK = "adaspec (kv-regions)"
 
 
@@ -145,18 +153,19 @@ static bool adaspec_place(struct llama_kv_cache & cache, const struct llama_batc
     }
 
 """, "before"),
-    ("ggml/src/iqk/iqk_flash_attn.cpp",
-     "    // I keep changing my mind what is the best strategy to split the threads when "
-     "processing\n", """\
-    // adaspec (kv-regions): rows that need different blocks of cells (requests decoded
-    // together) are attended one row at a time, the query heads sharing a key/value head as
-    // one group: a row reads its cells once per group, and the hidden-block skip leaves it
-    // its own sequence's. Rows that share their blocks (a prompt) keep the path below.
-    if (neq3 == 1 && rk2 > 1 && rk2 == rv2 && neq1 > 1 && neq1 <= 64 && mask && !sinks &&
-        adaspec_rows_apart(mask, stride_m, neq1, nek1, 128)) {
+    ("ggml/src/iqk/iqk_flash_attn.cpp", "    int first_k = 0, last_k = nek1;\n", """\
+    // adaspec (kv-regions, one path): every masked call attends one row at a time, the query
+    // heads sharing a key/value head as one group, over the cache's blocks from cell 0 (a
+    // region starts on a block boundary), each (row, key/value head) by one thread. A row's
+    // arithmetic is then the same whatever the call carries: a lone token, a draft block, a
+    // prompt chunk or rows of other sequences beside it (the pinned kernel picks its path by
+    // the call's shape: a lone row's cells split among threads, a prompt's rows in groups,
+    // blocks cut where the last row's cells end). The hidden-block skip leaves a row its own
+    // sequence's cells.
+    if (neq3 == 1 && rk2 > 1 && rk2 == rv2 && mask && !sinks) {
         for (int t = ith; t < neq1*nek2; t += nth) {
             const int iq1 = t/nek2, ik02 = t - (t/nek2)*nek2;
-            if (!iqk_flash_attn_impl(int_type_k, int_type_v, Dk, Dv, rk2, nek1, nbq2, stride_k,
+            if (!iqk_flash_attn_impl(int_type_k_in, int_type_v, Dk, Dv, rk2, nek1, nbq2, stride_k,
                     stride_v, 0, nb1/sizeof(float),
                     (const float *)((const char *)q + iq1*stride_q + ik02*rk2*nbq2),
                     (const void *)((const char *)k + ik02*nbk2),
@@ -180,6 +189,52 @@ int adaspec_kv_regions(struct llama_context * ctx, uint32_t stride) {
     if (ctx == nullptr || ctx->kv_self.recurrent || ctx->kv_self.v_trans) return 1;
     ctx->kv_self.adaspec_stride = stride;
     ctx->kv_self.adaspec_regions = stride > 0 ? ctx->cparams.n_seq_max : 0;
+    return 0;
+}
+
+// adaspec (kv-regions): sequence `dst` (its cells free) gets copies of sequence `src`'s
+// positions 0 .. length - 1, keys and values, in its own region's cells, where a shared
+// entry (llama_kv_cache_seq_cp) would stay in src's region: a row then reads its cells in
+// the blocks it would have computed them in. 0 on success; nonzero, with nothing changed,
+// where the cells are not all there (the caller shares them instead).
+extern "C" __attribute__((visibility("default")))
+int adaspec_kv_seq_copy(struct llama_context * ctx, int32_t src, int32_t dst, int32_t length) {
+    if (ctx == nullptr) return 1;
+    auto & cache = ctx->kv_self;
+    const int64_t stride = cache.adaspec_stride;
+    if (stride == 0 || cache.v_trans || cache.recurrent || length <= 0 || length > stride ||
+        dst < 0 || dst >= (int32_t)cache.adaspec_regions || src == dst) return 2;
+    if ((dst + 1)*stride > (int64_t)cache.size) return 3;
+    std::vector<int64_t> from(length, -1);
+    for (uint32_t i = 0; i < cache.size; ++i) {
+        const llama_pos p = cache.cells[i].pos;
+        if (p >= 0 && p < length && cache.cells[i].has_seq_id(src)) from[p] = i;
+    }
+    for (int32_t p = 0; p < length; ++p) {
+        if (from[p] < 0 || cache.cells[dst*stride + p].pos >= 0) return 4;
+    }
+    const auto & hparams = ctx->model.hparams;
+    std::vector<uint8_t> row;
+    for (size_t il = 0; il < cache.k_l.size(); ++il) {
+        for (int which = 0; which < 2; ++which) {
+            ggml_tensor * t = which == 0 ? cache.k_l[il] : cache.v_l[il];
+            if (t == nullptr) continue;
+            const size_t width = which == 0 ? hparams.n_embd_k_gqa(il) : hparams.n_embd_v_gqa(il);
+            const size_t bytes = ggml_row_size(t->type, width);
+            row.resize(bytes);
+            for (int32_t p = 0; p < length; ++p) {
+                ggml_backend_tensor_get(t, row.data(), from[p]*bytes, bytes);
+                ggml_backend_tensor_set(t, row.data(), (dst*stride + p)*bytes, bytes);
+            }
+        }
+    }
+    for (int32_t p = 0; p < length; ++p) {
+        auto & cell = cache.cells[dst*stride + p];
+        cell.pos = p;
+        cell.seq_id.clear();
+        cell.seq_id.insert(dst);
+    }
+    cache.used += length;
     return 0;
 }
 """

@@ -194,6 +194,8 @@ def library() -> Any:
     }
     if kv_regions(api):  # a native build's own function
         signatures["adaspec_kv_regions"] = ([c.c_void_p, c.c_uint32], c.c_int)
+        signatures["adaspec_kv_seq_copy"] = ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32],
+                                             c.c_int)
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
@@ -268,14 +270,18 @@ class IkLlamaBackend(ChainBackend):
         cparams.n_seq_max = max(1, int(sequences))
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        # several sequences: flash attention, with the patch that makes it right for them and
-        # skips what the mask hides (`ik_flash_patch.py`); one sequence: the plain kernels
-        self.flash_attention = sequences > 1 and multi_sequence_flash(api)
+        # flash attention, with the patch that makes it right for several sequences and
+        # skips what the mask hides (`ik_flash_patch.py`), for one sequence as for several:
+        # with regions every row then takes one path (`ik_regions_patch.py`), so a row
+        # scores the same in `generate` as in a server's batch; else the plain kernels
+        self.flash_attention = multi_sequence_flash(api) and (
+            sequences > 1 or kv_regions(api))
         # and a region of the cache per sequence (`ik_regions_patch.py`), which compaction
         # would undo; without regions, requests come and go: compact the holes now and then
         self.region = 0
         if self.flash_attention and kv_regions(api):
-            self.region = min(n_ctx // sequences, REGION_TOKENS) // REGION_ALIGN * REGION_ALIGN
+            per = n_ctx // max(1, int(sequences))
+            self.region = min(per, REGION_TOKENS) // REGION_ALIGN * REGION_ALIGN
         if sequences > 1:
             cparams.defrag_thold = -1.0 if self.region else 0.1
         cparams.flash_attn = self.flash_attention
@@ -424,9 +430,14 @@ class IkLlamaBackend(ChainBackend):
         self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1)
 
     def copy_seq(self, src: int, dst: int, length: int) -> None:
-        """Sequence `dst` holds `src`'s first `length` positions and nothing else: the cache
-        entries are shared (tagged with both ids), not computed again."""
+        """Sequence `dst` holds `src`'s first `length` positions and nothing else, not
+        computed again: with regions copied into `dst`'s own region (its rows then read them
+        in the blocks they would have been computed in, so its logits are bit for bit a
+        fresh prefill's), else shared (the entries tagged with both ids)."""
         self._lib.llama_kv_cache_seq_rm(self._ctx, dst, 0, -1)
+        if self.region and length <= self.region and \
+                self._lib.adaspec_kv_seq_copy(self._ctx, src, dst, length) == 0:
+            return
         self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, 0, length)
 
     def sequences(self, n: int) -> list[SequenceView]:

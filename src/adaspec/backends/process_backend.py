@@ -80,11 +80,11 @@ class _BackendServer:
         return shape, self.backend.cache_len
 
     def prefill(self, ids: list[int], reuse: int = 0, hidden_layer: int | None = None
-                ) -> tuple[tuple[int, int], int, list[float] | None]:
+                ) -> tuple[tuple[int, int], int, list[float] | None, int]:
         out = self.backend.prefill(torch.tensor(ids), hidden_layer=hidden_layer, reuse=reuse)
         shape = self.rows.write(out.logits)
         hidden = None if out.hidden is None else out.hidden.reshape(-1).tolist()
-        return shape, self.backend.cache_len, hidden
+        return shape, self.backend.cache_len, hidden, out.cached
 
     def truncate(self, length: int) -> int:
         self.backend.truncate(length)
@@ -177,9 +177,10 @@ class ProcessBackend(ModelBackend):
         if hidden_layer is not None and not self.has_hidden_states:
             raise InputError(f"this model's runtime ({self.kind}) gives no hidden states")
         ids = [int(t) for t in tokens.reshape(-1)]
-        shape, self._len, hidden = self._child.call("prefill", ids, int(reuse), hidden_layer)
+        shape, self._len, hidden, cached = self._child.call("prefill", ids, int(reuse),
+                                                            hidden_layer)
         state = None if hidden is None else torch.tensor(hidden).reshape(1, -1)
-        return ForwardOutput(logits=self._rows.read(*shape), hidden=state)
+        return ForwardOutput(logits=self._rows.read(*shape), hidden=state, cached=cached)
 
     def truncate(self, length: int) -> None:
         if length < self._len:

@@ -261,8 +261,10 @@ class StaticTorchBackend(ModelBackend):
             raise InputError("empty prompt")
         kept = reusable_prefix(self._ids.read(), ids, reuse)
         self.truncate(kept)
-        return self._run(torch.tensor(ids[kept:]), None, None, hidden_layer,
-                         last_row_only=True)
+        out = self._run(torch.tensor(ids[kept:]), None, None, hidden_layer,
+                        last_row_only=True)
+        out.cached = kept
+        return out
 
     def _mask(self, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
         """[n, len + n] bool: what each new token sees (the cache, then the new tokens

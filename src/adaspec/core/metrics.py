@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the target's cache already held (not computed)
     new_tokens: int = 0
     target_calls: int = 0  # target forward passes, prefill included
     draft_calls: int = 0  # draft model forward passes

@@ -209,6 +209,7 @@ class BatchDecoder:
                     if self._wait_for_prefix(view, ids, call.prompt_reuse):
                         continue
                     member.prompt_left = view.plan_prefill(ids, call.prompt_reuse)
+                    call.cached = len(ids) - len(member.prompt_left)
                 chunk, member.prompt_left = (member.prompt_left[:budget],
                                              member.prompt_left[budget:])
                 budget -= len(chunk)

@@ -75,6 +75,7 @@ class TargetCall:
     positions: torch.Tensor | None = None  # [n], tree steps
     mask: torch.Tensor | None = None  # [n, n], tree steps
     prompt_reuse: int | None = None  # a prompt: leading tokens the cache may keep (prefill)
+    cached: int = 0  # a prompt: leading tokens its cache held (set where the runner knows it)
     proposal: Proposal | None = None  # a step's: the root and the drafted nodes
     root: int = 0  # a step's: cache index and position of the root
     fixed: bool = False  # a step whose draft may not be cut (its random draws depend on it)
@@ -86,6 +87,7 @@ class TargetCall:
         t0 = time.perf_counter()
         if self.prompt_reuse is not None:
             self.out = self.backend.prefill(self.tokens, reuse=self.prompt_reuse)
+            self.cached = self.out.cached
         else:
             self.out = self.backend.forward(self.tokens, self.positions, self.mask)
         self.backend.synchronize()  # the step's one wait for the device; its read-back is next
@@ -269,7 +271,9 @@ class Engine(TextGenerator):
         if drafter is not None and hasattr(drafter, "backend"):
             limits.append(drafter.backend.max_context)
         self.max_context = min(limits)
-        self._last_prompt: list[int] = []  # the previous request's prompt (prefix reuse)
+        # the previous request's prompt and answer (prefix reuse: a conversation's next turn
+        # resends both)
+        self._last_context: list[int] = []
 
     @property
     def drafts_trees(self) -> bool:
@@ -316,15 +320,18 @@ class Engine(TextGenerator):
         t_start = time.perf_counter() - stats.prefill_time - stats.route_time
 
         if prefill is None:
-            # A server's requests share their chat template's system turn: the target may
-            # keep what it already holds of the prefix this prompt shares with the last one.
-            reuse = common_prefix(prompt_ids, self._last_prompt)
+            # A server's requests share their chat template's system turn, and a
+            # conversation's next turn starts with this one's prompt and answer: the target
+            # may keep what it already holds of the prefix this prompt shares with the last
+            # request's context (whatever it holds of it: `reusable_prefix`).
+            reuse = common_prefix(prompt_ids, self._last_context)
             call = TargetCall(self.target, torch.tensor(prompt_ids), prompt_reuse=reuse,
                               remaining=max_new_tokens)
             yield call
             assert call.out is not None
             prefill = call.out
-        self._last_prompt = list(prompt_ids)
+            stats.cached_tokens = call.cached
+        self._last_context = list(prompt_ids)
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill, sampling, generator,
                              verifier, rows=slice(-1, None)).next_token
         want_logprobs = sampling.logprobs is not None
@@ -389,6 +396,7 @@ class Engine(TextGenerator):
                 step_logprobs = token_logprobs(rows, step_tokens, sampling)
             context = context + step_tokens
 
+        self._last_context = context
         stats.new_tokens = len(generated)
         stats.wall_time = time.perf_counter() - t_start
         yield GenerationResult(

@@ -59,9 +59,14 @@ class ServeState:
         self.metrics = ServeMetrics(
             queue_depth=lambda: self.scheduler.queue_depth if self.scheduler else 0,
             busy=lambda: float(self.scheduler.busy) if self.scheduler else 0.0,
+            prefix_cache=self._prefix_cache,
         )
         self.model = config.served_name()
         self.created = responses.now()
+
+    def _prefix_cache(self) -> dict[str, int]:
+        read = getattr(self.scheduler, "prefix_cache", None)
+        return read() if callable(read) else {}
 
     def start(self, instance: ModelInstance) -> Scheduler:
         self.instance = instance
@@ -70,7 +75,8 @@ class ServeState:
                 from adaspec.serve.batching import BatchScheduler
 
                 self.scheduler = BatchScheduler(instance, self.config.max_queue,
-                                                self.config.max_batch, self.metrics)
+                                                self.config.max_batch, self.metrics,
+                                                slots=self.config.sequences())
             else:
                 self.scheduler = Scheduler(instance, self.config.max_queue, self.metrics)
         self.scheduler.start()

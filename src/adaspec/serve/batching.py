@@ -50,15 +50,24 @@ class BatchScheduler(Scheduler):
     """The FIFO queue in front of a batch of up to `max_batch` requests decoded together."""
 
     def __init__(self, instance: ModelInstance, max_queue: int, max_batch: int,
-                 metrics: ServeMetrics | None = None, priced: bool = True) -> None:
+                 metrics: ServeMetrics | None = None, priced: bool = True,
+                 slots: int | None = None) -> None:
+        """slots: sequences of the KV cache (at least max_batch): an idle one keeps its last
+        request's tokens for the next turn of that conversation."""
         super().__init__(instance, max_queue, metrics)
         self.max_batch = max_batch
-        instance.open_slots(max_batch)  # InputError where a runtime keeps one sequence
+        slots = max(max_batch, slots or max_batch)
+        instance.open_slots(slots)  # InputError where a runtime keeps one sequence
         self.kv_tokens = min(view.max_context for view, _ in instance.slots)
         self.priced = priced
         self.decoder = BatchDecoder()
         self._running: dict[str, _Running] = {}
-        self._free = list(range(max_batch))
+        # idle slots, least recently used first: a prompt takes the one holding the longest
+        # start of it, else the one used longest ago; room is made in the same order
+        self._free = list(range(slots))
+        # idle slots' tokens dropped: to make room, or taken by a request that keeps less
+        # than half of them (another conversation's)
+        self.evicted = 0
         self._recorders: dict[int, Any] = {}  # online distillation: a Recorder per slot
 
     @property
@@ -70,7 +79,7 @@ class BatchScheduler(Scheduler):
         with self._cond:
             if self.draining:
                 raise errors.draining()
-            free = self.max_batch - len(self._running)
+            free = max(0, self.max_batch - len(self._running))
             if len(self._waiting) >= self.max_queue + max(0, free):
                 raise errors.queue_full(self.retry_after(len(self._waiting) + 1))
             self._waiting.append(job)
@@ -78,7 +87,14 @@ class BatchScheduler(Scheduler):
 
     def health(self) -> dict[str, Any]:
         return {**super().health(), "running": len(self._running), "max_batch": self.max_batch,
-                "kv_tokens": self.kv_tokens}
+                "kv_tokens": self.kv_tokens, "prefix_cache": self.prefix_cache()}
+
+    def prefix_cache(self) -> dict[str, int]:
+        """What idle slots keep for a conversation's next turn (read without the lock: a
+        snapshot for /health and /metrics)."""
+        kept = [len(self._slot_ids(s)) for s in list(self._free)]
+        return {"slots": len(self.instance.slots), "kept": sum(1 for n in kept if n),
+                "kept_tokens": sum(kept), "evicted": self.evicted}
 
     # ------------------------------------------------------------ worker side
     def _run(self) -> None:
@@ -141,20 +157,28 @@ class BatchScheduler(Scheduler):
         """Waiting requests that get a slot now (under the lock): in order, while a slot is
         free and the KV cache has room for the head of the queue."""
         admitted = []
-        while self._waiting and self._free:
+        while self._waiting and self._free and len(self._running) < self.max_batch:
             job = self._waiting[0]
-            need = len(job.prompt_ids) + job.max_tokens + DRAFT_ROOM
-            held = sum(r.reserved for r in self._running.values())
-            held += sum(len(self._slot_ids(s)) for s in self._free)
-            if held + need > self.kv_tokens:
-                for slot in self._free:  # drop what idle slots keep for prefix reuse
-                    self._reset_slot(slot)
-                held = sum(r.reserved for r in self._running.values())
-                if held + need > self.kv_tokens and self._running:
-                    break  # waits for a running request to end
-            self._waiting.popleft()
+            # the slot holding the longest start of the prompt; ties (none: the least
+            # recently used, first in `_free`)
             slot = max(self._free, key=lambda s: common_prefix(self._slot_ids(s),
                                                                job.prompt_ids))
+            need = len(job.prompt_ids) + job.max_tokens + DRAFT_ROOM
+            held = sum(r.reserved for r in self._running.values())
+            kept = {s: len(self._slot_ids(s)) for s in self._free if s != slot}
+            if held + sum(kept.values()) + need > self.kv_tokens:
+                for s in [s for s in self._free if kept.get(s)]:  # least recently used first
+                    self._reset_slot(s)
+                    self.evicted += 1
+                    kept[s] = 0
+                    if held + sum(kept.values()) + need <= self.kv_tokens:
+                        break
+                if held + sum(kept.values()) + need > self.kv_tokens and self._running:
+                    break  # waits for a running request to end
+            self._waiting.popleft()
+            held = self._slot_ids(slot)
+            if 2 * common_prefix(held, job.prompt_ids) < len(held):  # another conversation's
+                self.evicted += 1
             self._free.remove(slot)
             self._running[job.id] = _Running(job, slot, None, None, need)  # type: ignore[arg-type]
             admitted.append((job, slot))

@@ -14,6 +14,9 @@ API_KEY_ENV = "ADASPEC_API_KEY"
 # `--max-batch auto` where the target's runtime decodes several requests in one call: the
 # slots llama-server opens by default
 AUTO_SLOTS = 4
+# sequences of the KV cache per request decoded together, by default: a finished request's
+# tokens stay in its sequence for its conversation's next turn (`ServeConfig.cache_slots`)
+KEPT_PER_SLOT = 4
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class ServeConfig:
     port: int = 8000
     max_queue: int = 16  # requests waiting behind the ones being decoded; more get 429
     max_batch: int = 1  # requests decoded together (sequences of one KV cache); `serve`: auto
+    # sequences of the KV cache (at least max_batch; 0: KEPT_PER_SLOT x max_batch): an idle one
+    # keeps its last request's prompt and answer until a request needs its room, least
+    # recently used first, so a conversation's next turn prefills only what it adds
+    cache_slots: int = 0
     timeout: float = 600.0  # seconds from arrival to the last token; then 504 (or an error event)
     api_key: str | None = None
     model_name: str | None = None  # the id /v1/models lists (default: the target's name)
@@ -44,8 +51,17 @@ class ServeConfig:
 
     def slots(self) -> str:
         """How requests are decoded, for the startup line."""
-        return (f"{self.max_batch} requests decoded together" if self.max_batch > 1
-                else "one request at a time")
+        if self.max_batch <= 1:
+            return "one request at a time"
+        return (f"{self.max_batch} requests decoded together, {self.sequences()} "
+                "conversations kept in the cache")
+
+    def sequences(self) -> int:
+        """Sequences of the target's KV cache for the requests decoded together and the
+        conversations kept (`cache_slots`); 1 decoding one request at a time."""
+        if self.max_batch <= 1:
+            return 1
+        return max(self.max_batch, self.cache_slots or KEPT_PER_SLOT * self.max_batch)
 
     def served_name(self) -> str:
         if self.model_name:

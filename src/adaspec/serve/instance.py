@@ -70,7 +70,7 @@ class ModelInstance:
             config.target, config.draft if needs_draft or config.draft else None,
             config.dtype, spec.weights or config.weights,
             spec.draft_weights or config.draft_weights,
-            sequences=config.max_batch + 1 if config.max_batch > 1 else 1,
+            sequences=config.sequences() + 1 if config.max_batch > 1 else 1,
             device=config.device,
         )
         try:

@@ -30,7 +30,8 @@ def method_label(method: str) -> str:
 
 
 class ServeMetrics:
-    def __init__(self, queue_depth: Callable[[], float], busy: Callable[[], float]) -> None:
+    def __init__(self, queue_depth: Callable[[], float], busy: Callable[[], float],
+                 prefix_cache: Callable[[], dict[str, int]] | None = None) -> None:
         disable_created_metrics()  # no `_created` twin of every counter (process-wide)
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -45,6 +46,18 @@ class ServeMetrics:
               registry=r).set_function(busy)
         self.prompt_tokens = Counter("adaspec_prompt_tokens", "prompt tokens prefilled",
                                      ["method"], registry=r)
+        self.cached_tokens = Counter(
+            "adaspec_prompt_tokens_cached", "prompt tokens the KV cache already held (not "
+            "computed again: a conversation's earlier turns, a shared system turn)", ["method"],
+            registry=r)
+        if prefix_cache is not None:  # continuous batching: what idle slots keep
+            for key, text in (("kept", "idle KV cache slots keeping a finished request's "
+                               "tokens for its conversation's next turn"),
+                              ("kept_tokens", "tokens those idle slots keep"),
+                              ("evicted", "idle slots' tokens dropped to make room, least "
+                               "recently used first (since start)")):
+                Gauge(f"adaspec_prefix_cache_{key}", text, registry=r).set_function(
+                    lambda key=key: float(prefix_cache().get(key, 0)))
         self.generated_tokens = Counter("adaspec_generated_tokens", "tokens generated",
                                         ["method"], registry=r)
         self.drafted = Counter("adaspec_drafted_tokens", "draft tokens sent to verification",
@@ -107,6 +120,7 @@ class ServeMetrics:
         m = method_label(method)
         self.outcomes.labels(m, finish).inc()
         self.prompt_tokens.labels(m).inc(stats.prompt_tokens)
+        self.cached_tokens.labels(m).inc(stats.cached_tokens)
         self.generated_tokens.labels(m).inc(stats.new_tokens)
         self.drafted.labels(m).inc(stats.drafted)
         self.accepted.labels(m).inc(stats.accepted)

@@ -16,6 +16,7 @@ from adaspec.serve.schema import (
     ChatResponseMessage,
     Completion,
     CompletionChoice,
+    PromptTokensDetails,
     SpeculationStats,
     Usage,
 )
@@ -40,6 +41,7 @@ def usage(result: GenerationResult, method: str, queue_time: float) -> Usage:
         prompt_tokens=s.prompt_tokens,
         completion_tokens=s.new_tokens,
         total_tokens=s.prompt_tokens + s.new_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=s.cached_tokens),
         speculation=SpeculationStats(
             method=method,
             target_calls=s.target_calls,

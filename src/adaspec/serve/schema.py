@@ -278,10 +278,15 @@ class SpeculationStats(BaseModel):
     route: str | None = None  # the method a router picked
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens the KV cache already held (a conversation's turns)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
     speculation: SpeculationStats | None = None
 
 

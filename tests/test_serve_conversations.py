@@ -1,0 +1,126 @@
+"""A conversation's cache kept between its turns (`adaspec serve --max-batch N`, tiny models
+on the static runtime, which keeps a sequence's prefix): the next turn prefills only what it
+adds (its usage says how many prompt tokens the cache held) and answers what a server that
+never saw the conversation answers; idle slots beyond the batch keep more conversations than
+decode at once; room is made least recently used first, and /health and /metrics say so."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from adaspec.backends.load import load_backends  # noqa: E402
+from adaspec.serve.instance import ModelInstance  # noqa: E402
+
+from .test_serve import adaspec_home, live_server  # noqa: E402, F401  (the module's fixture)
+
+OPENINGS = ["def add(a, b):", "class Point:", "import os\n", "x = [1, 2, 3]\nfor",
+            "def fibonacci(n):", "while True:"]
+
+
+@pytest.fixture(scope="module")
+def static_dirs(model_dirs):  # after the autouse adaspec_home
+    return model_dirs
+
+
+def _instance(model_dirs, method: str = "ar") -> ModelInstance:
+    target, tokenizer, draft, eos = load_backends(model_dirs[0], None, "float32", "static",
+                                                  "none")
+    return ModelInstance(target, tokenizer, draft, eos, method)
+
+
+def complete(url: str, prompt: str, method: str = "ar", n: int = 12) -> dict:
+    r = httpx.post(url + "/v1/completions", timeout=60, json={
+        "prompt": prompt, "max_tokens": n, "temperature": 0, "method": method})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def turns(url: str, opening: str, n_turns: int = 3, method: str = "ar") -> list[dict]:
+    """Each turn resends the conversation so far (its prompts and answers) plus a line."""
+    out, text = [], opening
+    for t in range(n_turns):
+        got = complete(url, text, method)
+        out.append(got)
+        text += got["choices"][0]["text"] + f"\n# turn {t + 2}\n"
+    return out
+
+
+def cached(response: dict) -> int:
+    return response["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_a_conversations_next_turn_prefills_only_what_it_adds(static_dirs):
+    instance = _instance(static_dirs)
+    with live_server(instance, max_batch=2) as url:
+        served = turns(url, OPENINGS[0])
+        first_prompt = served[0]["usage"]["prompt_tokens"]
+        assert cached(served[0]) == 0
+        # turn 2 holds turn 1's prompt and most of its answer (the answer's last token was
+        # emitted, never fed), turn 3 all of turn 2's
+        assert cached(served[1]) >= first_prompt + 12 - 2
+        assert cached(served[2]) >= served[1]["usage"]["prompt_tokens"] + 12 - 2
+        h = httpx.get(url + "/health").json()["prefix_cache"]
+        assert h["kept"] >= 1 and h["kept_tokens"] > served[2]["usage"]["prompt_tokens"]
+        metrics = httpx.get(url + "/metrics").text
+        assert 'adaspec_prompt_tokens_cached_total{method="ar"}' in metrics
+        assert "adaspec_prefix_cache_kept_tokens" in metrics
+    instance.close()
+    # the same turns on a server that computes every prompt from scratch (one slot, each
+    # turn's prompt sent once): the same answers
+    fresh = _instance(static_dirs)
+    with live_server(fresh, max_batch=1) as url:
+        text = OPENINGS[0]
+        for t, got in enumerate(served):
+            alone = complete(url, text)
+            assert alone["choices"][0]["text"] == got["choices"][0]["text"], t
+            text += got["choices"][0]["text"] + f"\n# turn {t + 2}\n"
+            fresh.target.reset()  # nothing kept for the next turn
+    fresh.close()
+
+
+def test_idle_slots_keep_more_conversations_than_decode_at_once(static_dirs):
+    """Two decoding at once, six kept: four conversations, interleaved turn by turn, each
+    find their earlier turns in the cache, and answer what each answers served alone."""
+    instance = _instance(static_dirs, "ngram:k=3")
+    with live_server(instance, max_batch=2, cache_slots=6) as url:
+        texts = {o: o for o in OPENINGS[:4]}
+        got: dict[str, list[dict]] = {o: [] for o in texts}
+        for t in range(3):
+            with ThreadPoolExecutor(2) as pool:  # two at a time, in turn order
+                answers = list(pool.map(lambda o: complete(url, texts[o], "ngram:k=3"),
+                                        list(texts)))
+            for o, answer in zip(texts, answers, strict=True):
+                if t:  # at least the whole prompt of its previous turn
+                    assert cached(answer) >= got[o][-1]["usage"]["prompt_tokens"], (o, t)
+                got[o].append(answer)
+                texts[o] += answer["choices"][0]["text"] + f"\n# turn {t + 2}\n"
+        assert httpx.get(url + "/health").json()["prefix_cache"]["evicted"] == 0
+    instance.close()
+    for opening in texts:  # each conversation alone
+        alone = _instance(static_dirs, "ngram:k=3")
+        with live_server(alone, max_batch=2) as url:
+            for t, answer in enumerate(turns(url, opening, method="ngram:k=3")):
+                assert answer["choices"][0]["text"] == got[opening][t]["choices"][0]["text"]
+        alone.close()
+
+
+def test_the_least_recently_used_conversation_makes_room(static_dirs):
+    """Two slots, three conversations: the third takes the slot used longest ago (the
+    first's), so the second conversation's next turn finds its turn and the first's starts
+    from scratch (taking the slot of the third, now the least recently used)."""
+    instance = _instance(static_dirs)
+    with live_server(instance, max_batch=2, cache_slots=2) as url:
+        a = complete(url, OPENINGS[0])
+        b = complete(url, OPENINGS[1])
+        complete(url, OPENINGS[2])
+        b2 = complete(url, OPENINGS[1] + b["choices"][0]["text"] + "\n# more\n")
+        a2 = complete(url, OPENINGS[0] + a["choices"][0]["text"] + "\n# more\n")
+        assert cached(b2) >= b["usage"]["prompt_tokens"]
+        assert cached(a2) == 0
+        assert httpx.get(url + "/health").json()["prefix_cache"]["evicted"] == 2
+    instance.close()
