@@ -577,3 +577,25 @@ def test_a_row_scores_alike_in_any_call_any_slot_and_a_context_of_one(smollm):
     out = forward_together([(d, steps[:1] + steps[1:], ALL), (a, [3, 4], ALL)])[0]
     assert torch.equal(out, want_t[1:])
     owner.close()
+
+
+def test_the_load_probe_finds_whether_sequences_score_alike(smollm, monkeypatch):
+    """At load a context of several sequences checks that sequence 1 scores a token as
+    sequence 0 does (alone, beside it, in a block): with the one attention path it does and
+    greedy verification needs no recheck (batch noise 0); with regions off (flash attention
+    over freely placed cells, the pinned kernel's paths) it does not, and near-ties are
+    rechecked."""
+    gguf, _ = smollm
+    owner = IkLlamaBackend(gguf, n_threads=2, name="smollm", n_ctx=1024, sequences=3,
+                           min_rows=None)
+    if not owner.region:
+        owner.close()
+        pytest.skip("this ik_llama.cpp library lacks the kv-regions patch")
+    assert owner.sequences_match and owner.batch_noise == 0.0
+    owner.close()
+    monkeypatch.setenv(ikllama.REGIONS_ENV, "off")
+    free = IkLlamaBackend(gguf, n_threads=2, name="smollm", n_ctx=1024, sequences=3,
+                          min_rows=None)
+    assert free.flash_attention and not free.region
+    assert not free.sequences_match and free.batch_noise > 0
+    free.close()

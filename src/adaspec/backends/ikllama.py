@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from adaspec.backends.base import ChainBackend, batch_noise_setting
-from adaspec.backends.sequences import ALL, LAST, Feed, SequenceView, views
+from adaspec.backends.sequences import ALL, LAST, NONE, Feed, SequenceView, views
 from adaspec.errors import AdaspecError, InputError
 
 IK_VERSION = "0.1.5"
@@ -54,6 +54,10 @@ REGION_ALIGN = 256  # a region starts on a block boundary of the flash-attention
 # used, so long regions cost every call; what does not fit goes past the regions
 REGION_TOKENS = 1024
 BLOCK_ROWS = 2  # a block: this runtime scores the rows of any block of 2 or more alike
+# the load probe's prefix per sequence (`sequences_alike`): past the flash-attention
+# kernel's blocks of 128 cells, far enough for the running maximum to move where the
+# blocks are cut otherwise (136 did not show it on SmolLM2, 300 did)
+PROBE_PREFIX = 300
 
 
 def context_for(sequences: int) -> int:
@@ -222,6 +226,7 @@ class IkLlamaBackend(ChainBackend):
 
     kind = "ik_llama"
     runtime = "ik_llama.cpp"
+    pooled_cache = True  # its sequences share the context's cells (`SequenceView`)
     has_hidden_states = True  # the final layer's, for the router (`_final_state`)
     # experiments/batch_noise.py (EPYC Zen 5): a row's top-2 gap moved by up to 0.74 between
     # its single-token pass and a block of 2-8 (1,176 rows); greedy rows within it are rechecked.
@@ -324,6 +329,11 @@ class IkLlamaBackend(ChainBackend):
         # padded to blocks, or lone rows scored as in blocks: verification scores what plain
         # decoding scores, nothing to recheck
         alike = self.min_rows > 1 or getattr(self, "rows_match", False)
+        # and with several sequences, a row the same whichever sequence and companions it
+        # has (the one attention path of `ik_regions_patch`): else greedy verification
+        # rechecks near-ties (`Engine._settle_near_tie`)
+        self.sequences_match = self.max_sequences == 1 or self.sequences_alike()
+        alike = alike and self.sequences_match
         self.batch_noise = batch_noise_setting(0.0 if alike else type(self).batch_noise)
         self.hidden_size = int(lib.llama_model_n_embd(self._model))
         self.num_layers = int(lib.llama_n_layer(self._model))
@@ -352,6 +362,34 @@ class IkLlamaBackend(ChainBackend):
             self._remove_from(0)
             self._len = 0
         return alike
+
+    def sequences_alike(self, prefix: int = PROBE_PREFIX) -> bool:
+        """Whether sequence 1 scores a token bit for bit as sequence 0 scores it (another
+        region of the cache), alone, as the second row of a call beside sequence 0's, and
+        as the first of a block of 2; the same tokens in both, after `prefix` tokens (more
+        than a block of the flash-attention kernel, so cells placed off the blocks show).
+        Leaves both sequences empty."""
+        prefix = max(1, min(prefix, (self.region or self.max_context // 2) - 3))
+        ids = [(11 + 197 * i) % self.vocab_size for i in range(prefix + 3)]
+        try:
+            self.feed_many([Feed(0, 0, ids[:prefix], NONE), Feed(1, 0, ids[:prefix], NONE)],
+                           pad=False)
+            tok, at = ids[prefix], prefix
+            rows = [self.feed_many([Feed(0, at, [tok], ALL)], pad=False)[0]]
+            self.remove_seq(0, at)
+            rows.append(self.feed_many([Feed(1, at, [tok], ALL)], pad=False)[0])
+            self.remove_seq(1, at)
+            both = self.feed_many([Feed(0, at, [ids[at + 1]], ALL), Feed(1, at, [tok], ALL)],
+                                  pad=False)
+            rows.append(both[1])
+            self.remove_seq(0, at)
+            self.remove_seq(1, at)
+            rows.append(self.feed_many([Feed(1, at, [tok, ids[at + 2]], ALL)],
+                                       pad=False)[0][:1])
+        finally:
+            self.remove_seq(0, 0)
+            self.remove_seq(1, 0)
+        return all(torch.equal(rows[0], r) for r in rows[1:])
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
         return self._feed_rows(ids, every_row, pad=True)

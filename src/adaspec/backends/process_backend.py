@@ -27,7 +27,7 @@ from adaspec.errors import InputError
 # kernels gets its curves measured again
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
                "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params",
-               "max_sequences", "patches", "built_at")
+               "max_sequences", "patches", "built_at", "pooled_cache")
 
 
 class _SharedRows:

@@ -46,6 +46,9 @@ class Runtime:
     start: Callable[[LoadRequest], Callable[[], Loaded]]  # starts loading; returns `finish`
     fastest_on: tuple[str, ...] | None = None  # devices `fastest` may pick it on (all)
     batches: bool = False  # decodes several sequences in one call (`serve --max-batch`)
+    # its sequences share one pool of KV cells: an idle sequence costs nothing until its
+    # cells are needed (ik_llama.cpp; the static runtime preallocates and computes every row)
+    pooled_cache: bool = False
 
 
 RUNTIMES: list[Runtime] = []
@@ -70,6 +73,12 @@ def runtime_for(weights: str, device: str) -> Runtime:
 def batches(weights: str, device: str) -> bool:
     """Whether the runtime of `weights` on `device` decodes several requests in one call."""
     return runtime_for(weights, device).batches
+
+
+def pools_cache(weights: str, device: str) -> bool:
+    """Whether the runtime of `weights` on `device` keeps its sequences in one pool of KV
+    cells (idle sequences free until their cells are needed)."""
+    return runtime_for(weights, device).pooled_cache
 
 
 def fastest_weights(name: str, device: str = CPU) -> str:
@@ -168,7 +177,7 @@ def _quant_modes() -> tuple[str, ...]:
 
 
 register(Runtime("ik_llama.cpp", ("ik",), (CPU,), _ik_can_run, _start_gguf_child,
-                 batches=True))
+                 batches=True, pooled_cache=True))
 register(Runtime("llama.cpp", ("gguf",), (CPU,), _llamacpp_can_run, _start_gguf_child))
 register(Runtime("torch-static", ("static",), (CPU, CUDA), _always, _start_static,
                  fastest_on=(CUDA,), batches=True))

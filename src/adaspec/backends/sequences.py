@@ -31,7 +31,8 @@ MIN_SHARE = 16
 
 # the attributes a view copies from its owner (what engines, profiles and routers read)
 _SHARED = ("name", "vocab_size", "num_layers", "hidden_size", "bytes_per_forward", "kind",
-           "batch_noise", "n_params", "model")  # model: a torch owner's (online distillation)
+           "batch_noise", "n_params", "model",  # model: a torch owner's (online distillation)
+           "pooled_cache")
 
 
 @dataclass
@@ -92,6 +93,9 @@ class SequenceView(ChainBackend):
         self._len = 0
         self.siblings: Sequence[SequenceView] = ()  # the owner's other views (`views`)
         self.shared_tokens = 0  # prompt tokens taken from a sibling's cache, not computed
+        # the owner's sequences share its max_context cells (ik_llama.cpp), or each has as
+        # many of its own (the static runtime's rows)
+        self.pooled_cache = bool(getattr(owner, "pooled_cache", False))
 
     def _feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
         out = self.owner.feed_many([Feed(self.seq, self._len, ids, ALL if every_row else LAST)])

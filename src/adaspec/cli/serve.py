@@ -35,6 +35,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         "(continuous batching; 1: one at a time, the others queued; default "
                         f"auto: {AUTO_SLOTS} where the target's runtime batches, ik_llama.cpp "
                         "or the static torch runtime, else 1)")
+    p.add_argument("--cache-slots", default="auto", metavar="N|auto",
+                   help="sequences of the KV cache, at least --max-batch: an idle one keeps "
+                        "its last request's prompt and answer, so a conversation's next turn "
+                        "prefills only what it adds; room is made least recently used first "
+                        "(default auto: 4 x --max-batch on ik_llama.cpp, whose sequences share "
+                        "one pool of cells; --max-batch on the static runtime)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a request may take from arrival to its last token (default 600)")
     p.add_argument("--api-key", default=None,
@@ -107,15 +113,15 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
                    help="where adapters are saved (default $ADASPEC_HOME/osd/<draft>-last<L>)")
 
 
-def _max_batch(text: str) -> int | None:
-    """--max-batch: a number of slots, or None for auto."""
+def _max_batch(text: str, flag: str = "--max-batch") -> int | None:
+    """--max-batch (or `flag`): a number of slots, or None for auto."""
     from adaspec.errors import InputError
 
     value = str(text).strip().lower()
     if value == "auto":
         return None
     if not value.isdigit() or int(value) < 1:
-        raise InputError(f"--max-batch must be a whole number >= 1 or 'auto', got {text!r}")
+        raise InputError(f"{flag} must be a whole number >= 1 or 'auto', got {text!r}")
     return int(value)
 
 
@@ -129,6 +135,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError(f"adaspec serve needs {', '.join(missing)}: pip install -e '.[serve]'")
     parse_method(args.method).check_files()  # a typo fails before any model loads
     max_batch = _max_batch(args.max_batch)
+    cache_slots = _max_batch(args.cache_slots, "--cache-slots")
     for name, value, low in (("--max-queue", args.max_queue, 0),
                              ("--max-tokens", args.max_tokens, 1), ("--replicas", args.replicas, 1),
                              ("--history-every", args.history_every, 1),
@@ -141,7 +148,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError("--ray needs Ray Serve: pip install -e '.[ray]'")
 
     from adaspec.backends.device import resolve_device
-    from adaspec.serve.config import ServeConfig, auto_max_batch
+    from adaspec.serve.config import ServeConfig, auto_cache_slots, auto_max_batch
 
     device = resolve_device(args.device)  # a missing GPU is named before any model loads
     gpus = args.gpus_per_replica
@@ -162,6 +169,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if max_batch is None:
         max_batch = auto_max_batch(args.method, args.target, args.weights, device)
+    if cache_slots is None:
+        cache_slots = auto_cache_slots(args.method, args.target, args.weights, device,
+                                       max_batch)
+    if max_batch > 1 and cache_slots < max_batch:
+        raise InputError(f"--cache-slots {cache_slots} is fewer than --max-batch {max_batch}: "
+                         "every request decoded needs a sequence of its own")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"adaspec serve: warning: listening on {args.host} without an API key "
@@ -170,7 +183,8 @@ def run_serve(args: argparse.Namespace) -> int:
         method=args.method, target=args.target, draft=args.draft, dtype=args.dtype,
         weights=args.weights, draft_weights=args.draft_weights, device=args.device,
         host=args.host, port=args.port,
-        max_queue=args.max_queue, max_batch=max_batch, timeout=args.timeout,
+        max_queue=args.max_queue, max_batch=max_batch, cache_slots=cache_slots,
+        timeout=args.timeout,
         api_key=api_key,
         model_name=args.model_name, default_max_tokens=args.max_tokens,
         drain_timeout=args.drain_timeout, online=online, history=args.history,

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the target's cache already held (not computed)
     new_tokens: int = 0
     target_calls: int = 0  # target forward passes, prefill included
     draft_calls: int = 0  # draft model forward passes
@@ -28,6 +27,7 @@ class RequestStats:
     rechecks: int = 0
     # drafted tokens per part of the drafter that produced them (S2D: "exit 6": n), if any
     drafted_by: dict[str, int] = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens the target's cache already held (not computed)
 
     @property
     def other_time(self) -> float:

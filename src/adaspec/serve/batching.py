@@ -34,6 +34,9 @@ from adaspec.serve.scheduler import CHUNK, Event, Job, Scheduler
 log = logging.getLogger("adaspec.serve")
 
 DRAFT_ROOM = 17  # KV entries a step may add beyond a request's budget (k_max + 1)
+# tokens at the end of a prompt its conversation's next turn may tokenize otherwise (the
+# answer's text merged with what precedes it)
+BOUNDARY = 4
 
 
 @dataclass
@@ -59,15 +62,18 @@ class BatchScheduler(Scheduler):
         slots = max(max_batch, slots or max_batch)
         instance.open_slots(slots)  # InputError where a runtime keeps one sequence
         self.kv_tokens = min(view.max_context for view, _ in instance.slots)
+        # the slots share kv_tokens cells (ik_llama.cpp), or each has as many of its own
+        self.pooled = all(getattr(view, "pooled_cache", False) for view, _ in instance.slots)
         self.priced = priced
         self.decoder = BatchDecoder()
         self._running: dict[str, _Running] = {}
         # idle slots, least recently used first: a prompt takes the one holding the longest
         # start of it, else the one used longest ago; room is made in the same order
         self._free = list(range(slots))
-        # idle slots' tokens dropped: to make room, or taken by a request that keeps less
-        # than half of them (another conversation's)
+        # idle slots' tokens dropped: to make room, or taken by a request that does not
+        # continue the slot's last request (its prompt not kept: another conversation)
         self.evicted = 0
+        self._last_prompt: dict[int, int] = {}  # a slot's last prompt's length
         self._recorders: dict[int, Any] = {}  # online distillation: a Recorder per slot
 
     @property
@@ -164,11 +170,12 @@ class BatchScheduler(Scheduler):
             slot = max(self._free, key=lambda s: common_prefix(self._slot_ids(s),
                                                                job.prompt_ids))
             need = len(job.prompt_ids) + job.max_tokens + DRAFT_ROOM
-            held = sum(r.reserved for r in self._running.values())
-            kept = {s: len(self._slot_ids(s)) for s in self._free if s != slot}
+            held = sum(r.reserved for r in self._running.values()) if self.pooled else 0
+            kept = {s: len(self._slot_ids(s)) for s in self._free if s != slot and self.pooled}
             if held + sum(kept.values()) + need > self.kv_tokens:
                 for s in [s for s in self._free if kept.get(s)]:  # least recently used first
                     self._reset_slot(s)
+                    self._last_prompt.pop(s, None)
                     self.evicted += 1
                     kept[s] = 0
                     if held + sum(kept.values()) + need <= self.kv_tokens:
@@ -176,9 +183,10 @@ class BatchScheduler(Scheduler):
                 if held + sum(kept.values()) + need > self.kv_tokens and self._running:
                     break  # waits for a running request to end
             self._waiting.popleft()
-            held = self._slot_ids(slot)
-            if 2 * common_prefix(held, job.prompt_ids) < len(held):  # another conversation's
+            if common_prefix(self._slot_ids(slot), job.prompt_ids) < self._last_prompt.get(
+                    slot, 0) - BOUNDARY:  # not its last request's conversation
                 self.evicted += 1
+            self._last_prompt[slot] = len(job.prompt_ids)
             self._free.remove(slot)
             self._running[job.id] = _Running(job, slot, None, None, need)  # type: ignore[arg-type]
             admitted.append((job, slot))

@@ -29,6 +29,10 @@ def method_label(method: str) -> str:
     return method.partition("@")[0].partition(":")[0].strip() or "unknown"
 
 
+def _reader(read: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:
+    return lambda: float(read().get(key, 0))
+
+
 class ServeMetrics:
     def __init__(self, queue_depth: Callable[[], float], busy: Callable[[], float],
                  prefix_cache: Callable[[], dict[str, int]] | None = None) -> None:
@@ -54,10 +58,10 @@ class ServeMetrics:
             for key, text in (("kept", "idle KV cache slots keeping a finished request's "
                                "tokens for its conversation's next turn"),
                               ("kept_tokens", "tokens those idle slots keep"),
-                              ("evicted", "idle slots' tokens dropped to make room, least "
-                               "recently used first (since start)")):
+                              ("evicted", "idle slots' tokens dropped, least recently used "
+                               "first: for room, or taken by another conversation")):
                 Gauge(f"adaspec_prefix_cache_{key}", text, registry=r).set_function(
-                    lambda key=key: float(prefix_cache().get(key, 0)))
+                    _reader(prefix_cache, key))
         self.generated_tokens = Counter("adaspec_generated_tokens", "tokens generated",
                                         ["method"], registry=r)
         self.drafted = Counter("adaspec_drafted_tokens", "draft tokens sent to verification",
