@@ -4,13 +4,18 @@ PIP := $(VENV)/bin/pip
 
 .PHONY: setup test lint bench-core mutation mutation-resume mutation-report
 
+# each phase prints how long it took (`phase NAME COMMAND...`)
+PHASE = phase() { name=$$1; shift; t0=$$(date +%s); "$$@" || return $$?; \
+	echo "== setup: $$name took $$(( $$(date +%s) - t0 )) s"; }; phase
+
 setup:
-	python3 -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
-	$(VENV)/bin/adaspec models prepare
-	$(VENV)/bin/adaspec runtime build --if-possible  # ik_llama.cpp for this CPU (~4-5 min)
+	@$(PHASE) venv python3 -m venv $(VENV)
+	@$(PHASE) pip $(PIP) install -q --upgrade pip
+	@$(PHASE) torch $(PIP) install torch==2.13.0
+	@$(PHASE) "packages (llama-cpp-python builds from source, ~8 min)" \
+		$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
+	@$(PHASE) models $(VENV)/bin/adaspec models prepare
+	@$(PHASE) "ik_llama.cpp for this CPU" $(VENV)/bin/adaspec runtime build --if-possible
 
 test:
 	$(VENV)/bin/ruff check src tests experiments

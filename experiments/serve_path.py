@@ -127,7 +127,7 @@ def ask(port: int, messages: list[dict], max_tokens: int, method: str | None, la
         timeout: float) -> tuple[Record, str]:
     """One streamed greedy chat request: its record (times from the request being sent,
     `server`: adaspec's usage.speculation and cached prompt tokens) and the answer's text."""
-    body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": max_tokens,
+    body: dict[str, Any] = {"model": "adaspec", "messages": messages, "max_tokens": max_tokens,
                             "temperature": 0.0, "stream": True,
                             "stream_options": {"include_usage": True}}
     if method:
@@ -195,21 +195,30 @@ def _llama_port(decoder: LlamaServerDecoder) -> int:
 
 # ------------------------------------------------------------------------- the parts
 def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_tokens: int,
-           timeout: float, say: Any) -> list[dict]:
+           timeout: float, say: Any, pair_repeats: int = 0) -> list[dict]:
+    """Every prompt through every system (the order rotating prompt by prompt), then
+    `pair_repeats` more pairs of adaspec `auto` and `ar` back to back (the order
+    alternating): on a shared 2-vCPU machine one request can run at half speed, so
+    `auto` against `ar` is read per pair, the median over the pairs."""
     rows = []
     labels = list(peers)
+    pair = ["adaspec auto", "adaspec ar"]
     for i, p in enumerate(prompts):
         order = labels[i % len(labels):] + labels[: i % len(labels)]
-        for label in order:
-            port, method = peers[label]
-            rec, text = ask(port, [{"role": "user", "content": p["text"]}], max_tokens, method,
-                            label, timeout)
-            rows.append({"prompt": p["id"], "category": p["category"], "system": label,
-                         "outcome": rec.outcome, "error": rec.error, "latency": rec.latency,
-                         "ttft": rec.ttft, "tokens": rec.completion_tokens, "text": text,
-                         "server": rec.server.get("speculation")})
-            say(f"{p['id']:>22} {label:<26} {rec.outcome} {rec.completion_tokens} tok "
-                f"{(rec.latency or 0):.2f} s (first {(rec.ttft or 0):.2f} s)")
+        rounds = [(0, order)] + [(r + 1, pair if (i + r) % 2 else pair[::-1])
+                                 for r in range(pair_repeats)]
+        for repeat, systems in rounds:
+            for label in systems:
+                port, method = peers[label]
+                rec, text = ask(port, [{"role": "user", "content": p["text"]}], max_tokens,
+                                method, label, timeout)
+                rows.append({"prompt": p["id"], "category": p["category"], "system": label,
+                             "repeat": repeat, "outcome": rec.outcome, "error": rec.error,
+                             "latency": rec.latency, "ttft": rec.ttft,
+                             "tokens": rec.completion_tokens, "text": text,
+                             "server": rec.server.get("speculation")})
+                say(f"{p['id']:>22} {label:<26} {rec.outcome} {rec.completion_tokens} tok "
+                    f"{(rec.latency or 0):.2f} s (first {(rec.ttft or 0):.2f} s)")
     return rows
 
 
@@ -260,7 +269,7 @@ def interleaved(port: int, convs: list[dict], max_tokens: int, timeout: float,
                 together[c["id"]].append(text)
 
     threads = [threading.Thread(target=client, args=(convs[i::clients],))
-               for i in range(clients)]
+               for i in range(clients) if convs[i::clients]]
     for th in threads:
         th.start()
     for th in threads:
@@ -268,6 +277,26 @@ def interleaved(port: int, convs: list[dict], max_tokens: int, timeout: float,
     alone = {c["id"]: [r["text"] for r in conversation(port, c["turns"], max_tokens, None,
                                                        "alone", timeout)] for c in convs}
     return together, alone
+
+
+def decoded_together(port: int, prompts: list[dict], max_tokens: int, timeout: float,
+             clients: int) -> dict[str, str]:
+    """`auto`'s answers with `clients` requests decoded together (client i sends prompts
+    i, i + clients, ...)."""
+    texts: dict[str, str] = {}
+
+    def client(mine: list[dict]) -> None:
+        for p in mine:
+            _, texts[p["id"]] = ask(port, [{"role": "user", "content": p["text"]}],
+                                    max_tokens, "auto", "together", timeout)
+
+    threads = [threading.Thread(target=client, args=(prompts[i::clients],))
+               for i in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return texts
 
 
 # ------------------------------------------------------------------------- report
@@ -282,7 +311,21 @@ def _f(x: float | None, d: int = 2) -> str:
 
 def summary(run: dict) -> str:
     rows = run["single"]
-    by = {(r["prompt"], r["system"]): r for r in rows}
+    by = {(r["prompt"], r["system"]): r for r in rows if not r.get("repeat")}
+    pairs: dict[str, list[float]] = {}  # per prompt: auto / ar in each repeat
+    texts_ok: dict[str, bool] = {}  # per prompt: every auto and ar text the same
+    for r in rows:
+        if r["system"] != "adaspec auto":
+            continue
+        mate = next((x for x in rows if x["prompt"] == r["prompt"] and x["system"] ==
+                     "adaspec ar" and x.get("repeat", 0) == r.get("repeat", 0)), None)
+        if mate and r.get("latency") and mate.get("latency") and r["tokens"]:
+            pairs.setdefault(r["prompt"], []).append(
+                (r["tokens"] / r["latency"]) / (mate["tokens"] / mate["latency"]))
+    for p_ in dict.fromkeys(r["prompt"] for r in rows):
+        seen = {r["text"] for r in rows if r["prompt"] == p_ and r["system"] in
+                ("adaspec auto", "adaspec ar")}
+        texts_ok[p_] = len(seen) == 1
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
     cat = {r["prompt"]: r["category"] for r in rows}
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -316,40 +359,45 @@ def summary(run: dict) -> str:
         lines.append(f"| {s} | " + " | ".join(_f(x) for x in per) + f" | {_f(allr)} | "
                      f"{_f(ttft)} |")
     lines += ["", "(first token: llama-server's time over the system's; above 1 is sooner)", ""]
-    auto, ar = "adaspec auto", "adaspec ar"
-    same = [p for p in prompts
-            if by.get((p, auto), {}).get("text") == by.get((p, ar), {}).get("text")]
+    ar = "adaspec ar"
+    same = [p for p in prompts if texts_ok.get(p)]
     ar_gen = run.get("generate_ar", {})
     gen_same = [p for p in prompts if ar_gen.get(p) == by.get((p, ar), {}).get("text")]
     lines += ["## Greedy text", "",
-              f"- `auto` equals `ar` through the server on {len(same)} of {len(prompts)} prompts",
+              f"- `auto` equals `ar` through the server on {len(same)} of {len(prompts)} prompts"
+              f" (every request of each: {1 + run.get('pair_repeats', 0)} of each method)",
               f"- the server's `ar` equals `adaspec generate --method ar` (in process, one "
               f"sequence) on {len(gen_same)} of {len(prompts)}", ""]
+    if run.get("together"):
+        tog = run["together"]
+        eq = [p for p in prompts if tog.get(p) == by.get((p, ar), {}).get("text")]
+        lines.insert(-1, f"- `auto` with 4 requests decoded together (4 clients at once) "
+                         f"equals `ar` alone on {len(eq)} of {len(prompts)}")
     diff = [p for p in prompts if p not in same]
     if diff:
         lines.append("Prompts where `auto` and `ar` differ: " + ", ".join(diff))
         lines.append("")
     lines += ["## `auto` against `ar` (end-to-end tokens/s, the same server)", "",
+              f"Per prompt the median over {1 + run.get('pair_repeats', 0)} pairs of requests "
+              "sent back to back (one pair in the rotation above, the others alternating "
+              "which goes first); the lowest prompt's pairs in brackets.", "",
               "| category | geomean | lowest prompt | prompts with the same text |",
               "| --- | ---: | ---: | ---: |"]
     for c in CATEGORIES:
-        rs = []
-        for p in prompts:
-            if cat[p] != c:
-                continue
-            a, b = by.get((p, auto)), by.get((p, ar))
-            if a and b and rate(a) and rate(b):
-                rs.append(rate(a) / rate(b))
+        med = {p: statistics.median(pairs[p]) for p in prompts if cat[p] == c and pairs.get(p)}
+        low = min(med, key=lambda k: med[k]) if med else None
+        spread = (" (" + ", ".join(f"{x:.2f}" for x in pairs[low]) + ")") if low else ""
         n_same = sum(1 for p in same if cat[p] == c)
-        lines.append(f"| {c} | {_f(_geo(rs))} | {_f(min(rs) if rs else None)} | {n_same} |")
+        lines.append(f"| {c} | {_f(_geo(list(med.values())))} | "
+                     f"{_f(med[low] if low else None)}{spread} | {n_same} |")
     lines.append("")
     if run.get("conversations"):
         lines += ["## Conversations: time to first token by turn (median over conversations)", "",
                   "| system | " + " | ".join(f"turn {t}" for t in range(1, run["turns"] + 1))
-                  + " | prompt tokens at the last turn | cached by adaspec |",
+                  + " | prompt tokens at the last turn | of them, held in the cache |",
                   "| --- | " + " | ".join("---:" for _ in range(run["turns"])) + " | ---: | ---: |"]
         for label, convs in run["conversations"].items():
-            med = [statistics.median([c[t]["ttft"] for c in convs if c[t]["ttft"]])
+            med = [statistics.median([c[t]["ttft"] for c in convs if c[t]["ttft"]] or [0.0])
                    for t in range(run["turns"])]
             last = statistics.median([c[-1]["prompt_tokens"] or 0 for c in convs])
             cached = [c[-1]["cached_tokens"] for c in convs if c[-1]["cached_tokens"] is not None]
@@ -357,6 +405,19 @@ def summary(run: dict) -> str:
                          + f" | {last:.0f} | {statistics.median(cached):.0f} |" if cached else
                          f"| {label} | " + " | ".join(f"{m:.2f} s" for m in med)
                          + f" | {last:.0f} | - |")
+        lines.append("")
+    if run.get("long"):
+        lines += ["## One long conversation: time to first token as it grows", "",
+                  "| turn | " + " | ".join(f"{k} (prompt tokens, held, first token)"
+                                          for k in run["long"]) + " |",
+                  "| ---: | " + " | ".join("---:" for _ in run["long"]) + " |"]
+        for t in range(len(next(iter(run["long"].values())))):
+            cells = []
+            for rows in run["long"].values():
+                r = rows[t]
+                cells.append(f"{r['prompt_tokens']}, {r['cached_tokens']}, "
+                             f"{_f(r['ttft'])} s")
+            lines.append(f"| {t + 1} | " + " | ".join(cells) + " |")
         lines.append("")
     if run.get("interleaved"):
         together, alone = run["interleaved"]["together"], run["interleaved"]["alone"]
@@ -382,6 +443,15 @@ def main() -> int:
     p.add_argument("--interleaved", type=int, default=16)
     p.add_argument("--interleaved-tokens", type=int, default=48)
     p.add_argument("--skip-single", action="store_true")
+    p.add_argument("--pair-repeats", type=int, default=2,
+                   help="more `auto`/`ar` pairs per prompt (their ratio: the median of pairs)")
+    p.add_argument("--together", type=int, default=4,
+                   help="then the single prompts with `auto`, this many clients at once "
+                        "(0: not): each answer against `ar`'s alone")
+    p.add_argument("--long-turns", type=int, default=0,
+                   help="one long conversation of this many turns (adaspec auto and "
+                        "llama-server plain): time to first token as it grows")
+    p.add_argument("--long-tokens", type=int, default=256)
     p.add_argument("--request-timeout", type=float, default=900.0)
     p.add_argument("--out", default="experiments/results/serve-path")
     args = p.parse_args()
@@ -408,6 +478,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
         "machine": describe_machine(), "max_tokens": args.max_tokens, "turns": args.turns,
+        "pair_repeats": args.pair_repeats,
         "prompts": prompts, "notes": []}
     adaspec = start_adaspec(out, target, args.request_timeout)
     run["adaspec_health"] = health(adaspec.port)
@@ -429,7 +500,8 @@ def main() -> int:
             ask(port, [{"role": "user", "content": warm}], 16, method, label,
                 args.request_timeout)
         if not args.skip_single:
-            run["single"] = single(prompts, peers, args.max_tokens, args.request_timeout, say)
+            run["single"] = single(prompts, peers, args.max_tokens, args.request_timeout, say,
+                                   args.pair_repeats)
         run["conversations"] = {}
         conv_peers = {k: v for k, v in peers.items() if k in ("adaspec auto", "llama-server plain")}
         for i, c in enumerate(convs):
@@ -442,9 +514,22 @@ def main() -> int:
                 say(f"conversation {c['id']} {label}: first token " + ", ".join(
                     f"{r['ttft'] or 0:.2f}" for r in rows) + " s; prompt tokens " +
                     ", ".join(str(r["prompt_tokens"]) for r in rows))
+        if args.long_turns:
+            long = conversations(1, args.long_turns, args.turn_chars, 0)
+            run["long"] = {}
+            for label in conv_peers:
+                port, method = conv_peers[label]
+                run["long"][label] = conversation(port, long[0]["turns"], args.long_tokens,
+                                                  method, label, args.request_timeout)
+                say(f"long conversation {label}: " + ", ".join(
+                    f"{r['prompt_tokens']} tok {r['ttft'] or 0:.2f} s"
+                    for r in run["long"][label]))
         for dec in llamas.values():
             dec.close()
         llamas = {}
+        if args.together and not args.skip_single:
+            run["together"] = decoded_together(adaspec.port, prompts, args.max_tokens,
+                                       args.request_timeout, args.together)
         if inter:
             together, alone = interleaved(adaspec.port, inter, args.interleaved_tokens,
                                           args.request_timeout, 4)
