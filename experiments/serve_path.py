@@ -19,7 +19,8 @@ even ids from the end, ShareGPT conversations past the 12,000 the project may tr
 3. **Interleaved** (`--interleaved` conversations of `--turns` turns, 4 clients at a time on
    the default 4 slots): every answer equal to the one the conversation gets served alone.
 
-Writes `run.json` (every request) and `summary.md` under --out. Run it alone on the machine:
+Writes `summary.md` under --out, and beside it `run.jsonl` (every request, the answers as
+digests) and `texts.jsonl` (the answers), row dumps git does not keep. Run it alone on the machine:
 
     flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/serve_path.py \\
         --out experiments/results/serve-path-<machine>
@@ -28,6 +29,7 @@ Writes `run.json` (every request) and `summary.md` under --out. Run it alone on 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -300,6 +302,41 @@ def decoded_together(port: int, prompts: list[dict], max_tokens: int, timeout: f
 
 
 # ------------------------------------------------------------------------- report
+def _sha(text: str) -> str:
+    return "sha:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def compact(run: dict) -> tuple[dict, list[dict]]:
+    """The run with every answer's text replaced by its digest (what the summary compares;
+    a few KB to commit) and the texts apart (texts.jsonl, a row dump git ignores)."""
+    texts: list[dict] = []
+    out = json.loads(json.dumps(run))
+    for r in out.get("single", []):
+        texts.append({"part": "single", "prompt": r["prompt"], "system": r["system"],
+                      "repeat": r.get("repeat", 0), "text": r["text"]})
+        r["text"] = _sha(r["text"])
+    for label, convs in out.get("conversations", {}).items():
+        for c in convs:
+            for r in c:
+                texts.append({"part": "conversation", "system": label, "text": r["text"]})
+                r["text"] = _sha(r["text"])
+    for label, rows in out.get("long", {}).items():
+        for r in rows:
+            texts.append({"part": "long", "system": label, "text": r["text"]})
+            r["text"] = _sha(r["text"])
+    for key in ("generate_ar", "together"):
+        for k, v in (out.get(key) or {}).items():
+            texts.append({"part": key, "prompt": k, "text": v})
+            out[key][k] = _sha(v)
+    for key, convs in (out.get("interleaved") or {}).items():
+        for k, answers in convs.items():
+            texts += [{"part": f"interleaved {key}", "conversation": k, "text": a}
+                      for a in answers]
+            convs[k] = [_sha(a) for a in answers]
+    for q in out.get("prompts", []):
+        q["text"] = _sha(q["text"])
+    return out, texts
+
 def _geo(xs: list[float]) -> float | None:
     xs = [x for x in xs if x and x > 0]
     return statistics.geometric_mean(xs) if xs else None
@@ -542,10 +579,12 @@ def main() -> int:
     if not args.skip_single:
         say("adaspec generate --method ar, in process")
         run["generate_ar"] = in_process_ar(prompts, target, args.max_tokens)
-    (out / "run.json").write_text(json.dumps(run, indent=1))
+    small, texts = compact(run)  # row dumps (git ignores *.jsonl); summary.md is committed
+    (out / "run.jsonl").write_text(json.dumps(small) + "\n")
+    (out / "texts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in texts))
     if not args.skip_single:
-        (out / "summary.md").write_text(summary(run) + "\n")
-        print(summary(run))
+        (out / "summary.md").write_text(summary(small) + "\n")
+        print(summary(small))
     return 0
 
 
