@@ -107,14 +107,18 @@ def held_out(per_suite: int, max_chars: int) -> list[dict]:
     return out
 
 
-def conversations(n: int, turns: int, max_chars: int, skip: int) -> list[dict]:
-    """ShareGPT conversations (past training's) with at least `turns` human turns, each at
-    most max_chars; the first `skip` such conversations left to the other part."""
+def conversations(n: int, turns: int, max_chars: int, skip: int, min_chars: int = 5
+                  ) -> list[dict]:
+    """ShareGPT conversations (past training's) with at least `turns` human turns, each of
+    min_chars to max_chars; the first `skip` such conversations left to the other part."""
     out: list[dict] = []
     seen = 0
+    if n <= 0:
+        return out
     for i, conv in _sharegpt(SHAREGPT_TRAIN + 2000):
         humans = [t.get("value") for t in conv if isinstance(t, dict) and t.get("from") == "human"]
-        humans = [h for h in humans if isinstance(h, str) and 5 <= len(h.strip()) <= max_chars]
+        humans = [h for h in humans
+                  if isinstance(h, str) and min_chars <= len(h.strip()) <= max_chars]
         if len(humans) >= turns:
             seen += 1
             if seen > skip:
@@ -122,6 +126,23 @@ def conversations(n: int, turns: int, max_chars: int, skip: int) -> list[dict]:
                 if len(out) >= n:
                     break
     return out
+
+
+def long_conversation(turns: int, min_chars: int, max_chars: int) -> dict:
+    """A conversation of `turns` long user turns: human turns of min_chars to max_chars from
+    held-out ShareGPT conversations (one each, in file order), for a prompt that grows to a
+    few thousand tokens whatever the model answers."""
+    picked: list[str] = []
+    for _, conv in _sharegpt(SHAREGPT_TRAIN + 3000):
+        for turn in conv:
+            text = turn.get("value") if isinstance(turn, dict) else None
+            if turn.get("from") == "human" and isinstance(text, str) and \
+                    min_chars <= len(text.strip()) <= max_chars:
+                picked.append(text)
+                break
+        if len(picked) >= turns:
+            break
+    return {"id": f"sharegpt-long/{turns}", "turns": picked}
 
 
 # ------------------------------------------------------------------------- requests
@@ -346,7 +367,7 @@ def _f(x: float | None, d: int = 2) -> str:
     return "-" if x is None else f"{x:.{d}f}"
 
 
-def summary(run: dict) -> str:
+def _single_md(run: dict) -> list[str]:
     rows = run["single"]
     by = {(r["prompt"], r["system"]): r for r in rows if not r.get("repeat")}
     pairs: dict[str, list[float]] = {}  # per prompt: auto / ar in each repeat
@@ -367,14 +388,7 @@ def summary(run: dict) -> str:
     cat = {r["prompt"]: r["category"] for r in rows}
     systems = list(dict.fromkeys(r["system"] for r in rows))
     base = next(s for s in systems if s.startswith("llama-server plain"))
-    lines = [f"# The server's default path ({run['date']})", "",
-             f"Machine: {run['machine']}", "", f"Command: `{run['command']}`", "",
-             "adaspec: `adaspec serve` with its defaults "
-             f"({run['adaspec_health'].get('max_batch')} requests decoded together, "
-             "`--history off`); every request end to end through "
-             "the OpenAI chat API, streamed, greedy, "
-             f"{run['max_tokens']} new tokens at most, one at a time.", "",
-             "## Single requests: end-to-end tokens/s as a ratio to llama-server plain", "",
+    lines = ["## Single requests: end-to-end tokens/s as a ratio to llama-server plain", "",
              "| system | " + " | ".join(CATEGORIES) + " | geomean | first token (geomean ratio) |",
              "| --- | " + " | ".join("---:" for _ in CATEGORIES) + " | ---: | ---: |"]
 
@@ -428,6 +442,19 @@ def summary(run: dict) -> str:
         lines.append(f"| {c} | {_f(_geo(list(med.values())))} | "
                      f"{_f(med[low] if low else None)}{spread} | {n_same} |")
     lines.append("")
+    return lines
+
+
+def summary(run: dict) -> str:
+    lines = [f"# The server's default path ({run['date']})", "",
+             f"Machine: {run['machine']}", "", f"Command: `{run['command']}`", "",
+             "adaspec: `adaspec serve` with its defaults "
+             f"({run['adaspec_health'].get('max_batch')} requests decoded together, "
+             "`--history off`); every request end to end through "
+             "the OpenAI chat API, streamed, greedy, "
+             f"{run['max_tokens']} new tokens at most, one at a time.", ""]
+    if run.get("single"):
+        lines += _single_md(run)
     if run.get("conversations"):
         lines += ["## Conversations: time to first token by turn (median over conversations)", "",
                   "| system | " + " | ".join(f"turn {t}" for t in range(1, run["turns"] + 1))
@@ -480,15 +507,20 @@ def main() -> int:
     p.add_argument("--interleaved", type=int, default=16)
     p.add_argument("--interleaved-tokens", type=int, default=48)
     p.add_argument("--skip-single", action="store_true")
-    p.add_argument("--pair-repeats", type=int, default=2,
-                   help="more `auto`/`ar` pairs per prompt (their ratio: the median of pairs)")
+    p.add_argument("--pair-repeats", type=int, default=0,
+                   help="more `auto`/`ar` pairs per prompt (their ratio: the median of pairs; "
+                        "a repeat finds its prompt in the cache and, for `auto`, its answer "
+                        "in the cross-request history: for the texts, not the speed)")
     p.add_argument("--together", type=int, default=4,
                    help="then the single prompts with `auto`, this many clients at once "
                         "(0: not): each answer against `ar`'s alone")
     p.add_argument("--long-turns", type=int, default=0,
                    help="one long conversation of this many turns (adaspec auto and "
-                        "llama-server plain): time to first token as it grows")
+                        "llama-server plain; its user turns long human turns of several "
+                        "held-out ShareGPT conversations): time to first token as it grows")
     p.add_argument("--long-tokens", type=int, default=256)
+    p.add_argument("--long-min-chars", type=int, default=5,
+                   help="the long conversation's human turns: at least this long")
     p.add_argument("--request-timeout", type=float, default=900.0)
     p.add_argument("--out", default="experiments/results/serve-path")
     args = p.parse_args()
@@ -552,7 +584,7 @@ def main() -> int:
                     f"{r['ttft'] or 0:.2f}" for r in rows) + " s; prompt tokens " +
                     ", ".join(str(r["prompt_tokens"]) for r in rows))
         if args.long_turns:
-            long = conversations(1, args.long_turns, args.turn_chars, 0)
+            long = [long_conversation(args.long_turns, args.long_min_chars, args.turn_chars)]
             run["long"] = {}
             for label in conv_peers:
                 port, method = conv_peers[label]
@@ -582,9 +614,8 @@ def main() -> int:
     small, texts = compact(run)  # row dumps (git ignores *.jsonl); summary.md is committed
     (out / "run.jsonl").write_text(json.dumps(small) + "\n")
     (out / "texts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in texts))
-    if not args.skip_single:
-        (out / "summary.md").write_text(summary(small) + "\n")
-        print(summary(small))
+    (out / "summary.md").write_text(summary(small) + "\n")
+    print(summary(small))
     return 0
 
 
