@@ -113,6 +113,17 @@ MAX_CLIENTS, MAX_REQUESTS_PER_CLIENT, MAX_SOAK_S = 64, 100, 4 * 3600
 SOAK_DEFAULT_SYSTEM = "adaspec:auto"
 
 
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def serve_this_checkout() -> None:
+    """Servers started from here run this checkout's adaspec (an editable install may point
+    elsewhere): its `src/` first on their PYTHONPATH."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 # ---------------------------------------------------------------------- systems
 @dataclass(frozen=True)
 class System:
@@ -1214,13 +1225,7 @@ def main() -> int:
         systems = parse_systems(args.soak_system, args.fixed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    def say(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-    # the servers run this checkout's adaspec (an editable install may point elsewhere)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    serve_this_checkout()
     gguf = llama_bin = None
     notes: list[str] = []
     if any(s.kind == "llama-server" for s in systems):

@@ -43,7 +43,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from concurrency_sweep import REPO, AdaspecPeer, Record, health  # noqa: E402
+from concurrency_sweep import (  # noqa: E402
+    REPO,
+    AdaspecPeer,
+    Record,
+    health,
+    say,
+    serve_this_checkout,
+)
 
 from adaspec.lab.bench.llama_server import HOST, LlamaServerDecoder, amx_free_build  # noqa: E402
 from adaspec.lab.bench.peer_build import PeerUnavailable  # noqa: E402
@@ -526,12 +533,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    def say(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    serve_this_checkout()
     from adaspec.backends.llamacpp import gguf_file
     from adaspec.backends.weights import llama_threads
     from adaspec.lab.bench.machine import describe_machine
