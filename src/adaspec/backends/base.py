@@ -232,6 +232,10 @@ class ChainBackend(ModelBackend):
         """The tokens whose keys and values the cache holds, in order."""
         return self.__dict__.setdefault("_cached_ids", [])
 
+    def held(self) -> list[int]:
+        """The tokens the cache holds, in order (a copy: what a prompt could keep)."""
+        return self._token_ids()[: self._len]
+
     def _checked_feed(self, ids: list[int], every_row: bool) -> torch.Tensor:
         if self._len + len(ids) > self.max_context:
             raise InputError(

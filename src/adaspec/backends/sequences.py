@@ -120,13 +120,10 @@ class SequenceView(ChainBackend):
             raise InputError("empty prompt")
         return ids[self._keep_prefix(ids, reuse):]
 
-    def _held(self) -> list[int]:
-        return self._token_ids()[: self._len]
-
     def available_prefix(self, ids: list[int], reuse: int) -> int:
         """How many leading tokens of prompt `ids` a prefill would not compute: kept in
         this sequence (up to `reuse`) or taken from a sibling."""
-        own = reusable_prefix(self._held(), ids, reuse)
+        own = reusable_prefix(self.held(), ids, reuse)
         return max(own, self.shareable(ids))
 
     def shareable(self, ids: list[int]) -> int:
@@ -134,7 +131,7 @@ class SequenceView(ChainBackend):
         token left to score)."""
         if not hasattr(self.owner, "copy_seq"):
             return 0
-        held = [common_prefix(v._held(), ids) for v in self.siblings if v is not self]
+        held = [common_prefix(v.held(), ids) for v in self.siblings if v is not self]
         return min(max(held, default=0), len(ids) - 1)
 
     def _keep_prefix(self, ids: list[int], reuse: int) -> int:
@@ -148,7 +145,7 @@ class SequenceView(ChainBackend):
             self.truncate(kept)
             return kept
         donor = next(v for v in self.siblings
-                     if v is not self and common_prefix(v._held(), ids) >= best)
+                     if v is not self and common_prefix(v.held(), ids) >= best)
         owner: SharingOwner = self.owner  # type: ignore[assignment]
         cached = self._token_ids()
         del cached[:]  # if the copy fails, nothing is taken as held

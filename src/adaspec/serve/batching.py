@@ -193,9 +193,9 @@ class BatchScheduler(Scheduler):
         return admitted
 
     def _slot_ids(self, slot: int) -> list[int]:
-        view = self.instance.slots[slot][0]
-        ids = getattr(view, "_token_ids", None)
-        return ids() if callable(ids) else []
+        """What slot `slot`'s target sequence holds (none where its backend cannot say)."""
+        held = getattr(self.instance.slots[slot][0], "held", None)
+        return held() if callable(held) else []
 
     def _reset_slot(self, slot: int) -> None:
         for backend in self.instance.slots[slot]:
