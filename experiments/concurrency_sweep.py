@@ -232,13 +232,15 @@ class Record:
 
 
 def chat_request(port: int, body: dict, rec: Record, timeout: float,
-                 disconnect_after: int | None = None) -> Record:
+                 disconnect_after: int | None = None, pieces: list[str] | None = None
+                 ) -> Record:
     """POST a streamed chat completion to 127.0.0.1:port and check the answer's protocol:
     `data:` lines of JSON, exactly one finish_reason (stop or length), usage with 0 <
-    completion_tokens <= max_tokens, then [DONE] and nothing after it."""
+    completion_tokens <= max_tokens, then [DONE] and nothing after it. `pieces`: where the
+    answer's text goes, piece by piece (the caller's list)."""
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    pieces: list[str] = []
+    pieces = [] if pieces is None else pieces
     finishes: list[str] = []
     usage: dict | None = None
     try:
@@ -310,6 +312,9 @@ def chat_request(port: int, body: dict, rec: Record, timeout: float,
         rec.prompt_tokens = usage.get("prompt_tokens")
         if usage.get("speculation"):  # adaspec's own figures
             rec.server["speculation"] = usage["speculation"]
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:  # prompt tokens the cache held
+            rec.server["cached_tokens"] = details["cached_tokens"]
         if not 0 < rec.completion_tokens <= body["max_tokens"]:
             return _bad(rec, f"completion_tokens {rec.completion_tokens}")
         rec.latency = end - t0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import http.client
 import json
 import os
 import shlex
@@ -47,12 +46,13 @@ from concurrency_sweep import (  # noqa: E402
     REPO,
     AdaspecPeer,
     Record,
+    chat_request,
     health,
     say,
     serve_this_checkout,
 )
 
-from adaspec.lab.bench.llama_server import HOST, LlamaServerDecoder, amx_free_build  # noqa: E402
+from adaspec.lab.bench.llama_server import LlamaServerDecoder, amx_free_build  # noqa: E402
 from adaspec.lab.bench.peer_build import PeerUnavailable  # noqa: E402
 
 CATEGORIES = ("code", "code editing", "translation", "chat")
@@ -155,8 +155,9 @@ def long_conversation(turns: int, min_chars: int, max_chars: int) -> dict:
 # ------------------------------------------------------------------------- requests
 def ask(port: int, messages: list[dict], max_tokens: int, method: str | None, label: str,
         timeout: float) -> tuple[Record, str]:
-    """One streamed greedy chat request: its record (times from the request being sent,
-    `server`: adaspec's usage.speculation and cached prompt tokens) and the answer's text."""
+    """One streamed greedy chat request (`concurrency_sweep.chat_request`, which checks the
+    stream): its record (times from the request being sent; `server`: adaspec's
+    usage.speculation, the prompt tokens the cache held) and the answer's text."""
     body: dict[str, Any] = {"model": "adaspec", "messages": messages, "max_tokens": max_tokens,
                             "temperature": 0.0, "stream": True,
                             "stream_options": {"include_usage": True}}
@@ -164,43 +165,7 @@ def ask(port: int, messages: list[dict], max_tokens: int, method: str | None, la
         body["method"] = method
     rec = Record(label, 1, 0, 0, "", "")
     pieces: list[str] = []
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        rec.status = resp.status
-        if resp.status != 200:
-            rec.outcome, rec.error = "failed", resp.read()[:300].decode(errors="replace")
-            return rec, ""
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                rec.outcome = "ok"
-                break
-            event = json.loads(payload)
-            usage = event.get("usage")
-            if usage:
-                rec.completion_tokens = int(usage.get("completion_tokens", 0))
-                rec.prompt_tokens = usage.get("prompt_tokens")
-                rec.server["speculation"] = usage.get("speculation")
-                rec.server["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get(
-                    "cached_tokens")
-            for choice in event.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    if rec.ttft is None:
-                        rec.ttft = time.perf_counter() - t0
-                    pieces.append(piece)
-        rec.latency = time.perf_counter() - t0
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        rec.outcome, rec.error = "lost", f"{type(exc).__name__}: {exc}"[:300]
-    finally:
-        conn.close()
+    chat_request(port, body, rec, timeout, pieces=pieces)
     return rec, "".join(pieces)
 
 
@@ -429,7 +394,8 @@ def _single_md(run: dict) -> list[str]:
     if run.get("together"):
         tog = run["together"]
         eq = [p for p in prompts if tog.get(p) == by.get((p, ar), {}).get("text")]
-        lines.insert(-1, f"- `auto` with 4 requests decoded together (4 clients at once) "
+        n = run.get("together_clients", 4)
+        lines.insert(-1, f"- `auto` with {n} requests decoded together ({n} clients at once) "
                          f"equals `ar` alone on {len(eq)} of {len(prompts)}")
     diff = [p for p in prompts if p not in same]
     if diff:
@@ -599,6 +565,7 @@ def main() -> int:
             dec.close()
         llamas = {}
         if args.together and not args.skip_single:
+            run["together_clients"] = args.together
             run["together"] = decoded_together(adaspec.port, prompts, args.max_tokens,
                                        args.request_timeout, args.together)
         if inter:
