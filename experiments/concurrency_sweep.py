@@ -1234,7 +1234,7 @@ def main() -> int:
     gguf = llama_bin = None
     notes: list[str] = []
     if any(s.kind == "llama-server" for s in systems):
-        from adaspec.backends.llamacpp import gguf_file
+        from adaspec.backends.gguf import gguf_file
         from adaspec.lab.bench.peer_build import ensure_server
 
         gguf = gguf_file(target)

@@ -89,7 +89,8 @@ def median_ms(fn) -> float:
 
 def llamacpp_draft(name: str):
     """The draft's GGUF as a llama.cpp backend, or None (with a note) without the extra."""
-    from adaspec.backends.llamacpp import LlamaCppBackend, LlamaCppUnavailable, gguf_file
+    from adaspec.backends.gguf import LlamaCppUnavailable, gguf_file
+    from adaspec.backends.llamacpp.backend import LlamaCppBackend
 
     try:
         gguf = gguf_file(name)
@@ -101,7 +102,7 @@ def llamacpp_draft(name: str):
 
 def micro(draft, prefix: list[int], sizes: list[int], llama=None) -> dict:
     """Draft forward for one token after a CACHE_TOKENS cache, and the head matmul alone."""
-    from adaspec.backends.restricted_head import with_stored_vocab
+    from adaspec.backends.torch.restricted_head import with_stored_vocab
 
     hidden = torch.randn(1, 1, draft.hidden_size, dtype=draft.dtype)
     rows = []
@@ -264,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
 
-    from adaspec.backends.llamacpp import gguf_file
-    from adaspec.backends.load import eos_ids_of
-    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.base import eos_ids_of
+    from adaspec.backends.gguf import gguf_file
+    from adaspec.backends.torch.backend import TorchBackend
     from adaspec.methods.build import build_engine
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.store.model_store import load_model

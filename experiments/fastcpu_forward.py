@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.lab.bench.machine import describe_machine
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 from adaspec.store.model_store import load_model

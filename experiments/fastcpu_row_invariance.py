@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from adaspec.backends.base import ModelBackend
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.lab.bench.machine import describe_machine
 from adaspec.lab.bench.suites import load_suite
 from adaspec.store.catalog import TARGET_DEFAULT

@@ -37,8 +37,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
 
-    import adaspec.backends.decoder as dec
-    from adaspec.backends.static_torch import static_backend
+    import adaspec.backends.torch.decoder as dec
+    from adaspec.backends.torch.static import static_backend
 
     device = args.device
     shapes, vocab = shapes_for(args.tiny)

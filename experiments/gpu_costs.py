@@ -106,7 +106,8 @@ def curve(backend, device: str, reps: int, context: int,
 
 def batch_curve(static, device: str, reps: int, context: int) -> dict[int, float]:
     """ms of one call carrying one token for each of B requests (the static runtime's
-    batched cache, backends/static_batch.py: fixed shapes, graphs on a GPU), B = 1, 2, 4, 8."""
+    batched cache, backends/torch/static_batch.py: fixed shapes, graphs on a GPU),
+    B = 1, 2, 4, 8."""
     from adaspec.backends.sequences import ALL, LAST, forward_together
 
     views = static.sequences(8)
@@ -165,8 +166,8 @@ def main() -> None:
                     help="compile the draft's passes too (default: the target's only)")
     args = ap.parse_args()
 
-    from adaspec.backends.static_torch import static_backend
-    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.backends.torch.static import static_backend
     from adaspec.cost.measure import copy_bandwidth_gbs
 
     device, dtype = args.device, torch.bfloat16

@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--compile-sizes", default="1,4", help="sizes also timed compiled")
     args = ap.parse_args()
 
-    from adaspec.backends.static_torch import static_backend
+    from adaspec.backends.torch.static import static_backend
 
     device = args.device
     shapes, vocab = shapes_for(args.tiny)

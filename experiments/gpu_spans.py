@@ -35,8 +35,8 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
 
-    import adaspec.backends.static_torch as st
-    from adaspec.backends.static_torch import static_backend
+    import adaspec.backends.torch.static as st
+    from adaspec.backends.torch.static import static_backend
 
     device = args.device
     shapes, vocab = shapes_for(args.tiny)

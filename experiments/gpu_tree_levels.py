@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from adaspec.backends.static_torch import static_backend
+    from adaspec.backends.torch.static import static_backend
 
     name, shape = (("tiny", TINY["tiny"]) if args.tiny
                    else ("qwen2.5-coder-0.5b", SHAPES["qwen2.5-coder-0.5b"]))

@@ -12,7 +12,7 @@ after it, as the last of 6 rows, and as the first row of a chain of 4 (maximum a
 difference of the logits; 0 is bit for bit).
 
 Without flash attention every row is scored against the cache's whole length and masked
-after; with it (and adaspec's `fa-multi-sequence` patch, `backends/ik_flash_patch.py`),
+after; with it (and adaspec's `fa-multi-sequence` patch, `backends/ik/patches/flash.py`),
 blocks of cells the mask hides are skipped and rows of different sequences attend one at a
 time. The library must be adaspec's native build with that patch (`adaspec runtime build`):
 the pinned version's own flash attention aborts on this layout (`GGML_ASSERT(S > 0)`).

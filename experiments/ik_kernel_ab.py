@@ -43,7 +43,7 @@ def child(out: str, shapes: tuple[str, ...] = SHAPES) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from ik_raw import Context, load_model
 
-    from adaspec.backends.ikllama import REGION_TOKENS
+    from adaspec.backends.ik.backend import REGION_TOKENS
     from adaspec.store.catalog import TARGET_DEFAULT
 
     rng = random.Random(0)

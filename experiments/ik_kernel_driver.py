@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from adaspec.backends import ik_build, ikllama
+from adaspec.backends.ik import backend as ikllama
+from adaspec.backends.ik import build as ik_build
 from adaspec.store import native_build
 
 KERNELS = "ggml/src/iqk/iqk_gemm_kquants.cpp"

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from adaspec.backends.ikllama import library
-from adaspec.backends.llamacpp import gguf_backend_args
+from adaspec.backends.gguf import gguf_backend_args
+from adaspec.backends.ik.backend import library
 from adaspec.backends.weights import llama_threads
 
 CHUNK = 256  # prompt tokens a filling call carries
@@ -25,7 +25,7 @@ def load_model(target: str, repack: bool = True) -> tuple[Any, Any, Any]:
     (`repack=False`: the GGUF's own layout, for comparison)."""
     api = library()
     lib = api.adaspec_lib
-    gguf = gguf_backend_args(target, llama_threads(), runtime="ik")[0]
+    gguf = gguf_backend_args(target, llama_threads(), 8192, library)[0]
     params = lib.llama_model_default_params()
     params.n_gpu_layers = 0
     params.repack_tensors = repack
@@ -99,7 +99,7 @@ def suite_sequences(target: str, sequences: int, prompt_tokens: int = 200
     and a context of `sequences` sequences, each prefilled with the first `prompt_tokens`
     tokens of a bench prompt (HumanEval, WMT, ShareGPT and code editing in turn): (api,
     lib, model, context). The batched-call experiments time their shapes after these."""
-    from adaspec.backends.ikllama import multi_sequence_flash
+    from adaspec.backends.ik.backend import multi_sequence_flash
     from adaspec.lab.bench.suites import load_suite
     from adaspec.store.model_store import load_tokenizer
 

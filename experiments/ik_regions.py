@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ik_raw import Context, load_model  # noqa: E402
 
-from adaspec.backends.ikllama import REGION_TOKENS, kv_regions  # noqa: E402
+from adaspec.backends.ik.backend import REGION_TOKENS, kv_regions  # noqa: E402
 from adaspec.store.catalog import TARGET_DEFAULT  # noqa: E402
 
 

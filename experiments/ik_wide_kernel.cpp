@@ -1,6 +1,6 @@
 // The repacked Q4_K and Q6_K kernels against their 512-bit walks (`k-quant-wide`), in one process,
 // calls alternating: compiled by experiments/ik_wide_kernel.py with the ik_llama.cpp kernels file
-// (patched up to the two-group walk) and adaspec's `backends/ik_wide.cpp` included below
+// (patched up to the two-group walk) and adaspec's `backends/ik/patches/ik_wide.cpp` included below
 // (nothing of ik_llama.cpp is copied here). Random Q4_K_R4 / Q6_K_R4 weights and Q8_K activations
 // of the target's shapes; every output compared bit for bit; one JSON line per shape.
 #include IK_KERNELS_FILE

@@ -4,7 +4,8 @@ process: a kernel-level A/B that the machine's drift between processes cannot bl
 It unpacks the pinned ik_llama.cpp source (as `adaspec runtime build` does, from pip's cache
 when it is there), applies the patches that come before the wide walk (the one-row guard,
 the prefetch and the two-group walk), and compiles `ik_wide_kernel.cpp` with that kernels
-file and `backends/ik_wide.cpp` included: the kernel as the library had it, and the wide walk
+file and `backends/ik/patches/ik_wide.cpp` included: the kernel as the library had it, and the
+wide walk
 followed by that kernel for the rows it leaves, called alternately on random weights of the
 1.5B target's shapes (streamed from memory: 64 copies a shape, or the output head's 117 MB
 once), every output compared bit for bit, also for every row count 1-8 and 16 on a shape
@@ -25,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ik_kernel_driver import build_and_run, unpack  # noqa: E402
 
-from adaspec.backends import ik_build, ik_prefetch_patch, ik_two_groups_patch  # noqa: E402
+from adaspec.backends import ik_two_groups_patch  # noqa: E402
+from adaspec.backends.ik import build as ik_build
+from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
 
 WIDE = Path(ik_build.__file__).with_name("ik_wide.cpp")
 

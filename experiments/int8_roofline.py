@@ -34,7 +34,8 @@ from pathlib import Path
 
 from ik_raw import Context, load_model
 
-from adaspec.backends.llamacpp import gguf_backend_args
+from adaspec.backends.gguf import gguf_backend_args
+from adaspec.backends.ik.backend import library
 from adaspec.backends.weights import llama_threads
 from adaspec.store.catalog import TARGET_DEFAULT
 
@@ -71,7 +72,7 @@ def vnni_rate() -> dict[str, float] | None:
 def time_calls(target: str, repeats: int) -> dict:
     import gguf
 
-    path = gguf_backend_args(target, llama_threads(), runtime="ik")[0]
+    path = gguf_backend_args(target, llama_threads(), 8192, library)[0]
     sizes = {t.name: int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors}
     table = sizes["token_embd.weight"]
     head = sizes.get("output.weight", table)

@@ -1,7 +1,8 @@
 """llama.cpp as a verifier: forward time for n = 1, 2, 4, 8, 16 fed tokens, and whether a
 block's logits equal feeding its tokens one at a time.
 
-Runs the built-in GGUF files through `adaspec.backends.llamacpp.LlamaCppBackend` (the backend
+Runs the built-in GGUF files through `adaspec.backends.llamacpp.backend.LlamaCppBackend` (the
+backend
 the decode loop drives): a `--context`-token random context, then n tokens scored and the
 cache rolled back, median of `--repeats`; then a real prompt's greedy continuation scored as
 one block and token by token (max |logit difference|, argmax flips). Writes
@@ -19,7 +20,7 @@ from pathlib import Path
 from fastcpu_forward import SIZES, time_forwards  # the same timing as the torch table
 from fastcpu_row_invariance import compare, greedy_continuation  # the same check as torch's
 
-from adaspec.backends.llamacpp import load_gguf_backend
+from adaspec.backends.llamacpp.backend import load_gguf_backend
 from adaspec.lab.bench.machine import describe_machine
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 

@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from adaspec.backends.load import eos_ids_of
-    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.base import eos_ids_of
+    from adaspec.backends.torch.backend import TorchBackend
     from adaspec.lab.bench.suites import humaneval, spec_bench
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.store.model_store import load_model

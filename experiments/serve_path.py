@@ -169,11 +169,12 @@ def ask(port: int, messages: list[dict], max_tokens: int, method: str | None, la
     return rec, "".join(pieces)
 
 
-def start_adaspec(out: Path, target: str, timeout: float) -> AdaspecPeer:
+def start_adaspec(out: Path, target: str, timeout: float, log: str = "adaspec.log"
+                  ) -> AdaspecPeer:
     """`adaspec serve` with its defaults (the server's own `--max-batch`), no history."""
     args = ["serve", "--history", "off", "--model-name", "adaspec", "--log-level", "warning",
             "--target", target]
-    return AdaspecPeer(Path(sys.executable).parent / "adaspec", args, out / "adaspec.log", timeout)
+    return AdaspecPeer(Path(sys.executable).parent / "adaspec", args, out / log, timeout)
 
 
 def start_llama(out: Path, gguf: Path, spec: str, threads: int) -> LlamaServerDecoder:
@@ -190,7 +191,8 @@ def _llama_port(decoder: LlamaServerDecoder) -> int:
 
 # ------------------------------------------------------------------------- the parts
 def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_tokens: int,
-           timeout: float, say: Any, pair_repeats: int = 0) -> list[dict]:
+           timeout: float, say: Any, pair_repeats: int = 0, rotate: int = 0,
+           repeat: int = 0) -> list[dict]:
     """Every prompt through every system (the order rotating prompt by prompt), then
     `pair_repeats` more pairs of adaspec `auto` and `ar` back to back (the order
     alternating): on a shared 2-vCPU machine one request can run at half speed, so
@@ -199,8 +201,9 @@ def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_to
     labels = list(peers)
     pair = ["adaspec auto", "adaspec ar"]
     for i, p in enumerate(prompts):
-        order = labels[i % len(labels):] + labels[: i % len(labels)]
-        rounds = [(0, order)] + [(r + 1, pair if (i + r) % 2 else pair[::-1])
+        k = (i + rotate) % len(labels)
+        order = labels[k:] + labels[:k]
+        rounds = [(repeat, order)] + [(r + 1, pair if (i + r) % 2 else pair[::-1])
                                  for r in range(pair_repeats)]
         for repeat, systems in rounds:
             for label in systems:
@@ -214,6 +217,28 @@ def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_to
                              "server": rec.server.get("speculation")})
                 say(f"{p['id']:>22} {label:<26} {rec.outcome} {rec.completion_tokens} tok "
                     f"{(rec.latency or 0):.2f} s (first {(rec.ttft or 0):.2f} s)")
+    return rows
+
+
+def fresh_pairs(prompts: list[dict], rounds: int, first_repeat: int, out: Path, target: str,
+                max_tokens: int, timeout: float, say: Any) -> list[dict]:
+    """`rounds` more `auto`/`ar` pairs per prompt, each round on a fresh `adaspec serve` (the
+    order alternating by prompt and round): a repeat on the same server would find its prompt
+    in the cache and, for `auto`, its own earlier answer there, so only a fresh server's pair
+    measures what a new request meets, and a slow stretch of a shared machine falls on one
+    round's pair, not on every pair of a prompt."""
+    rows: list[dict] = []
+    for r in range(rounds):
+        peer = start_adaspec(out, target, timeout, f"adaspec-fresh-{r + 1}.log")
+        try:
+            warm = prompts[-1]["text"][::-1][:400]
+            for m in ("auto", "ar"):
+                ask(peer.port, [{"role": "user", "content": warm}], 16, m, m, timeout)
+            pair = {"adaspec auto": (peer.port, "auto"), "adaspec ar": (peer.port, "ar")}
+            rows += single(prompts, pair, max_tokens, timeout, say, rotate=r + 1,
+                           repeat=first_repeat + r)
+        finally:
+            peer.close()
     return rows
 
 
@@ -342,6 +367,7 @@ def _f(x: float | None, d: int = 2) -> str:
 def _single_md(run: dict) -> list[str]:
     rows = run["single"]
     by = {(r["prompt"], r["system"]): r for r in rows if not r.get("repeat")}
+    n_pairs = 1 + run.get("pair_repeats", 0) + run.get("fresh_pairs", 0)
     pairs: dict[str, list[float]] = {}  # per prompt: auto / ar in each repeat
     texts_ok: dict[str, bool] = {}  # per prompt: every auto and ar text the same
     for r in rows:
@@ -388,7 +414,7 @@ def _single_md(run: dict) -> list[str]:
     gen_same = [p for p in prompts if ar_gen.get(p) == by.get((p, ar), {}).get("text")]
     lines += ["## Greedy text", "",
               f"- `auto` equals `ar` through the server on {len(same)} of {len(prompts)} prompts"
-              f" (every request of each: {1 + run.get('pair_repeats', 0)} of each method)",
+              f" (every request of each: {n_pairs} of each method)",
               f"- the server's `ar` equals `adaspec generate --method ar` (in process, one "
               f"sequence) on {len(gen_same)} of {len(prompts)}", ""]
     if run.get("together"):
@@ -402,9 +428,11 @@ def _single_md(run: dict) -> list[str]:
         lines.append("Prompts where `auto` and `ar` differ: " + ", ".join(diff))
         lines.append("")
     lines += ["## `auto` against `ar` (end-to-end tokens/s, the same server)", "",
-              f"Per prompt the median over {1 + run.get('pair_repeats', 0)} pairs of requests "
-              "sent back to back (one pair in the rotation above, the others alternating "
-              "which goes first); the lowest prompt's pairs in brackets.", "",
+              f"Per prompt the median over {n_pairs} pairs of requests sent back to back (one "
+              "pair in the rotation above, the others alternating which goes first"
+              + (f"; {run['fresh_pairs']} of them each on a fresh server"
+                 if run.get("fresh_pairs") else "") + "); the lowest prompt's pairs in "
+              "brackets.", "",
               "| category | geomean | lowest prompt | prompts with the same text |",
               "| --- | ---: | ---: | ---: |"]
     for c in CATEGORIES:
@@ -484,6 +512,9 @@ def main() -> int:
                    help="more `auto`/`ar` pairs per prompt (their ratio: the median of pairs; "
                         "a repeat finds its prompt in the cache and, for `auto`, its answer "
                         "in the cross-request history: for the texts, not the speed)")
+    p.add_argument("--fresh-pairs", type=int, default=0,
+                   help="then this many rounds of one `auto`/`ar` pair per prompt, each round "
+                        "on a fresh server (the fair repeat: empty cache and history)")
     p.add_argument("--together", type=int, default=4,
                    help="then the single prompts with `auto`, this many clients at once "
                         "(0: not): each answer against `ar`'s alone")
@@ -500,7 +531,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     serve_this_checkout()
-    from adaspec.backends.llamacpp import gguf_file
+    from adaspec.backends.gguf import gguf_file
     from adaspec.backends.weights import llama_threads
     from adaspec.lab.bench.machine import describe_machine
     from adaspec.store.catalog import TARGET_DEFAULT
@@ -515,7 +546,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
         "machine": describe_machine(), "max_tokens": args.max_tokens, "turns": args.turns,
-        "pair_repeats": args.pair_repeats,
+        "pair_repeats": args.pair_repeats, "fresh_pairs": args.fresh_pairs,
         "prompts": prompts, "notes": []}
     adaspec = start_adaspec(out, target, args.request_timeout)
     run["adaspec_health"] = health(adaspec.port)
@@ -577,6 +608,9 @@ def main() -> int:
         adaspec.close()
         for dec in llamas.values():
             dec.close()
+    if args.fresh_pairs and not args.skip_single:
+        run["single"] += fresh_pairs(prompts, args.fresh_pairs, args.pair_repeats + 1, out,
+                                     target, args.max_tokens, args.request_timeout, say)
     if not args.skip_single:
         say("adaspec generate --method ar, in process")
         run["generate_ar"] = in_process_ar(prompts, target, args.max_tokens)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 
 # Tiny models gain nothing from threads, and spinning thread pools on a busy 2-core machine
 # made each forward 7x slower.
@@ -120,7 +120,7 @@ def target(target_model):
 
 
 # The torch runtimes a target can run on: transformers with its dynamic cache, and
-# adaspec's static-cache decoder (backends/static_torch.py) over the same weights. Modules
+# adaspec's static-cache decoder (backends/torch/static.py) over the same weights. Modules
 # whose tests must hold on every runtime take `target` from `runtime_target`.
 # the transformers runtime; the static runtime at exact shapes (its CPU mode); the static
 # runtime at the fixed, padded shapes a GPU captures as CUDA graphs, run eagerly
@@ -129,7 +129,7 @@ TORCH_RUNTIMES = ["torch", "static", "static-fixed"]
 
 def runtime_backend(kind: str, model, name: str):
     if kind.startswith("static"):
-        from adaspec.backends.static_torch import static_backend
+        from adaspec.backends.torch.static import static_backend
 
         return static_backend(model, name, graphs="eager" if kind == "static-fixed" else "off")
     return TorchBackend(model, name=name)

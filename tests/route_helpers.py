@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.router.collect import CollectConfig, collect
 from tests.conftest import CharTokenizer, tiny_model

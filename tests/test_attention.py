@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.attention import ROW_INVARIANT, visible_keys
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.attention import ROW_INVARIANT, visible_keys
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.methods.build import build_engine
 from adaspec.store.quant import quantize_model
@@ -124,7 +124,10 @@ def test_greedy_speculation_on_a_quantized_target_repeats_plain_decoding_bit_for
 def test_sliding_window_models_keep_batched_attention():
     """The row path reads no sliding-window mask: such a model is refused, and the loader
     leaves it on batched attention (with the tie rule) instead of scoring it wrongly."""
-    from adaspec.backends.attention import row_invariance_supported, use_row_invariant_attention
+    from adaspec.backends.torch.attention import (
+        row_invariance_supported,
+        use_row_invariant_attention,
+    )
 
     model = tiny_model(vocab=64, hidden=32, layers=2)
     assert row_invariance_supported(model)

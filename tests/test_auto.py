@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.core.sampling import SamplingParams, process_logits, sample
 from adaspec.cost.profile import CostProfile, Curve

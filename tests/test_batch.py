@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine import batch as batch_mod
 from adaspec.engine.batch import BatchDecoder, choose_lengths
@@ -495,7 +495,7 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     assert drafter._verify_ms(2, 10) == drafter.profile.target_ms(3, 10) + overhead
     assert drafter._base(10) == 1.0
 
-    from adaspec.backends.static_torch import static_backend
+    from adaspec.backends.torch.static import static_backend
 
     views = static_backend(target.model, "tiny").sequences(2)  # prompts go in chunks
     engines = [build_engine("ar", v, None, None, eos_token_ids=[]) for v in views]

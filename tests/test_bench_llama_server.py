@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.backends import llamacpp as llamacpp_backend
-from adaspec.backends.llamacpp import RepackChoice, probe_repacking, repack_choice
+from adaspec.backends.llamacpp import backend as llamacpp_backend
+from adaspec.backends.llamacpp.backend import RepackChoice, probe_repacking, repack_choice
 from adaspec.errors import InputError
 from adaspec.lab.bench import llama_server, peer_build
 from adaspec.lab.bench.llama_server import (

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from adaspec.backends.llamacpp import gguf_file
+from adaspec.backends.gguf import gguf_file
 from adaspec.core.metrics import RequestStats
 from adaspec.errors import InputError, ModelStoreError
 from adaspec.lab.bench import runner as runner_module
@@ -305,7 +305,7 @@ def test_gguf_draft_keeps_its_cache_and_drops_rejected_tokens():
     gguf = smollm_gguf()
     import numpy as np
 
-    from adaspec.backends.llamacpp import repack_choice
+    from adaspec.backends.llamacpp.backend import repack_choice
 
     # repacking as the bench decides it: on, unless its probe crashed on this CPU
     drafter = GgufDraft(gguf, n_threads=1, k=3, n_ctx=256, repack=repack_choice(gguf, 1).on)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.engine.loop import Engine
 from adaspec.lab.bench.plots import acceptance_by_position
 from adaspec.lab.bench.report import summarize, to_markdown

@@ -329,8 +329,8 @@ def test_hugging_face_peers_plain_and_prompt_lookup(tmp_path, target_model, draf
     is the static runtime (a GPU's default), HF runs the same checkpoint's plain weights,
     loaded as a variant."""
     import adaspec.lab.bench.runner as runner_module
-    from adaspec.backends.static_torch import static_backend
-    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.backends.torch.static import static_backend
 
     real = runner_module.hf_generate
 
@@ -383,7 +383,7 @@ def test_hf_warms_up_at_two_lengths(tmp_path, tokenizer, target_model, monkeypat
     the recompile for any length happens there, not in the first measured prompt; an
     adaspec engine warms up once."""
     import adaspec.lab.bench.runner as runner_module
-    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.torch.backend import TorchBackend
 
     calls = []
     real = runner_module.BenchRunner._generate

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
 from adaspec.lab.bench.suites import Prompt

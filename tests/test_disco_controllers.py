@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.confidence import ConfidenceLength
 from adaspec.control.cursor import GenerationCursor
 from adaspec.control.disco import DiscoLength

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.cli import main
 from adaspec.control.disco import COST_SL_MAX, DiscoLength, cost_keeps_drafting
 from adaspec.control.disco_artifact import DiscoArtifact

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
 from adaspec.errors import InputError

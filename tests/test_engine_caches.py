@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.model_tree import ModelTreeDrafter
 from adaspec.engine.loop import GenerationResult, StreamChunk

@@ -20,7 +20,7 @@ import itertools
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams, process_logits, sample_rows
 from adaspec.engine.loop import Engine
 from adaspec.methods.build import build_engine

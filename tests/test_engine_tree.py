@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter

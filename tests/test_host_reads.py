@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput
-from adaspec.backends.static_torch import StaticTorchBackend, static_backend
+from adaspec.backends.torch.static import StaticTorchBackend, static_backend
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
 from adaspec.methods.build import build_engine

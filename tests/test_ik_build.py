@@ -1,4 +1,4 @@
-"""ik_llama.cpp built for this CPU (`backends/ik_build.py`): the build with a fake cmake, the
+"""ik_llama.cpp built for this CPU (`backends/ik/build.py`): the build with a fake cmake, the
 choice of library the binding loads, and `adaspec runtime build --if-possible`."""
 
 from __future__ import annotations
@@ -11,17 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.backends import (
-    ik_amx_patch,
-    ik_build,
-    ik_flash_patch,
-    ik_hugepages_patch,
-    ik_prefetch_patch,
-    ik_regions_patch,
-    ik_two_groups_patch,
-    ik_wide_patch,
-    ikllama,
-)
+from adaspec.backends.ik import backend as ikllama
+from adaspec.backends.ik import build as ik_build
+from adaspec.backends.ik.patches import amx as ik_amx_patch
+from adaspec.backends.ik.patches import flash as ik_flash_patch
+from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
+from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
+from adaspec.backends.ik.patches import regions as ik_regions_patch
+from adaspec.backends.ik.patches import two_groups as ik_two_groups_patch
+from adaspec.backends.ik.patches import wide as ik_wide_patch
 from adaspec.cli import main
 from adaspec.store import native_build
 
@@ -574,7 +572,7 @@ def test_a_native_build_that_does_not_load_falls_back_to_the_wheel(monkeypatch, 
     _fake_native_build(monkeypatch, tmp_path)
     env = {k: v for k, v in os.environ.items()
            if k not in (ikllama.LIB_PATH_ENV, ik_build.BUILD_ENV)}
-    code = ("from adaspec.backends.ikllama import library\n"
+    code = ("from adaspec.backends.ik.backend import library\n"
             "print(library().adaspec_build)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams, process_logits
 from adaspec.engine.loop import StreamChunk
 from adaspec.errors import InputError

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-import adaspec.backends.ikllama as ikllama
-from adaspec.backends.ikllama import IkLlamaBackend, IkLlamaUnavailable
+import adaspec.backends.ik.backend as ikllama
+from adaspec.backends.ik.backend import IkLlamaBackend, IkLlamaUnavailable
 
 from .conftest import smollm_gguf
 from .test_models_llamacpp import (  # noqa: F401  (collected again with this module's fixture)
@@ -82,7 +82,7 @@ def _advised_huge_bytes() -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
 def test_a_native_build_advises_its_weights_to_take_huge_pages():
-    from adaspec.backends import ik_hugepages_patch
+    from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 
     ikllama.library()  # chooses the library (a native build when `make setup` made one)
     if ikllama._choose_build() != "native":

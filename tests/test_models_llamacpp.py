@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from adaspec.backends.llamacpp import LlamaCppBackend, LlamaCppUnavailable
+from adaspec.backends.gguf import LlamaCppUnavailable
+from adaspec.backends.llamacpp.backend import LlamaCppBackend
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 
@@ -144,7 +145,7 @@ def test_token_trees_on_a_llamacpp_backend_are_refused_when_the_engine_is_built(
 
 @pytest.mark.needs("llama_cpp")  # without it, the error names the missing package instead
 def test_gguf_variant_of_a_model_without_a_gguf_file_is_a_one_line_error(tmp_path):
-    from adaspec.backends.llamacpp import load_gguf_backend
+    from adaspec.backends.llamacpp.backend import load_gguf_backend
 
     with pytest.raises(LlamaCppUnavailable, match="has no GGUF file"):
         load_gguf_backend(str(tmp_path), n_threads=1)
@@ -157,7 +158,7 @@ def test_a_router_on_a_llamacpp_target_is_refused_when_the_engine_is_built(smoll
 
 
 def test_gguf_backend_of_a_path_is_named_like_the_torch_load_of_that_file(smollm):
-    from adaspec.backends.llamacpp import load_gguf_backend
+    from adaspec.backends.llamacpp.backend import load_gguf_backend
     from adaspec.store.loading import source_name
 
     gguf, _ = smollm

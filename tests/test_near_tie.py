@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import top2_gap
 from adaspec.methods.build import build_engine
 

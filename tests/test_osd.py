@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import adaspec.online.adapters as adapters_mod
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.draft.model import ModelDrafter
 from adaspec.engine.loop import Engine
@@ -515,7 +515,7 @@ def test_a_static_runtime_draft_is_distilled_in_place(target_m, draft_m):
     CUDA graphs, run eagerly here) serves under online distillation: its parameters carry
     transformers' names, so the trainable layers are found and adapters are copied into the
     very tensors the passes read; outputs stay the target's."""
-    from adaspec.backends.static_torch import static_backend
+    from adaspec.backends.torch.static import static_backend
 
     draft = static_backend(copy.deepcopy(draft_m), "draft", graphs="eager")
     assert trainable_names(draft.model, 1) == trainable_names(draft_m, 1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaspec.backends.child_process import ChildProcessFailed
-from adaspec.backends.llamacpp import LlamaCppBackend
+from adaspec.backends.llamacpp.backend import LlamaCppBackend
 from adaspec.backends.process_backend import ProcessBackend
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
@@ -81,7 +81,7 @@ def test_a_backend_that_cannot_load_is_a_one_line_error(tmp_path):
 
 def test_a_draft_in_a_child_keeps_the_torch_target_output(pair):
     gguf, _, child = pair
-    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.torch.backend import TorchBackend
 
     target = TorchBackend(smollm_torch(gguf), name="smollm-torch")
     prompt = [1604, 3987, 46477, 24, 94, 727]

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
@@ -121,7 +121,7 @@ def test_quantization_changes_the_model():
 def test_restricted_head_slices_a_quantized_head(mode):
     """vocab=N on a quantized draft keeps the quantized rows: logits on the kept ids equal
     the full quantized head's, everything else is -inf."""
-    from adaspec.backends.restricted_head import RestrictedHeadLM
+    from adaspec.backends.torch.restricted_head import RestrictedHeadLM
 
     model = tiny_model(vocab=64, hidden=128, seed=4)
     quantize_model(model, mode)

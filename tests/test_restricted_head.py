@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.restricted_head import RestrictedHeadBackend, restrict_head
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
+from adaspec.backends.torch.restricted_head import RestrictedHeadBackend, restrict_head
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.errors import InputError, ModelStoreError

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from adaspec.errors import InputError
+from adaspec.methods.arms import DEFAULT_ARMS, arm_parameters, parse_arms
 from adaspec.methods.spec import parse_method
-from adaspec.route.arms import DEFAULT_ARMS, arm_parameters, parse_arms
 
 
 def test_default_and_listed_arms():

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from adaspec.backends.base import ForwardOutput
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_arm_engines, build_engine
 from adaspec.route.artifact import RouterArtifact, save_artifact
 from adaspec.route.policy import RouterPolicy
-from adaspec.route.router import RoutedGenerator, build_arm_engines
+from adaspec.route.router import RoutedGenerator
 from tests.test_engine import PROMPTS, reference_greedy
 
 ARMS = {m: m for m in ["ar", "ngram", "draft:k=4", "draft:ctrl=heuristic,k=4"]}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
 from adaspec.core.sampling import SamplingParams

@@ -141,7 +141,7 @@ def test_serve_batches_by_default_where_the_runtime_does(model_dirs):
     assert auto_max_batch("ar@static", target, "none", "cpu") == AUTO_SLOTS
     assert auto_max_batch("ar@none", target, "static", "cpu") == 1
     assert auto_max_batch("ar", target, "fastest", "cpu") == 1  # a torch directory
-    assert {r.name for r in RUNTIMES if r.batches} == {"ik_llama.cpp", "torch-static"}
+    assert {r.name for _, r in RUNTIMES.items() if r.batches} == {"ik_llama.cpp", "torch-static"}
     if fastest_weights(TARGET_DEFAULT, "cpu") == "ik":  # the built-in pair, installed
         assert auto_max_batch("auto", TARGET_DEFAULT, "fastest", "cpu") == AUTO_SLOTS
     assert ServeConfig(max_batch=AUTO_SLOTS).slots() == f"{AUTO_SLOTS} requests decoded together"

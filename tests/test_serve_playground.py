@@ -16,7 +16,7 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[
 webdriver = pytest.importorskip("selenium.webdriver",
                                 reason="needs selenium: pip install -e '.[dev]'")
 
-from adaspec.backends.torch_backend import TorchBackend  # noqa: E402
+from adaspec.backends.torch.backend import TorchBackend  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402
 
 from .conftest import CharTokenizer  # noqa: E402

@@ -77,8 +77,8 @@ def test_real_target_scores_a_blocks_rows_as_it_scores_them_alone(engine):
 # Q4_K kernel table is set up) and prints whether the process holds AMX's tile state.
 AMX_PROBE = """
 import ctypes, sys
-from adaspec.backends.ikllama import IkLlamaBackend
-from adaspec.backends.llamacpp import gguf_file
+from adaspec.backends.ik.backend import IkLlamaBackend
+from adaspec.backends.gguf import gguf_file
 from adaspec.store.catalog import TARGET_DEFAULT
 import torch
 backend = IkLlamaBackend(gguf_file(TARGET_DEFAULT), n_threads=2, n_ctx=256)
@@ -98,7 +98,9 @@ def test_a_native_build_on_an_amx_cpu_multiplies_on_tiles_unless_told_not_to():
     import subprocess
     import sys
 
-    from adaspec.backends import ik_amx_patch, ik_build, ikllama
+    from adaspec.backends.ik import backend as ikllama
+    from adaspec.backends.ik import build as ik_build
+    from adaspec.backends.ik.patches import amx as ik_amx_patch
     from adaspec.lab.bench.machine import cpu_flags
 
     need("models")

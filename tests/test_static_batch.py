@@ -1,4 +1,4 @@
-"""Several sequences in the static runtime (backends/static_batch.py, issue 33): one call
+"""Several sequences in the static runtime (backends/torch/static_batch.py, issue 33): one call
 scores every sequence's feed, each row what its sequence scores alone, through rollbacks and
 a shared prompt prefix; requests decoded together on it give their outputs alone while
 sharing the model's calls."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adaspec.backends.sequences import ALL, LAST, NONE, forward_together
-from adaspec.backends.static_torch import static_backend
+from adaspec.backends.torch.static import static_backend
 from adaspec.engine.batch import BatchDecoder
 from adaspec.engine.loop import GenerationResult
 from adaspec.methods.build import build_engine

@@ -1,4 +1,4 @@
-"""The static-cache torch runtime (`--weights static`, backends/static_torch.py) on tiny
+"""The static-cache torch runtime (`--weights static`, backends/torch/static.py) on tiny
 models: Hugging Face's greedy `generate` on the same weights, the transformers runtime's
 logits for prompts, chains and trees with rollbacks after every kind of step, loading
 through the runtime registry, and clear errors for what it does not run. (The engine's
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.static_torch import DecoderConfig, static_backend
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
+from adaspec.backends.torch.static import DecoderConfig, static_backend
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 
@@ -265,7 +265,7 @@ def test_compiling_leaves_room_for_every_pass_size_of_two_models():
 def test_a_layers_mask_is_made_where_its_inputs_are():
     """A chunk after cached keys builds its causal mask on the inputs' device (the meta
     device stands in for a GPU: a mask left on the CPU fails there, as S2D's did on CUDA)."""
-    from adaspec.backends.decoder import Attention, rope
+    from adaspec.backends.torch.decoder import Attention, rope
 
     cfg = DecoderConfig.from_hf(tiny_model(seed=3).config)
     attention = Attention(cfg).to("meta")  # called outside `torch.device("meta")`, which
@@ -284,7 +284,7 @@ def test_fixed_passes_attend_over_a_span_covering_the_cache_not_every_slot():
     every span, and a pass where nothing came before (only padding rows) yields no NaN."""
     from torch._dynamo.utils import counters
 
-    from adaspec.backends.static_torch import MIN_SPAN
+    from adaspec.backends.torch.static import MIN_SPAN
 
     model = tiny_model(seed=21, random_norms=True, context=2048)
     exact = static_backend(model, "exact", graphs="off")

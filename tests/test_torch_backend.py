@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 
 
 @pytest.fixture

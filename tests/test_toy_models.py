@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from tests.toy_models import OFFSETS, greedy_next, reference_greedy, toy_model
 
 V = 64

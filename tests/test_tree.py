@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.core.sampling import SamplingParams
 from adaspec.core.token_tree import TokenTree, parse_branching, tree_node_count

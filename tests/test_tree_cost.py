@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.core.sampling import SamplingParams
 from adaspec.core.token_tree import (

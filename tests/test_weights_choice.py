@@ -6,29 +6,30 @@ import pytest
 import torch
 
 from adaspec.backends import weights
+from adaspec.backends.runtimes import fastest_weights
 from adaspec.core.sampling import argmax
 from adaspec.store.loading import same_vocabulary_files
 
 
 def test_a_model_without_a_gguf_runs_on_torch(model_dirs):
     target, _ = model_dirs
-    assert weights.best_weights(target) == "none"
+    assert fastest_weights(target) == "none"
 
 
 @pytest.mark.parametrize(
     "ik, llama, expected", [(True, True, "ik"), (False, True, "gguf"), (False, False, "none")]
 )
 def test_a_builtin_model_gets_the_fastest_runtime_installed(monkeypatch, ik, llama, expected):
-    import adaspec.backends.ikllama as ikllama
+    import adaspec.backends.ik.backend as ikllama
 
     monkeypatch.setattr(ikllama, "available", lambda: ik)
     monkeypatch.setattr(weights, "llama_cpp_installed", lambda: llama)
-    assert weights.best_weights("qwen2.5-coder-1.5b-instruct") == expected
+    assert fastest_weights("qwen2.5-coder-1.5b-instruct") == expected
 
 
 def test_on_a_gpu_fastest_is_torch_and_cpu_runtimes_are_refused(monkeypatch):
     """The registry: only torch in the model's dtype runs on cuda, whatever is installed."""
-    import adaspec.backends.ikllama as ikllama
+    import adaspec.backends.ik.backend as ikllama
     from adaspec.backends.runtimes import fastest_weights, runtime_for
     from adaspec.errors import InputError
 

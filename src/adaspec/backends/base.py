@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -273,3 +275,59 @@ class ChainBackend(ModelBackend):
             raise InputError(f"the {self.runtime} backend keeps cache prefixes only "
                              "(no token trees)")
         self.truncate(len(kept))
+
+
+# ---------------------------------------------------------------------- runtimes
+Loaded = tuple[ModelBackend, object, list[int]]  # backend, tokenizer (or None), EOS ids
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """One model to load, as `backends/load.start_backend` was asked for it."""
+
+    name: str
+    dtype: str
+    weights: str  # a concrete variant (never `fastest`)
+    role: str  # "target" | "draft"
+    device: str  # a resolved device: cpu | cuda
+    tokenizer_like: str | None = None  # another model whose tokenizer files may be the same
+    sequences: int = 1  # sequences a multi-sequence runtime holds
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A runtime as the registry (`backends/runtimes.py`) lists it: each runtime package's
+    `runtime.py` defines one."""
+
+    name: str
+    weights: tuple[str, ...]  # the weights variants it runs
+    devices: tuple[str, ...]
+    can_run: Callable[[str], bool]  # whether it is installed and can read model `name`
+    start: Callable[[LoadRequest], Callable[[], Loaded]]  # starts loading; returns `finish`
+    fastest_on: tuple[str, ...] | None = None  # devices `fastest` may pick it on (all)
+    batches: bool = False  # decodes several sequences in one call (`serve --max-batch`)
+    # its sequences share one pool of KV cells: an idle sequence costs nothing until its
+    # cells are needed (ik_llama.cpp; the static runtime preallocates and computes every row)
+    pooled_cache: bool = False
+
+
+END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+
+
+def eos_ids_of(model, tokenizer) -> list[int]:
+    """EOS ids from the generation config (Qwen instruct stops on <|im_end|> and
+    <|endoftext|>) and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        # GGUF conversions often list only the chat end marker; plain end-of-text ends too.
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        ids.update(vocab[t] for t in END_MARKERS if t in vocab)
+    return sorted(ids)

@@ -6,32 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from adaspec.backends.base import ModelBackend
+from adaspec.backends.base import Loaded, ModelBackend
 from adaspec.backends.device import AUTO, CPU, resolve_device
-from adaspec.backends.runtimes import Loaded
 from adaspec.backends.weights import FASTEST
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
-
-END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
-
-
-def eos_ids_of(model, tokenizer) -> list[int]:
-    """EOS ids from the generation config (Qwen instruct stops on <|im_end|> and
-    <|endoftext|>) and the tokenizer."""
-    ids: set[int] = set()
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos:
-        ids.update(int(e) for e in eos)
-    if tokenizer is not None:
-        if tokenizer.eos_token_id is not None:
-            ids.add(int(tokenizer.eos_token_id))
-        # GGUF conversions often list only the chat end marker; plain end-of-text ends too.
-        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-        ids.update(vocab[t] for t in END_MARKERS if t in vocab)
-    return sorted(ids)
 
 
 def load_backends(
@@ -98,7 +76,8 @@ def start_backend(
     keeps the faster batched attention and the exactness check's tie rule, as does every
     draft and a model with sliding-window layers (not handled by the row-invariant path).
     On `cuda` (a resolved device) only torch in the model's dtype runs."""
-    from adaspec.backends.runtimes import LoadRequest, fastest_weights, runtime_for
+    from adaspec.backends.base import LoadRequest
+    from adaspec.backends.runtimes import fastest_weights, runtime_for
     from adaspec.backends.weights import check_weights
 
     if check_weights(weights) == FASTEST:
@@ -106,19 +85,3 @@ def start_backend(
     runtime = runtime_for(weights, device)
     return runtime.start(LoadRequest(name, dtype, weights, role, device, tokenizer_like,
                                      sequences))
-
-
-def load_torch_backend(name: str, dtype: str, quant: str, role: str,
-                       device: str = CPU) -> Loaded:
-    """A torch model with weight quantization `quant` (store/quant.py)."""
-    from adaspec.backends.attention import row_invariance_supported
-    from adaspec.backends.torch_backend import TorchBackend
-    from adaspec.store.model_store import load_model
-
-    loaded = load_model(name, dtype=dtype, quant=quant)
-    invariant = (device == CPU and role == "target" and loaded.quant != "none"
-                 and row_invariance_supported(loaded.model))
-    backend = TorchBackend(loaded.model.to(device), name=loaded.name, row_invariant=invariant)
-    return backend, loaded.tokenizer, eos_ids_of(loaded.model, loaded.tokenizer)
-
-

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaspec.backends.base import ForwardOutput, ModelBackend, chain_ids
+from adaspec.backends.base import (
+    ForwardOutput,
+    Loaded,
+    LoadRequest,
+    ModelBackend,
+    chain_ids,
+    eos_ids_of,
+)
 from adaspec.backends.child_process import ChildProcess
 from adaspec.backends.sequences import Feed, SequenceView, views
 from adaspec.errors import InputError
@@ -231,3 +238,31 @@ class ProcessBackend(ModelBackend):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def start_in_child(backend_class: type, args: tuple[Any, ...], req: LoadRequest
+                   ) -> Callable[[], Loaded]:
+    """A llama.cpp-family runtime's model (`backend_class(*args)`) in a child process of its
+    own, started now so several load at once: beside torch in one process the two thread
+    pools slow each other down about 2x, and a native abort in the child is a one-line error.
+    The tokenizer still comes from the verified cache; with `req.tokenizer_like` naming a
+    model with the same tokenizer files it is not loaded twice (None comes back)."""
+    from adaspec.store.loading import same_vocabulary_files, tokenizer_dir
+    from adaspec.store.model_store import load_tokenizer
+
+    backend = ProcessBackend(backend_class, *args, wait=False)
+
+    def finish() -> Loaded:
+        try:
+            tokenizer = None
+            if req.tokenizer_like is None or not same_vocabulary_files(
+                tokenizer_dir(req.name, req.dtype), tokenizer_dir(req.tokenizer_like, req.dtype)
+            ):
+                tokenizer = load_tokenizer(req.name, req.dtype)
+            backend.ready()
+        except BaseException:
+            backend.close()
+            raise
+        return backend, tokenizer, eos_ids_of(None, tokenizer) if tokenizer else []
+
+    return finish

@@ -102,6 +102,25 @@ class SequenceView(ChainBackend):
         self._len += len(ids)
         return out[0]
 
+    def begin_feed(self, n: int) -> int:
+        """Before `n` tokens of this sequence go into a call of several (`forward_together`):
+        the position they start at, or an InputError where they do not fit."""
+        if self._len + n > self.max_context:
+            raise InputError(f"context too long for {self.runtime}: {self._len + n} > "
+                             f"{self.max_context} tokens")
+        del self._token_ids()[self._len :]
+        return self._len
+
+    def fed(self, ids: list[int]) -> None:
+        """After a call of several scored `ids` for this sequence: they are cached."""
+        self._len += len(ids)
+        self._token_ids().extend(ids)
+
+    def lost(self) -> None:
+        """After a call of several failed: what the runtime kept is unknown, so nothing is
+        taken as held."""
+        del self._token_ids()[:]
+
     def _remove_from(self, length: int) -> None:
         self.owner.remove_seq(self.seq, length)
 
@@ -185,23 +204,18 @@ def forward_together(
         views = [_view(items[i][0]) for i in members]
         if len({v.seq for v in views}) != len(views):
             raise RuntimeError("two feeds of one sequence in one call")
-        for i, view in zip(members, views, strict=True):
-            n = len(items[i][1])
-            if view._len + n > view.max_context:
-                raise InputError(f"context too long for {view.runtime}: {view._len + n} > "
-                                 f"{view.max_context} tokens")
-            del view._token_ids()[view._len :]
-        feeds = [Feed(v.seq, v._len, list(items[i][1]), items[i][2])
-                 for i, v in zip(members, views, strict=True)]
+        starts = [view.begin_feed(len(items[i][1])) for i, view in zip(members, views,
+                                                                         strict=True)]
+        feeds = [Feed(v.seq, start, list(items[i][1]), items[i][2])
+                 for i, v, start in zip(members, views, starts, strict=True)]
         try:
             scored = views[0].owner.feed_many(feeds)
         except BaseException:
-            for view in views:  # what the runtime kept of a failed call is unknown
-                del view._token_ids()[:]
+            for view in views:
+                view.lost()
             raise
         for i, view, got in zip(members, views, scored, strict=True):
-            view._len += len(items[i][1])
-            view._token_ids().extend(items[i][1])
+            view.fed(list(items[i][1]))
             out[i] = got
     return [o if o is not None else torch.empty(0) for o in out]
 

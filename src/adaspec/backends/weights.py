@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from adaspec.backends.ikllama import IK
-from adaspec.backends.llamacpp import GGUF
-from adaspec.backends.static_torch import STATIC
 from adaspec.errors import InputError
 from adaspec.store.quant import QUANT_MODES
 
 FASTEST = "fastest"
+GGUF = "gguf"  # the model's GGUF run by llama.cpp (`llamacpp/`)
+IK = "ik"  # the model's GGUF run by ik_llama.cpp (`ik/`), weights repacked
+STATIC = "static"  # the model's own dtype on the static-cache torch runtime (`torch/static.py`)
 # What may follow a method's `@` and what --weights names besides `fastest`: torch weight
 # quantizations, or the GGUF run by llama.cpp (`gguf`) or by ik_llama.cpp (`ik`).
 WEIGHT_VARIANTS = (*QUANT_MODES, GGUF, IK, STATIC)
@@ -60,14 +60,6 @@ def llama_cpp_installed() -> bool:
     except Exception:
         return False
     return True
-
-
-def best_weights(name: str) -> str:
-    """The weights variant `fastest` resolves to for model `name` on the CPU
-    (backends/runtimes.py)."""
-    from adaspec.backends.runtimes import fastest_weights
-
-    return fastest_weights(name)
 
 
 def llama_threads() -> int:

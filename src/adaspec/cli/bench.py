@@ -257,7 +257,7 @@ def run_replay(args: argparse.Namespace) -> int:
 def _llamacpp_gguf(config):
     """The target's verified GGUF when a method that runs it (`llamacpp*`, `llama-server`)
     will run, else None (a method that needs it then skips with a one-line note)."""
-    from adaspec.backends.llamacpp import gguf_file
+    from adaspec.backends.gguf import gguf_file
     from adaspec.lab.bench.references import other_weights, parse_bench_method
 
     wanted = any(other_weights(parse_bench_method(m)) for m in config.methods)

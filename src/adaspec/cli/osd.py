@@ -83,9 +83,7 @@ def run_status(args: argparse.Namespace) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from adaspec.backends.ikllama import IK
-    from adaspec.backends.llamacpp import GGUF
-    from adaspec.backends.weights import FASTEST
+    from adaspec.backends.weights import FASTEST, GGUF, IK
     from adaspec.errors import InputError
     from adaspec.lab.osd.simulate import parse_run, run_config
     from adaspec.lab.osd.stream import build_stream

@@ -69,7 +69,7 @@ def draft_vocabulary(draft: str) -> tuple[str, int, list[int], str | None]:
 
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from adaspec.backends.load import eos_ids_of
+    from adaspec.backends.base import eos_ids_of
     from adaspec.store.loading import MARKER, prepare
 
     prepared = prepare(draft)

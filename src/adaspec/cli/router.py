@@ -56,7 +56,7 @@ def _cv_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_router_parser(sub: argparse._SubParsersAction) -> None:
-    from adaspec.route.arms import DEFAULT_ARMS
+    from adaspec.methods.arms import DEFAULT_ARMS
 
     p = sub.add_parser(
         "router",
@@ -141,8 +141,8 @@ def run_collect(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.lab.bench.suites import training_prompts
     from adaspec.lab.router.collect import CollectConfig, collect
+    from adaspec.methods.arms import parse_arms
     from adaspec.methods.spec import parse_method
-    from adaspec.route.arms import parse_arms
 
     arms = parse_arms(args.arms)
     if args.max_new_tokens < 1:

@@ -1,4 +1,4 @@
-"""`adaspec runtime build|show`: ik_llama.cpp compiled for this CPU (`backends/ik_build.py`)."""
+"""`adaspec runtime build|show`: ik_llama.cpp compiled for this CPU (`backends/ik/build.py`)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def add_runtime_parser(sub) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from adaspec.backends.ik_build import IkBuildError, build_info, build_native
-    from adaspec.backends.ikllama import IK_VERSION
+    from adaspec.backends.ik.backend import IK_VERSION
+    from adaspec.backends.ik.build import IkBuildError, build_info, build_native
     from adaspec.backends.weights import llama_threads
 
     try:
@@ -47,8 +47,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from adaspec.backends import ikllama
-    from adaspec.backends.ik_build import build_info, current, native_library, runtime_dir
+    from adaspec.backends.ik import backend as ikllama
+    from adaspec.backends.ik.build import build_info, current, native_library, runtime_dir
 
     native = native_library(ikllama.IK_VERSION)
     info = build_info(ikllama.IK_VERSION)
@@ -66,5 +66,5 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         print("no native build (`adaspec runtime build` makes one)")
     api = ikllama.library()
-    print(f"loaded: {getattr(api, 'adaspec_build', 'wheel')} ({api._lib._name})")
+    print(f"loaded: {getattr(api, 'adaspec_build', 'wheel')} ({api.adaspec_library})")
     return 0

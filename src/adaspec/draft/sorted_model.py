@@ -2,7 +2,7 @@
 
 Sub-model e is layers [0, exits[e]) followed by the shared final norm and output head, so
 the smallest exit is a prefix of every larger one (Kavehzadeh et al., "S2D: Sorted
-Speculative Decoding"). The decoder is adaspec's own (backends/decoder.py), not
+Speculative Decoding"). The decoder is adaspec's own (backends/torch/decoder.py), not
 transformers', because drafting needs what a stock KV cache cannot give: per-segment caches
 that run at different depths (`ExitState`).
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from adaspec.backends.decoder import DecoderLayer, RMSNorm, rope
+from adaspec.backends.torch.decoder import DecoderLayer, RMSNorm, rope
 
 
 @dataclass(frozen=True)

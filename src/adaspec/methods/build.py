@@ -7,14 +7,17 @@ loaded target and draft. What a method name builds is the method registry's busi
 
 from __future__ import annotations
 
+from typing import cast
+
 from adaspec.backends.base import ModelBackend
 from adaspec.backends.load import load_backends
 from adaspec.backends.weights import FASTEST
 from adaspec.cost.profile import CostProfile
 from adaspec.draft.history import HistoryIndex
-from adaspec.engine.loop import TextGenerator
+from adaspec.engine.loop import Engine, TextGenerator
 from adaspec.errors import InputError
-from adaspec.methods.registry import Models
+from adaspec.methods.arms import check_arms
+from adaspec.methods.base import Models
 from adaspec.methods.spec import DEFAULT_METHOD, MethodSpec, parse_method
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
@@ -37,7 +40,30 @@ def build_engine(
     if spec.method is None or spec.method.build is None:
         raise InputError(f"method {spec.text!r} is run by `adaspec bench` only")
     models = Models(target, tokenizer, draft, eos_token_ids, profile, history)
+    spec.method.check_models(spec.params, models, spec.text)
+    if spec.method.arms is not None:  # a method composed of others: those first
+        models.arms = dict(build_arm_engines(spec.method.arms(spec.params), target, tokenizer,
+                                             draft, eos_token_ids, profile))
     return spec.method.build(spec.params, models, spec.text)
+
+
+def build_arm_engines(
+    arms: dict[str, str],
+    target: ModelBackend,
+    tokenizer,
+    draft: ModelBackend | None = None,
+    eos_token_ids: list[int] | None = None,
+    profile: CostProfile | None = None,
+) -> dict[str, Engine]:
+    """One engine per arm of a router (name -> method string); `profile` prices the
+    cost-aware arms (auto, DISCO's stop=cost, tree=priced), by default each arm's own
+    profile=... or this machine's."""
+    specs = check_arms(arms)
+    return {  # every arm's method decodes with an Engine (check_arms refuses a router)
+        name: cast(Engine, build_engine(spec, target, tokenizer, draft, eos_token_ids,
+                                        profile=profile))
+        for name, spec in specs.items()
+    }
 
 
 def load_engine(

@@ -11,8 +11,8 @@ from adaspec.control.confidence import HF_DEFAULT_THRESHOLD
 from adaspec.control.disco import GUESSES, STOP_RULES
 from adaspec.core.token_tree import DEFAULT_MAX_NODES, PricedBranching, parse_branching
 from adaspec.errors import InputError
+from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
-from adaspec.methods.registry import Method, Models
 
 if TYPE_CHECKING:
     from adaspec.control import LengthSettings
@@ -110,7 +110,7 @@ class DraftParams(ChainParams):
 
 
 def _build(params: DraftParams, models: Models, text: str):
-    from adaspec.backends.restricted_head import with_stored_vocab
+    from adaspec.backends.torch.restricted_head import with_stored_vocab
     from adaspec.control import CONTROLLERS
     from adaspec.control.static import StaticLength
     from adaspec.draft.model import ModelDrafter

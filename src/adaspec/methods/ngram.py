@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adaspec.errors import InputError
+from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
-from adaspec.methods.registry import Method, Models
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ and checked against)."""
 
 from __future__ import annotations
 
+from adaspec.methods.base import Method, Models
 from adaspec.methods.params import NoParams
-from adaspec.methods.registry import Method, Models
 
 
 def _build(params: NoParams, models: Models, text: str):

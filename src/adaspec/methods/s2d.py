@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from adaspec.errors import InputError
+from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
-from adaspec.methods.registry import Method, Models
 
 DEFAULT_THRESHOLD = 0.8  # when the artifact has none tuned for this target
 DEFAULT_K = 4

@@ -14,8 +14,9 @@ from typing import Any
 
 from adaspec.backends.weights import WEIGHT_VARIANTS
 from adaspec.errors import InputError
+from adaspec.methods.base import Method
 from adaspec.methods.params import UnknownParameter, as_dict, build_params, fields_of
-from adaspec.methods.registry import METHODS, Method
+from adaspec.methods.registry import METHODS
 from adaspec.registry import Registry
 
 DEFAULT_METHOD = "auto"  # what `adaspec generate` and `load_engine` run
@@ -40,8 +41,13 @@ class MethodSpec:
         return as_dict(self.params)
 
     def needs_draft_model(self) -> bool:
-        """Whether building it needs the draft model (a router reads its artifact's arms)."""
-        return self.method is not None and self.method.needs_draft(self.params)
+        """Whether building it needs the draft model (a method composed of others, the
+        router, when one of its arms does)."""
+        if self.method is None:
+            return False
+        arms = self.method.arms(self.params) if self.method.arms is not None else {}
+        return self.method.needs_draft(self.params) or any(
+            parse_method(m).needs_draft_model() for m in arms.values())
 
     def check_files(self) -> None:
         """The files its parameters name exist: a one-line InputError before any model

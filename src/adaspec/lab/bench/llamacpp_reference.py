@@ -29,11 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from adaspec.backends.llamacpp import (
+from adaspec.backends.gguf import LlamaCppUnavailable, gguf_file
+from adaspec.backends.llamacpp.backend import (
     DEFAULT_CONTEXT,
-    LlamaCppUnavailable,
     RepackChoice,
-    gguf_file,
     import_llama,
     load_llama,
     model_params_with_extra_buffers,

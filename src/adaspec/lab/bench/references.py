@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import adaspec.lab.bench.oracle  # noqa: F401  (registers ctrl=oracle, the bench's controller)
+from adaspec.methods.base import Method
 from adaspec.methods.params import NoParams, check, param
-from adaspec.methods.registry import Method
 from adaspec.methods.spec import MethodSpec, parse_method
 from adaspec.registry import Registry
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from adaspec.backends.attention import batched_attention
 from adaspec.backends.base import ModelBackend
+from adaspec.backends.torch.attention import batched_attention
 from adaspec.backends.weights import read_weights
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams

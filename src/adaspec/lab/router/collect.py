@@ -24,8 +24,9 @@ from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.router.collection import META, RUNS, STATES, read_states
-from adaspec.route.arms import arm_parameters, check_arms, count_parameters
-from adaspec.route.router import build_arm_engines, prompt_state
+from adaspec.methods.arms import arm_parameters, check_arms, count_parameters
+from adaspec.methods.build import build_arm_engines
+from adaspec.route.router import prompt_state
 from adaspec.store.atomic import trim_torn_tail, write_json
 
 # Settings that change what a collected row means: a resumed collection must match them.

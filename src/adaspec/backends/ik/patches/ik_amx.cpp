@@ -1,5 +1,5 @@
 // adaspec (k-quant-amx-2): the repacked Q4_K kernel on AMX tiles, for calls of 16 activation
-// rows and more on a CPU with AMX (adaspec's `backends/ik_amx_patch.py`).
+// rows and more on a CPU with AMX (adaspec's `backends/ik/patches/amx.py`).
 //
 // The kernel above this one sums, per weight row, per super-block and per half of each
 // 32-quant sub-block, scale x (weight quants . activation quants), and turns those integers

@@ -1,5 +1,5 @@
 """The static-cache torch runtime (`--weights static`), shaped after gpt-fast: adaspec's own
-Qwen2 / Llama decoder (backends/decoder.py) over keys and values preallocated for
+Qwen2 / Llama decoder (backends/torch/decoder.py) over keys and values preallocated for
 `max_context` positions. A pass writes its tokens' entries at the slots after the cache and
 reads them back under an explicit mask; a rollback moves a length (nothing is freed or
 copied), a tree's accepted path is gathered to the front. Tokens carry explicit rotary
@@ -27,9 +27,7 @@ Qwen2 / Llama-family model, or a built-in model), loaded as they are.
 from __future__ import annotations
 
 import functools
-import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +35,10 @@ import torch
 from torch import nn
 
 from adaspec.backends.base import ForwardOutput, ModelBackend, reusable_prefix
-from adaspec.backends.decoder import DecoderLayer, RMSNorm, rope, rope_frequencies
+from adaspec.backends.torch.decoder import DecoderLayer, RMSNorm, rope, rope_frequencies
+from adaspec.backends.torch.graphs import PassInputs, capture_graph
 from adaspec.errors import InputError
 
-STATIC = "static"  # the weights variant: the model's own dtype, this runtime
 DEFAULT_CONTEXT = 8192  # positions
 # cache slots beyond max_context: a token tree near the limit fits its positions (the
 # engine cuts it by depth) while its nodes take a slot each
@@ -210,10 +208,10 @@ class StaticTorchBackend(ModelBackend):
         self._ids.cut(0)
 
     def sequences(self, n: int) -> list[ModelBackend]:
-        """`n` sequences in one batched cache over these weights (backends/static_batch.py):
+        """`n` sequences in one batched cache over these weights (backends/torch/static_batch.py):
         requests decoded together share each call of the model."""
         from adaspec.backends.sequences import views
-        from adaspec.backends.static_batch import StaticSequences
+        from adaspec.backends.torch.static_batch import StaticSequences
 
         return list(views(StaticSequences(self, n + 1), n))
 
@@ -412,21 +410,6 @@ class StaticTorchBackend(ModelBackend):
         f.graph, f.out = capture_graph(lambda: self._pass(f), self._pool)
 
 
-def capture_graph(run: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
-    """`run` recorded as a CUDA graph in memory pool `pool`, after a warm-up on a side
-    stream (which initialises the kernels' workspaces); the graph and its output buffer."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = run()
-    return graph, out
-
-
 class _CachedIds:
     """The cached tokens' ids, which only a prompt's prefix reuse reads: a host list, then
     the ids fed from the device and not read yet (a draft chain's own tokens, fed back
@@ -462,30 +445,6 @@ class _CachedIds:
             self.known.extend(torch.cat([t.to(device) for t in self.unread]).tolist())
             self.unread = []
         return self.known
-
-
-class PassInputs:
-    """A fixed-shape pass's integer inputs, by name and shape, packed in one host buffer and
-    one device buffer: filled on the host (`host`), sent in one copy (`send`); a captured
-    graph reads the device views (`dev`) at each replay."""
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device) -> None:
-        sizes = {name: math.prod(shape) for name, shape in shapes.items()}
-        self._host = torch.zeros(sum(sizes.values()), dtype=torch.long)
-        self._dev = torch.zeros(sum(sizes.values()), dtype=torch.long, device=device)
-        self.host: dict[str, torch.Tensor] = {}
-        self.dev: dict[str, torch.Tensor] = {}
-        at = 0
-        for name, shape in shapes.items():
-            self.host[name] = self._host[at:at + sizes[name]].view(shape)
-            self.dev[name] = self._dev[at:at + sizes[name]].view(shape)
-            at += sizes[name]
-
-    def clear(self) -> None:
-        self._host.zero_()
-
-    def send(self) -> None:
-        self._dev.copy_(self._host)
 
 
 class _FixedPass:

@@ -1,5 +1,5 @@
 // adaspec (k-quant-amx-2): the repacked Q6_K kernel on AMX tiles, for calls of 32 activation
-// rows and more on a CPU with AMX (adaspec's `backends/ik_amx_patch.py`; after the Q6_K
+// rows and more on a CPU with AMX (adaspec's `backends/ik/patches/amx.py`; after the Q6_K
 // kernel it calls for the rows it leaves, and after `ik_amx.cpp`, whose activation order,
 // tile setup and float lanes it shares).
 //

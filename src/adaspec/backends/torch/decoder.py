@@ -1,7 +1,7 @@
 """The Qwen2 / Llama decoder, written once: RMSNorm, rotary embeddings, grouped-query
 attention and the gated MLP, with transformers' parameter names (checkpoints load as they
 are). Two runtimes use it: the S2D sorted draft (draft/sorted_model.py: growing caches per
-exit segment) and the static-cache torch runtime (backends/static_torch.py: preallocated
+exit segment) and the static-cache torch runtime (backends/torch/static.py: preallocated
 keys and values, explicit positions, tree masks).
 """
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaspec.backends.ik_source import PatchError, patch_file
+from adaspec.backends.ik.source import PatchError, patch_file
 
 NAME = "k-quant-prefetch"
 FILE = "ggml/src/iqk/iqk_gemm_kquants.cpp"
@@ -30,7 +30,7 @@ BLOCKS_AHEAD = 2  # blocks of 256 quants (x 4 rows) between the one computed and
 HELPER = f"""// adaspec (k-quant-prefetch): a call of several rows asks for the weights
 // {BLOCKS_AHEAD} blocks ahead of the one it computes (a hint only: no arithmetic
 // changes); a lone row is left to the hardware prefetcher (adaspec's
-// `backends/ik_prefetch_patch.py`).
+// `backends/ik/patches/prefetch.py`).
 template <int nrc_y, typename Block>
 static inline void {MARK}(const Block * block) {{
     if constexpr (nrc_y > 1) {{

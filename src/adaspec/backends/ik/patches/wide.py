@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaspec.backends import ik_two_groups_patch
-from adaspec.backends.ik_source import PatchError, patch_file
+from adaspec.backends.ik.patches import two_groups as ik_two_groups_patch
+from adaspec.backends.ik.source import PatchError, patch_file
 
 NAME = "k-quant-wide-2"  # 2: a lone row fetches ahead too
 FILE = ik_two_groups_patch.FILE

@@ -6,7 +6,7 @@ same pinned package's sdist (`vendor/ik_llama.cpp`), so the native library has t
 and the binding's structure layouts still hold. Built with cmake: Release, `GGML_NATIVE`, shared
 libraries with an `$ORIGIN` run path (the two libraries sit side by side), only the `llama`
 target, with the flash-attention kernels for the default cache types only (adaspec turns
-flash attention on for a cache of several sequences only, see `backends/ikllama.py`).
+flash attention on for a cache of several sequences only, see `backends/ik/backend.py`).
 
 Eight source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
 several sequences in one cache (`ik_flash_patch.py`). A region of the cache per sequence, with
@@ -36,7 +36,7 @@ Layout under `$ADASPEC_HOME/runtimes/`:
 - `.build-ik_llama.cpp-VERSION/`: source and build folder while building; kept after a
   failure (the next build resumes), removed after a success.
 
-`backends/ikllama.py` loads the native library when one built for this CPU is there
+`backends/ik/backend.py` loads the native library when one built for this CPU is there
 (`ADASPEC_IK_BUILD=wheel` keeps the wheel's; `IK_LLAMA_CPP_LIB_PATH`, the binding's own
 override, wins over both). `make setup` builds it (`adaspec runtime build --if-possible`).
 """
@@ -50,16 +50,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adaspec.backends import (
-    ik_amx_patch,
-    ik_flash_patch,
-    ik_hugepages_patch,
-    ik_prefetch_patch,
-    ik_regions_patch,
-    ik_source,
-    ik_two_groups_patch,
-    ik_wide_patch,
-)
+from adaspec.backends.ik import source as ik_source
+from adaspec.backends.ik.patches import amx as ik_amx_patch
+from adaspec.backends.ik.patches import flash as ik_flash_patch
+from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
+from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
+from adaspec.backends.ik.patches import regions as ik_regions_patch
+from adaspec.backends.ik.patches import two_groups as ik_two_groups_patch
+from adaspec.backends.ik.patches import wide as ik_wide_patch
 from adaspec.store import native_build
 from adaspec.store.atomic import write_text
 from adaspec.store.native_build import BUILD_INFO, NativeBuildError, cpu_signature

@@ -29,7 +29,7 @@ new NAME makes older builds rebuild.
 Without flash attention (adaspec's setting for one sequence) the cache's whole length is
 scored for every row and masked after: with 8 requests of 512 cells, a prompt chunk of 256
 tokens took 2.6-2.8 s against 1.75 s with these changes (`experiments/ik_attention.py`).
-`backends/ikllama.py` turns flash attention on for a cache of several sequences only when
+`backends/ik/backend.py` turns flash attention on for a cache of several sequences only when
 the library was built with this patch (`build.json`'s `patches`).
 """
 
@@ -49,7 +49,7 @@ SHARED = r"""#include <cstring>
 // group adds nothing (exp(-inf) = 0, added as exact zeros), so it is skipped wherever it is.
 // A row's block is read four halves at a time and without an early exit, so the compiler
 // vectorizes it: every call scans each row's mask over the whole cache, for every head and
-// layer (adaspec's `backends/ik_flash_patch.py`).
+// layer (adaspec's `backends/ik/patches/flash.py`).
 static inline bool adaspec_block_masked(const char * mr, int stride_m, int nq, int k_step) {
     const uint64_t ninf = 0xFC00FC00FC00FC00ull;  // four fp16 -inf
     for (int j = 0; j < nq; ++j) {

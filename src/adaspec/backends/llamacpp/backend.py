@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from adaspec.backends.base import ChainBackend, batch_noise_setting
-from adaspec.errors import AdaspecError
+from adaspec.backends.gguf import LlamaCppUnavailable
 
 INSTALL_HINT = (
     "pip install 'adaspec[llamacpp]' (builds llama-cpp-python from source, about 8 minutes)"
@@ -42,64 +42,11 @@ EXTRA_BUFFERS_ENV = "ADASPEC_LLAMACPP_EXTRA_BUFFERS"
 PROBE_TIMEOUT = 600  # seconds: a load with repacking of a large model on a slow disk
 
 
-# The weights variant (`--weights gguf`, `NAME@gguf`) that runs a model's GGUF through llama.cpp.
-GGUF = "gguf"
-
-
-class LlamaCppUnavailable(AdaspecError):
-    """llama.cpp cannot run here (extra not installed, or no GGUF file for the model)."""
-
-
-def gguf_file(model: str) -> Path | None:
-    """The verified GGUF file behind a model: a built-in model's assembled file (checked
-    against the registry's size and sha256, assembled first if needed) or a .gguf path;
-    None for a Hugging Face directory (no GGUF)."""
-    from adaspec.store.assembly import assemble, check_gguf_magic
-    from adaspec.store.catalog import model_catalog
-
-    if model in model_catalog():
-        return assemble(model)
-    path = Path(model).expanduser()
-    if not path.is_file():
-        return None
-    check_gguf_magic(path)
-    return path.resolve()
-
-
-def checked_gguf(model: str, runtime: str = GGUF) -> Path:
-    """The verified GGUF file llama.cpp (runtime `gguf`) or ik_llama.cpp (`ik`) runs for a
-    built-in model or .gguf path, or LlamaCppUnavailable / IkLlamaUnavailable (the package
-    missing, or no GGUF behind the model)."""
-    if runtime == GGUF:
-        import_llama()  # a missing extra is reported before any file work
-    else:
-        from adaspec.backends.ikllama import library
-
-        library()
-    path = gguf_file(model)
-    if path is None:
-        raise LlamaCppUnavailable(
-            f"{model} has no GGUF file for llama.cpp (a Hugging Face directory); use a "
-            "built-in model name or a .gguf path"
-        )
-    return path
-
-
-def gguf_backend_args(
-    model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT, runtime: str = GGUF
-) -> tuple[Path, int, str, int]:
-    """The arguments of `LlamaCppBackend` (runtime `gguf`) or `IkLlamaBackend` (`ik`) for a
-    built-in model or .gguf path: the checked file, named as the torch loader names the same
-    source (artifacts compare these names). In this process or a child's, the backend is
-    built from these."""
-    from adaspec.store.loading import source_name
-
-    return checked_gguf(model, runtime), n_threads, source_name(model), n_ctx
-
-
 def load_gguf_backend(model: str, n_threads: int, n_ctx: int = DEFAULT_CONTEXT) -> LlamaCppBackend:
     """A built-in model or .gguf path run by llama.cpp as a backend in this process."""
-    return LlamaCppBackend(*gguf_backend_args(model, n_threads, n_ctx))
+    from adaspec.backends.gguf import gguf_backend_args
+
+    return LlamaCppBackend(*gguf_backend_args(model, n_threads, n_ctx, import_llama))
 
 
 def import_llama() -> type:
@@ -149,7 +96,7 @@ class RepackChoice:
 
 def _probe_command(gguf: str | Path, n_threads: int) -> list[str]:
     return [sys.executable, "-c",
-            "import sys; from adaspec.backends.llamacpp import repack_probe_main; "
+            "import sys; from adaspec.backends.llamacpp.backend import repack_probe_main; "
             "sys.exit(repack_probe_main(sys.argv[1], int(sys.argv[2])))",
             str(gguf), str(n_threads)]
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from adaspec.backends.base import ModelBackend
-from adaspec.backends.torch_backend import TorchBackend
+from adaspec.backends.torch.backend import TorchBackend
 from adaspec.errors import InputError
 from adaspec.store.quant import QuantLinear
 from adaspec.store.token_set import load_token_set

@@ -3,7 +3,7 @@
 // 8 activation rows (a lone token, a round of requests, a draft block). Each shuffled
 // activation feeds both groups and each instruction does two groups' work. Every lane does
 // the integer and float operations of the kernel below for its group, in the same order:
-// the results are bit for bit the kernel's (adaspec's `backends/ik_wide_patch.py`). It
+// the results are bit for bit the kernel's (adaspec's `backends/ik/patches/wide.py`). It
 // fetches ahead in its own walk's order (the kernel's prefetch, two blocks ahead in a group
 // of 4, would miss the second group's first blocks), for a lone row too: on a 2-vCPU Xeon a
 // lone row's walk without it streamed slower than a walk of two rows. Returns the rows it

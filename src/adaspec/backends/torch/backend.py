@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adaspec.backends.attention import batched_attention, use_row_invariant_attention
 from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.backends.torch.attention import batched_attention, use_row_invariant_attention
 from adaspec.store.quant import prefill_arithmetic, quantized_bytes
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ class TorchBackend(ModelBackend):
     The model is fed a custom 4-D boolean mask whenever a tree mask is given, so a flattened
     token tree is scored in one pass; otherwise transformers builds the causal mask itself.
     `row_invariant` switches attention to one decode-shaped call per query row
-    (backends/attention.py): with row-independent Linear layers (the quantized ones) a block's
+    (backends/torch/attention.py): with row-independent Linear layers (the quantized ones) a block's
     logits are then bit-identical to scoring its tokens one at a time. The switch belongs to
     the backend, not the model: another backend over the same model keeps batched attention.
     """

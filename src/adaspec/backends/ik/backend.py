@@ -37,9 +37,6 @@ IK_VERSION = "0.1.5"
 INSTALL_HINT = f"pip install 'ik-llama-cpp-python=={IK_VERSION}' (a prebuilt AVX2 wheel)"
 DEFAULT_CONTEXT = 8192  # tokens
 DEFAULT_BATCH = 512  # tokens per llama_decode call of a prompt prefill
-# The weights variant (`--weights ik`, `NAME@ik`): a model's GGUF run by ik_llama.cpp.
-IK = "ik"
-
 
 # A target is fed blocks of at least this many rows (IkLlamaBackend's `min_rows`). Unset:
 # 1 where the library scores a lone token as it scores it in a block (checked at load), else
@@ -90,9 +87,9 @@ def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
 
 def _choose_build() -> str:
     """Which ik_llama.cpp library the binding loads: "native" (built for this CPU by
-    `adaspec runtime build`, `backends/ik_build.py`), "wheel" (the prebuilt AVX2 one) or
+    `adaspec runtime build`, `backends/ik/build.py`), "wheel" (the prebuilt AVX2 one) or
     "custom" (the binding's own IK_LLAMA_CPP_LIB_PATH, set by the user)."""
-    from adaspec.backends import ik_build
+    from adaspec.backends.ik import build as ik_build
 
     wheel = ik_build.wants_wheel()
     native = None if wheel else ik_build.native_library(IK_VERSION)
@@ -110,7 +107,7 @@ def multi_sequence_flash(api: Any) -> bool:
     """Whether a cache of several sequences runs with flash attention: the library was built
     with `ik_flash_patch` (the pinned version's kernel is wrong for several sequences
     without it) and ADASPEC_IK_FLASH_ATTN is not "off"."""
-    from adaspec.backends import ik_flash_patch
+    from adaspec.backends.ik.patches import flash as ik_flash_patch
 
     value = os.environ.get(FLASH_ENV, "").strip().lower()
     if value not in ("", "auto", "off"):
@@ -122,7 +119,7 @@ def kv_regions(api: Any) -> bool:
     """Whether a cache of several sequences with flash attention gives each sequence a
     region of its own (`ik_regions_patch`): the library was built with it and
     ADASPEC_IK_KV_REGIONS is not "off"."""
-    from adaspec.backends import ik_regions_patch
+    from adaspec.backends.ik.patches import regions as ik_regions_patch
 
     value = os.environ.get(REGIONS_ENV, "").strip().lower()
     if value not in ("", "auto", "off"):
@@ -155,13 +152,14 @@ def library() -> Any:
         print(f"adaspec: ik_llama.cpp built for this CPU does not load ({exc}); using the "
               "prebuilt wheel's library (`adaspec runtime build --force` rebuilds it)",
               file=sys.stderr)
-        from adaspec.backends import ik_build
+        from adaspec.backends.ik import build as ik_build
 
         os.environ.pop(LIB_PATH_ENV, None)
         os.environ[ik_build.BUILD_ENV] = "wheel"
         return library.__wrapped__()
     api.adaspec_build = build
-    from adaspec.backends import ik_build
+    api.adaspec_library = str(getattr(api._lib, "_name", "?"))  # the file loaded
+    from adaspec.backends.ik import build as ik_build
 
     info = ik_build.build_info(IK_VERSION) if build == "native" else None
     api.adaspec_patches = tuple((info or {}).get("patches") or ())

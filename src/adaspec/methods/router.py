@@ -1,12 +1,13 @@
-"""`router`: a trained policy picks one of its arms (methods) per request (route/)."""
+"""`router`: a trained policy picks one of its arms (methods) per request (`route/` holds
+the policy, its artifact and the routing engine; the arms' engines come built, `Models.arms`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from adaspec.errors import InputError
+from adaspec.methods.base import Method, Models
 from adaspec.methods.params import check, param
-from adaspec.methods.registry import Method, Models
 from adaspec.route.policy import MODES
 
 
@@ -33,28 +34,33 @@ class RouterParams:
         return self.artifact or str(ROUTER_BUILTIN)
 
 
-def _needs_draft(params: RouterParams) -> bool:
-    """When one of its arms does: reads the artifact's arm list."""
-    from adaspec.methods.spec import parse_method
+def _arms(params: RouterParams) -> dict[str, str]:
+    """The artifact's arms (name -> method), which the composition root builds first."""
     from adaspec.route.artifact import load_artifact
 
-    arms = load_artifact(params.path).arms.values()
-    return any(parse_method(m).needs_draft_model() for m in arms)
+    return dict(load_artifact(params.path).arms)
 
 
-def _build(params: RouterParams, models: Models, text: str):
-    from adaspec.route.router import router_from_artifact
-
+def _check_models(params: RouterParams, models: Models, text: str) -> None:
     if not models.target.has_hidden_states:
         raise InputError(
             f"method {text!r} reads the target's hidden state, which its backend "
             f"({type(models.target).__name__}) does not give; run the router on torch or ik "
             "weights"
         )
-    return router_from_artifact(
-        params.path, models.target, models.tokenizer, models.draft, models.eos_token_ids,
-        mode=params.mode, seed=params.seed, profile=models.profile,
-    )
+
+
+def _build(params: RouterParams, models: Models, text: str):
+    from typing import cast
+
+    from adaspec.engine.loop import Engine
+    from adaspec.route.artifact import load_artifact
+    from adaspec.route.router import RoutedGenerator
+
+    art = load_artifact(params.path)
+    art.check(target=models.target.name, hidden_size=models.target.hidden_size)
+    engines = {name: cast(Engine, e) for name, e in (models.arms or {}).items()}
+    return RoutedGenerator(engines, art.policy, mode=params.mode, seed=params.seed)
 
 
 METHOD = Method(
@@ -62,7 +68,8 @@ METHOD = Method(
     "a trained policy picks one of its arms (methods) per request from the prompt",
     RouterParams,
     _build,
-    needs_draft=_needs_draft,
+    arms=_arms,
+    check_models=_check_models,
     positional="artifact",
     doc="docs/router.md",
 )

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaspec.backends import ik_prefetch_patch
-from adaspec.backends.ik_source import PatchError, patch_file
+from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
+from adaspec.backends.ik.source import PatchError, patch_file
 
 NAME = "k-quant-two-groups"
 FILE = ik_prefetch_patch.FILE

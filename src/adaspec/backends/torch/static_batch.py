@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adaspec.backends.decoder import Row, rope
 from adaspec.backends.sequences import ALL, LAST, Feed
-from adaspec.backends.static_torch import PassInputs, capture_graph
+from adaspec.backends.torch.decoder import Row, rope
+from adaspec.backends.torch.graphs import PassInputs, capture_graph
 from adaspec.errors import InputError
 
 if TYPE_CHECKING:
-    from adaspec.backends.static_torch import StaticTorchBackend
+    from adaspec.backends.torch.static import StaticTorchBackend
 
 ROW_TOKENS = (1, 2, 4, 8, 16)  # tokens per row of a fixed pass (a feed's, padding included)
 MIN_SPAN = 256  # the shortest attention span of a fixed pass (slots per row)

@@ -3,7 +3,7 @@
 // first group of activations: those find the weights in cache (a prompt chunk's).
 // The integer sums and the float operations of every row are those of the kernel below,
 // in the same order: the results are bit for bit the same (adaspec's
-// `backends/ik_two_groups_patch.py`). Returns the rows it left to the kernel (a last
+// `backends/ik/patches/two_groups.py`). Returns the rows it left to the kernel (a last
 // group of 4).
 template <int nrc_y>
 static int adaspec_q4_k_r4_two_groups(int n, const void * vx, size_t bx, const DataInfo& info, int nrc_x) {

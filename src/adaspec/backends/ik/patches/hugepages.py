@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaspec.backends.ik_source import PatchError, patch_file
+from adaspec.backends.ik.source import PatchError, patch_file
 
 NAME = "huge-pages"
 FILE = "ggml/src/ggml-backend.cpp"
@@ -34,7 +34,7 @@ ALLOC = """    void * data = malloc(size); // TODO: use GGML_ALIGNED_MALLOC (mov
 ADVICE = f"""#ifdef __linux__
     // {MARK}: the buffer is not touched yet, so its page faults take 2 MiB pages
     // where transparent huge pages are `madvise` or `always` (adaspec's
-    // `backends/ik_hugepages_patch.py`)
+    // `backends/ik/patches/hugepages.py`)
     if (size >= ((size_t){MIN_BYTES >> 20} << 20)) {{
         const uintptr_t huge = (uintptr_t)2 << 20;
         const uintptr_t first = ((uintptr_t)data + huge - 1) & ~(huge - 1);

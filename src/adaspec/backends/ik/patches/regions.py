@@ -7,14 +7,14 @@ with 8 requests of 300 cells, a decoding call of 8 rows took 120 ms against 87 m
 of one sequence (`experiments/ik_raw.py` probes, session 13).
 
 Three source changes, switched on per context by `adaspec_kv_regions(ctx, stride)` (adaspec
-calls it for a cache of several sequences with flash attention, `backends/ikllama.py`):
+calls it for a cache of several sequences with flash attention, `backends/ik/backend.py`):
 
 - placement: sequence s's token at position p goes to cell s * stride + p, so a sequence's
   cells stay together whatever the others do. Where that cell is taken (a prefix shared
   with another sequence still holds it, or p is past the region) the token takes the next
   free cell past the regions (then any free cell): still right, since the mask is built
   from each cell's sequences and positions, only slower. The attended span ends at the last
-  cell used, so regions are kept short (`backends/ikllama.py`) and the cells past them take
+  cell used, so regions are kept short (`backends/ik/backend.py`) and the cells past them take
   what does not fit. The cache's own compaction (defrag) would undo the layout, so adaspec
   turns it off with the regions;
 - the store: a call's keys and values are written row by row to their cells
@@ -29,7 +29,7 @@ calls it for a cache of several sequences with flash attention, `backends/ikllam
   decoding at near-ties. Now a row's arithmetic depends only on its own cells and where
   they lie, and a region starts on a block boundary, so a sequence's row is bit for bit
   the same in any slot, in any call, and in a context of one sequence (which adaspec runs
-  with one region too, `backends/ikllama.py`). Until `-2` only calls whose rows needed
+  with one region too, `backends/ik/backend.py`). Until `-2` only calls whose rows needed
   different blocks took it (`ik_flash_patch`'s `adaspec_rows_apart`);
 - `adaspec_kv_seq_copy`: a prefix taken from another sequence is copied into the taker's
   region (keys and values, layer by layer), where `llama_kv_cache_seq_cp` would tag the

@@ -1,6 +1,6 @@
 """The router's arms: named method strings, from a list or a JSON config.
 
-Any method `adaspec.methods.spec` parses can be an arm, so drafters added later (sorted early
+Any method `methods.spec` parses can be an arm, so drafters added later (sorted early
 exits, distilled drafts) join the router without changes here. An arm's name defaults to its
 method string; a config file can name them: {"arms": {"fast": "draft:k=2", "plain": "ar"}}.
 """

@@ -1,0 +1,2 @@
+"""llama.cpp through llama-cpp-python: the backend (`backend.py`) and its registration
+(`runtime.py`)."""
