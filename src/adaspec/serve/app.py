@@ -71,14 +71,9 @@ class ServeState:
     def start(self, instance: ModelInstance) -> Scheduler:
         self.instance = instance
         if self.scheduler is None:
-            if self.config.max_batch > 1:
-                from adaspec.serve.batching import BatchScheduler
-
-                self.scheduler = BatchScheduler(instance, self.config.max_queue,
-                                                self.config.max_batch, self.metrics,
-                                                slots=self.config.sequences())
-            else:
-                self.scheduler = Scheduler(instance, self.config.max_queue, self.metrics)
+            self.scheduler = Scheduler(instance, self.config.max_queue, self.metrics,
+                                       max_batch=self.config.max_batch,
+                                       slots=self.config.sequences())
         self.scheduler.start()
         return self.scheduler
 

@@ -52,8 +52,8 @@ class ModelInstance:
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
         self.online: OnlineDistiller | None = None  # see `start_online`
-        # requests decoded together (`open_slots`): per slot a target and a draft sequence,
-        # and the engines built on them, by method
+        # requests decoded together (`open_slots`, or `own_slot`: the models themselves): per
+        # slot a target and a draft sequence, and the engines built on them, by method
         self.slots: list[tuple[ModelBackend, ModelBackend | None]] = []
         self._slot_engines: list[OrderedDict[str, TextGenerator]] = []
 
@@ -167,11 +167,20 @@ class ModelInstance:
         self.slots = list(zip(targets, drafts, strict=True))
         self._slot_engines = [OrderedDict() for _ in range(n)]
 
+    def own_slot(self) -> None:
+        """One request at a time: the one slot is the models' own cache, and its engines
+        are `engine`'s."""
+        self.slots = [(self.target, self.draft)]
+        self._slot_engines = []
+
     def slot_engine(self, method: str, slot: int) -> TextGenerator:
         """The engine of a method on slot `slot`'s sequences: its own drafter and length
-        controller (their state is one request's at a time), the history shared."""
+        controller (their state is one request's at a time), the history shared; on the
+        models' own slot (`own_slot`), `engine`'s."""
         from adaspec.methods.build import build_engine
 
+        if not self._slot_engines:
+            return self.engine(method)
         engines = self._slot_engines[slot]
         engine = engines.get(method)
         if engine is not None:
