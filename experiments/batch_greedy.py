@@ -30,7 +30,7 @@ from concurrency_sweep import prompt_pool  # noqa: E402
 
 from adaspec.cost.batch import batch_cost_for  # noqa: E402
 from adaspec.engine.batch import BatchDecoder  # noqa: E402
-from adaspec.engine.loop import GenerationResult  # noqa: E402
+from adaspec.engine.steps import GenerationResult  # noqa: E402
 from adaspec.lab.bench.machine import describe_machine  # noqa: E402
 from adaspec.serve.config import ServeConfig  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402

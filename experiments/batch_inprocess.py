@@ -30,7 +30,8 @@ from concurrency_sweep import prompt_pool  # noqa: E402
 
 from adaspec.core.sampling import SamplingParams  # noqa: E402
 from adaspec.engine.batch import BatchDecoder, RoundStats  # noqa: E402
-from adaspec.engine.loop import GenerationResult, TextGenerator  # noqa: E402
+from adaspec.engine.loop import TextGenerator  # noqa: E402
+from adaspec.engine.steps import GenerationResult
 from adaspec.serve.config import ServeConfig  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402
 

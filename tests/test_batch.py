@@ -13,7 +13,7 @@ from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine import batch as batch_mod
 from adaspec.engine.batch import BatchDecoder, choose_lengths
-from adaspec.engine.loop import GenerationResult, StreamChunk
+from adaspec.engine.steps import GenerationResult, StreamChunk
 from adaspec.methods.build import build_engine
 
 from .conftest import tiny_model
@@ -354,7 +354,7 @@ def test_drafts_go_to_the_requests_the_batch_s_end_waits_on():
     from adaspec.core.proposal import Proposal
     from adaspec.cost.batch import BatchLoad, Seat
     from adaspec.engine.batch import RoundStats, _Member
-    from adaspec.engine.loop import TargetCall
+    from adaspec.engine.steps import TargetCall
 
     def member(key: str, remaining: int, drafts: bool = True) -> _Member:
         proposal = Proposal.chain(7, [1, 2, 3] if drafts else [],

@@ -1050,7 +1050,8 @@ def test_time_spent_routing_is_not_counted_as_prefill(toy):
     """A router hands the engine its stats with route_time already spent: the prefill time
     is the prefill's own, and the wall time includes the routing."""
     from adaspec.core.metrics import RequestStats
-    from adaspec.engine.loop import Engine, GenerationResult
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.steps import GenerationResult
 
     engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
     stats = RequestStats(prompt_tokens=3, route_time=5.0)
@@ -1328,7 +1329,8 @@ def test_the_recorder_sees_every_verification_with_the_targets_logits(toy):
 def test_the_last_streamed_piece_flushes_text_held_back_for_a_stop_string(toy):
     """Text that could start a stop string is held back while decoding goes on; when the
     request ends without the stop string, the last chunk sends it."""
-    from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.steps import GenerationResult, StreamChunk
 
     engine = Engine(TorchBackend(toy), _ChatTokenizer(), eos_token_ids=[])
     tokens = engine.generate([1, 2, 3], 6, chat=False).token_ids
@@ -1418,7 +1420,8 @@ def test_decoding_times_add_up_over_steps(toy, monkeypatch):
 
 
 def test_generation_defaults_to_128_new_tokens(toy):
-    from adaspec.engine.loop import Engine, StreamChunk
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.steps import StreamChunk
 
     engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
     assert len(engine.generate([1, 2, 3]).token_ids) == 128

@@ -8,7 +8,8 @@ import torch
 from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
-from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+from adaspec.engine.loop import Engine
+from adaspec.engine.steps import GenerationResult, StreamChunk
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 

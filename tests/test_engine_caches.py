@@ -21,7 +21,7 @@ from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.model_tree import ModelTreeDrafter
-from adaspec.engine.loop import GenerationResult, StreamChunk
+from adaspec.engine.steps import GenerationResult, StreamChunk
 from adaspec.methods.build import build_engine
 from tests.toy_models import greedy_next, reference_greedy, toy_model
 

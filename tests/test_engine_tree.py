@@ -12,7 +12,8 @@ from adaspec.control.static import StaticLength
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.model_tree import ModelTreeDrafter
-from adaspec.engine.loop import Engine, StreamChunk
+from adaspec.engine.loop import Engine
+from adaspec.engine.steps import StreamChunk
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 from adaspec.verify import (

@@ -12,7 +12,7 @@ import torch
 
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams, process_logits
-from adaspec.engine.loop import StreamChunk
+from adaspec.engine.steps import StreamChunk
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 

@@ -330,7 +330,7 @@ def test_batch_prefills_a_shared_prefix_once(smollm):
     from adaspec.backends.sequences import MIN_SHARE
     from adaspec.core.sampling import SamplingParams
     from adaspec.engine.batch import BatchDecoder
-    from adaspec.engine.loop import GenerationResult
+    from adaspec.engine.steps import GenerationResult
     from adaspec.methods.build import build_engine
 
     gguf, _ = smollm
@@ -364,7 +364,7 @@ def test_routed_requests_decode_together_on_sequences(smollm):
     its arm emits alone."""
     from adaspec.backends.process_backend import ProcessBackend
     from adaspec.engine.batch import BatchDecoder
-    from adaspec.engine.loop import GenerationResult
+    from adaspec.engine.steps import GenerationResult
     from adaspec.methods.build import build_engine
     from adaspec.route.router import RoutedGenerator
 

@@ -11,7 +11,7 @@ import torch
 from adaspec.backends.sequences import ALL, LAST, NONE, forward_together
 from adaspec.backends.torch.static import static_backend
 from adaspec.engine.batch import BatchDecoder
-from adaspec.engine.loop import GenerationResult
+from adaspec.engine.steps import GenerationResult
 from adaspec.methods.build import build_engine
 
 from .conftest import tiny_model

@@ -5,7 +5,7 @@ after a fully accepted draft, or a plain step."""
 from __future__ import annotations
 
 from adaspec.backends.torch.backend import TorchBackend
-from adaspec.engine.loop import ACCEPTED, BONUS, CORRECTION, PLAIN, StreamChunk
+from adaspec.engine.steps import ACCEPTED, BONUS, CORRECTION, PLAIN, StreamChunk
 from adaspec.methods.build import build_engine
 
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy

@@ -13,7 +13,8 @@ from adaspec.core.sampling import SamplingParams
 from adaspec.errors import AdaspecError, InputError, ModelStoreError
 
 if TYPE_CHECKING:
-    from adaspec.engine.loop import Engine, GenerationResult, StreamChunk
+    from adaspec.engine.loop import Engine
+    from adaspec.engine.steps import GenerationResult, StreamChunk
     from adaspec.methods.build import build_engine, load_engine
 
 # Loaded on first use, so `import adaspec` stays cheap.
@@ -21,8 +22,8 @@ _LAZY = {
     "load_engine": "adaspec.methods.build",
     "build_engine": "adaspec.methods.build",
     "Engine": "adaspec.engine.loop",
-    "GenerationResult": "adaspec.engine.loop",
-    "StreamChunk": "adaspec.engine.loop",
+    "GenerationResult": "adaspec.engine.steps",
+    "StreamChunk": "adaspec.engine.steps",
 }
 
 

@@ -45,7 +45,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from adaspec.backends.device import resolve_device
-    from adaspec.engine.loop import GenerationResult, StreamChunk
+    from adaspec.engine.steps import GenerationResult, StreamChunk
     from adaspec.errors import InputError
     from adaspec.methods.build import load_engine
     # Check everything the user typed before spending seconds on loading models.

@@ -1,4 +1,5 @@
-"""Requests decoded together (continuous batching): one target call per round for all.
+"""The drivers of requests' decode loops: requests decoded together (continuous batching),
+one target call per round for all (`BatchDecoder`), and a request alone (`run_alone`).
 
 Each request keeps its own engine (drafter, length controller, verifier), sampling
 parameters, random generator, stop rules and stats: it runs as `Engine.steps`, which yields
@@ -12,7 +13,9 @@ the target calls it needs. A round
      on its request) exceeds the time it adds to the call;
   4. scores everything in one call of the runtime (`backends/sequences.forward_together`);
      each request verifies on its own rows in its next round.
-A request that fails is dropped with its error; the others go on.
+A request that fails is dropped with its error; the others go on. A round's chunks can be
+handed on before its calls run (`advance`, then `run`), so a client sees a step's tokens
+without waiting for the next step's call.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,7 +40,10 @@ from adaspec.backends.sequences import (
     forward_together,
 )
 from adaspec.cost.batch import BatchCostFn, BatchLoad, Seat
-from adaspec.engine.loop import GenerationResult, StreamChunk, TargetCall, TextGenerator
+from adaspec.engine.steps import GenerationResult, StreamChunk, TargetCall
+
+if TYPE_CHECKING:
+    from adaspec.engine.loop import TextGenerator
 
 PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
 
@@ -150,6 +157,13 @@ class BatchDecoder:
     def round(self) -> list[tuple[Hashable, StreamChunk | GenerationResult | Exception]]:
         """One round (see the module's docstring): what each request produced, in order; a
         request ends after its GenerationResult or its Exception."""
+        events = self.advance()
+        return events + self.run()
+
+    def advance(self) -> list[tuple[Hashable, StreamChunk | GenerationResult | Exception]]:
+        """A round's first half: every request runs until it needs the target; what each
+        produced on the way, in order (a request ends after its GenerationResult or its
+        Exception). `run` then scores the calls."""
         events: list[tuple[Hashable, StreamChunk | GenerationResult | Exception]] = []
         filling = [m.prompt_left for m in self._members.values() if m.prompt_left]
         self.load.cost, self.load.prompts = self.cost, len(filling)
@@ -176,6 +190,12 @@ class BatchDecoder:
             except Exception as exc:  # this request's own failure: the others go on
                 events.append((member.key, exc))
                 self.drop(member.key)
+        return events
+
+    def run(self) -> list[tuple[Hashable, Exception]]:
+        """A round's second half: the calls `advance` stopped at, scored (one call of the
+        runtime for the batchable ones); the requests whose call failed, with the error."""
+        events: list = []
         self._run_calls(events)
         return events
 
@@ -313,3 +333,21 @@ class BatchDecoder:
                 stats.cut += len(a) - n
             stats.drafted += n
             stats.lengths.append(n)
+
+
+def run_alone(
+    steps: Iterator[StreamChunk | GenerationResult | TargetCall],
+) -> Iterator[StreamChunk | GenerationResult]:
+    """Drive one request's steps with each target call run as it comes: a request alone,
+    whose caller sees every chunk before its next step drafts (a `BatchDecoder` advances
+    every request to its next call first)."""
+    try:
+        for item in steps:
+            if isinstance(item, TargetCall):
+                item.run()
+            else:
+                yield item
+    finally:
+        close = getattr(steps, "close", None)
+        if close is not None:
+            close()

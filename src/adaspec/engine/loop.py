@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -33,88 +32,21 @@ from adaspec.core.sampling import (
 )
 from adaspec.core.text import TextAssembler
 from adaspec.draft.base import Drafter
+from adaspec.engine.batch import run_alone
+from adaspec.engine.steps import (
+    ACCEPTED,
+    BONUS,
+    CORRECTION,
+    PLAIN,
+    GenerationResult,
+    StreamChunk,
+    TargetCall,
+)
 from adaspec.errors import InputError
 from adaspec.verify.base import Verdict, Verifier
 
 if TYPE_CHECKING:
     from adaspec.cost.batch import Seat
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    stats: RequestStats
-    finish_reason: str  # "eos" | "length" | "stop"
-    prompt_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
-
-
-# How a token came out of a step: a drafted token the target accepted, the target's own token
-# after a rejected draft (correction) or after a fully accepted one (bonus), or a step that
-# drafted nothing (plain). The first token, from the prefill, is plain.
-ACCEPTED, CORRECTION, BONUS, PLAIN = "accepted", "correction", "bonus", "plain"
-
-
-@dataclass
-class StreamChunk:
-    text: str  # newly final text (held back while it could still be part of a stop string)
-    token_ids: list[int]  # tokens accepted in this step
-    sources: list[str] = field(default_factory=list)  # per token: ACCEPTED | CORRECTION | ...
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, when asked for
-
-
-@dataclass
-class TargetCall:
-    """A target pass a request needs: `Engine.steps` yields it, a driver runs it alone
-    (`run`) or with other requests' calls in one runtime call (engine/batch.py) and sets
-    `out`. A step's call carries its chain or tree; a batch may cut a chain shorter first."""
-
-    backend: ModelBackend
-    tokens: torch.Tensor  # [n]
-    positions: torch.Tensor | None = None  # [n], tree steps
-    mask: torch.Tensor | None = None  # [n, n], tree steps
-    prompt_reuse: int | None = None  # a prompt: leading tokens the cache may keep (prefill)
-    cached: int = 0  # a prompt: leading tokens its cache held (set where the runner knows it)
-    proposal: Proposal | None = None  # a step's: the root and the drafted nodes
-    root: int = 0  # a step's: cache index and position of the root
-    fixed: bool = False  # a step whose draft may not be cut (its random draws depend on it)
-    out: ForwardOutput | None = None
-    remaining: int = 0  # tokens its request may still emit (its budget left)
-    seconds: float = 0.0  # how long the pass took, the device's queue drained (run alone)
-
-    def run(self) -> ForwardOutput:
-        t0 = time.perf_counter()
-        if self.prompt_reuse is not None:
-            self.out = self.backend.prefill(self.tokens, reuse=self.prompt_reuse)
-            self.cached = self.out.cached
-        else:
-            self.out = self.backend.forward(self.tokens, self.positions, self.mask)
-        self.backend.synchronize()  # the step's one wait for the device; its read-back is next
-        self.seconds = time.perf_counter() - t0
-        return self.out
-
-    def cut(self, k: int) -> None:
-        """Verify the chain's first k drafted tokens only."""
-        assert self.proposal is not None and self.out is None
-        self.proposal = self.proposal.cut(k)
-        self.tokens, self.positions, self.mask = self.proposal.target_inputs(self.root)
-
-
-def run_alone(
-    steps: Iterator[StreamChunk | GenerationResult | TargetCall],
-) -> Iterator[StreamChunk | GenerationResult]:
-    """Drive a request's steps with each target call run at once (one request at a time)."""
-    try:
-        for item in steps:
-            if isinstance(item, TargetCall):
-                item.run()
-            else:
-                yield item
-    finally:
-        close = getattr(steps, "close", None)
-        if close is not None:
-            close()
 
 
 class TextGenerator(ABC):

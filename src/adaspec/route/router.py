@@ -18,14 +18,9 @@ import torch
 from adaspec.backends.base import ForwardOutput, ModelBackend
 from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
-from adaspec.engine.loop import (
-    Engine,
-    GenerationResult,
-    StreamChunk,
-    TargetCall,
-    TextGenerator,
-    run_alone,
-)
+from adaspec.engine.batch import run_alone
+from adaspec.engine.loop import Engine, TextGenerator
+from adaspec.engine.steps import GenerationResult, StreamChunk, TargetCall
 from adaspec.errors import InputError
 from adaspec.route.policy import MODES, RouterPolicy
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from adaspec.core.sampling import TokenLogprob
-from adaspec.engine.loop import GenerationResult
+from adaspec.engine.steps import GenerationResult
 from adaspec.serve.schema import (
     ChatChoice,
     ChatCompletion,

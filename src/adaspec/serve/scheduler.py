@@ -40,7 +40,8 @@ from adaspec.backends.base import common_prefix
 from adaspec.backends.memory import Trimmer
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.batch import BatchDecoder
-from adaspec.engine.loop import GenerationResult, StreamChunk, TextGenerator
+from adaspec.engine.loop import TextGenerator
+from adaspec.engine.steps import GenerationResult, StreamChunk
 from adaspec.errors import AdaspecError, InputError
 from adaspec.serve import errors
 from adaspec.serve.instance import ModelInstance
@@ -256,7 +257,13 @@ class Scheduler:
                 continue
             self.decoder.waiting = len(self._waiting)  # its drafts' worth depends on it
             try:
-                events = self.decoder.round()
+                # a step's tokens go out before the round's calls run: a client does not
+                # wait for the next step's call to see them
+                for key, item in self.decoder.advance():
+                    member = self._running.get(str(key))
+                    if member is not None:
+                        self._deliver(member, item)
+                events = self.decoder.run()
             except Exception:  # never let one round kill the worker
                 log.exception("a decoding round failed")
                 for running in list(self._running.values()):
