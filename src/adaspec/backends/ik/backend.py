@@ -274,12 +274,12 @@ class IkLlamaBackend(ChainBackend):
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         # flash attention, with the patch that makes it right for several sequences and
-        # skips what the mask hides (`ik_flash_patch.py`), for one sequence as for several:
-        # with regions every row then takes one path (`ik_regions_patch.py`), so a row
+        # skips what the mask hides (`ik/patches/flash.py`), for one sequence as for several:
+        # with regions every row then takes one path (`ik/patches/regions.py`), so a row
         # scores the same in `generate` as in a server's batch; else the plain kernels
         self.flash_attention = multi_sequence_flash(api) and (
             sequences > 1 or kv_regions(api))
-        # and a region of the cache per sequence (`ik_regions_patch.py`), which compaction
+        # and a region of the cache per sequence (`ik/patches/regions.py`), which compaction
         # would undo; without regions, requests come and go: compact the holes now and then
         self.region = 0
         if self.flash_attention and kv_regions(api):

@@ -9,15 +9,15 @@ target, with the flash-attention kernels for the default cache types only (adasp
 flash attention on for a cache of several sequences only, see `backends/ik/backend.py`).
 
 Eight source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
-several sequences in one cache (`ik_flash_patch.py`). A region of the cache per sequence, with
-attention that reads a row's own region (`ik_regions_patch.py`). Weights fetched ahead in the
-repacked Q4_K and Q6_K kernels for calls of several rows (`ik_prefetch_patch.py`), and the
-Q4_K one taking them 8 rows at a time (`ik_two_groups_patch.py`); on a CPU with AVX-512,
+several sequences in one cache (`ik/patches/flash.py`). A region of the cache per sequence, with
+attention that reads a row's own region (`ik/patches/regions.py`). Weights fetched ahead in the
+repacked Q4_K and Q6_K kernels for calls of several rows (`ik/patches/prefetch.py`), and the
+Q4_K one taking them 8 rows at a time (`ik/patches/two_groups.py`); on a CPU with AVX-512,
 both walking 8 rows at a time in 512-bit registers for calls of up to 8 rows
-(`ik_wide_patch.py`). The CPU
-buffers (weights, KV cache) advised to take huge pages (`ik_hugepages_patch.py`). On a CPU
+(`ik/patches/wide.py`). The CPU
+buffers (weights, KV cache) advised to take huge pages (`ik/patches/hugepages.py`). On a CPU
 with AMX, the repacked Q4_K and Q6_K kernels' integer sums computed with tiles for every 16
-rows of a call at once (`ik_amx_patch.py`, bit for bit the same results). And: the
+rows of a call at once (`ik/patches/amx.py`, bit for bit the same results). And: the
 repacked k-quant kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone
 activation row that group the float products another way than the kernel for several rows, so a
 token fed alone came out up to 0.5 logits away from the same token in a block, and greedy

@@ -1,5 +1,5 @@
-"""What the one-file source patches of ik_llama.cpp share (`ik_prefetch_patch.py`,
-`ik_two_groups_patch.py`, `ik_hugepages_patch.py`; `ik_build.py` applies them)."""
+"""What the one-file source patches of ik_llama.cpp share (`ik/patches/prefetch.py`,
+`ik/patches/two_groups.py`, `ik/patches/hugepages.py`; `ik/build.py` applies them)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What both static-cache runtimes (`static.py`, one sequence; `static_batch.py`, several)
+"""What both static-cache runtimes (`static.py`, one sequence; `torch/static_batch.py`, several)
 share: a fixed-shape pass's integer inputs in one buffer, and a pass recorded as a CUDA
 graph."""
 

@@ -13,7 +13,7 @@ The first group reads them from memory, which the pinned walk with its prefetch 
 (the two-group walk there made a round of 8 requests 8-11% slower), so rounds of a few rows
 and a lone token are unchanged. Every row's integer sums and float operations are those of
 the pinned kernel, in the same order: the logits stay bit for bit equal. Needs the prefetch
-patch (`ik_prefetch_patch.py`), whose helper the two-group walk calls.
+patch (`ik/patches/prefetch.py`), whose helper the two-group walk calls.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ pinned kernel's time, 1 row 0.53-0.63 with its prefetch (0.82-0.99 without;
 `experiments/ik_wide_kernel.py`, `experiments/results/ik-wide-xeon/`).
 
 Calls of up to 8 rows take it (ik's driver splits rows into calls of 8); longer calls keep
-the two-group walk (`ik_two_groups_patch.py`) or the AMX tiles. Without AVX-512 nothing
+the two-group walk (`ik/patches/two_groups.py`) or the AMX tiles. Without AVX-512 nothing
 changes. Needs the two-group patch, whose loop start it takes over.
 """
 
