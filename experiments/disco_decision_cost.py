@@ -71,7 +71,7 @@ def measure(art: DiscoArtifact, rows: torch.Tensor, threads: int, calls: int) ->
     just written), `after_bf16` gives bf16 rows, as a bf16 draft returns them."""
     torch.set_num_threads(threads)
     ctrl = DiscoLength(art)
-    ctrl.start()
+    ctrl.begin()
     n = len(rows)
     half = rows.to(torch.bfloat16)
     warmup = max(20, calls // 10)

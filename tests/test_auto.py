@@ -214,7 +214,7 @@ class ScriptedDraft:
             n += 1
         return n
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         self.started_with = list(prompt_ids)
         self.cached_len = len(prompt_ids) - 1
 
@@ -275,7 +275,7 @@ def test_catch_up_is_free_when_only_the_last_token_is_new():
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     draft = ScriptedDraft([confident(1)])
     drafter = AutoDrafter(profile, draft=draft)
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     drafter._model_started = True
     draft.cached_len = len(REPEATING) - 1  # one token to feed: a plain draft forward
     assert drafter._catch_up_ms(REPEATING) == (0.0, 0.0)
@@ -292,7 +292,7 @@ def test_the_draft_prefill_is_spread_over_the_tokens_still_to_come():
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
     prompt = REPEATING[:6]
-    drafter.start(prompt)
+    drafter.begin(prompt)
     per_s = profile.draft_prefill_tokens_per_s
     whole = 1000 * len(prompt) / per_s
     assert drafter._catch_up_ms(prompt) == pytest.approx((0.0, whole))  # nothing produced
@@ -316,7 +316,7 @@ def test_a_prefill_priced_per_token_decides_whether_the_draft_starts():
     profile = flat_profile()
     profile.draft_prefill_tokens_per_s = 200.0  # 46 tokens: 230 ms, five and a half calls
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]), use_ngram=False)
-    drafter.start(REPEATING[:6])
+    drafter.begin(REPEATING[:6])
     context = REPEATING[:6] + [1] * 40
     fixed, per_emitted = drafter._catch_up_ms(context)
     n, _ = drafter._best_length(0.9, 4, fixed, 1.0, len(context), per_emitted)
@@ -339,7 +339,7 @@ def test_the_draft_starts_only_where_it_beats_the_rate_the_request_had_without_i
 
     def choose(without: list) -> str:
         drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
-        drafter.start(context[:20])
+        drafter.begin(context[:20])
         drafter._without_draft = list(without)
         drafter.propose(context, 4, StaticLength(4), SamplingParams(), None)
         return "draft" if drafter.choices.draft else "plain"
@@ -351,7 +351,7 @@ def test_the_draft_starts_only_where_it_beats_the_rate_the_request_had_without_i
 
     # what is counted: a step alone, the tokens it emitted and its priced ms
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
-    drafter.start(REPEATING[:6])
+    drafter.begin(REPEATING[:6])
     drafter.propose(REPEATING, 4, StaticLength(4), SamplingParams(), None)  # n-gram match
     proposed = drafter._last.tokens
     assert proposed and drafter.choices.ngram == 1
@@ -367,7 +367,7 @@ def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
     prompt = REPEATING[:6]
-    drafter.start(prompt)
+    drafter.begin(prompt)
     context = prompt + [1] * 4
     whole = 1000 * len(context) / profile.draft_prefill_tokens_per_s
     assert drafter._catch_up_ms(context) == pytest.approx((0.0, whole / 4))
@@ -379,7 +379,7 @@ def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
 # ----------------------------------------------------------------- propose
 def ngram_drafter(rows) -> AutoDrafter:
     drafter = AutoDrafter(two_context_profile(rows))
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     return drafter
 
 
@@ -426,7 +426,7 @@ def draft_drafter(rows: list[torch.Tensor], target_rows=None) -> tuple[AutoDraft
     draft = ScriptedDraft(rows)
     profile = two_context_profile(target_rows or [STEEP, FLAT], DRAFT_ROWS)
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     return drafter, draft
 
 
@@ -460,13 +460,13 @@ def test_the_draft_prior_follows_recent_requests_but_not_for_a_seeded_sample():
     draft = ScriptedDraft([confident(5)])
     profile = two_context_profile([STEEP, FLAT], [[15.0, 30.0], [15.0, 30.0]])
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [5]  # the prior pays
     for _ in range(4):  # four requests whose draft steps were all rejected
-        drafter.start(REPEATING)
+        drafter.begin(REPEATING)
         for _ in range(6):
             drafter._credit(Choice("draft", [5], len(REPEATING), buckets=[7]), 0)
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     assert drafter.draft_learned.rate < 0.3 and drafter.draft_overall.rate == DRAFT_PRIOR
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == []  # plain now
     seeded = SamplingParams(temperature=1.0, seed=3)
@@ -508,7 +508,7 @@ def test_the_verified_prefix_maximizes_expected_tokens_per_ms():
     draft = ScriptedDraft(rows)
     drafter = AutoDrafter(two_context_profile([row, row], [[4.0, 8.0], [4.0, 8.0]]),
                           draft=draft, use_ngram=False)
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     drafter.draft_learned = RateEstimate(0.9)
     drafter.draft_rates[0] = RateEstimate(0.4)
     p = auto_propose(drafter, REPEATING, max_tokens=4)
@@ -562,7 +562,7 @@ def test_disco_features_carry_the_draft_and_generation_positions(monkeypatch):
     draft = ScriptedDraft([confident(t) for t in range(1, 5)])
     profile = two_context_profile([STEEP, FLAT], DRAFT_ROWS)
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False, disco=disco)
-    drafter.start(REPEATING[:10])  # a 10-token prompt; 7 tokens generated since
+    drafter.begin(REPEATING[:10])  # a 10-token prompt; 7 tokens generated since
     assert drafter._accept_estimate(confident(1), 7, 2, 17) == 0.75
     assert calls == [(2, 9)]
     calls.clear()
@@ -580,7 +580,7 @@ def test_a_plain_step_is_priced_as_one_fed_token():
     draft = ScriptedDraft([confident(4)])
     profile = two_context_profile([row, row], [[20.0, 40.0], [20.0, 40.0]])
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [4]
     assert drafter.choices.draft == 1 and drafter.choices.plain == 0
 
@@ -598,7 +598,7 @@ def test_a_steps_prices_are_asked_once_and_not_kept_past_it():
         return 40.0 + 0.1 * tokens
 
     drafter = AutoDrafter(flat_profile(), draft=ScriptedDraft([confident(1)] * 8))
-    drafter.start(REPEATING)
+    drafter.begin(REPEATING)
     drafter.batch = Seat(BatchLoad(cost=cost, sequences=3, budgets=[50, 60, 70]))
     drafter.remaining = 50
     auto_propose(drafter, REPEATING, max_tokens=6)

@@ -30,7 +30,7 @@ def test_heuristic_schedule_grows_by_two_and_shrinks_by_one():
     for _ in range(20):
         c.update(c.max_tokens(), 0)
     assert c.max_tokens() == 1  # never below 1
-    c.start()
+    c.begin()
     assert c.max_tokens() == 4  # a new request starts over
 
 

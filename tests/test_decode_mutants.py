@@ -54,7 +54,7 @@ def test_chain_draft_refeeds_the_last_token_when_the_whole_context_is_cached(toy
     backend = TorchBackend(toy)
     drafter = ModelDrafter(backend)
     context = [4, 9, 33, 20, 2, 51]
-    drafter.start(context)
+    drafter.begin(context)
     drafter.step(context[len(context) - 1:])  # now every context token is cached
     assert drafter.cached_len == len(context) == backend.cache_len
     proposal = drafter.propose(context, 2, StaticLength(2), SamplingParams(), None)
@@ -326,12 +326,12 @@ def test_oracle_run_stops_at_the_end_of_the_reference():
     assert OracleLength().k_max == 64
     o = OracleLength(k_max=10)
     with pytest.raises(InputError) as err:
-        o.start()
+        o.begin()
     assert str(err.value) == (
         "ctrl=oracle needs the target's reference output, which only the bench has "
         "(adaspec bench / adaspec disco bench run it after `ar`)")
     o.set_hits([True, True, True, True])  # every reference token after the first hits
-    o.start()
+    o.begin()
     assert o.max_tokens() == 3  # tokens 1..3: the reference ends there
     o.update(3, 3)
     assert o.max_tokens() == 0
@@ -364,12 +364,12 @@ def test_priced_tree_shape_is_bounded_by_the_step_and_priced_at_the_context(toy)
 
     drafter = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 500.0))
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # past the profile's long context: drafts are dear
-    drafter.start(ctx)
+    drafter.begin(ctx)
     proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
     assert drafter.branching == (1,) and proposal.depth == 1
     drafter.commit([*ctx, 0], [])
     cheap = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
-    cheap.start(ctx)
+    cheap.begin(ctx)
     for limit in (2, 3):  # cheap drafts: as deep as the step allows, wide first levels
         proposal = cheap.propose(ctx, limit, StaticLength(limit), SamplingParams(), None)
         assert proposal.depth == limit == len(cheap.branching)
@@ -387,7 +387,7 @@ def test_priced_tree_draws_siblings_as_asked(toy):
     ctx = [3, 1, 4, 1, 5]
     params = SamplingParams(1.0)
     gen = torch.Generator().manual_seed(0)
-    drafter.start(ctx)
+    drafter.begin(ctx)
     assert drafter.propose(ctx, 2, StaticLength(2), params, gen).replacement is False
     drafter.commit([*ctx, 0], [])
     assert drafter.propose(ctx, 2, StaticLength(2), params, gen, True).replacement is True
@@ -401,7 +401,7 @@ def test_priced_tree_learns_per_rank_with_a_short_prior(toy):
                               prior=(0.6, 0.3))
     drafter.candidates = [(4, 1)]
     ctx = [3, 1, 4, 1, 5]
-    drafter.start(ctx)
+    drafter.begin(ctx)
     proposal = drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)
     assert drafter.branching == (4, 1) and len(proposal.tree) == 9
     drafter.commit([*ctx, 63], [])  # all four candidates missed
@@ -420,7 +420,7 @@ def test_priced_tree_counts_each_level_it_reached(toy):
     assert drafter.shapes == {}
     drafter.candidates = [(2, 2, 1)]
     ctx = [9, 8, 7, 6]
-    drafter.start(ctx)
+    drafter.begin(ctx)
     proposal = drafter.propose(ctx, 3, StaticLength(3), SamplingParams(), None)
     tree = proposal.tree
     assert tree.children[0] == [1, 2] and tree.children[2] == [5, 6]
@@ -464,7 +464,7 @@ def test_disco_cost_rule_guesses_the_requests_mean():
         ctrl = DiscoLength(artifact(constant_classifier(p)), stop="cost", profile=steep(),
                            guess="mean", sl_max=6)
         for _request in range(2):
-            ctrl.start()
+            ctrl.begin()
             ctrl.max_tokens()
             seen: list[float] = []
             for pos in range(4):
@@ -560,7 +560,7 @@ def test_auto_draft_samples_from_the_draft_and_starts_it_once(toy):
     drafter = AutoDrafter(_cheap_draft_profile(), ModelDrafter(backend), use_ngram=False)
     ctx = [5, 17, 42, 8, 33]
     params = SamplingParams(1.0)
-    drafter.start(ctx)
+    drafter.begin(ctx)
     for step in range(2):
         gen = torch.Generator().manual_seed(step)
         proposal = drafter.propose(ctx, 4, StaticLength(4), params, gen)
@@ -681,7 +681,7 @@ def test_auto_credits_ngram_steps_to_their_match_length():
     cheap = _cheap_draft_profile()
     drafter = AutoDrafter(cheap, None, use_ngram=True)
     ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
-    drafter.start(ctx)
+    drafter.begin(ctx)
     proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
     assert drafter.choices.ngram == 1 and proposal.tokens == [9, 10, 11, 7][: proposal.depth]
     match = drafter._last.match
@@ -756,14 +756,14 @@ def test_auto_prices_the_draft_catch_up(toy):
                           draft_prefill_tokens_per_s=2000.0)
     ctx = list(range(1, 21))
     drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    drafter.start(ctx[:12])  # 8 tokens produced: spread over 8 tokens to come
+    drafter.begin(ctx[:12])  # 8 tokens produced: spread over 8 tokens to come
     assert drafter._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 2000.0 / 8))
     drafter.remaining = 3  # three tokens left
     assert drafter._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 2000.0 / 3))
     drafter.remaining = 0
     default_rate = AutoDrafter(CostProfile(target=profile.target, draft=draft_curve),
                                ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    default_rate.start(ctx[:12])
+    default_rate.begin(ctx[:12])
     assert default_rate._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 1000.0 / 8))
     drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)  # starts the draft
     drafter.commit(ctx, [])
@@ -783,12 +783,12 @@ def test_auto_plain_step_when_nothing_pays_or_nothing_may_be_drafted(toy):
                         draft=Curve([1], [0], [[40.0]]), draft_prefill_tokens_per_s=1e5)
     ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
     drafter = AutoDrafter(steep, ModelDrafter(TorchBackend(toy)))
-    drafter.start(ctx)
+    drafter.begin(ctx)
     proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
     assert proposal.depth == 0 and drafter.choices.plain == 1
     assert drafter.choices.ngram == drafter.choices.draft == 0
     cheap = AutoDrafter(_cheap_draft_profile(), ModelDrafter(TorchBackend(toy)))
-    cheap.start(ctx)
+    cheap.begin(ctx)
     assert cheap.propose(ctx, 0, StaticLength(1), SamplingParams(), None).depth == 0
     assert cheap.choices.plain == 1
     assert cheap.propose(ctx, 4, StaticLength(4), SamplingParams(), None).depth > 0
@@ -813,7 +813,7 @@ def test_auto_prices_at_the_context_length(toy, dear):
     short, long = [3, 1, 4, 1, 5], list(range(1, 31))
     for ctx, drafts in ((short, True), (long, False)):
         drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
-        drafter.start(ctx)
+        drafter.begin(ctx)
         proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
         assert (proposal.depth > 0) == drafts, (dear, len(ctx))
         assert drafter.choices.draft == int(drafts) and drafter.choices.plain == int(not drafts)
@@ -857,7 +857,7 @@ def test_auto_bookkeeping_across_steps(toy):
     ngram_only = AutoDrafter(_cheap_draft_profile(), None)
     assert ngram_only.choices == AutoStats()
     ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
-    ngram_only.start(ctx)
+    ngram_only.begin(ctx)
     one = ngram_only.propose(ctx, 1, StaticLength(1), SamplingParams(), None)
     assert one.tokens == [9] and ngram_only.choices.ngram == 1  # a one-token step pays too
     ngram_only.commit([*ctx, 9, 10], [1])
@@ -867,7 +867,7 @@ def test_auto_bookkeeping_across_steps(toy):
     drafter = AutoDrafter(_cheap_draft_profile(), ModelDrafter(TorchBackend(toy)),
                           use_ngram=False)
     short = [3, 1, 4, 1, 5]
-    drafter.start(short)
+    drafter.begin(short)
     proposal = drafter.propose(short, 4, StaticLength(4), SamplingParams(), None)
     assert proposal.depth >= 2
     drafter.commit([*short, 0], [])
@@ -896,7 +896,7 @@ def test_auto_with_long_ngrams_prices_them_as_length_four():
 
     drafter = AutoDrafter(_cheap_draft_profile(), None, n_max=6)
     ctx = [7, 8, 9, 10, 11, 12, 13] * 3 + [7, 8, 9, 10, 11, 12]
-    drafter.start(ctx)
+    drafter.begin(ctx)
     proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
     assert proposal.tokens[:1] == [13] and drafter._last.match >= 5
     before = drafter.ngram_rates[4].trials
@@ -1072,7 +1072,7 @@ def test_small_edges_of_the_decode_helpers(toy):
     from adaspec.verify import multi_candidate as mc
 
     drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-    drafter.start([1, 2, 3])
+    drafter.begin([1, 2, 3])
     assert drafter.propose([1, 2, 3], 0, StaticLength(1), SamplingParams(), None).depth == 0
 
     class WithBos:
@@ -1140,7 +1140,7 @@ def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
     backend = TorchBackend(toy)
     drafter = ModelDrafter(backend)
     context = [3, 9, 4, 7, 1]
-    drafter.start(context)
+    drafter.begin(context)
     params = SamplingParams(0.9, top_k=20)
     gen = torch.Generator().manual_seed(0)
     proposal = drafter.propose(context, 3, StaticLength(3), params, gen)
@@ -1159,7 +1159,7 @@ def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)
         again = ModelDrafter(TorchBackend(toy))
-        again.start(context)
+        again.begin(context)
         drafts.append(again.propose(context, 3, StaticLength(3), params,
                                     torch.Generator().manual_seed(0)).tokens)
     assert drafts[0] == drafts[1] == proposal.tokens
@@ -1170,7 +1170,7 @@ def test_a_two_token_prompt_drafts_from_both_tokens(toy):
     after it, not restart the cache (which would drop the first token)."""
     drafter = ModelDrafter(TorchBackend(toy))
     context = [11, 5]
-    drafter.start(context)
+    drafter.begin(context)
     assert drafter.backend.cache_len == 1
     proposal = drafter.propose(context, 3, StaticLength(3), SamplingParams(0.0), None)
     expected: list[int] = []
@@ -1186,7 +1186,7 @@ def test_ngram_lookup_follows_the_context_it_is_given():
     from adaspec.draft.ngram import NgramDrafter
 
     d = NgramDrafter(n_max=2, n_min=1)
-    d.start([1, 2, 3, 1])
+    d.begin([1, 2, 3, 1])
     assert d.lookup_with_match([1, 2, 3, 1], 2) == ([2, 3], 1)
     assert d.lookup_with_match([1, 2, 3, 1], 0) == ([], 0)  # no room: nothing, no match
     assert d.lookup_with_match([1, 2, 3, 1, 2], 3) == ([3, 1, 2], 2)  # grown: 2-gram 1 2
@@ -1231,11 +1231,11 @@ def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
     context = [5, 9, 11, 3, 8]
     for later in (context, context + [17, 2], context[:3] + [40]):  # same, longer, diverging
         drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-        drafter.start(context)
+        drafter.begin(context)
         proposal(drafter, context)
         got = proposal(drafter, later)
         fresh = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-        fresh.start(context)
+        fresh.begin(context)
         want = proposal(fresh, later)
         assert (got.tokens, got.parents) == (want.tokens, want.parents)
         drafter.commit(later, [])
@@ -1243,7 +1243,7 @@ def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
     # a one-level proposal feeds no nodes: after the dropped tree, its commit must still know
     # that nothing was fed
     drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-    drafter.start(context)
+    drafter.begin(context)
     proposal(drafter, context)
     tree = drafter.propose(context, 1, StaticLength(1), SamplingParams(), None).tree
     accepted = context + [tree.tokens[1]]
@@ -1372,7 +1372,7 @@ def test_a_sampled_tree_draws_siblings_without_replacement_by_default(toy):
     from adaspec.draft.model_tree import ModelTreeDrafter
 
     drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-    drafter.start([5, 9, 11])
+    drafter.begin([5, 9, 11])
     proposal = drafter.propose([5, 9, 11], 2, StaticLength(2), SamplingParams(1.0),
                                torch.Generator().manual_seed(0))
     assert proposal.replacement is False

@@ -38,7 +38,7 @@ def test_the_shipped_classifier_decides():
     confident = torch.full((vocab,), -30.0)
     confident[42] = 30.0  # the draft is sure of one token
     flat = torch.zeros(vocab)  # the draft has no idea
-    controller.start()
+    controller.begin()
     assert 1 <= controller.max_tokens() <= 32
     assert controller.keep_drafting(0, confident) is True
     p_sure = controller.last_probability

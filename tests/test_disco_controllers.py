@@ -113,7 +113,7 @@ def test_disco_threshold_overrides_the_artifacts_tau(
     path = tmp_path / "disco.pt"
     artifact(constant_classifier(P_ACCEPT), tau=artifact_tau, sl_max=5).save(path)
     direct = DiscoLength.from_file(str(path), tau=threshold)
-    direct.start()
+    direct.begin()
     direct.max_tokens()
     logits = torch.randn(64)
     assert direct.keep_drafting(0, logits) is keeps
@@ -158,16 +158,16 @@ def test_cursor_counts_steps_without_a_draft():
     c.end_step(2)  # 2 accepted + the target's token
     assert c.begin_step() == 4
     assert c.begin_step() == 5  # the step before drafted nothing: one token
-    c.start()
+    c.begin()
     assert c.begin_step() == 1
 
 
 def test_oracle_schedule_from_hits():
     o = OracleLength(k_max=3)
     with pytest.raises(InputError, match="reference output"):
-        o.start()
+        o.begin()
     o.set_hits([True, True, False, False, True, True, True, True, True])
-    o.start()
+    o.begin()
     assert o.max_tokens() == 1  # token 1 hits, 2 misses (the target's correction)
     o.update(1, 1)
     assert o.max_tokens() == 0  # token 3 misses too: the target decodes it alone

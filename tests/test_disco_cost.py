@@ -38,7 +38,7 @@ def flat() -> CostProfile:
 
 def drafted_per_step(ctrl: DiscoLength, steps: int = 3) -> list[int]:
     """Ask the controller as a drafter does, for a few steps: tokens drafted per step."""
-    ctrl.start()
+    ctrl.begin()
     out = []
     logits = torch.zeros(64)
     for _ in range(steps):
@@ -93,7 +93,7 @@ def test_guess_mean_reads_the_running_mean():
     """guess=mean: the next token's acceptance is the request's mean probability so far."""
     ctrl = DiscoLength(artifact(constant_classifier(0.9)), stop="cost", profile=steep(),
                        guess="mean")
-    ctrl.start()
+    ctrl.begin()
     ctrl.max_tokens()
     ctrl.keep_drafting(0, torch.zeros(64))
     assert ctrl._sum / ctrl._count == pytest.approx(0.9, abs=1e-4)

@@ -338,7 +338,7 @@ def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model)
     plain = reference_greedy(target_model, PROMPTS[0], 20)
     eos = plain[5]
     engine.drafter.eos_token_ids = {eos}
-    engine.drafter.start(PROMPTS[0])
+    engine.drafter.begin(PROMPTS[0])
     engine.drafter.commit([*PROMPTS[0], *plain], [])
     engine.drafter.learn()
     (doc,) = engine.drafter.history._docs

@@ -84,7 +84,7 @@ def test_incremental_index_matches_brute_force():
     for n_max, n_min in [(3, 1), (4, 2), (1, 1)]:
         prompt = [rng.randrange(6) for _ in range(30)]
         drafter = NgramDrafter(n_max=n_max, n_min=n_min)
-        drafter.start(prompt)
+        drafter.begin(prompt)
         context = list(prompt)
         for _ in range(60):
             got = propose(context, 5, drafter=drafter)
@@ -114,7 +114,7 @@ def test_incremental_index_agrees_with_a_full_rescan_on_a_long_context():
     rng = random.Random(1)
     context = [rng.randrange(500) for _ in range(4000)]
     drafter = NgramDrafter()
-    drafter.start(context)
+    drafter.begin(context)
     for _ in range(60):
         tokens = propose(context, 8, drafter=drafter)
         assert tokens == naive_lookup(context, 8)

@@ -56,7 +56,7 @@ def test_drafter_never_proposes_outside_the_set(draft_model):
     ctrl = build_engine("draft:k=6", TorchBackend(draft_model), None, TorchBackend(draft_model))
     for params in (SamplingParams(), SamplingParams(1.0, seed=1), SamplingParams(2.0, seed=2)):
         gen = params.generator()
-        drafter.start(PROMPT)
+        drafter.begin(PROMPT)
         prop = drafter.propose(PROMPT, 6, ctrl.controller, params, gen)
         assert set(prop.tokens) <= set(KEEP)
         if prop.probs is not None:

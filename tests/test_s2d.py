@@ -251,11 +251,11 @@ def test_prompt_runs_every_reachable_layer_at_start(source):
     draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
     prompt = [5, 9, 11, 3, 8]
     drafter = S2DDrafter(draft, (0.5, 0.9))
-    drafter.start(prompt)
+    drafter.begin(prompt)
     assert drafter.state.done == [4, 4, 4] and drafter.state.layers_run == 4 * 4
     shallow = S2DDrafter(draft, (0.5, 0.0))  # exit 2 always answers: layers 3-4 unreachable
     assert shallow.state.exits == (1, 2) and shallow.thresholds == (0.5, 0.0)
-    shallow.start(prompt)
+    shallow.begin(prompt)
     assert shallow.state.layers_run == 4 * 2
 
 
@@ -369,7 +369,7 @@ def test_proposals_follow_the_exit_rule_through_accepts_and_rejections(source):
     drafter = S2DDrafter(draft, thresholds)
     rng = random.Random(1)
     context = [rng.randrange(64) for _ in range(6)]
-    drafter.start(context)
+    drafter.begin(context)
     exits_seen: Counter = Counter()
     for _ in range(30):
         k = rng.choice((1, 3, 4))
@@ -401,7 +401,7 @@ def test_sampled_proposals_draw_with_the_generator_and_return_each_exits_distrib
     for global_seed in (0, 1):
         torch.manual_seed(global_seed)  # only the request's generator may decide the draws
         drafter = S2DDrafter(draft, (0.5,))
-        drafter.start([3, 1, 4, 1, 5])
+        drafter.begin([3, 1, 4, 1, 5])
         proposal = drafter.propose([3, 1, 4, 1, 5], 4, StopAfter(4, None), params,
                                    torch.Generator().manual_seed(7))
         drafts.append(proposal.tokens)

@@ -116,7 +116,7 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
     distributions; then the cache compacts to the context plus the accepted path."""
     context = [3, 1, 4, 1, 5, 9]
     drafter = ModelTreeDrafter(draft, (3, 2, 2))
-    drafter.start(context)
+    drafter.begin(context)
     params = SamplingParams(1.0)
     generator = torch.Generator().manual_seed(1)
     proposal = drafter.propose(context, 3, StaticLength(3), params, generator, replacement)
@@ -139,7 +139,7 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
 def test_greedy_draft_takes_top_k_distinct(draft, draft_model):
     context = [8, 6, 7, 5, 3, 0, 9]
     drafter = ModelTreeDrafter(draft, (4, 2))
-    drafter.start(context)
+    drafter.begin(context)
     proposal = drafter.propose(context, 2, StaticLength(2), SamplingParams(), None, True)
     tree = proposal.tree
     assert proposal.probs is None
@@ -151,7 +151,7 @@ def test_greedy_draft_takes_top_k_distinct(draft, draft_model):
 
 def test_max_depth_truncates_the_tree(draft):
     drafter = ModelTreeDrafter(draft, (2, 2, 2))
-    drafter.start([1, 2, 3])
+    drafter.begin([1, 2, 3])
     proposal = drafter.propose([1, 2, 3], 1, StaticLength(1), SamplingParams(), None, True)
     assert proposal.tree.depth == 1 and len(proposal.tree) == 3 and proposal.forward_calls == 1
 

@@ -303,7 +303,7 @@ class Runtime:
     weights: tuple[str, ...]  # the weights variants it runs
     devices: tuple[str, ...]
     can_run: Callable[[str], bool]  # whether it is installed and can read model `name`
-    start: Callable[[LoadRequest], Callable[[], Loaded]]  # starts loading; returns `finish`
+    begin_load: Callable[[LoadRequest], Callable[[], Loaded]]  # starts loading; returns `finish`
     fastest_on: tuple[str, ...] | None = None  # devices `fastest` may pick it on (all)
     batches: bool = False  # decodes several sequences in one call (`serve --max-batch`)
     # its sequences share one pool of KV cells: an idle sequence costs nothing until its

@@ -83,5 +83,5 @@ def start_backend(
     if check_weights(weights) == FASTEST:
         weights = fastest_weights(name, device)
     runtime = runtime_for(weights, device)
-    return runtime.start(LoadRequest(name, dtype, weights, role, device, tokenizer_like,
+    return runtime.begin_load(LoadRequest(name, dtype, weights, role, device, tokenizer_like,
                                      sequences))

@@ -19,7 +19,7 @@ from adaspec.errors import InputError
 class LengthController(ABC):
     name: str = "controller"
 
-    def start(self) -> None:
+    def begin(self) -> None:
         """A new request begins."""
 
     @abstractmethod

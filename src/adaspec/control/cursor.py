@@ -10,9 +10,9 @@ from __future__ import annotations
 
 class GenerationCursor:
     def __init__(self) -> None:
-        self.start()
+        self.begin()
 
-    def start(self) -> None:
+    def begin(self) -> None:
         self.next = 1  # token 0 comes from the prefill
         self._open = False
 

@@ -117,8 +117,8 @@ class DiscoLength(LengthController):
                 "and pass disco=PATH"
             ) from exc
 
-    def start(self) -> None:
-        self.cursor.start()
+    def begin(self) -> None:
+        self.cursor.begin()
         self._step = []
         self._sum, self._count = 0.0, 0
 

@@ -17,7 +17,7 @@ class HeuristicLength(LengthController):
         self.k_max = k_max
         self.k = k
 
-    def start(self) -> None:
+    def begin(self) -> None:
         self.k = self.k0
 
     def max_tokens(self) -> int:

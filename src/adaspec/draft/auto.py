@@ -195,7 +195,7 @@ class AutoDrafter(Drafter):
         self.draft_learned = RateEstimate(self.draft_memory.rate)  # from recent requests
 
     # --------------------------------------------------------------- lifecycle
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         self.learn()  # the previous request is over
         self._reset_estimates()
         self.choices = AutoStats()
@@ -206,7 +206,7 @@ class AutoDrafter(Drafter):
         self._without_draft = [0, 0.0]
         self._priced = None
         if self.ngram is not None:
-            self.ngram.start(prompt_ids)
+            self.ngram.begin(prompt_ids)
         self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
 
@@ -563,7 +563,7 @@ class AutoDrafter(Drafter):
         assert model is not None
         ctx = len(context)
         if not self._model_started:
-            model.start(context)
+            model.begin(context)
             self._model_started = True
         pending = model.pending(context)
         d1 = self.profile.draft_ms(1, ctx)

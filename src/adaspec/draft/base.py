@@ -30,7 +30,7 @@ class Drafter(ABC):
     # prefill) prices it over what is left.
     remaining: int = 0
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         """A request with this prompt is about to draft for the first time (called after
         its first token, never for a request that ends there); a model drafter prefills the
         prompt here, which the engine times as the request's draft prefill."""

@@ -67,7 +67,7 @@ class ModelDrafter(Drafter):
         self.backend = backend
         self._cached: list[int] = []  # tokens whose keys/values are in the draft cache
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         self._cached = prefill_prompt(self.backend, prompt_ids)
 
     def _sync(self, context: list[int]) -> None:

@@ -171,7 +171,7 @@ class ModelTreeDrafter(Drafter):
         """The context tokens whose keys/values the draft cache holds (tree nodes aside)."""
         return list(self._cached)
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         self._cached = prefill_prompt(self.backend, prompt_ids)
         self._tree = None
         self._fed = 0
@@ -309,8 +309,8 @@ class PricedTreeDrafter(ModelTreeDrafter):
     def rates(self) -> list[float]:
         return [r.rate for r in self.rank_rates]
 
-    def start(self, prompt_ids: list[int]) -> None:
-        super().start(prompt_ids)
+    def begin(self, prompt_ids: list[int]) -> None:
+        super().begin(prompt_ids)
         self._reset_rates()
         self.shapes = Counter()
 

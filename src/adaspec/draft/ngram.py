@@ -65,7 +65,7 @@ class NgramDrafter(Drafter):
             self._reset()
             self._extend(list(context))
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         self._reset()
         self._extend(list(prompt_ids))
 

@@ -43,7 +43,7 @@ class S2DDrafter(ModelDrafter):
     def state(self) -> ExitState:
         return self.backend  # type: ignore[return-value]  # why: the ExitState given to __init__
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> None:
         """Run the prompt but its last token through every reachable layer in one batched
         pass (cheap per token, and timed as the draft's prefill); from there on, deeper
         layers catch up lazily on the generated tokens that skipped them."""

@@ -272,7 +272,7 @@ class Engine(TextGenerator):
         generated_logprobs: list[TokenLogprob] = []
         stats.target_calls += 1
         stats.prefill_time = time.perf_counter() - t_start - stats.route_time
-        self.controller.start()
+        self.controller.begin()
         # The draft prefills its copy of the prompt only once a step will draft: after the
         # first token is out (time to first token stays the target's prefill alone), and
         # never for a request that ends at its first token.
@@ -312,7 +312,7 @@ class Engine(TextGenerator):
 
             if self.drafter is not None and not drafter_started:
                 t0 = time.perf_counter()
-                self.drafter.start(prompt_ids)
+                self.drafter.begin(prompt_ids)
                 stats.draft_prefill_time = time.perf_counter() - t0
                 stats.draft_time += stats.draft_prefill_time
                 drafter_started = True

@@ -27,13 +27,13 @@ class OracleLength(LengthController):
         """hits[i]: the draft's greedy token after the true prefix equals output token i."""
         self.hits = [bool(h) for h in hits]
 
-    def start(self) -> None:
+    def begin(self) -> None:
         if self.hits is None:
             raise InputError(
                 "ctrl=oracle needs the target's reference output, which only the bench has "
                 "(adaspec bench / adaspec disco bench run it after `ar`)"
             )
-        self.cursor.start()
+        self.cursor.begin()
 
     def max_tokens(self) -> int:
         assert self.hits is not None
