@@ -67,9 +67,10 @@ def _read_config(path: Path) -> dict[str, str]:
 def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | None) -> int:
     """Parameters run to draft one token: the paper's cost input. Plain decoding "drafts"
     with the target itself, n-gram lookup with no model at all."""
-    if spec.name == "ar":
+    drafts_with = spec.method.drafts_with if spec.method is not None else ""
+    if drafts_with == "target":
         return target_params
-    if spec.name == "ngram":
+    if drafts_with == "nothing":
         return 0
     if spec.needs_draft_model():
         if draft_params is None:

@@ -70,5 +70,8 @@ class Method:
     # (params, models, text): an InputError where the models cannot run it, before anything
     # (its arms included) is built or read
     check_models: Callable[[Any, Models, str], None] = _fits
+    # what runs to draft a token, for a router's cost input: "target" (plain decoding: the
+    # target itself), "nothing" (a lookup), "" (the draft model, where the method reads one)
+    drafts_with: str = ""
     positional: str | None = None  # `name:VALUE` sets this parameter (router:PATH)
     doc: str = ""  # the docs page that explains it (relative to the repository root)

@@ -44,5 +44,6 @@ METHOD = Method(
     "prompt lookup: propose what followed the last match of the context's final n-gram",
     NgramParams,
     _build,
+    drafts_with="nothing",
     doc="docs/ngram.md",
 )

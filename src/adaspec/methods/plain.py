@@ -18,5 +18,6 @@ METHOD = Method(
     "plain target decoding through the same loop (the baseline)",
     NoParams,
     _build,
+    drafts_with="target",
     doc="docs/exactness.md",
 )
