@@ -4,6 +4,7 @@ and an unknown one is an error that lists the known ones."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -56,3 +57,13 @@ class Registry(Generic[T]):
     def items(self) -> list[tuple[str, T]]:
         self._load()
         return list(self._entries.items())
+
+
+def register_builtin(registry: Registry, entries: tuple[str, ...]) -> None:
+    """Register the entries named "module:attribute" (each has a `name`), in order: a
+    registry's loader for its built-in list, which imports its entries' modules so that
+    none of them imports the list."""
+    for entry in entries:
+        module, _, attr = entry.partition(":")
+        item = getattr(importlib.import_module(module), attr)
+        registry.register(item.name, item)

@@ -11,12 +11,10 @@ runs, and the static-cache runtime goes first. A new runtime is a package of its
 
 from __future__ import annotations
 
-import importlib
-
 from adaspec.backends.base import Runtime
 from adaspec.backends.device import CPU
 from adaspec.errors import InputError
-from adaspec.registry import Registry
+from adaspec.registry import Registry, register_builtin
 
 # "module:attribute" of each built-in Runtime, in the order `fastest` tries them
 BUILTIN = (
@@ -28,14 +26,8 @@ BUILTIN = (
 )
 
 
-def _load_builtin() -> None:
-    for entry in BUILTIN:
-        module, _, attr = entry.partition(":")
-        runtime = getattr(importlib.import_module(module), attr)
-        RUNTIMES.register(runtime.name, runtime)
-
-
-RUNTIMES: Registry[Runtime] = Registry("runtime", loader=_load_builtin)
+RUNTIMES: Registry[Runtime] = Registry(
+    "runtime", loader=lambda: register_builtin(RUNTIMES, BUILTIN))
 
 
 def runtime_for(weights: str, device: str) -> Runtime:

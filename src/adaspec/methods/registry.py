@@ -8,10 +8,8 @@ names. The registry imports the methods (lazily, on the first lookup); they impo
 
 from __future__ import annotations
 
-import importlib
-
 from adaspec.methods.base import Method
-from adaspec.registry import Registry
+from adaspec.registry import Registry, register_builtin
 
 # The built-in methods, in the order `adaspec methods` and the README list them:
 # "module:attribute" of each Method.
@@ -25,11 +23,4 @@ BUILTIN = (
 )
 
 
-def _load_builtin() -> None:
-    for entry in BUILTIN:
-        module, _, attr = entry.partition(":")
-        method = getattr(importlib.import_module(module), attr)
-        METHODS.register(method.name, method)
-
-
-METHODS: Registry[Method] = Registry("method", loader=_load_builtin)
+METHODS: Registry[Method] = Registry("method", loader=lambda: register_builtin(METHODS, BUILTIN))
