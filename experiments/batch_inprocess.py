@@ -60,14 +60,13 @@ def run_requests(instance: ModelInstance, decoder: BatchDecoder, method: str,
     pricing before `cost.batch.BatchLoad`)."""
     clients = len(prompts) // per_client
     engines = [instance.slot_engine(method, i) for i in range(clients)]
-    for engine in engines:
-        engine.join_batch(None)
     reset_slots(instance)
 
     def send(i: int) -> None:
         slot = i % clients
+        seat = decoder.seat() if join else None
         decoder.add(i, engines[slot].stream_steps(prompts[i], max_tokens, SamplingParams(),
-                                                  chat=True), engines[slot] if join else None)
+                                                  chat=True, seat=seat), seat)
 
     for i in order if order is not None else range(clients):
         send(i)

@@ -10,6 +10,7 @@ import torch
 
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams, process_logits, sample
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, RateEstimate
@@ -214,9 +215,9 @@ class ScriptedDraft:
             n += 1
         return n
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.started_with = list(prompt_ids)
-        self.cached_len = len(prompt_ids) - 1
+    def prefill(self, context: list[int]) -> None:
+        self.started_with = list(context)
+        self.cached_len = len(context) - 1
 
     def pending(self, context: list[int]) -> list[int]:
         return context[self.cached_len:]
@@ -227,7 +228,7 @@ class ScriptedDraft:
         self.cached_len += len(tokens)
         return row
 
-    def commit(self, context: list[int], path: list[int]) -> None:
+    def commit(self, req: RequestState, path: list[int]) -> None:
         pass
 
 
@@ -249,9 +250,9 @@ def drafted(proposal) -> list[int]:
 
 
 def auto_propose(drafter: AutoDrafter, context: list[int], max_tokens: int = 8,
-            params: SamplingParams = GREEDY, generator=None):
-    return drafter.propose(context, max_tokens, StaticLength(max_tokens), params,
-                           generator)
+                 params: SamplingParams = GREEDY, generator=None, seat=None, remaining=0):
+    req = RequestState.of(context, params, generator, remaining=remaining, seat=seat)
+    return drafter.propose(req, max_tokens, StaticLength(max_tokens))
 
 
 # ------------------------------------------------------------------ prices
@@ -275,7 +276,7 @@ def test_catch_up_is_free_when_only_the_last_token_is_new():
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     draft = ScriptedDraft([confident(1)])
     drafter = AutoDrafter(profile, draft=draft)
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     drafter._model_started = True
     draft.cached_len = len(REPEATING) - 1  # one token to feed: a plain draft forward
     assert drafter._catch_up_ms(REPEATING) == (0.0, 0.0)
@@ -292,15 +293,15 @@ def test_the_draft_prefill_is_spread_over_the_tokens_still_to_come():
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
     prompt = REPEATING[:6]
-    drafter.begin(prompt)
+    drafter.begin(RequestState.of(prompt))
     per_s = profile.draft_prefill_tokens_per_s
     whole = 1000 * len(prompt) / per_s
     assert drafter._catch_up_ms(prompt) == pytest.approx((0.0, whole))  # nothing produced
     context = prompt + [1] * 40
     assert drafter._catch_up_ms(context) == pytest.approx((0.0, 1000 * len(context) / per_s / 40))
-    drafter.remaining = 100  # a budget beyond what it produced: still 40 expected
+    drafter._remaining = 100  # a budget beyond what it produced: still 40 expected
     assert drafter._catch_up_ms(context) == pytest.approx((0.0, 1000 * len(context) / per_s / 40))
-    drafter.remaining = 5  # five tokens left at most
+    drafter._remaining = 5  # five tokens left at most
     assert drafter._catch_up_ms(context) == pytest.approx((0.0, 1000 * len(context) / per_s / 5))
     # the draft cache still holds the shared start of the previous request's prompt (a chat
     # template's system turn): only the rest is priced
@@ -316,12 +317,12 @@ def test_a_prefill_priced_per_token_decides_whether_the_draft_starts():
     profile = flat_profile()
     profile.draft_prefill_tokens_per_s = 200.0  # 46 tokens: 230 ms, five and a half calls
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]), use_ngram=False)
-    drafter.begin(REPEATING[:6])
+    drafter.begin(RequestState.of(REPEATING[:6]))
     context = REPEATING[:6] + [1] * 40
     fixed, per_emitted = drafter._catch_up_ms(context)
     n, _ = drafter._best_length(0.9, 4, fixed, 1.0, len(context), per_emitted)
     assert n > 0  # 40 tokens to come: the prefill is paid back
-    drafter.remaining = 2
+    drafter._remaining = 2
     fixed, per_emitted = drafter._catch_up_ms(context)
     assert drafter._best_length(0.9, 4, fixed, 1.0, len(context), per_emitted)[0] == 0
 
@@ -339,9 +340,9 @@ def test_the_draft_starts_only_where_it_beats_the_rate_the_request_had_without_i
 
     def choose(without: list) -> str:
         drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
-        drafter.begin(context[:20])
+        drafter.begin(RequestState.of(context[:20]))
         drafter._without_draft = list(without)
-        drafter.propose(context, 4, StaticLength(4), SamplingParams(), None)
+        drafter.propose(RequestState.of(context, SamplingParams()), 4, StaticLength(4))
         return "draft" if drafter.choices.draft else "plain"
 
     assert choose([0, 0.0]) == "draft"  # nothing known: the step's own options decide
@@ -351,11 +352,12 @@ def test_the_draft_starts_only_where_it_beats_the_rate_the_request_had_without_i
 
     # what is counted: a step alone, the tokens it emitted and its priced ms
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
-    drafter.begin(REPEATING[:6])
-    drafter.propose(REPEATING, 4, StaticLength(4), SamplingParams(), None)  # n-gram match
+    drafter.begin(RequestState.of(REPEATING[:6]))
+    drafter.propose(RequestState.of(REPEATING, SamplingParams()),
+                    4, StaticLength(4))  # n-gram match
     proposed = drafter._last.tokens
     assert proposed and drafter.choices.ngram == 1
-    drafter.commit(REPEATING + proposed[:2] + [3], [1, 2])
+    drafter.commit(RequestState.of(REPEATING + proposed[:2] + [3]), [1, 2])
     assert drafter._without_draft == [3, pytest.approx(FLAT[len(proposed)])]
 
 
@@ -367,11 +369,11 @@ def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
     profile = two_context_profile([FLAT, FLAT], [[2.0, 3.0, 4.0], [2.0, 3.0, 4.0]])
     drafter = AutoDrafter(profile, draft=ScriptedDraft([confident(1)]))
     prompt = REPEATING[:6]
-    drafter.begin(prompt)
+    drafter.begin(RequestState.of(prompt))
     context = prompt + [1] * 4
     whole = 1000 * len(context) / profile.draft_prefill_tokens_per_s
     assert drafter._catch_up_ms(context) == pytest.approx((0.0, whole / 4))
-    drafter.remaining = 20
+    drafter._remaining = 20
     drafter._seat = Seat(BatchLoad(cost=lambda t, s: 10.0 * t, sequences=3))
     assert drafter._catch_up_ms(context) == pytest.approx((whole, 0.0))
 
@@ -379,7 +381,7 @@ def test_in_a_batch_the_draft_prefill_is_charged_to_the_step_that_starts_it():
 # ----------------------------------------------------------------- propose
 def ngram_drafter(rows) -> AutoDrafter:
     drafter = AutoDrafter(two_context_profile(rows))
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     return drafter
 
 
@@ -426,7 +428,7 @@ def draft_drafter(rows: list[torch.Tensor], target_rows=None) -> tuple[AutoDraft
     draft = ScriptedDraft(rows)
     profile = two_context_profile(target_rows or [STEEP, FLAT], DRAFT_ROWS)
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     return drafter, draft
 
 
@@ -460,13 +462,13 @@ def test_the_draft_prior_follows_recent_requests_but_not_for_a_seeded_sample():
     draft = ScriptedDraft([confident(5)])
     profile = two_context_profile([STEEP, FLAT], [[15.0, 30.0], [15.0, 30.0]])
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [5]  # the prior pays
     for _ in range(4):  # four requests whose draft steps were all rejected
-        drafter.begin(REPEATING)
+        drafter.begin(RequestState.of(REPEATING))
         for _ in range(6):
             drafter._credit(Choice("draft", [5], len(REPEATING), buckets=[7]), 0)
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     assert drafter.draft_learned.rate < 0.3 and drafter.draft_overall.rate == DRAFT_PRIOR
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == []  # plain now
     seeded = SamplingParams(temperature=1.0, seed=3)
@@ -508,7 +510,7 @@ def test_the_verified_prefix_maximizes_expected_tokens_per_ms():
     draft = ScriptedDraft(rows)
     drafter = AutoDrafter(two_context_profile([row, row], [[4.0, 8.0], [4.0, 8.0]]),
                           draft=draft, use_ngram=False)
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     drafter.draft_learned = RateEstimate(0.9)
     drafter.draft_rates[0] = RateEstimate(0.4)
     p = auto_propose(drafter, REPEATING, max_tokens=4)
@@ -562,7 +564,7 @@ def test_disco_features_carry_the_draft_and_generation_positions(monkeypatch):
     draft = ScriptedDraft([confident(t) for t in range(1, 5)])
     profile = two_context_profile([STEEP, FLAT], DRAFT_ROWS)
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False, disco=disco)
-    drafter.begin(REPEATING[:10])  # a 10-token prompt; 7 tokens generated since
+    drafter.begin(RequestState.of(REPEATING[:10]))  # a 10-token prompt; 7 tokens generated since
     assert drafter._accept_estimate(confident(1), 7, 2, 17) == 0.75
     assert calls == [(2, 9)]
     calls.clear()
@@ -580,7 +582,7 @@ def test_a_plain_step_is_priced_as_one_fed_token():
     draft = ScriptedDraft([confident(4)])
     profile = two_context_profile([row, row], [[20.0, 40.0], [20.0, 40.0]])
     drafter = AutoDrafter(profile, draft=draft, use_ngram=False)
-    drafter.begin(REPEATING)
+    drafter.begin(RequestState.of(REPEATING))
     assert drafted(auto_propose(drafter, REPEATING, max_tokens=1)) == [4]
     assert drafter.choices.draft == 1 and drafter.choices.plain == 0
 
@@ -598,14 +600,13 @@ def test_a_steps_prices_are_asked_once_and_not_kept_past_it():
         return 40.0 + 0.1 * tokens
 
     drafter = AutoDrafter(flat_profile(), draft=ScriptedDraft([confident(1)] * 8))
-    drafter.begin(REPEATING)
-    drafter.batch = Seat(BatchLoad(cost=cost, sequences=3, budgets=[50, 60, 70]))
-    drafter.remaining = 50
-    auto_propose(drafter, REPEATING, max_tokens=6)
+    drafter.begin(RequestState.of(REPEATING))
+    seat = Seat(BatchLoad(cost=cost, sequences=3, budgets=[50, 60, 70]))
+    auto_propose(drafter, REPEATING, max_tokens=6, seat=seat, remaining=50)
     calls = [a for a in asked if a[1] == 3]  # the round's calls (`token_ms` asks others)
     assert calls and len(calls) == len(set(calls))
     assert drafter._memo is None
     first = len(asked)
-    drafter.batch.load.sequences = 5
-    auto_propose(drafter, REPEATING, max_tokens=6)
+    seat.load.sequences = 5
+    auto_propose(drafter, REPEATING, max_tokens=6, seat=seat, remaining=50)
     assert any(s == 5 for _, s in asked[first:])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from adaspec.backends.torch.backend import TorchBackend
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine import batch as batch_mod
 from adaspec.engine.batch import BatchDecoder, choose_lengths
@@ -35,10 +36,11 @@ def slot_engines(target, draft, methods):
 
 
 def run_together(decoder: BatchDecoder, requests, arrive_every: int = 0,
-                 drop: dict | None = None):
+                 drop: dict | None = None, seats: dict | None = None):
     """Feed `requests` (key -> steps) into the decoder, one more every `arrive_every`
     rounds (0: all at once), until all end; results by key (an Exception for a failed one).
-    drop: key -> round at which that request is cancelled."""
+    drop: key -> round at which that request is cancelled; seats: key -> the seat its steps
+    were given (`BatchDecoder.seat`)."""
     pending = list(requests.items())
     results: dict = {}
     chunks: dict = {key: [] for key in requests}
@@ -47,7 +49,7 @@ def run_together(decoder: BatchDecoder, requests, arrive_every: int = 0,
         if pending and (arrive_every == 0 or rounds % arrive_every == 0):
             while pending:
                 key, steps = pending.pop(0)
-                decoder.add(key, steps)
+                decoder.add(key, steps, (seats or {}).get(key))
                 if arrive_every:
                     break
         for key, item in decoder.round():
@@ -302,14 +304,15 @@ def seeded_outputs(target_model, draft_model, companions: list[str], method="dra
     methods = [method, *companions]
     engines = slot_engines(t, d, methods)
     decoder = BatchDecoder(cost=steep_cost)
-    for engine in engines:  # drafters that price their drafts see the batch
-        engine.join_batch(decoder.load)
+    seats = [decoder.seat() for _ in engines]  # drafters that price their drafts see the batch
     requests = {0: engines[0].stream_steps(PROMPT, max_new_tokens=12,
-                                           sampling=SamplingParams(1.0, top_k=6, seed=7))}
+                                           sampling=SamplingParams(1.0, top_k=6, seed=7),
+                                           seat=seats[0])}
     for i, engine in enumerate(engines[1:], 1):
         requests[i] = engine.stream_steps(OTHER, max_new_tokens=12,
-                                          sampling=SamplingParams(1.0, top_k=6, seed=100 + i))
-    results, _ = run_together(decoder, requests)
+                                          sampling=SamplingParams(1.0, top_k=6, seed=100 + i),
+                                          seat=seats[i])
+    results, _ = run_together(decoder, requests, seats=dict(enumerate(seats)))
     return results[0].token_ids
 
 
@@ -385,12 +388,12 @@ def _auto_wave(target, draft, cost, join: bool):
     """Four `auto` requests decoded together under `cost`, their drafters joined to the
     batch or priced as requests alone: (results, draft-model calls in all)."""
     engines = slot_engines(target, draft, ["auto:profile=flat"] * 4)
-    requests = {i: e.stream_steps(p, max_new_tokens=24)
-                for i, (e, p) in enumerate(zip(engines, PROMPTS[:4], strict=True))}
     decoder = BatchDecoder(cost=cost)
-    pending = dict(requests)
-    for key, steps in pending.items():
-        decoder.add(key, steps, engines[key] if join else None)
+    seats = [decoder.seat() if join else None for _ in engines]
+    requests = {i: e.stream_steps(p, max_new_tokens=24, seat=seats[i])
+                for i, (e, p) in enumerate(zip(engines, PROMPTS[:4], strict=True))}
+    for key, steps in requests.items():
+        decoder.add(key, steps, seats[key])
     results: dict = {}
     while len(decoder):
         for key, item in decoder.round():
@@ -402,7 +405,7 @@ def _auto_wave(target, draft, cost, join: bool):
 def test_a_joined_auto_does_not_draft_what_the_batch_would_cut(target, draft):
     """Priced as a request alone, auto runs its draft model and the batch's pricing then
     throws the draft away (drafting time every request of the round waits for); joined to
-    the batch (`BatchDecoder.add(..., engine)`), it sees the round's call and does not draft
+    the batch (a seat, `BatchDecoder.seat`), it sees the round's call and does not draft
     at all. Greedy outputs are the same either way, and as alone."""
     joined, joined_calls = _auto_wave(target, draft, steep_cost, join=True)
     apart, apart_calls = _auto_wave(target, draft, steep_cost, join=False)
@@ -457,13 +460,12 @@ def test_a_joined_auto_proposes_its_free_drafts_whole_and_the_batch_cuts_them(ta
                           eos_token_ids=[])
     drafter = engine.drafter
     context = [5, 6, 7, 8, 9] * 4
-    alone = drafter.propose(context, 8, engine.controller, SamplingParams(), None)
+    alone = drafter.propose(RequestState.of(context), 8, engine.controller)
     assert alone.depth > 0
     load = BatchLoad(steep_cost, sequences=2, budgets=[50, 50], paces=[1.0, 1.0])
     seat = Seat(load)
-    drafter.batch = seat
-    drafter.remaining = 50
-    joined = drafter.propose(context, 8, engine.controller, SamplingParams(), None)
+    joined = drafter.propose(RequestState.of(context, remaining=50, seat=seat), 8,
+                             engine.controller)
     assert drafter._base(len(context)) == float("inf")  # no token of it shortens the batch
     assert joined.depth == alone.depth
     worth = [load.token_ms(50)] * 2
@@ -482,8 +484,8 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     assert load.call_ms(2) == steep_cost(203, 2)
     engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
-    drafter.batch = drafter._seat = Seat(load)
-    drafter.remaining = 6
+    drafter._seat = Seat(load)
+    drafter._remaining = 6
     overhead = drafter.profile.overhead_ms
     assert drafter._verify_ms(2, 10) == steep_cost(203, 2) + overhead
     # it outlasts the prompt's request: a token saves a call of its own (10 ms), and the
@@ -500,9 +502,11 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     views = static_backend(target.model, "tiny").sequences(2)  # prompts go in chunks
     engines = [build_engine("ar", v, None, None, eos_token_ids=[]) for v in views]
     decoder = BatchDecoder(cost=steep_cost, prefill_tokens=4)
-    decoder.add("short", engines[0].stream_steps(PROMPTS[0], max_new_tokens=6), engines[0])
-    decoder.add("long", engines[1].stream_steps(PROMPTS[2] * 2, max_new_tokens=6),
-                engines[1])
+    short, long = decoder.seat(), decoder.seat()
+    decoder.add("short", engines[0].stream_steps(PROMPTS[0], max_new_tokens=6, seat=short),
+                short)
+    decoder.add("long", engines[1].stream_steps(PROMPTS[2] * 2, max_new_tokens=6, seat=long),
+                long)
     seen = []
     while len(decoder):
         decoder.round()

@@ -10,6 +10,7 @@ import torch
 
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.errors import InputError
@@ -54,10 +55,10 @@ def test_chain_draft_refeeds_the_last_token_when_the_whole_context_is_cached(toy
     backend = TorchBackend(toy)
     drafter = ModelDrafter(backend)
     context = [4, 9, 33, 20, 2, 51]
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     drafter.step(context[len(context) - 1:])  # now every context token is cached
     assert drafter.cached_len == len(context) == backend.cache_len
-    proposal = drafter.propose(context, 2, StaticLength(2), SamplingParams(), None)
+    proposal = drafter.propose(RequestState.of(context, SamplingParams()), 2, StaticLength(2))
     first = greedy_next(toy, context)
     assert proposal.tokens == [first, greedy_next(toy, [*context, first])]
     assert proposal.forward_calls == 2
@@ -364,19 +365,19 @@ def test_priced_tree_shape_is_bounded_by_the_step_and_priced_at_the_context(toy)
 
     drafter = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 500.0))
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # past the profile's long context: drafts are dear
-    drafter.begin(ctx)
-    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    drafter.begin(RequestState.of(ctx))
+    proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 4, StaticLength(4))
     assert drafter.branching == (1,) and proposal.depth == 1
-    drafter.commit([*ctx, 0], [])
+    drafter.commit(RequestState.of([*ctx, 0]), [])
     cheap = PricedTreeDrafter(TorchBackend(toy), _context_profile(0.01, 0.01))
-    cheap.begin(ctx)
+    cheap.begin(RequestState.of(ctx))
     for limit in (2, 3):  # cheap drafts: as deep as the step allows, wide first levels
-        proposal = cheap.propose(ctx, limit, StaticLength(limit), SamplingParams(), None)
+        proposal = cheap.propose(RequestState.of(ctx, SamplingParams()), limit, StaticLength(limit))
         assert proposal.depth == limit == len(cheap.branching)
         assert len(proposal.tree) - 1 > len(ctx)  # more nodes than context tokens
-        cheap.commit([*ctx, 0], [])
+        cheap.commit(RequestState.of([*ctx, 0]), [])
     assert sum(cheap.shapes.values()) == 2 and all(n == 1 for n in cheap.shapes.values())
-    cheap.propose(ctx, 3, StaticLength(3), SamplingParams(), None)
+    cheap.propose(RequestState.of(ctx, SamplingParams()), 3, StaticLength(3))
     assert cheap.shapes[cheap.branching] == 2
 
 
@@ -387,10 +388,13 @@ def test_priced_tree_draws_siblings_as_asked(toy):
     ctx = [3, 1, 4, 1, 5]
     params = SamplingParams(1.0)
     gen = torch.Generator().manual_seed(0)
-    drafter.begin(ctx)
-    assert drafter.propose(ctx, 2, StaticLength(2), params, gen).replacement is False
-    drafter.commit([*ctx, 0], [])
-    assert drafter.propose(ctx, 2, StaticLength(2), params, gen, True).replacement is True
+    drafter.begin(RequestState.of(ctx))
+    assert drafter.propose(RequestState.of(ctx, params, gen),
+                           2, StaticLength(2)).replacement is False
+    drafter.commit(RequestState.of([*ctx, 0]),
+                   [])
+    assert drafter.propose(RequestState.of(ctx, params, gen, True),
+                           2, StaticLength(2)).replacement is True
 
 
 def test_priced_tree_learns_per_rank_with_a_short_prior(toy):
@@ -401,10 +405,10 @@ def test_priced_tree_learns_per_rank_with_a_short_prior(toy):
                               prior=(0.6, 0.3))
     drafter.candidates = [(4, 1)]
     ctx = [3, 1, 4, 1, 5]
-    drafter.begin(ctx)
-    proposal = drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)
+    drafter.begin(RequestState.of(ctx))
+    proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 2, StaticLength(2))
     assert drafter.branching == (4, 1) and len(proposal.tree) == 9
-    drafter.commit([*ctx, 63], [])  # all four candidates missed
+    drafter.commit(RequestState.of([*ctx, 63]), [])  # all four candidates missed
     first, rest = drafter.rank_rates
     assert (first.trials, first.successes) == (1, 0)
     assert (rest.trials, rest.successes) == (3, 0)
@@ -420,11 +424,11 @@ def test_priced_tree_counts_each_level_it_reached(toy):
     assert drafter.shapes == {}
     drafter.candidates = [(2, 2, 1)]
     ctx = [9, 8, 7, 6]
-    drafter.begin(ctx)
-    proposal = drafter.propose(ctx, 3, StaticLength(3), SamplingParams(), None)
+    drafter.begin(RequestState.of(ctx))
+    proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 3, StaticLength(3))
     tree = proposal.tree
     assert tree.children[0] == [1, 2] and tree.children[2] == [5, 6]
-    drafter.commit([*ctx, tree.tokens[2], tree.tokens[5], 0], [2, 5])
+    drafter.commit(RequestState.of([*ctx, tree.tokens[2], tree.tokens[5], 0]), [2, 5])
     counts = [(r.trials, r.successes) for r in drafter.rank_rates[:3]]
     assert counts == [(3, 1), (1, 1), (0, 0)]
 
@@ -560,10 +564,10 @@ def test_auto_draft_samples_from_the_draft_and_starts_it_once(toy):
     drafter = AutoDrafter(_cheap_draft_profile(), ModelDrafter(backend), use_ngram=False)
     ctx = [5, 17, 42, 8, 33]
     params = SamplingParams(1.0)
-    drafter.begin(ctx)
+    drafter.begin(RequestState.of(ctx))
     for step in range(2):
         gen = torch.Generator().manual_seed(step)
-        proposal = drafter.propose(ctx, 4, StaticLength(4), params, gen)
+        proposal = drafter.propose(RequestState.of(ctx, params, gen), 4, StaticLength(4))
         tokens = proposal.tokens
         assert 1 <= len(tokens) <= 4 and drafter.choices.draft == 2 * step + 1
         assert proposal.forward_calls == len(tokens)
@@ -576,13 +580,13 @@ def test_auto_draft_samples_from_the_draft_and_starts_it_once(toy):
             assert want[tok] > 0
         # same seed, same draws, after rolling the draft back (the verdict of none
         # accepted may shorten the draft)
-        drafter.commit(ctx, [])
-        same = drafter.propose(ctx, 4, StaticLength(4), params,
-                               torch.Generator().manual_seed(step))
+        drafter.commit(RequestState.of(ctx), [])
+        same = drafter.propose(RequestState.of(ctx, params, torch.Generator().manual_seed(step)),
+                               4, StaticLength(4))
         assert same.tokens and same.tokens == tokens[: len(same.tokens)]
         tokens = same.tokens
         before = [(r.trials, r.successes) for r in drafter.draft_rates]
-        drafter.commit([*ctx, tokens[0], 0], [1])  # the first token accepted
+        drafter.commit(RequestState.of([*ctx, tokens[0], 0]), [1])  # the first token accepted
         trials = [r.trials - b for r, (b, _) in zip(drafter.draft_rates, before, strict=True)]
         hits = [r.successes - h for r, (_, h) in zip(drafter.draft_rates, before, strict=True)]
         assert sum(trials) == min(2, len(tokens)) and sum(hits) == 1
@@ -681,12 +685,13 @@ def test_auto_credits_ngram_steps_to_their_match_length():
     cheap = _cheap_draft_profile()
     drafter = AutoDrafter(cheap, None, use_ngram=True)
     ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
-    drafter.begin(ctx)
-    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    drafter.begin(RequestState.of(ctx))
+    proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 4, StaticLength(4))
     assert drafter.choices.ngram == 1 and proposal.tokens == [9, 10, 11, 7][: proposal.depth]
     match = drafter._last.match
     before = {m: (r.trials, r.successes) for m, r in drafter.ngram_rates.items()}
-    drafter.commit([*ctx, proposal.tokens[0], 5], [1])  # one accepted, then a correction
+    drafter.commit(RequestState.of([*ctx, proposal.tokens[0], 5]),
+                   [1])  # one accepted, then a correction
     after = {m: (r.trials, r.successes) for m, r in drafter.ngram_rates.items()}
     key = min(match, 4)
     assert after[key] == (before[key][0] + min(2, proposal.depth), before[key][1] + 1)
@@ -756,17 +761,17 @@ def test_auto_prices_the_draft_catch_up(toy):
                           draft_prefill_tokens_per_s=2000.0)
     ctx = list(range(1, 21))
     drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    drafter.begin(ctx[:12])  # 8 tokens produced: spread over 8 tokens to come
+    drafter.begin(RequestState.of(ctx[:12]))  # 8 tokens produced: spread over 8 tokens to come
     assert drafter._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 2000.0 / 8))
-    drafter.remaining = 3  # three tokens left
+    drafter._remaining = 3  # three tokens left
     assert drafter._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 2000.0 / 3))
-    drafter.remaining = 0
+    drafter._remaining = 0
     default_rate = AutoDrafter(CostProfile(target=profile.target, draft=draft_curve),
                                ModelDrafter(TorchBackend(toy)), use_ngram=False)
-    default_rate.begin(ctx[:12])
+    default_rate.begin(RequestState.of(ctx[:12]))
     assert default_rate._catch_up_ms(ctx) == pytest.approx((0.0, 1000 * 20 / 1000.0 / 8))
-    drafter.propose(ctx, 2, StaticLength(2), SamplingParams(), None)  # starts the draft
-    drafter.commit(ctx, [])
+    drafter.propose(RequestState.of(ctx, SamplingParams()), 2, StaticLength(2))  # starts the draft
+    drafter.commit(RequestState.of(ctx), [])
     cached = drafter.model.cached_len
     longer = ctx + [3, 4, 5]  # three tokens beyond what the draft holds
     pending = len(longer) - cached
@@ -783,15 +788,15 @@ def test_auto_plain_step_when_nothing_pays_or_nothing_may_be_drafted(toy):
                         draft=Curve([1], [0], [[40.0]]), draft_prefill_tokens_per_s=1e5)
     ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
     drafter = AutoDrafter(steep, ModelDrafter(TorchBackend(toy)))
-    drafter.begin(ctx)
-    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    drafter.begin(RequestState.of(ctx))
+    proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 4, StaticLength(4))
     assert proposal.depth == 0 and drafter.choices.plain == 1
     assert drafter.choices.ngram == drafter.choices.draft == 0
     cheap = AutoDrafter(_cheap_draft_profile(), ModelDrafter(TorchBackend(toy)))
-    cheap.begin(ctx)
-    assert cheap.propose(ctx, 0, StaticLength(1), SamplingParams(), None).depth == 0
+    cheap.begin(RequestState.of(ctx))
+    assert cheap.propose(RequestState.of(ctx, SamplingParams()), 0, StaticLength(1)).depth == 0
     assert cheap.choices.plain == 1
-    assert cheap.propose(ctx, 4, StaticLength(4), SamplingParams(), None).depth > 0
+    assert cheap.propose(RequestState.of(ctx, SamplingParams()), 4, StaticLength(4)).depth > 0
 
 
 @pytest.mark.parametrize("dear", ["verification", "draft"])
@@ -813,8 +818,8 @@ def test_auto_prices_at_the_context_length(toy, dear):
     short, long = [3, 1, 4, 1, 5], list(range(1, 31))
     for ctx, drafts in ((short, True), (long, False)):
         drafter = AutoDrafter(profile, ModelDrafter(TorchBackend(toy)), use_ngram=False)
-        drafter.begin(ctx)
-        proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+        drafter.begin(RequestState.of(ctx))
+        proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 4, StaticLength(4))
         assert (proposal.depth > 0) == drafts, (dear, len(ctx))
         assert drafter.choices.draft == int(drafts) and drafter.choices.plain == int(not drafts)
 
@@ -857,20 +862,20 @@ def test_auto_bookkeeping_across_steps(toy):
     ngram_only = AutoDrafter(_cheap_draft_profile(), None)
     assert ngram_only.choices == AutoStats()
     ctx = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]
-    ngram_only.begin(ctx)
-    one = ngram_only.propose(ctx, 1, StaticLength(1), SamplingParams(), None)
+    ngram_only.begin(RequestState.of(ctx))
+    one = ngram_only.propose(RequestState.of(ctx, SamplingParams()), 1, StaticLength(1))
     assert one.tokens == [9] and ngram_only.choices.ngram == 1  # a one-token step pays too
-    ngram_only.commit([*ctx, 9, 10], [1])
-    ngram_only.propose([*ctx, 9, 10], 4, StaticLength(4), SamplingParams(), None)
+    ngram_only.commit(RequestState.of([*ctx, 9, 10]), [1])
+    ngram_only.propose(RequestState.of([*ctx, 9, 10], SamplingParams()), 4, StaticLength(4))
     assert ngram_only.choices.ngram == 2
     # the draft model's cache follows every verdict, not only the next proposal
     drafter = AutoDrafter(_cheap_draft_profile(), ModelDrafter(TorchBackend(toy)),
                           use_ngram=False)
     short = [3, 1, 4, 1, 5]
-    drafter.begin(short)
-    proposal = drafter.propose(short, 4, StaticLength(4), SamplingParams(), None)
+    drafter.begin(RequestState.of(short))
+    proposal = drafter.propose(RequestState.of(short, SamplingParams()), 4, StaticLength(4))
     assert proposal.depth >= 2
-    drafter.commit([*short, 0], [])
+    drafter.commit(RequestState.of([*short, 0]), [])
     assert drafter.model.cached_len == len(short)
 
 
@@ -896,11 +901,11 @@ def test_auto_with_long_ngrams_prices_them_as_length_four():
 
     drafter = AutoDrafter(_cheap_draft_profile(), None, n_max=6)
     ctx = [7, 8, 9, 10, 11, 12, 13] * 3 + [7, 8, 9, 10, 11, 12]
-    drafter.begin(ctx)
-    proposal = drafter.propose(ctx, 4, StaticLength(4), SamplingParams(), None)
+    drafter.begin(RequestState.of(ctx))
+    proposal = drafter.propose(RequestState.of(ctx, SamplingParams()), 4, StaticLength(4))
     assert proposal.tokens[:1] == [13] and drafter._last.match >= 5
     before = drafter.ngram_rates[4].trials
-    drafter.commit([*ctx, 13, 7], [1])
+    drafter.commit(RequestState.of([*ctx, 13, 7]), [1])
     assert drafter.ngram_rates[4].trials > before
 
 
@@ -1072,8 +1077,9 @@ def test_small_edges_of_the_decode_helpers(toy):
     from adaspec.verify import multi_candidate as mc
 
     drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-    drafter.begin([1, 2, 3])
-    assert drafter.propose([1, 2, 3], 0, StaticLength(1), SamplingParams(), None).depth == 0
+    drafter.begin(RequestState.of([1, 2, 3]))
+    assert drafter.propose(RequestState.of([1, 2, 3], SamplingParams()),
+                           0, StaticLength(1)).depth == 0
 
     class WithBos:
         chat_template = None
@@ -1115,10 +1121,9 @@ def test_drafted_by_reaches_the_request_stats(target, target_model):
     from adaspec.engine.loop import Engine
 
     class Labelled(Drafter):
-        def propose(self, context, max_tokens, controller, params, generator,
-                    replacement=False):
-            tokens = [context[-1]] * max_tokens
-            return Proposal.chain(context[-1], tokens, drafted_by={"part a": 1,
+        def propose(self, req, max_tokens, controller):
+            tokens = [req.context[-1]] * max_tokens
+            return Proposal.chain(req.context[-1], tokens, drafted_by={"part a": 1,
                                                                    "part b": max_tokens - 1})
 
     engine = Engine(target, None, drafter=Labelled(), controller=Static(3),
@@ -1140,10 +1145,10 @@ def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
     backend = TorchBackend(toy)
     drafter = ModelDrafter(backend)
     context = [3, 9, 4, 7, 1]
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     params = SamplingParams(0.9, top_k=20)
     gen = torch.Generator().manual_seed(0)
-    proposal = drafter.propose(context, 3, StaticLength(3), params, gen)
+    proposal = drafter.propose(RequestState.of(context, params, gen), 3, StaticLength(3))
     assert proposal.depth == 3 and proposal.probs is not None
     assert proposal.probs.shape == (3, toy.config.vocab_size)
     fresh = TorchBackend(toy)
@@ -1159,9 +1164,9 @@ def test_sampled_chain_hands_the_verifier_the_draft_distributions(toy):
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)
         again = ModelDrafter(TorchBackend(toy))
-        again.begin(context)
-        drafts.append(again.propose(context, 3, StaticLength(3), params,
-                                    torch.Generator().manual_seed(0)).tokens)
+        again.begin(RequestState.of(context))
+        req = RequestState.of(context, params, torch.Generator().manual_seed(0))
+        drafts.append(again.propose(req, 3, StaticLength(3)).tokens)
     assert drafts[0] == drafts[1] == proposal.tokens
 
 
@@ -1170,9 +1175,9 @@ def test_a_two_token_prompt_drafts_from_both_tokens(toy):
     after it, not restart the cache (which would drop the first token)."""
     drafter = ModelDrafter(TorchBackend(toy))
     context = [11, 5]
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     assert drafter.backend.cache_len == 1
-    proposal = drafter.propose(context, 3, StaticLength(3), SamplingParams(0.0), None)
+    proposal = drafter.propose(RequestState.of(context, SamplingParams(0.0)), 3, StaticLength(3))
     expected: list[int] = []
     for _ in range(3):
         expected.append(greedy_next(toy, context + expected))
@@ -1186,7 +1191,7 @@ def test_ngram_lookup_follows_the_context_it_is_given():
     from adaspec.draft.ngram import NgramDrafter
 
     d = NgramDrafter(n_max=2, n_min=1)
-    d.begin([1, 2, 3, 1])
+    d.begin(RequestState.of([1, 2, 3, 1]))
     assert d.lookup_with_match([1, 2, 3, 1], 2) == ([2, 3], 1)
     assert d.lookup_with_match([1, 2, 3, 1], 0) == ([], 0)  # no room: nothing, no match
     assert d.lookup_with_match([1, 2, 3, 1, 2], 3) == ([3, 1, 2], 2)  # grown: 2-gram 1 2
@@ -1226,28 +1231,28 @@ def test_a_tree_proposal_left_uncommitted_is_dropped_by_the_next(toy):
     from adaspec.draft.model_tree import ModelTreeDrafter
 
     def proposal(drafter, context):
-        return drafter.propose(context, 2, StaticLength(2), SamplingParams(), None).tree
+        return drafter.propose(RequestState.of(context, SamplingParams()), 2, StaticLength(2)).tree
 
     context = [5, 9, 11, 3, 8]
     for later in (context, context + [17, 2], context[:3] + [40]):  # same, longer, diverging
         drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-        drafter.begin(context)
+        drafter.begin(RequestState.of(context))
         proposal(drafter, context)
         got = proposal(drafter, later)
         fresh = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-        fresh.begin(context)
+        fresh.begin(RequestState.of(context))
         want = proposal(fresh, later)
         assert (got.tokens, got.parents) == (want.tokens, want.parents)
-        drafter.commit(later, [])
+        drafter.commit(RequestState.of(later), [])
         assert_cache_is_prefill(drafter.backend, toy, later)
     # a one-level proposal feeds no nodes: after the dropped tree, its commit must still know
     # that nothing was fed
     drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     proposal(drafter, context)
-    tree = drafter.propose(context, 1, StaticLength(1), SamplingParams(), None).tree
+    tree = drafter.propose(RequestState.of(context, SamplingParams()), 1, StaticLength(1)).tree
     accepted = context + [tree.tokens[1]]
-    drafter.commit(accepted, [1])
+    drafter.commit(RequestState.of(accepted), [1])
     assert drafter._cached == accepted[: len(drafter._cached)]
     assert_cache_is_prefill(drafter.backend, toy, drafter._cached)
 
@@ -1316,10 +1321,10 @@ def test_the_recorder_sees_every_verification_with_the_targets_logits(toy):
     backend = TorchBackend(toy)
     engine = Engine(backend, None, drafter=ModelDrafter(TorchBackend(toy)),
                     controller=StaticLength(3), eos_token_ids=[])
-    engine.recorder = Recorder()
-    result = engine.generate([1, 2, 3], 9)
-    assert engine.recorder.prompts == [[1, 2, 3]]
-    steps = engine.recorder.steps
+    recorder = Recorder()
+    result = engine.generate([1, 2, 3], 9, recorder=recorder)
+    assert recorder.prompts == [[1, 2, 3]]
+    steps = recorder.steps
     assert len(steps) == result.stats.target_calls - 1 and steps[0][0] == 3
     # the same model drafts: every draft is accepted, each pass scores root + 3 drafts
     assert all(depth == 3 and path == [1, 2, 3] and shape == (4, V)
@@ -1372,9 +1377,9 @@ def test_a_sampled_tree_draws_siblings_without_replacement_by_default(toy):
     from adaspec.draft.model_tree import ModelTreeDrafter
 
     drafter = ModelTreeDrafter(TorchBackend(toy), (2, 2))
-    drafter.begin([5, 9, 11])
-    proposal = drafter.propose([5, 9, 11], 2, StaticLength(2), SamplingParams(1.0),
-                               torch.Generator().manual_seed(0))
+    drafter.begin(RequestState.of([5, 9, 11]))
+    req = RequestState.of([5, 9, 11], SamplingParams(1.0), torch.Generator().manual_seed(0))
+    proposal = drafter.propose(req, 2, StaticLength(2))
     assert proposal.replacement is False
     for kids in proposal.tree.children:
         tokens = [proposal.tree.tokens[c] for c in kids]
@@ -1447,9 +1452,8 @@ def test_a_drafter_that_proposes_more_than_asked_is_named(toy):
     class Greedy(ModelDrafter):
         name = "greedy-too-long"
 
-        def propose(self, context, max_tokens, controller, params, generator,
-                    replacement=False):
-            return super().propose(context, max_tokens + 1, controller, params, generator)
+        def propose(self, req, max_tokens, controller):
+            return super().propose(req, max_tokens + 1, controller)
 
     engine = Engine(TorchBackend(toy), None, drafter=Greedy(TorchBackend(toy)),
                     controller=StaticLength(2), eos_token_ids=[])

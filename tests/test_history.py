@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from adaspec.core.request import RequestState
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, history_cell
 from adaspec.draft.history import (
@@ -338,8 +339,8 @@ def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model)
     plain = reference_greedy(target_model, PROMPTS[0], 20)
     eos = plain[5]
     engine.drafter.eos_token_ids = {eos}
-    engine.drafter.begin(PROMPTS[0])
-    engine.drafter.commit([*PROMPTS[0], *plain], [])
+    engine.drafter.begin(RequestState.of(PROMPTS[0]))
+    engine.drafter.commit(RequestState.of([*PROMPTS[0], *plain]), [])
     engine.drafter.learn()
     (doc,) = engine.drafter.history._docs
     assert list(doc) == [*PROMPTS[0], *plain[: plain.index(eos) + 1]]

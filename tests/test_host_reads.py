@@ -236,9 +236,9 @@ def test_logprobs_and_the_distillation_record_read_their_numbers_not_rows():
 
     def run(t, d):
         engine = build_engine("draft:k=3", t, None, d, eos_token_ids=[])
-        engine.recorder = Recorder(top_k=8, mode="all")
-        result = engine.generate(prompt, 20, sampling=sampling)
-        return result, engine.recorder.take(result.token_ids)
+        recorder = Recorder(top_k=8, mode="all")
+        result = engine.generate(prompt, 20, sampling=sampling, recorder=recorder)
+        return result, recorder.take(result.token_ids)
 
     DeviceRows.reads = []
     (result, record) = run(simulated(target), simulated(draft))

@@ -11,6 +11,7 @@ import torch
 
 from adaspec.backends.gguf import LlamaCppUnavailable
 from adaspec.backends.llamacpp.backend import LlamaCppBackend
+from adaspec.core.request import RequestState
 from adaspec.errors import InputError
 from adaspec.methods.build import build_engine
 
@@ -116,11 +117,11 @@ def test_a_draft_prompt_prefill_keeps_what_its_cache_shares(smollm, monkeypatch)
     backend.reset()  # the backend is shared with the tests before
     drafter = ModelDrafter(backend)
     first = [1604, 3987, 46477, 24, 94, 727, 13]
-    drafter.begin(first)
+    drafter.begin(RequestState.of(first))
     assert fed[-1] == 6  # all but the last prompt token
     second = first[:5] + [300, 400, 500]
     assert drafter.reusable(second) == 5
-    drafter.begin(second)
+    drafter.begin(RequestState.of(second))
     assert fed[-1] == 2 and backend.cache_len == 7
 
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from adaspec.control.base import LengthController
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.ngram import NgramDrafter
 from adaspec.errors import InputError
@@ -27,7 +28,7 @@ class Always(LengthController):
 
 def propose(context: list[int], max_tokens: int = 8, drafter=None, **kwargs) -> list[int]:
     drafter = drafter or NgramDrafter(**kwargs)
-    proposal = drafter.propose(context, max_tokens, Always(), SamplingParams(), None)
+    proposal = drafter.propose(RequestState.of(context, SamplingParams()), max_tokens, Always())
     assert proposal.probs is None and proposal.forward_calls == 0
     return proposal.tokens
 
@@ -74,7 +75,8 @@ def test_no_match_gives_empty_proposal():
 def test_keep_drafting_stop_is_honoured():
     drafter = NgramDrafter()
     controller = Always(stop_after=1)
-    proposal = drafter.propose([1, 2, 3, 4, 5, 1, 2], 8, controller, SamplingParams(), None)
+    proposal = drafter.propose(RequestState.of([1, 2, 3, 4, 5, 1, 2], SamplingParams()),
+                               8, controller)
     assert proposal.tokens == [3, 4]
     assert controller.asked == [(0, []), (1, [])]  # no distribution: no numbers
 
@@ -84,14 +86,14 @@ def test_incremental_index_matches_brute_force():
     for n_max, n_min in [(3, 1), (4, 2), (1, 1)]:
         prompt = [rng.randrange(6) for _ in range(30)]
         drafter = NgramDrafter(n_max=n_max, n_min=n_min)
-        drafter.begin(prompt)
+        drafter.begin(RequestState.of(prompt))
         context = list(prompt)
         for _ in range(60):
             got = propose(context, 5, drafter=drafter)
             assert got == reference(context, 5, n_max, n_min)
             context = context + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
             if rng.random() < 0.5:
-                drafter.commit(context, [])
+                drafter.commit(RequestState.of(context), [])
 
 
 def test_new_context_without_start_rebuilds():
@@ -114,12 +116,12 @@ def test_incremental_index_agrees_with_a_full_rescan_on_a_long_context():
     rng = random.Random(1)
     context = [rng.randrange(500) for _ in range(4000)]
     drafter = NgramDrafter()
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     for _ in range(60):
         tokens = propose(context, 8, drafter=drafter)
         assert tokens == naive_lookup(context, 8)
         context = context + (tokens[:2] or [rng.randrange(500)])
-        drafter.commit(context, [])
+        drafter.commit(RequestState.of(context), [])
 
 
 @pytest.mark.parametrize(("n_max", "n_min"), [(0, 0), (2, 3), (3, 0)])

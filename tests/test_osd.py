@@ -65,12 +65,11 @@ def chain_engine(target_model, draft_model) -> Engine:
 
 def record_requests(engine: Engine, prompts, mode: str, top_k: int = 8,
                     domain: str = "default") -> list[RequestRecord]:
-    engine.recorder = recorder = Recorder(top_k=top_k, mode=mode)
+    recorder = Recorder(top_k=top_k, mode=mode)
     records = []
     for p in prompts:
-        r = engine.generate(p, max_new_tokens=MAX_NEW)
+        r = engine.generate(p, max_new_tokens=MAX_NEW, recorder=recorder)
         records.append(recorder.take(r.token_ids, domain, r.stats.drafted, r.stats.accepted))
-    engine.recorder = None
     return records
 
 
@@ -204,10 +203,10 @@ def test_recorder_matches_the_teacher_forced_replay(target_m, draft_m, mode, dra
     draft = copy.deepcopy(draft_m) if draft_kind == "noisy" else tiny_model(seed=1, layers=2)
     engine = chain_engine(target_m, draft)
     student = Student(copy.deepcopy(draft), 1)
-    engine.recorder = recorder = Recorder(top_k=8, mode=mode)
+    recorder = Recorder(top_k=8, mode=mode)
     totals = [0, 0, 0]  # accepted, rejected steps, full steps
     for prompt in PROMPTS:
-        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW, recorder=recorder)
         output = result.token_ids
         assert len(output) == MAX_NEW
         record = recorder.take(output, "d", result.stats.drafted, result.stats.accepted)
@@ -243,8 +242,8 @@ def test_recorder_matches_the_teacher_forced_replay(target_m, draft_m, mode, dra
 
 def test_recorder_skips_requests_that_drafted_nothing_and_rejects_bad_settings(target_m):
     engine = Engine(TorchBackend(target_m, "t"), None, eos_token_ids=[])
-    engine.recorder = recorder = Recorder(top_k=4, mode="all")
-    result = engine.generate([3, 4, 5], max_new_tokens=6)
+    recorder = Recorder(top_k=4, mode="all")
+    result = engine.generate([3, 4, 5], max_new_tokens=6, recorder=recorder)
     record = recorder.take(result.token_ids)
     assert len(record) == 0 and record.top_ids.shape == (0, 4)
     assert record.output == result.token_ids
@@ -489,14 +488,14 @@ def test_greedy_outputs_stay_exact_while_drafts_are_swapped(target_m, draft_m):
     cfg = OnlineConfig(interval=2, probe_every=3, probe=4, layers=1, tolerance=1.0,
                        save=False, distill=DistillConfig(steps=4, lr=2e-2))
     svc = distiller(cfg, serving)
-    svc.attach(engine)
+    svc.check_engine(engine)
     steps_seen, stats_by_prompt = set(), {}
     prompts = [PROMPTS[i % 4] for i in range(16)]
     for prompt in prompts:
         domain = svc.domain(None, prompt)
         svc.before_request(domain)
         steps_seen.add(svc.applied[1] if svc.applied else 0)
-        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW, recorder=svc.recorder)
         svc.after_request(svc.recorder.take(result.token_ids, domain, result.stats.drafted,
                                             result.stats.accepted))
         expected = plain.generate(prompt, max_new_tokens=MAX_NEW).token_ids
@@ -528,11 +527,11 @@ def test_a_static_runtime_draft_is_distilled_in_place(target_m, draft_m):
     # the student trains a transformers copy of the draft (the worker loads one by name)
     svc = OnlineDistiller(cfg, draft.model, "tiny-draft", in_process=True, wait=True,
                           student=Student(copy.deepcopy(draft_m), cfg.layers))
-    svc.attach(engine)
+    svc.check_engine(engine)
     for prompt in [PROMPTS[i % 4] for i in range(10)]:
         domain = svc.domain(None, prompt)
         svc.before_request(domain)
-        result = engine.generate(prompt, max_new_tokens=MAX_NEW)
+        result = engine.generate(prompt, max_new_tokens=MAX_NEW, recorder=svc.recorder)
         svc.after_request(svc.recorder.take(result.token_ids, domain, result.stats.drafted,
                                             result.stats.accepted))
         assert result.token_ids == plain.generate(prompt, max_new_tokens=MAX_NEW).token_ids

@@ -26,8 +26,8 @@ class RepeatLast(Drafter):
 
     name = "repeat-last"
 
-    def propose(self, context, max_tokens, controller, params, generator, replacement=False):
-        return Proposal.chain(context[-1], [context[-1]] * max_tokens)
+    def propose(self, req, max_tokens, controller):
+        return Proposal.chain(req.context[-1], [req.context[-1]] * max_tokens)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.backends.torch.restricted_head import RestrictedHeadBackend, restrict_head
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.errors import InputError, ModelStoreError
@@ -56,8 +57,8 @@ def test_drafter_never_proposes_outside_the_set(draft_model):
     ctrl = build_engine("draft:k=6", TorchBackend(draft_model), None, TorchBackend(draft_model))
     for params in (SamplingParams(), SamplingParams(1.0, seed=1), SamplingParams(2.0, seed=2)):
         gen = params.generator()
-        drafter.begin(PROMPT)
-        prop = drafter.propose(PROMPT, 6, ctrl.controller, params, gen)
+        drafter.begin(RequestState.of(PROMPT))
+        prop = drafter.propose(RequestState.of(PROMPT, params, gen), 6, ctrl.controller)
         assert set(prop.tokens) <= set(KEEP)
         if prop.probs is not None:
             outside = [t for t in range(64) if t not in KEEP]

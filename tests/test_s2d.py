@@ -14,6 +14,7 @@ import torch
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft import s2d_artifact
 from adaspec.draft.s2d import S2DDrafter
@@ -157,9 +158,9 @@ def test_missing_artifact_is_a_clear_error(tmp_path):
 class QOfLastExit(S2DDrafter):
     """Draws each token from its exit but hands the verifier the deepest exit's q."""
 
-    def propose(self, context, max_tokens, controller, params, generator, replacement=False):
-        proposal = super().propose(context, max_tokens, controller, params, generator,
-                                   replacement)
+    def propose(self, req, max_tokens, controller):
+        proposal = super().propose(req, max_tokens, controller)
+        context, params = req.context, req.sampling
         if proposal.probs is None:
             return proposal
         from adaspec.core.sampling import process_logits
@@ -251,11 +252,11 @@ def test_prompt_runs_every_reachable_layer_at_start(source):
     draft, _ = s2d_artifact.extract(source[1], (1, 2, 4))
     prompt = [5, 9, 11, 3, 8]
     drafter = S2DDrafter(draft, (0.5, 0.9))
-    drafter.begin(prompt)
+    drafter.begin(RequestState.of(prompt))
     assert drafter.state.done == [4, 4, 4] and drafter.state.layers_run == 4 * 4
     shallow = S2DDrafter(draft, (0.5, 0.0))  # exit 2 always answers: layers 3-4 unreachable
     assert shallow.state.exits == (1, 2) and shallow.thresholds == (0.5, 0.0)
-    shallow.begin(prompt)
+    shallow.begin(RequestState.of(prompt))
     assert shallow.state.layers_run == 4 * 2
 
 
@@ -369,12 +370,13 @@ def test_proposals_follow_the_exit_rule_through_accepts_and_rejections(source):
     drafter = S2DDrafter(draft, thresholds)
     rng = random.Random(1)
     context = [rng.randrange(64) for _ in range(6)]
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     exits_seen: Counter = Counter()
     for _ in range(30):
         k = rng.choice((1, 3, 4))
         controller = StopAfter(k, rng.choice((None, None, 0, 1)))
-        proposal = drafter.propose(list(context), k, controller, SamplingParams(0.0), None)
+        proposal = drafter.propose(RequestState.of(list(context), SamplingParams(0.0)),
+                                   k, controller)
         tokens = proposal.tokens
         n = k if controller.stop is None else min(k, controller.stop + 1)
         assert len(tokens) == n and proposal.forward_calls == n and proposal.probs is None
@@ -390,7 +392,7 @@ def test_proposals_follow_the_exit_rule_through_accepts_and_rejections(source):
         m = rng.randrange(0, n + 1)
         correction = (tokens[m] + 1) % 64 if m < n else rng.randrange(64)
         context += tokens[:m] + [correction]
-        drafter.commit(context, list(range(m + 1)))
+        drafter.commit(RequestState.of(context), list(range(m + 1)))
     assert set(exits_seen) == {"exit 1", "exit 2", "exit 4"}
 
 
@@ -401,9 +403,9 @@ def test_sampled_proposals_draw_with_the_generator_and_return_each_exits_distrib
     for global_seed in (0, 1):
         torch.manual_seed(global_seed)  # only the request's generator may decide the draws
         drafter = S2DDrafter(draft, (0.5,))
-        drafter.begin([3, 1, 4, 1, 5])
-        proposal = drafter.propose([3, 1, 4, 1, 5], 4, StopAfter(4, None), params,
-                                   torch.Generator().manual_seed(7))
+        drafter.begin(RequestState.of([3, 1, 4, 1, 5]))
+        req = RequestState.of([3, 1, 4, 1, 5], params, torch.Generator().manual_seed(7))
+        proposal = drafter.propose(req, 4, StopAfter(4, None))
         drafts.append(proposal.tokens)
         context = [3, 1, 4, 1, 5]
         for i, token in enumerate(proposal.tokens):

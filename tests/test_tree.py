@@ -8,6 +8,7 @@ import torch
 
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.core.token_tree import TokenTree, parse_branching, tree_node_count
 from adaspec.draft.model_tree import ModelTreeDrafter, draw_children
@@ -116,10 +117,11 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
     distributions; then the cache compacts to the context plus the accepted path."""
     context = [3, 1, 4, 1, 5, 9]
     drafter = ModelTreeDrafter(draft, (3, 2, 2))
-    drafter.begin(context)
+    drafter.begin(RequestState.of(context))
     params = SamplingParams(1.0)
     generator = torch.Generator().manual_seed(1)
-    proposal = drafter.propose(context, 3, StaticLength(3), params, generator, replacement)
+    proposal = drafter.propose(RequestState.of(context, params, generator, replacement),
+                               3, StaticLength(3))
     tree = proposal.tree
     assert proposal.forward_calls == 3 and len(tree) == 1 + 3 + 6 + 12
     assert proposal.probs is not None and proposal.probs.shape[0] == 1 + 3 + 6
@@ -131,7 +133,7 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
             assert len(set(kids)) == len(kids)
     path = tree.path(len(tree) - 2)  # a non-prefix path through all levels
     accepted = tree.path_tokens(path[-1])
-    drafter.commit(context + accepted, path)
+    drafter.commit(RequestState.of(context + accepted), path)
     assert drafter.cached_tokens == context + accepted[:-1]  # the leaf was never fed
     cache_equals_prefill(draft, draft_model, context + accepted[:-1])
 
@@ -139,8 +141,9 @@ def test_draft_levels_see_only_their_ancestors(draft, draft_model, replacement):
 def test_greedy_draft_takes_top_k_distinct(draft, draft_model):
     context = [8, 6, 7, 5, 3, 0, 9]
     drafter = ModelTreeDrafter(draft, (4, 2))
-    drafter.begin(context)
-    proposal = drafter.propose(context, 2, StaticLength(2), SamplingParams(), None, True)
+    drafter.begin(RequestState.of(context))
+    proposal = drafter.propose(RequestState.of(context, SamplingParams(), None, True),
+                               2, StaticLength(2))
     tree = proposal.tree
     assert proposal.probs is None
     for i in [0, *tree.level(1)]:
@@ -151,8 +154,9 @@ def test_greedy_draft_takes_top_k_distinct(draft, draft_model):
 
 def test_max_depth_truncates_the_tree(draft):
     drafter = ModelTreeDrafter(draft, (2, 2, 2))
-    drafter.begin([1, 2, 3])
-    proposal = drafter.propose([1, 2, 3], 1, StaticLength(1), SamplingParams(), None, True)
+    drafter.begin(RequestState.of([1, 2, 3]))
+    proposal = drafter.propose(RequestState.of([1, 2, 3], SamplingParams(), None, True),
+                               1, StaticLength(1))
     assert proposal.tree.depth == 1 and len(proposal.tree) == 3 and proposal.forward_calls == 1
 
 

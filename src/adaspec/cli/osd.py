@@ -181,7 +181,7 @@ def _engine_runs(args, specs, cfg, stream, meta, draft):
     if any(s.kind == "online" for s in specs):
         service = OnlineDistiller(cfg, engine.drafter.backend.model, draft, args.target,
                                   args.weights, in_process=args.inline, wait=False)
-        service.attach(engine)
+        service.check_engine(engine)
     try:
         runs = [engine_run(engine, service, stream, meta["max_new_tokens"], spec)
                 for spec in specs if spec.kind != "offline"]

@@ -123,8 +123,8 @@ class BatchLoad:
 @dataclass
 class Seat:
     """One request's place in a batch: the round it is priced in and its pace
-    (`Engine.join_batch` hands it to the drafter; `engine/batch.BatchDecoder` counts its
-    steps)."""
+    (`BatchDecoder.seat` makes it; the request's drafter reads it from its `RequestState`;
+    `engine/batch.BatchDecoder` counts its steps)."""
 
     load: BatchLoad
     # its pace: tokens its steps would make if verified whole, over its steps (one plain
@@ -139,7 +139,7 @@ class Seat:
 
     def token_ms(self, remaining: int) -> float:
         """What one more accepted token of this request, with `remaining` tokens left
-        (`Drafter.remaining`), is worth, in ms of the batch."""
+        (`RequestState.remaining`), is worth, in ms of the batch."""
         return self.load.token_ms(remaining, self.pace)
 
 

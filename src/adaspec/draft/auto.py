@@ -34,6 +34,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams, draw
 from adaspec.cost.batch import Seat
 from adaspec.cost.profile import CostProfile
@@ -181,6 +182,7 @@ class AutoDrafter(Drafter):
         self._without_draft = [0, 0.0]  # tokens emitted, ms priced: steps alone, no draft model
         self._priced: tuple[int, float] | None = None  # (context, ms) of this step, counted there
         self._seat: Seat | None = None  # the batch this step is priced in (`propose`)
+        self._remaining = 0  # the request's budget left as of this step (`propose`)
         # a step's prices (`_prices`), by whether priced in a batch; None: no step
         self._memo: dict[bool, list[float]] | None = None
         self._base_memo: float | None = None  # a step's `_base` in a batch
@@ -195,7 +197,8 @@ class AutoDrafter(Drafter):
         self.draft_learned = RateEstimate(self.draft_memory.rate)  # from recent requests
 
     # --------------------------------------------------------------- lifecycle
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, req: RequestState) -> None:
+        prompt_ids = req.prompt_ids
         self.learn()  # the previous request is over
         self._reset_estimates()
         self.choices = AutoStats()
@@ -206,7 +209,7 @@ class AutoDrafter(Drafter):
         self._without_draft = [0, 0.0]
         self._priced = None
         if self.ngram is not None:
-            self.ngram.begin(prompt_ids)
+            self.ngram.begin(req)
         self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
 
@@ -224,13 +227,13 @@ class AutoDrafter(Drafter):
                 break
         self.history.add_request(self._prompt, output)
 
-    def cut(self, depth: int) -> None:
+    def cut(self, req: RequestState, depth: int) -> None:
         if self._last is not None:
             self._last.tokens = self._last.tokens[:depth]
             self._last.buckets = self._last.buckets[:depth]
 
-    def commit(self, context: list[int], path: list[int]) -> None:
-        self._context = context
+    def commit(self, req: RequestState, path: list[int]) -> None:
+        context = self._context = req.context
         priced, self._priced = self._priced, None
         if priced is not None:
             self._without_draft[0] += len(context) - priced[0]
@@ -244,9 +247,9 @@ class AutoDrafter(Drafter):
         else:
             self._run = 0  # the history had nothing to say: no run
         if self.ngram is not None:
-            self.ngram.commit(context, path)
+            self.ngram.commit(req, path)
         if self.model is not None and self._model_started:
-            self.model.commit(context, path)
+            self.model.commit(req, path)
 
     def _credit(self, choice: Choice, accepted: int) -> None:
         trials = min(accepted + 1, len(choice.tokens))
@@ -331,7 +334,7 @@ class AutoDrafter(Drafter):
             return 1.0
         if self._base_memo is not None:
             return self._base_memo
-        worth = seat.token_ms(self.remaining)
+        worth = seat.token_ms(self._remaining)
         base = self._verify_ms(0, context) / worth if worth > 0 else float("inf")
         if self._memo is not None:
             self._base_memo = base
@@ -436,8 +439,8 @@ class AutoDrafter(Drafter):
         into HumanEval/1 and took 1.2 s of the request's 5.5 s, for 7 fewer target calls;
         4.1 s without it.)"""
         left = len(context) - self._prompt_len
-        if self.remaining > 0:
-            left = min(left, self.remaining)
+        if self._remaining > 0:
+            left = min(left, self._remaining)
         return max(1, left)
 
     def _rate_without_draft(self) -> float | None:
@@ -453,29 +456,23 @@ class AutoDrafter(Drafter):
         return tokens / ms if tokens >= RATE_EVIDENCE and ms > 0 else None
 
     # ---------------------------------------------------------------- propose
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
         self._memo = {}  # the step's context, seat and load are set from here on
         self._base_memo = None
+        self._remaining = req.remaining
         try:
-            return self._propose(context, max_tokens, params, generator)
+            return self._propose(req.context, max_tokens, req.sampling, req.generator, req.seat)
         finally:
             self._memo = self._base_memo = None
 
     def _propose(self, context: list[int], max_tokens: int, params: SamplingParams,
-                 generator: torch.Generator | None) -> Proposal:
+                 generator: torch.Generator | None, seat: Seat | None) -> Proposal:
         limit = min(max_tokens, self.k_max)
         ctx = len(context)
         # A seeded sampled request is priced as alone: its proposals (hence the random
         # numbers its verification draws) must not depend on its companions in a batch.
-        self._seat = self.batch if params.greedy or params.seed is None else None
+        self._seat = seat if params.greedy or params.seed is None else None
         options: list[tuple[float, str, int]] = [(self._base(ctx) / self._verify_ms(0, ctx),
                                                   "plain", 0)]
         ngram_tokens: list[int] = []
@@ -563,7 +560,7 @@ class AutoDrafter(Drafter):
         assert model is not None
         ctx = len(context)
         if not self._model_started:
-            model.begin(context)
+            model.prefill(context)
             self._model_started = True
         pending = model.pending(context)
         d1 = self.profile.draft_ms(1, ctx)

@@ -9,6 +9,7 @@ import torch
 from adaspec.backends.base import ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
+from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams, draw
 from adaspec.draft.base import Drafter
 
@@ -67,8 +68,13 @@ class ModelDrafter(Drafter):
         self.backend = backend
         self._cached: list[int] = []  # tokens whose keys/values are in the draft cache
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self._cached = prefill_prompt(self.backend, prompt_ids)
+    def begin(self, req: RequestState) -> None:
+        self.prefill(req.prompt_ids)
+
+    def prefill(self, context: list[int]) -> None:
+        """Bring the draft cache to `context` (all but its last token, fed with the first
+        draft), keeping what it already holds of it."""
+        self._cached = prefill_prompt(self.backend, context)
 
     def _sync(self, context: list[int]) -> None:
         roll_back_to_common_prefix(self.backend, self._cached, context)
@@ -100,15 +106,9 @@ class ModelDrafter(Drafter):
         self._cached.extend(tokens)
         return logits
 
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
+        context, params, generator = req.context, req.sampling, req.generator
         pending = self.pending(context)
         if self.chains_on_device and not controller.stops_early:
             return self._chain(context[-1], pending, max_tokens, params, generator)
@@ -153,5 +153,5 @@ class ModelDrafter(Drafter):
             root, tokens, torch.stack(rows) if rows else None, forward_calls=length
         )
 
-    def commit(self, context: list[int], path: list[int]) -> None:
-        self._sync(context)
+    def commit(self, req: RequestState, path: list[int]) -> None:
+        self._sync(req.context)

@@ -24,7 +24,8 @@ import torch
 from adaspec.backends.base import ModelBackend
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams, may_hold, process_logits, uniforms
+from adaspec.core.request import RequestState
+from adaspec.core.sampling import may_hold, process_logits, uniforms
 from adaspec.core.token_tree import (
     CANDIDATE_SHAPES,
     DEFAULT_MAX_NODES,
@@ -171,8 +172,8 @@ class ModelTreeDrafter(Drafter):
         """The context tokens whose keys/values the draft cache holds (tree nodes aside)."""
         return list(self._cached)
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self._cached = prefill_prompt(self.backend, prompt_ids)
+    def begin(self, req: RequestState) -> None:
+        self._cached = prefill_prompt(self.backend, req.prompt_ids)
         self._tree = None
         self._fed = 0
 
@@ -184,17 +185,12 @@ class ModelTreeDrafter(Drafter):
             self._tree = None
         roll_back_to_common_prefix(self.backend, self._cached, context)
 
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
         """A tree of at most `max_tokens` levels (the controller only bounds the depth: a
         tree's shape is fixed before drafting)."""
+        context, params, generator = req.context, req.sampling, req.generator
+        replacement = req.replacement
         self._sync(context)
         if len(self._cached) == len(context):  # feed at least the root: its logits
             self.backend.truncate(len(context) - 1)
@@ -254,9 +250,9 @@ class ModelTreeDrafter(Drafter):
             replacement=replacement if rows else None,
         )
 
-    def commit(self, context: list[int], path: list[int]) -> None:
+    def commit(self, req: RequestState, path: list[int]) -> None:
         self._accept_path(path)
-        self._sync(context)
+        self._sync(req.context)
 
     def _accept_path(self, path: list[int]) -> None:
         """Keep the context and the accepted nodes that were fed (all but a leaf)."""
@@ -309,25 +305,19 @@ class PricedTreeDrafter(ModelTreeDrafter):
     def rates(self) -> list[float]:
         return [r.rate for r in self.rank_rates]
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        super().begin(prompt_ids)
+    def begin(self, req: RequestState) -> None:
+        super().begin(req)
         self._reset_rates()
         self.shapes = Counter()
 
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
         self.branching = choose_branching(
-            self.profile, self.rates, self.candidates, max_tokens, self.max_nodes, len(context)
+            self.profile, self.rates, self.candidates, max_tokens, self.max_nodes,
+            len(req.context)
         )
         self.shapes[self.branching] += 1
-        return super().propose(context, max_tokens, controller, params, generator, replacement)
+        return super().propose(req, max_tokens, controller)
 
     def _accept_path(self, path: list[int]) -> None:
         if self._tree is not None:

@@ -7,11 +7,9 @@ deterministic, so `probs` is None and the verifier treats each token as having p
 
 from __future__ import annotations
 
-import torch
-
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams
+from adaspec.core.request import RequestState
 from adaspec.draft.base import Drafter
 from adaspec.errors import InputError
 
@@ -65,12 +63,12 @@ class NgramDrafter(Drafter):
             self._reset()
             self._extend(list(context))
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, req: RequestState) -> None:
         self._reset()
-        self._extend(list(prompt_ids))
+        self._extend(list(req.prompt_ids))
 
-    def commit(self, context: list[int], path: list[int]) -> None:
-        self._sync(context)
+    def commit(self, req: RequestState, path: list[int]) -> None:
+        self._sync(req.context)
 
     def lookup(self, context: list[int], max_tokens: int) -> list[int]:
         """The up to `max_tokens` tokens that followed the best earlier match (maybe none)."""
@@ -89,18 +87,11 @@ class NgramDrafter(Drafter):
                 return tokens[end : min(end + max_tokens, size)], n
         return [], 0
 
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
         tokens: list[int] = []
-        for i, token in enumerate(self.lookup(context, max_tokens)):
+        for i, token in enumerate(self.lookup(req.context, max_tokens)):
             tokens.append(token)
             if not controller.keep_drafting(i, None):
                 break
-        return Proposal.chain(context[-1], tokens)
+        return Proposal.chain(req.context[-1], tokens)

@@ -11,7 +11,7 @@ import torch
 
 from adaspec.control.base import LengthController
 from adaspec.core.proposal import Proposal
-from adaspec.core.sampling import SamplingParams
+from adaspec.core.request import RequestState
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.sorted_model import ExitState, SortedDraftLM
 
@@ -43,12 +43,12 @@ class S2DDrafter(ModelDrafter):
     def state(self) -> ExitState:
         return self.backend  # type: ignore[return-value]  # why: the ExitState given to __init__
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, req: RequestState) -> None:
         """Run the prompt but its last token through every reachable layer in one batched
         pass (cheap per token, and timed as the draft's prefill); from there on, deeper
         layers catch up lazily on the generated tokens that skipped them."""
         self.state.reset()
-        head = list(prompt_ids[:-1])
+        head = list(req.prompt_ids[:-1])
         if head:
             self.state.append(head, full_depth=True)
         self._cached = head
@@ -61,16 +61,9 @@ class S2DDrafter(ModelDrafter):
         self._used[label] = self._used.get(label, 0) + 1
         return self.model.full_logits(small)
 
-    def propose(
-        self,
-        context: list[int],
-        max_tokens: int,
-        controller: LengthController,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        replacement: bool = False,
-    ) -> Proposal:
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
         self._used = {}
-        proposal = super().propose(context, max_tokens, controller, params, generator)
+        proposal = super().propose(req, max_tokens, controller)
         proposal.drafted_by = self._used
         return proposal

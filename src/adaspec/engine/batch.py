@@ -43,7 +43,7 @@ from adaspec.cost.batch import BatchCostFn, BatchLoad, Seat
 from adaspec.engine.steps import GenerationResult, StreamChunk, TargetCall
 
 if TYPE_CHECKING:
-    from adaspec.engine.loop import TextGenerator
+    pass
 
 PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
 
@@ -128,16 +128,18 @@ class BatchDecoder:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._members
 
+    def seat(self) -> Seat:
+        """A place in this batch's rounds for a request about to join: handed to its steps
+        (`TextGenerator.stream_steps(seat=...)`), its drafter prices what it drafts against
+        the rounds (`cost.batch.BatchLoad`) rather than as a request alone."""
+        return Seat(self.load)
+
     def add(self, key: Hashable, steps: Iterator[StreamChunk | GenerationResult | TargetCall],
-            engine: TextGenerator | None = None) -> None:
-        """engine: the one `steps` come from; its drafter then prices what it drafts against
-        this batch's rounds (`cost.batch.BatchLoad`) rather than as a request alone."""
+            seat: Seat | None = None) -> None:
+        """seat: the one `steps` were given (`seat()`), which the rounds keep the pace of."""
         if key in self._members:
             raise ValueError(f"request {key!r} is already decoding")
-        seat = Seat(self.load)
-        self._members[key] = _Member(key, steps, seat)
-        if engine is not None:
-            engine.join_batch(seat)
+        self._members[key] = _Member(key, steps, seat or Seat(self.load))
 
     def modelled_ms(self) -> float | None:
         """The last round's call priced by the batch cost (None: unpriced, or no call): the

@@ -9,6 +9,7 @@ verifier objects, never in this loop.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterator, Sequence
@@ -22,6 +23,7 @@ from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
 from adaspec.core.metrics import RequestStats
 from adaspec.core.proposal import Proposal
+from adaspec.core.request import RequestState, StepHook
 from adaspec.core.sampling import (
     SamplingParams,
     TokenLogprob,
@@ -109,10 +111,6 @@ class TextGenerator(ABC):
                 "prompt or lower max_new_tokens"
             )
 
-    def join_batch(self, seat: Seat | None) -> None:
-        """Decode with other requests (`engine/batch.py`): drafters that price their drafts
-        price them against `seat`, this request's place in the round; None: alone again."""
-
     # ------------------------------------------------------------------ output
     def stream(
         self,
@@ -121,9 +119,13 @@ class TextGenerator(ABC):
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         chat: bool = True,
+        *,
+        recorder: StepHook | None = None,
     ) -> Generator[StreamChunk | GenerationResult, None, None]:
-        """Yield StreamChunks as tokens are accepted, then the final GenerationResult."""
-        yield from run_alone(self.stream_steps(prompt, max_new_tokens, sampling, stop, chat))
+        """Yield StreamChunks as tokens are accepted, then the final GenerationResult;
+        `recorder` sees every verification (online distillation's record)."""
+        yield from run_alone(self.stream_steps(prompt, max_new_tokens, sampling, stop, chat,
+                                               recorder=recorder))
 
     def stream_steps(
         self,
@@ -132,9 +134,12 @@ class TextGenerator(ABC):
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         chat: bool = True,
+        seat: Seat | None = None,
+        recorder: StepHook | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """`stream` with the target calls left to the caller (`steps`); bad input fails
-        here, before any compute."""
+        here, before any compute. `seat`: the request's place in a batch's round (its
+        drafter prices against it); `recorder`: a hook that sees its verifications."""
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):
             stop = [stop]
@@ -142,7 +147,8 @@ class TextGenerator(ABC):
             raise InputError("stop strings must be non-empty strings")
         prompt_ids = self.encode_prompt(prompt, chat=chat)
         self._check_lengths(prompt_ids, max_new_tokens)
-        return self.steps(prompt_ids, max_new_tokens, sampling, list(stop))
+        return self.steps(prompt_ids, max_new_tokens, sampling, list(stop), seat=seat,
+                          recorder=recorder)
 
     def generate(
         self,
@@ -151,9 +157,12 @@ class TextGenerator(ABC):
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         chat: bool = True,
+        *,
+        recorder: StepHook | None = None,
     ) -> GenerationResult:
         result = None
-        for item in self.stream(prompt, max_new_tokens, sampling, stop, chat):
+        for item in self.stream(prompt, max_new_tokens, sampling, stop, chat,
+                                recorder=recorder):
             if isinstance(item, GenerationResult):
                 result = item
         assert result is not None
@@ -166,11 +175,16 @@ class TextGenerator(ABC):
         """Decode checked prompt ids."""
 
     def steps(
-        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+        stop: list[str], *, seat: Seat | None = None, recorder: StepHook | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """`decode`, yielding the target calls a driver may batch with other requests'
         (`TargetCall`); a generator that yields none runs its own at once."""
         return self.decode(prompt_ids, max_new_tokens, sampling, stop)
+
+    def request_done(self) -> None:
+        """The last request is over (a server says so as soon as it ends): what learns
+        across requests (the cross-request history) takes it in now."""
 
 
 class Engine(TextGenerator):
@@ -187,8 +201,6 @@ class Engine(TextGenerator):
         max_context: int | None = None,
     ) -> None:
         self.target = target
-        # online distillation's hook (online.record.Recorder): sees every verification
-        self.recorder = None
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.controller = controller or StaticLength(4)
@@ -211,9 +223,9 @@ class Engine(TextGenerator):
     def drafts_trees(self) -> bool:
         return self.drafter is not None and self.drafter.drafts_trees
 
-    def join_batch(self, seat: Seat | None) -> None:
+    def request_done(self) -> None:
         if self.drafter is not None:
-            self.drafter.batch = seat
+            self.drafter.learn()
 
     def request_verifier(self, sampling: SamplingParams) -> Verifier:
         """The verifier of one request (bad settings fail here, before any compute)."""
@@ -241,13 +253,19 @@ class Engine(TextGenerator):
         stop: list[str],
         prefill: ForwardOutput | None = None,
         stats: RequestStats | None = None,
+        *,
+        seat: Seat | None = None,
+        recorder: StepHook | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """The decode loop, yielding its chunks and the target calls it needs."""
         stats = stats or RequestStats(prompt_tokens=len(prompt_ids))
-        if self.recorder is not None:
-            self.recorder.begin(prompt_ids)
-        generator = sampling.generator()
         verifier = self.request_verifier(sampling)
+        req = RequestState(list(prompt_ids), max_new_tokens, sampling, sampling.generator(),
+                           stats, verifier.replacement, seat, recorder)
+        if recorder is not None:
+            recorder.begin(prompt_ids)
+        generator = req.generator
+        assert generator is not None
         text_out = TextAssembler(self.tokenizer, stop)
         t_start = time.perf_counter() - stats.prefill_time - stats.route_time
 
@@ -278,7 +296,7 @@ class Engine(TextGenerator):
         # never for a request that ends at its first token.
         drafter_started = False
 
-        context = prompt_ids + [first]
+        req.accept([first])
         generated: list[int] = []
         step_tokens = [first]
         step_sources = [PLAIN]
@@ -296,6 +314,7 @@ class Engine(TextGenerator):
                     finish = "length"
                     break
             generated_logprobs += step_logprobs[: len(emitted)]
+            req.count_emitted(len(emitted))
             piece, hit_stop = text_out.push(generated, final=finish is not None)
             if hit_stop:
                 finish = "stop"
@@ -312,23 +331,18 @@ class Engine(TextGenerator):
 
             if self.drafter is not None and not drafter_started:
                 t0 = time.perf_counter()
-                self.drafter.begin(prompt_ids)
+                self.drafter.begin(req)
                 stats.draft_prefill_time = time.perf_counter() - t0
                 stats.draft_time += stats.draft_prefill_time
                 drafter_started = True
-            remaining = max_new_tokens - len(generated)
-            k = min(
-                self.controller.max_tokens(), remaining - 1, self.max_context - len(context) - 1
-            )
+            k = min(self.controller.max_tokens(), req.remaining - 1,
+                    self.max_context - len(req.context) - 1)
             step_tokens, step_sources, rows = yield from self._step(
-                context, k, sampling, generator, verifier, stats, keep_rows=want_logprobs,
-                remaining=remaining,
-            )
+                req, k, verifier, keep_rows=want_logprobs)
             if rows is not None:
                 step_logprobs = token_logprobs(rows, step_tokens, sampling)
-            context = context + step_tokens
 
-        self._last_context = context
+        self._last_context = req.context
         stats.new_tokens = len(generated)
         stats.wall_time = time.perf_counter() - t_start
         yield GenerationResult(
@@ -341,28 +355,22 @@ class Engine(TextGenerator):
         )
 
     def _step(
-        self,
-        context: list[int],
-        k: int,
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        verifier: Verifier,
-        stats: RequestStats,
-        keep_rows: bool = False,
-        remaining: int = 0,
+        self, req: RequestState, k: int, verifier: Verifier, keep_rows: bool = False,
     ) -> Generator[TargetCall, None, tuple[list[int], list[str], torch.Tensor | None]]:
         """Propose at most k levels below the last token, score root + proposal in one target
         pass, verify, roll both caches back to the accepted path; the accepted tokens, how
         each came out, and (keep_rows: logprobs asked for; the copy is not made otherwise) the
-        target's logits rows [len(tokens), V] that chose them."""
+        target's logits rows [len(tokens), V] that chose them; `req.context` then holds
+        them."""
+        context, sampling, stats = req.context, req.sampling, req.stats
+        generator = req.generator
+        assert generator is not None
+        remaining = req.remaining
         root = len(context) - 1  # cache index and position of the last token
         proposal = Proposal.chain(context[-1], [])
         if self.drafter is not None and k > 0:
-            self.drafter.remaining = remaining
             t0 = time.perf_counter()
-            proposal = self.drafter.propose(
-                context, k, self.controller, sampling, generator, verifier.replacement
-            )
+            proposal = self.drafter.propose(req, k, self.controller)
             stats.draft_time += time.perf_counter() - t0
             stats.draft_calls += proposal.forward_calls
             if proposal.depth > k:
@@ -370,7 +378,7 @@ class Engine(TextGenerator):
                                    f"levels, more than the {k} asked")
 
         if proposal.depth and proposal.accept is None:  # a batch prices the draft with it
-            proposal.accept = [_chain_rate(stats)] * proposal.depth
+            proposal = dataclasses.replace(proposal, accept=[_chain_rate(stats)] * proposal.depth)
         tokens, positions, mask = proposal.target_inputs(root)
         call = TargetCall(self.target, tokens, positions, mask, proposal=proposal, root=root,
                           fixed=not sampling.greedy and sampling.seed is not None,
@@ -384,7 +392,7 @@ class Engine(TextGenerator):
             proposal = call.proposal
             tokens = call.tokens
             if self.drafter is not None:
-                self.drafter.cut(proposal.depth)
+                self.drafter.cut(req, proposal.depth)
         for part, n in (proposal.drafted_by or {}).items():
             stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
         stats.target_calls += 1
@@ -398,8 +406,8 @@ class Engine(TextGenerator):
             rows = out.device_logits[[0, *verdict.path]]
             if alone is not None:
                 rows = torch.cat([rows[:-1], alone[-1:]])
-        if self.recorder is not None:
-            self.recorder.step(root, proposal.depth, verdict.path, out.device_logits)
+        if req.recorder is not None:
+            req.recorder.step(root, proposal.depth, verdict.path, out.device_logits)
         stats.verify_time += time.perf_counter() - t0
 
         if proposal.depth:
@@ -410,9 +418,10 @@ class Engine(TextGenerator):
             stats.steps.append((proposal.depth, verdict.accepted))
             self.controller.update(proposal.depth, verdict.accepted)
         accepted = [*proposal.tokens_on(verdict.path), verdict.next_token]
+        req.accept(accepted)
         if self.drafter is not None:
             t0 = time.perf_counter()
-            self.drafter.commit(context + accepted, verdict.path)
+            self.drafter.commit(req, verdict.path)
             stats.draft_time += time.perf_counter() - t0
         last = PLAIN if not proposal.depth else (
             BONUS if verdict.accepted == proposal.depth else CORRECTION

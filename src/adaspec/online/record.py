@@ -44,8 +44,8 @@ def compact(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclass
 class Recorder:
-    """The engine's hook (`Engine.recorder`): `begin` at a request's start, `step` after every
-    verification; `take` hands the request's record over."""
+    """A request's hook (`RequestState.recorder`, handed in with `stream_steps(recorder=)`):
+    `begin` at its start, `step` after every verification; `take` hands its record over."""
 
     top_k: int = 32
     mode: str = "rejected"

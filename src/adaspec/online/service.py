@@ -112,7 +112,6 @@ class OnlineDistiller:
         self.recorder = Recorder(cfg.top_k, cfg.record)
         self.applied: tuple[str, int] | None = None  # (domain, step) the serving draft holds
         self.history: list[UpdateResult] = []
-        self._engine = None
         self._lock = threading.Lock()  # status() is read from the server's event loop
 
     def worker_settings(self, cfg: OnlineConfig) -> WorkerSettings:
@@ -124,11 +123,6 @@ class OnlineDistiller:
                               device=device)
 
     # ------------------------------------------------------------ the engine
-    def attach(self, engine) -> None:
-        """Record this engine's requests (a draft-model chain engine on this draft)."""
-        self.check_engine(engine)
-        engine.recorder = self.recorder
-        self._engine = engine
 
     def check_engine(self, engine) -> None:
         """InputError unless `engine` drafts with the draft model distilled here."""
@@ -199,8 +193,6 @@ class OnlineDistiller:
                 raise InputError("a reset keeps the trained layers")
             self.cfg = cfg
             self.recorder = Recorder(cfg.top_k, cfg.record)
-            if self._engine is not None:
-                self._engine.recorder = self.recorder
         self.worker.reset(self.worker_settings(self.cfg))
         self.adapters.clear()
         self.buffers = DomainBuffers(self.cfg.buffer)

@@ -17,6 +17,7 @@ import torch
 
 from adaspec.backends.base import ForwardOutput, ModelBackend
 from adaspec.core.metrics import RequestStats
+from adaspec.core.request import StepHook
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.batch import run_alone
 from adaspec.engine.loop import Engine, TextGenerator
@@ -69,9 +70,9 @@ class RoutedGenerator(TextGenerator):
         self.force = force
         self.last_state: torch.Tensor | None = None  # the last request's prompt state
 
-    def join_batch(self, seat: Seat | None) -> None:
+    def request_done(self) -> None:
         for arm in self.arms.values():
-            arm.join_batch(seat)
+            arm.request_done()
 
     def decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
@@ -79,7 +80,8 @@ class RoutedGenerator(TextGenerator):
         return run_alone(self.steps(prompt_ids, max_new_tokens, sampling, stop))
 
     def steps(
-        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+        stop: list[str], *, seat: Seat | None = None, recorder: StepHook | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """The prefill with the prompt's state (a call of its own), the policy's pick, then
         the arm's decode steps, whose target calls a batch may share with other requests'."""
@@ -100,7 +102,8 @@ class RoutedGenerator(TextGenerator):
         stats.route = name
         stats.route_time = time.perf_counter() - t1
         yield from self.arms[name].steps(
-            prompt_ids, max_new_tokens, sampling, stop, prefill=prefill, stats=stats
+            prompt_ids, max_new_tokens, sampling, stop, prefill=prefill, stats=stats,
+            seat=seat, recorder=recorder,
         )
 
     def _choose(self, prompt_ids: list[int], prefill: ForwardOutput,

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from adaspec.draft.history import DEFAULT_BUDGET, HistoryIndex, tokenizer_key
+from adaspec.engine.loop import TextGenerator
 from adaspec.errors import InputError
 
 log = logging.getLogger("adaspec.serve")
@@ -51,7 +52,7 @@ class ServedHistory:
                      index.documents, path)
         return cls(index, path, every)
 
-    def request_done(self, engine) -> None:
+    def request_done(self, engine: TextGenerator) -> None:
         """A request finished on `engine`: its drafter teaches the index now (not at the next
         request), and every `every` requests the index is saved."""
         _learn(engine)
@@ -71,16 +72,14 @@ class ServedHistory:
         except (OSError, InputError) as exc:  # a full disk never stops the server
             _report(f"history could not be saved to {self.path} ({exc})")
 
-    def close(self, engines) -> None:
+    def close(self, engines: list[TextGenerator]) -> None:
         for engine in engines:
             _learn(engine)
         self.save()
 
 
-def _learn(engine) -> None:
-    learn = getattr(getattr(engine, "drafter", None), "learn", None)
-    if callable(learn):
-        learn()
+def _learn(engine: TextGenerator) -> None:
+    engine.request_done()
 
 
 def _report(line: str) -> None:

@@ -104,7 +104,7 @@ class ModelInstance:
                              "torch weights (--draft-weights int8, int4 or none)")
         self.online = OnlineDistiller(config.online, model, config.draft or "",
                                       config.target, config.weights)
-        self.online.attach(self.default_engine)
+        self.online.check_engine(self.default_engine)
 
     @property
     def max_context(self) -> int:

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaspec.backends.base import common_prefix
 from adaspec.backends.memory import Trimmer
@@ -47,6 +47,9 @@ from adaspec.serve import errors
 from adaspec.serve.instance import ModelInstance
 from adaspec.serve.metrics import ServeMetrics
 from adaspec.serve.pieces import TokenPieces
+
+if TYPE_CHECKING:
+    from adaspec.online.record import Recorder
 
 log = logging.getLogger("adaspec.serve")
 
@@ -115,6 +118,7 @@ class _Running:
     pieces: TokenPieces | None
     reserved: int  # KV entries it may come to hold
     domain: str | None = None  # online distillation: the domain its record trains
+    recorder: Recorder | None = None  # online distillation: what records its verifications
 
 
 class Scheduler:
@@ -351,37 +355,35 @@ class Scheduler:
             return
         try:
             running.engine = self.instance.slot_engine(job.method, slot)
-            self._start_recording(running, slot)
+            running.recorder = self._recorder_for(running, slot)
+            # decoded with others, its drafter prices what it drafts against the batch's
+            # rounds; alone, as a request alone
+            seat = self.decoder.seat() if self.max_batch > 1 else None
             steps = running.engine.stream_steps(job.prompt_ids, job.max_tokens, job.sampling,
-                                                job.stop, chat=False)
+                                                job.stop, chat=False, seat=seat,
+                                                recorder=running.recorder)
         except AdaspecError as exc:  # a method its parts cannot be built for, a bad input
             self._finish(running, error=errors.bad_request(str(exc), param="method"))
             return
         running.pieces = TokenPieces(self.instance.tokenizer) if job.token_sources else None
-        # decoded with others, its drafter prices what it drafts against the batch's rounds;
-        # alone, as a request alone
-        self.decoder.add(job.id, steps, running.engine if self.max_batch > 1 else None)
+        self.decoder.add(job.id, steps, seat)
 
-    def _start_recording(self, running: _Running, slot: int) -> None:
-        """Online distillation of a default-method request: this slot's recorder on its
-        engine, the request's domain chosen, the draft switched to it where no running
-        request has another domain (`OnlineDistiller.before_request`)."""
+    def _recorder_for(self, running: _Running, slot: int) -> Recorder | None:
+        """Online distillation of a default-method request: this slot's recorder, the
+        request's domain chosen, the draft switched to it where no running request has
+        another domain (`OnlineDistiller.before_request`); None: not recorded."""
         online = self.instance.online
-        engine: Any = running.engine
         if online is None or running.job.method != self.instance.default_method:
-            if online is not None:
-                engine.recorder = None
-            return
+            return None
         from adaspec.online.record import Recorder
 
         try:
-            online.check_engine(engine)  # it drafts with the distilled draft
-            # the models' own slot: the recorder distillation attached to the default engine
+            online.check_engine(running.engine)  # it drafts with the distilled draft
+            # the models' own slot: the distiller's own recorder
             recorder = online.recorder if self.max_batch == 1 else self._recorders.get(slot)
             if recorder is None:
                 recorder = self._recorders[slot] = Recorder(online.cfg.top_k,
                                                             online.cfg.record)
-            engine.recorder = recorder
             running.domain = online.domain(running.job.domain, running.job.prompt_ids)
             others = {r.domain for r in self._running.values()
                       if r is not running and r.domain is not None}
@@ -389,12 +391,13 @@ class Scheduler:
                 online.before_request(running.domain)
         except Exception:  # distillation never fails a request: serve the current draft
             log.exception("online distillation: starting the record failed")
-            engine.recorder = None
             running.domain = None
+            return None
+        return recorder
 
     def _record_slot(self, running: _Running, result: GenerationResult) -> None:
         online = self.instance.online
-        recorder = getattr(running.engine, "recorder", None)
+        recorder = running.recorder
         if online is None or running.domain is None or recorder is None:
             return
         try:

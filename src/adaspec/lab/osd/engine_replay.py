@@ -19,8 +19,6 @@ def engine_run(engine, service: OnlineDistiller | None, stream: list[StreamReque
 
     if service is not None:
         service.reset(run_config(service.cfg, spec) if spec.kind == "online" else None)
-        if spec.kind != "online":
-            engine.recorder = None
     t0 = time.perf_counter()
     results: list[RequestResult] = []
     for r in tqdm(stream, desc=f"{spec.text} (engine)", disable=not progress, unit="req"):
@@ -30,7 +28,8 @@ def engine_run(engine, service: OnlineDistiller | None, stream: list[StreamReque
             domain = online.domain(r.suite if online.cfg.domains != "shared" else None,
                                    r.prompt_ids)
             online.before_request(domain)
-        res = engine.generate(r.prompt_ids, max_new_tokens=max_new_tokens)
+        res = engine.generate(r.prompt_ids, max_new_tokens=max_new_tokens,
+                              recorder=online.recorder if online is not None else None)
         if online is not None:
             online.after_request(online.recorder.take(res.token_ids, domain,
                                                       res.stats.drafted, res.stats.accepted))
@@ -65,14 +64,14 @@ def recording_overhead(engine, stream: list[StreamRequest], max_new_tokens: int,
     for n, (i, r) in enumerate(tqdm(jobs, desc="recording overhead", disable=not progress)):
         order = ("on", "off") if (n + i) % 2 == 0 else ("off", "on")
         for mode in order:
-            engine.recorder = recorder if mode == "on" else None
-            res = engine.generate(r.prompt_ids, max_new_tokens=max_new_tokens)
+            res = engine.generate(r.prompt_ids, max_new_tokens=max_new_tokens,
+                                  recorder=recorder if mode == "on" else None)
             if mode == "on":
                 recorder.take(res.token_ids)
             times[mode] += res.stats.wall_time
             tokens[mode] += len(res.token_ids)
-    engine.recorder = None
     off = tokens["off"] / times["off"]
     on = tokens["on"] / times["on"]
     return {"requests": len(jobs), "tok_s_without": off, "tok_s_with": on,
             "slowdown": 1 - on / off}
+
