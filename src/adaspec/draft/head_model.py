@@ -1,0 +1,172 @@
+"""A feature-level draft head (EAGLE's shape): one decoder layer over the target's features.
+
+At a position t the target has computed its feature f_t (the final-normed hidden state its
+output head reads) and chosen the next token x_{t+1}. The head reads the pair
+(f_t, embedding of x_{t+1}), fuses them into one vector (`fc`), runs one causal decoder layer
+over its own past positions, and returns a hidden state shaped like the target's feature:
+the target's own output head (restricted to the frequent tokens, `TokenHead`) turns it into
+the distribution of x_{t+2}, and the hidden state stands in for f_{t+1} at the next draft
+step. The token embeddings and the output head are the target's, read from its weights at
+load; only `fc`, the layer and its norms are the head's own (what training changes and what
+ships).
+
+`features` > 1 fuses several of the target's layers instead of the last one (EAGLE-3's low,
+middle and high features): `fc` then reads features * hidden + hidden numbers. Shapes on every
+argument: B batch, T positions, H hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden: int  # H: the target's hidden size
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int  # the head layer's MLP width (the target's own is far wider)
+    features: int = 1  # target feature vectors per position the head fuses
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_target(cls, config, intermediate: int, features: int = 1) -> HeadConfig:
+        """A head for a transformers Qwen2/Llama config (`config.json` of the target)."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        heads = int(config.num_attention_heads)
+        return cls(hidden=int(config.hidden_size), heads=heads,
+                   kv_heads=int(getattr(config, "num_key_value_heads", heads)),
+                   head_dim=int(getattr(config, "head_dim", None)
+                                or config.hidden_size // heads),
+                   intermediate=intermediate, features=features, rope_theta=theta,
+                   rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [B, heads, T, D] at positions [B, T] (halves rotated, as Qwen2)."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    angles = positions.to(torch.float32)[..., None] * inv  # [B, T, D/2]
+    cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None].to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None].to(x.dtype)
+    half = d // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+class HeadLayer(nn.Module):
+    """A Qwen2 decoder layer (biased q/k/v, grouped-query attention, SwiGLU MLP)."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden, cfg.head_dim
+        self.input_norm = RMSNorm(h, cfg.rms_eps)
+        self.q = nn.Linear(h, cfg.heads * d, bias=True)
+        self.k = nn.Linear(h, cfg.kv_heads * d, bias=True)
+        self.v = nn.Linear(h, cfg.kv_heads * d, bias=True)
+        self.o = nn.Linear(cfg.heads * d, h, bias=False)
+        self.post_norm = RMSNorm(h, cfg.rms_eps)
+        self.gate = nn.Linear(h, cfg.intermediate, bias=False)
+        self.up = nn.Linear(h, cfg.intermediate, bias=False)
+        self.down = nn.Linear(cfg.intermediate, h, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x [B, T, H] at positions [B, T]; past: keys and values [B, kv_heads, S, D] of the
+        S positions before (None: none); mask [T, S + T] bool (None: causal over past + x).
+        Returns the layer's output [B, T, H] and the keys and values [B, kv_heads, S + T, D]."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        y = self.input_norm(x)
+        q = self.q(y).view(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)
+        k = self.k(y).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v(y).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        if past is not None:
+            k = torch.cat([past[0], k], 2)
+            v = torch.cat([past[1], v], 2)
+        groups = cfg.heads // cfg.kv_heads
+        kk = k.repeat_interleave(groups, 1)
+        vv = v.repeat_interleave(groups, 1)
+        if mask is None:
+            s = kk.shape[2] - t
+            mask = torch.ones(t, s + t, dtype=torch.bool, device=x.device).tril(s)
+        att = torch.nn.functional.scaled_dot_product_attention(
+            q, kk, vv, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim))
+        x = x + self.o(att.transpose(1, 2).reshape(b, t, cfg.heads * cfg.head_dim))
+        y = self.post_norm(x)
+        x = x + self.down(nn.functional.silu(self.gate(y)) * self.up(y))
+        return x, (k, v)
+
+
+class DraftHead(nn.Module):
+    """fc over (features, token embedding), one decoder layer, a final norm: [B, T, H]."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear((cfg.features + 1) * cfg.hidden, cfg.hidden, bias=False)
+        self.layer = HeadLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """features [B, T, features * H] (the target's at t, or the head's own output for a
+        drafted position), embeds [B, T, H] (the token after t), positions [B, T] (t + 1).
+        Returns the next feature's stand-in [B, T, H] (final-normed, as the target's output
+        head reads it) and the layer's keys and values."""
+        x = self.fc(torch.cat([features, embeds], -1))
+        x, kv = self.layer(x, positions, past, mask)
+        return self.norm(x), kv
+
+
+class TokenHead(nn.Module):
+    """The target's output head restricted to `token_ids` (FR-Spec): logits over the kept
+    tokens [..., N], or over the full vocabulary with -inf elsewhere (`full_logits`), so a
+    draw from it gives q = 0 outside the kept set and speculative sampling stays exact."""
+
+    token_ids: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab: int) -> None:
+        """weight [N, H]: the target's output rows of `token_ids` [N] (sorted ids)."""
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("token_ids", token_ids, persistent=False)
+        self.vocab = vocab
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.weight.t()
+
+    def full_logits(self, small: torch.Tensor) -> torch.Tensor:
+        """[..., N] kept-token logits -> [..., vocab], -inf outside the kept set."""
+        full = small.new_full((*small.shape[:-1], self.vocab), float("-inf"))
+        full[..., self.token_ids] = small
+        return full

@@ -1,0 +1,227 @@
+"""Training a draft head (`draft/head_model.py`) on recorded target features (`lab/head/data`).
+
+Each example is trained whole (B = 1, T <= its length). Input index i is the pair
+(feature at i, embedding of token i + 1); its label is the target's distribution at i + 1
+(of token i + 2) over the kept tokens, and its regression target the target's feature at
+i + 1 (EAGLE's feature loss). With `depth` D > 1 the loss also covers D - 1 unrolled draft
+steps (EAGLE-3's training-time test): at depth d the input feature is the head's own output
+of depth d - 1 at index i - 1, and the query attends to the depth-1 keys up to index
+i - d + 1 and to one key of each deeper step, as at inference after d - 1 drafted tokens.
+
+`evaluate` reports, per depth, how often the head's top token is the target's top token
+(greedy acceptance given the earlier drafts were right), on held-out examples.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead
+
+
+@dataclass
+class TrainConfig:
+    depth: int = 2  # draft steps the loss unrolls
+    epochs: int = 2
+    lr: float = 3e-4
+    feature_weight: float = 1.0  # smooth-L1 on the feature beside the token loss (EAGLE)
+    noise: float = 0.0  # uniform noise on the input features (EAGLE-1's robustness trick)
+    features: str = "final"  # "final" (EAGLE) or "layers" (EAGLE-3's low/mid/high)
+    seed: int = 0
+    log_every: int = 50
+
+
+@dataclass
+class Frozen:
+    """The target's pieces the head reads: token embeddings [V, H] and the kept tokens'
+    output rows."""
+
+    embed: torch.Tensor
+    token_head: TokenHead
+    index: torch.Tensor  # [V] full id -> kept index, -1 outside the kept set
+
+
+def frozen_parts(model, token_ids: torch.Tensor) -> Frozen:
+    embed = model.get_input_embeddings().weight.detach()
+    out = model.get_output_embeddings().weight.detach()
+    head = TokenHead(out[token_ids].float().clone(), token_ids, out.shape[0])
+    index = torch.full((out.shape[0],), -1, dtype=torch.long)
+    index[token_ids] = torch.arange(len(token_ids))
+    return Frozen(embed, head, index)
+
+
+def kept_tokens(rows: list[dict], size: int, vocab: int, always: list[int]) -> torch.Tensor:
+    """The `size` tokens the target chose most often in the training rows (FR-Spec), the
+    `always` ones (end of turn) included; sorted ids."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for r in rows:
+        counts += torch.bincount(r["top_ids"][:, 0].long(), minlength=vocab)
+        counts += torch.bincount(r["tokens"].long(), minlength=vocab)
+    counts[always] = counts.max() + 1
+    ids = counts.topk(min(size, vocab)).indices
+    return ids.sort().values
+
+
+def _inputs(row: dict, cfg: TrainConfig) -> torch.Tensor:
+    if cfg.features == "final":
+        return row["final"].float()
+    return row["layers"].float().flatten(1)  # [T, 3H]
+
+
+def _masks(n: int, depth: int) -> list[torch.Tensor]:
+    """Attention masks of the unrolled steps: for depth d (1-based) over n indices, a bool
+    [n, d * n] mask over (depth-1 keys, ..., depth-d keys): query i sees the depth-1 keys up
+    to i - d + 1 and, of each depth p in 2..d, the one key at i - (d - p)."""
+    masks = []
+    for d in range(1, depth + 1):
+        blocks = [torch.ones(n, n, dtype=torch.bool).tril(-(d - 1))]
+        for p in range(2, d + 1):
+            lag = d - p
+            block = torch.zeros(n, n, dtype=torch.bool)
+            if lag < n:
+                block |= torch.diag(torch.ones(n - lag, dtype=torch.bool), -lag)
+            blocks.append(block)
+        masks.append(torch.cat(blocks, 1))
+    return masks
+
+
+def unrolled(head: DraftHead, frozen: Frozen, row: dict, cfg: TrainConfig, depth: int,
+             noise: float = 0.0) -> list[torch.Tensor]:
+    """The head's outputs [n, H] at each depth 1..depth over one example (n = T - 1)."""
+    feats = _inputs(row, cfg)[:-1]  # [n, F*H] features at i
+    tokens = row["tokens"].long()
+    embeds = frozen.embed[tokens[1:]].float()[None]  # [1, n, H]: token i + 1
+    n = embeds.shape[1]
+    positions = torch.arange(n)[None]
+    if noise:
+        feats = feats + (torch.rand_like(feats) * 2 - 1) * noise
+    masks = _masks(n, depth)
+    outs: list[torch.Tensor] = []
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    x = feats[None]
+    for d in range(depth):
+        if d:  # the head's own output at i - 1 stands in for the feature at i
+            prev = outs[-1][0]
+            own = torch.cat([prev[:1] * 0, prev[:-1]], 0)
+            if cfg.features != "final":  # fused features: the own output fills each slot
+                own = own.repeat(1, head.cfg.features)
+            x = own[None]
+        past = (torch.cat(keys, 2), torch.cat(values, 2)) if keys else None
+        h, (k, v) = head(x, embeds, positions, past, masks[d])
+        new = k.shape[2] - (past[0].shape[2] if past is not None else 0)
+        keys.append(k[:, :, -new:])
+        values.append(v[:, :, -new:])
+        outs.append(h)
+    return [o[0] for o in outs]
+
+
+def _losses(frozen: Frozen, row: dict, outs: list[torch.Tensor], cfg: TrainConfig
+            ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    top_ids = row["top_ids"].long()[1:]  # [n, k]: the target's distribution at i + 1
+    top_p = row["top_probs"].float()[1:]
+    target_feat = row["final"].float()[1:]
+    kept = frozen.index[top_ids]  # [n, k]
+    weight = torch.where(kept >= 0, top_p, torch.zeros_like(top_p))
+    greedy = kept[:, 0]
+    loss = torch.zeros(())
+    hits: list[tuple[int, int]] = []
+    for d, h in enumerate(outs):
+        valid = torch.arange(h.shape[0]) >= d  # depth d needs d earlier indices
+        logp = torch.log_softmax(frozen.token_head(h), -1)
+        ce = -(weight * logp.gather(1, kept.clamp(min=0))).sum(1)
+        feat = nn.functional.smooth_l1_loss(h, target_feat, reduction="none").mean(1)
+        term = ce + cfg.feature_weight * feat
+        loss = loss + term[valid].mean() / len(outs)
+        pred = logp.argmax(1)
+        ok = (pred == greedy) & (greedy >= 0) & valid
+        hits.append((int(ok.sum()), int(valid.sum())))
+    return loss, hits
+
+
+@dataclass
+class Report:
+    steps: int = 0
+    seconds: float = 0.0
+    train_accuracy: list[float] = field(default_factory=list)
+    held_out: list[float] = field(default_factory=list)  # per depth
+    history: list[dict] = field(default_factory=list)
+
+
+def train(head: DraftHead, frozen: Frozen, rows: list[dict], held: list[dict],
+          cfg: TrainConfig, progress: bool = True) -> Report:
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    total = cfg.epochs * len(rows)
+    def rate(step: int) -> float:  # warm up over 50 examples, then a cosine to 0
+        return min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
+    report = Report()
+    t0 = time.perf_counter()
+    hits = [[0, 0] for _ in range(cfg.depth)]
+    g = torch.Generator().manual_seed(cfg.seed)
+    bar = tqdm(total=total, desc="head training", unit="example", disable=not progress)
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(rows), generator=g).tolist()
+        for i in order:
+            outs = unrolled(head, frozen, rows[i], cfg, cfg.depth, cfg.noise)
+            loss, h = _losses(frozen, rows[i], outs, cfg)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            sched.step()
+            report.steps += 1
+            for d, (a, b) in enumerate(h):
+                hits[d][0] += a
+                hits[d][1] += b
+            bar.update(1)
+            if report.steps % cfg.log_every == 0:
+                acc = [a / max(1, b) for a, b in hits]
+                bar.set_postfix(loss=f"{float(loss):.3f}", acc="/".join(f"{x:.2f}" for x in acc))
+                report.history.append({"step": report.steps, "epoch": epoch,
+                                       "loss": float(loss), "train_acc": acc})
+                hits = [[0, 0] for _ in range(cfg.depth)]
+        if held:
+            acc = evaluate(head, frozen, held, cfg, max(cfg.depth, 3))
+            report.history.append({"epoch": epoch, "held_out": acc})
+            bar.write(f"epoch {epoch}: held-out greedy agreement by depth "
+                      + " / ".join(f"{a:.3f}" for a in acc))
+    bar.close()
+    report.seconds = time.perf_counter() - t0
+    if held:
+        report.held_out = evaluate(head, frozen, held, cfg, max(cfg.depth, 3))
+    return report
+
+
+def evaluate(head: DraftHead, frozen: Frozen, rows: list[dict], cfg: TrainConfig,
+             depth: int) -> list[float]:
+    """Per depth: the share of answer positions where the head's top token is the target's."""
+    hits = [[0, 0] for _ in range(depth)]
+    with torch.no_grad():
+        for row in rows:
+            outs = unrolled(head, frozen, row, cfg, depth)
+            start = max(0, int(row["prompt_len"]) - 1)  # answer positions only
+            greedy = frozen.index[row["top_ids"].long()[1:, 0]]
+            for d, h in enumerate(outs):
+                pred = frozen.token_head(h).argmax(1)
+                ok = (pred == greedy) & (greedy >= 0)
+                sel = torch.arange(h.shape[0]) >= max(d, start)
+                hits[d][0] += int(ok[sel].sum())
+                hits[d][1] += int(sel.sum())
+    return [a / max(1, b) for a, b in hits]
+
+
+def new_head(model, intermediate: int, features: int) -> DraftHead:
+    cfg = HeadConfig.from_target(model.config, intermediate, features)
+    head = DraftHead(cfg)
+    return head
