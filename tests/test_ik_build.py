@@ -15,6 +15,7 @@ from adaspec.backends.ik import backend as ikllama
 from adaspec.backends.ik import build as ik_build
 from adaspec.backends.ik.patches import amx as ik_amx_patch
 from adaspec.backends.ik.patches import flash as ik_flash_patch
+from adaspec.backends.ik.patches import features as ik_features_patch
 from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
 from adaspec.backends.ik.patches import regions as ik_regions_patch
@@ -171,10 +172,14 @@ BACKEND = (ik_hugepages_patch.INCLUDE_AFTER + '#include "ggml-alloc.h"\n\n'
 
 
 def _regions_sources() -> dict[str, str]:
-    """The files the regions patch edits, each holding its anchors among other lines."""
+    """The files the regions and the features patches edit, each holding the anchors of both
+    among other lines (an anchor both use, once)."""
     out: dict[str, str] = {}
-    for path, anchor, _, _ in ik_regions_patch._EDITS:
-        out[path] = out.get(path, "// other code\n") + anchor + "// more code\n"
+    anchors = [(path, anchor) for path, anchor, *_ in
+               (*ik_regions_patch._EDITS, *ik_features_patch._EDITS)]
+    for path, anchor in anchors:
+        if anchor not in out.get(path, ""):
+            out[path] = out.get(path, "// other code\n") + anchor + "// more code\n"
     return out
 
 
@@ -501,6 +506,27 @@ def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_every_r
     texts["src/llama.cpp"] = "// another version\n"
     with pytest.raises(ik_regions_patch.PatchError, match="src/llama.cpp: the anchor"):
         ik_regions_patch.patch_files(texts)
+
+
+def test_the_features_patch_copies_the_final_states_beside_the_logits_when_asked(tmp_path):
+    texts = _regions_sources()
+    for path, text in texts.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert ik_regions_patch.apply(tmp_path) == len(ik_regions_patch._EDITS) + 1  # both apply
+    assert ik_features_patch.apply(tmp_path) == len(ik_features_patch._EDITS) + 1
+    got = {path: (tmp_path / path).read_text() for path in texts}
+    assert "bool adaspec_features = false;" in got["src/llama-context.h"]
+    llama = got["src/llama.cpp"]
+    assert "|| lctx.adaspec_features; // adaspec" in llama  # room for the states
+    assert "if (cparams.embeddings || has_mtp || lctx.adaspec_features) {" in llama  # found
+    assert "switch (lctx.adaspec_features ? LLAMA_POOLING_TYPE_NONE" in llama  # copied, per row
+    assert 'extern "C" LLAMA_API void adaspec_features(' in llama
+    assert ik_features_patch.apply(tmp_path) == len(ik_features_patch._EDITS) + 1  # resumed
+    assert {path: (tmp_path / path).read_text() for path in texts} == got
+    texts["src/llama.cpp"] = "// another version\n"
+    with pytest.raises(ik_features_patch.PatchError, match="src/llama.cpp: the anchor"):
+        ik_features_patch.patch_files(texts)
 
 
 def test_a_build_made_without_the_patch_is_built_again(fake_tools):

@@ -8,7 +8,7 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ik/backend.py`).
 
-Eight source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
+Nine source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
 several sequences in one cache (`ik/patches/flash.py`). A region of the cache per sequence, with
 attention that reads a row's own region (`ik/patches/regions.py`). Weights fetched ahead in the
 repacked Q4_K and Q6_K kernels for calls of several rows (`ik/patches/prefetch.py`), and the
@@ -17,7 +17,9 @@ both walking 8 rows at a time in 512-bit registers for calls of up to 8 rows
 (`ik/patches/wide.py`). The CPU
 buffers (weights, KV cache) advised to take huge pages (`ik/patches/hugepages.py`). On a CPU
 with AMX, the repacked Q4_K and Q6_K kernels' integer sums computed with tiles for every 16
-rows of a call at once (`ik/patches/amx.py`, bit for bit the same results). And: the
+rows of a call at once (`ik/patches/amx.py`, bit for bit the same results). The output rows'
+final-normed hidden states beside their logits, for a draft head (`ik/patches/features.py`).
+And: the
 repacked k-quant kernels (`Q2_K` to `Q6_K` rows repacked by four) have shortcuts for a lone
 activation row that group the float products another way than the kernel for several rows, so a
 token fed alone came out up to 0.5 logits away from the same token in a block, and greedy
@@ -52,6 +54,7 @@ from pathlib import Path
 
 from adaspec.backends.ik import source as ik_source
 from adaspec.backends.ik.patches import amx as ik_amx_patch
+from adaspec.backends.ik.patches import features as ik_features_patch
 from adaspec.backends.ik.patches import flash as ik_flash_patch
 from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
@@ -90,7 +93,7 @@ ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
 PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME,
            ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_wide_patch.NAME,
-           ik_hugepages_patch.NAME, ik_amx_patch.NAME)
+           ik_hugepages_patch.NAME, ik_amx_patch.NAME, ik_features_patch.NAME)
 
 
 class IkBuildError(NativeBuildError):
@@ -164,6 +167,7 @@ def apply_patches(src: Path) -> dict[str, int]:
         ik_wide_patch.apply(src)  # after the two-group patch: it takes over that loop start
         ik_hugepages_patch.apply(src)
         ik_amx_patch.apply(src)  # after the Q4_K kernel's own patches: it calls that kernel
+        ik_features_patch.apply(src)
     except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
             ik_source.PatchError) as exc:  # the one-file patches' error
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
