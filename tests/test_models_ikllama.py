@@ -599,3 +599,47 @@ def test_the_load_probe_finds_whether_sequences_score_alike(smollm, monkeypatch)
     assert free.flash_attention and not free.region
     assert not free.sequences_match and free.batch_noise > 0
     free.close()
+
+
+def test_the_target_features_come_with_the_logits_from_one_pass(smollm):
+    """With the features patch (`ik/patches/features.py`), a pass returns each output row's
+    final-normed state beside its logits: the logits bit for bit those of a pass without,
+    the last prompt row's state the router's final state (read by a second pass), and the
+    same across a child process."""
+    from adaspec.backends.process_backend import ProcessBackend
+    from adaspec.backends.sequences import ALL, Feed
+    from adaspec.errors import InputError
+
+    gguf, backend = smollm
+    ids = [1604, 3987, 46477, 24, 94]
+    if not backend.has_features:
+        with pytest.raises(InputError, match="adaspec runtime build --force"):
+            backend.record_features(True)
+        pytest.skip("the loaded ik_llama.cpp library has no features patch (the wheel's, or "
+                    "a build from before it): adaspec runtime build --force")
+    backend.reset()
+    plain = backend.feed_many([Feed(0, 0, ids, ALL)])[0]
+    assert backend.last_features is None
+    backend.remove_seq(0, 0)
+    backend.record_features(True)
+    try:
+        both = backend.feed_many([Feed(0, 0, ids, ALL)])[0]
+        feats = backend.last_features
+        assert feats is not None and feats[0].shape == (len(ids), backend.hidden_size)
+        assert torch.equal(both, plain)
+        backend.remove_seq(0, 0)
+    finally:
+        backend.record_features(False)
+    backend.reset()
+    state = backend.prefill(torch.tensor(ids), hidden_layer=backend.num_layers).hidden
+    assert state is not None and torch.equal(feats[0][-1:], state)
+    backend.reset()
+    child = ProcessBackend(IkLlamaBackend, gguf, 1, "smollm", 512)
+    try:
+        assert child.has_features
+        child.record_features(True)
+        crossed = child.feed_many([Feed(0, 0, ids, ALL)])[0]
+        assert torch.equal(crossed, plain) and child.last_features is not None
+        assert torch.equal(child.last_features[0], feats[0])
+    finally:
+        child.close()

@@ -34,7 +34,7 @@ from adaspec.errors import InputError
 # kernels gets its curves measured again
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
                "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params",
-               "max_sequences", "patches", "built_at", "pooled_cache")
+               "max_sequences", "patches", "built_at", "pooled_cache", "has_features")
 
 
 class _SharedRows:
@@ -98,13 +98,22 @@ class _BackendServer:
         return self.backend.cache_len
 
     def feed_many(self, feeds: list[tuple[int, int, list[int], str]]) -> list[int]:
-        """Every feed's rows, one after the other in the shared rows; their counts."""
+        """Every feed's rows, one after the other in the shared rows (their features after
+        all of them, where recorded: `record_features`); their counts."""
         run: Any = self.backend  # a multi-sequence runtime (the parent checked)
         out = run.feed_many([Feed(*f) for f in feeds])
         rows = [int(o.shape[0]) for o in out]
+        feats = getattr(run, "last_features", None)
         if sum(rows):
-            self.rows.write(torch.cat([o for o in out if o.shape[0]]))
+            flat = [torch.cat([o for o in out if o.shape[0]]).reshape(-1)]
+            if feats is not None:
+                flat.append(torch.cat([f for f in feats if f.shape[0]]).reshape(-1))
+            self.rows.write(torch.cat(flat)[None])
         return rows
+
+    def record_features(self, on: bool) -> None:
+        run: Any = self.backend
+        run.record_features(on)
 
     def remove_seq(self, seq: int, start: int) -> None:
         run: Any = self.backend
@@ -145,6 +154,9 @@ class ProcessBackend(ModelBackend):
             raise
         self._len = 0
         self._ready = False
+        self._features = False
+        self.has_features = False  # until the child says
+        self.last_features: list[torch.Tensor] | None = None
         if wait:
             self.ready()
 
@@ -204,12 +216,29 @@ class ProcessBackend(ModelBackend):
 
     def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
         counts = self._child.call("feed_many", [(f.seq, f.start, f.ids, f.rows) for f in feeds])
-        rows = self._rows.read(sum(counts), self.vocab_size) if sum(counts) else None
-        out, at = [], 0
+        total = sum(counts)
+        width = self.vocab_size + (self.hidden_size if self._features else 0)
+        flat = self._rows.read(1, total * width)[0] if total else None
+        rows = flat[: total * self.vocab_size].view(total, self.vocab_size) \
+            if flat is not None else None
+        feats = flat[total * self.vocab_size:].view(total, self.hidden_size) \
+            if flat is not None and self._features else None
+        out, states, at = [], [], 0
         for n in counts:
             out.append(rows[at : at + n] if rows is not None else torch.empty(0, self.vocab_size))
+            if self._features:
+                states.append(feats[at : at + n] if feats is not None
+                              else torch.empty(0, self.hidden_size))
             at += n
+        self.last_features = states if self._features else None
         return out
+
+    def record_features(self, on: bool) -> None:
+        """The child's backend returns the output rows' final-normed states beside their
+        logits (`last_features` after each `feed_many`)."""
+        self._child.call("record_features", bool(on))
+        self._features = bool(on)
+        self.last_features = None
 
     def remove_seq(self, seq: int, start: int) -> None:
         self._child.call("remove_seq", int(seq), int(start))

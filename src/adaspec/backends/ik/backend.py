@@ -127,6 +127,14 @@ def kv_regions(api: Any) -> bool:
     return value != "off" and ik_regions_patch.NAME in getattr(api, "adaspec_patches", ())
 
 
+def target_features(api: Any) -> bool:
+    """Whether the library returns the output rows' final-normed states beside their logits
+    from the same pass (`ik/patches/features.py`, a draft head's input)."""
+    from adaspec.backends.ik.patches import features as ik_features_patch
+
+    return ik_features_patch.NAME in getattr(api, "adaspec_patches", ())
+
+
 @cache
 def library() -> Any:
     """The ik_llama.cpp binding module (structures and the loaded library), with adaspec's
@@ -194,6 +202,9 @@ def library() -> Any:
         "llama_set_embeddings": ([c.c_void_p, c.c_bool], None),
         "llama_get_embeddings_ith": ([c.c_void_p, c.c_int32], c.POINTER(c.c_float)),
     }
+    if target_features(api):  # a native build's own function
+        signatures["adaspec_features"] = ([c.c_void_p, c.c_bool], None)
+        signatures["llama_get_embeddings"] = ([c.c_void_p], c.POINTER(c.c_float))
     if kv_regions(api):  # a native build's own function
         signatures["adaspec_kv_regions"] = ([c.c_void_p, c.c_uint32], c.c_int)
         signatures["adaspec_kv_seq_copy"] = ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32],
@@ -338,6 +349,22 @@ class IkLlamaBackend(ChainBackend):
         self.bytes_per_forward = int(lib.llama_model_size(self._model))
         self.n_params = int(lib.llama_model_n_params(self._model))  # the router's cost input
         self.n_threads = n_threads
+        self.has_features = target_features(api)
+        self._features = False
+        # the final-normed states of the last `feed_many`'s output rows, per feed, while
+        # `record_features(True)`; else None
+        self.last_features: list[torch.Tensor] | None = None
+
+    def record_features(self, on: bool) -> None:
+        """Return the output rows' final-normed hidden states beside their logits (read from
+        `last_features` after each call): what a draft head reads, from the same pass."""
+        if on and not self.has_features:
+            raise InputError("this ik_llama.cpp library returns no target features: build it "
+                             "again with `adaspec runtime build --force`")
+        if self.has_features:
+            self._lib.adaspec_features(self._ctx, bool(on))
+        self._features = bool(on)
+        self.last_features = None
 
     def rows_alike(self) -> bool:
         """Whether a token fed alone gets bit for bit the logits it gets as the first row of
@@ -424,6 +451,7 @@ class IkLlamaBackend(ChainBackend):
                  f.rows == ALL or (f.rows == LAST and j == len(f.ids) - 1))
                 for k, f in enumerate(feeds) for j, tok in enumerate(f.ids)]
         got: list[list[np.ndarray]] = [[] for _ in feeds]
+        states: list[list[np.ndarray]] = [[] for _ in feeds]
         lib, vocab = self._lib, self.vocab_size
         try:
             for start in range(0, len(flat), self._n_batch):
@@ -442,24 +470,31 @@ class IkLlamaBackend(ChainBackend):
                 if wanted:
                     rows = np.ctypeslib.as_array(lib.llama_get_logits(self._ctx),
                                                  shape=(len(wanted), vocab))
+                    feats = (np.ctypeslib.as_array(lib.llama_get_embeddings(self._ctx),
+                                                   shape=(len(wanted), self.hidden_size))
+                             if self._features else None)
                     a = 0
                     while a < len(wanted):  # a feed's rows are one run: one copy each
                         b = a
                         while b < len(wanted) and wanted[b] == wanted[a]:
                             b += 1
                         got[wanted[a]].append(rows[a:b].copy())
+                        if feats is not None:
+                            states[wanted[a]].append(feats[a:b].copy())
                         a = b
         except BaseException:
             for f in feeds:
                 self.remove_seq(f.seq, f.start)
             raise
-        out = [torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
-               if rows else torch.empty(0, vocab) for rows in got]
+        out = [_joined(rows, vocab) for rows in got]
+        feats_out = [_joined(rows, self.hidden_size) for rows in states] \
+            if self._features else None
         if padded is not None:
             self.remove_seq(padded.seq, padded.start + len(padded.ids))
-            keep = out[-1][: len(padded.ids)]
-            out[-1] = keep if padded.rows == ALL else keep[-1:] if padded.rows == LAST \
-                else keep[:0]
+            out[-1] = _unpadded(out[-1], padded)
+            if feats_out is not None:
+                feats_out[-1] = _unpadded(feats_out[-1], padded)
+        self.last_features = feats_out
         return out
 
     def remove_seq(self, seq: int, start: int) -> None:
@@ -533,3 +568,16 @@ class IkLlamaBackend(ChainBackend):
         with contextlib.suppress(Exception):
             self.close()
 
+
+
+def _joined(rows: list[np.ndarray], width: int) -> torch.Tensor:
+    """A feed's output rows [n, width] from its runs (one per llama_decode)."""
+    if not rows:
+        return torch.empty(0, width)
+    return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
+
+
+def _unpadded(rows: torch.Tensor, padded: Feed) -> torch.Tensor:
+    """A padded feed's rows without its padding's."""
+    keep = rows[: len(padded.ids)]
+    return keep if padded.rows == ALL else keep[-1:] if padded.rows == LAST else keep[:0]
