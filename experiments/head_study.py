@@ -30,9 +30,9 @@ from adaspec.lab.head import data as head_data  # noqa: E402
 from adaspec.lab.head import train as head_train  # noqa: E402
 
 VARIANTS = {  # name: (MLP width, fused features, depth unrolled in training)
-    "eagle-2048-d1": (2048, "final", 1),
     "eagle-2048-d2": (2048, "final", 2),
     "eagle3-2048-d2": (2048, "layers", 2),
+    "eagle-2048-d1": (2048, "final", 1),
     "eagle-4096-d2": (4096, "final", 2),
 }
 
@@ -103,26 +103,35 @@ def main() -> int:
             "mlp": width, "features": feats, "train_depth": depth,
             "params": sum(p.numel() for p in head.parameters()),
             "held_out_by_depth": report.held_out, "train_seconds": report.seconds,
+            "held_out_last_prompt_row_only": head_train.evaluate(
+                head, frozen, held, cfg, 3, prompt_window=0),
             "step_ms_fp32": step_ms(head, frozen, torch.float32),
             "step_ms_bf16": step_ms(head, frozen, torch.bfloat16),
             "history": report.history,
         }
         print(name, json.dumps({k: v for k, v in results["variants"][name].items()
                                 if k != "history"}), flush=True)
-    out = Path(args.out)
+        torch.save({"config": head.cfg.to_json(), "state": head.state_dict(),
+                    "token_ids": token_ids}, data / f"{name}.pt")
+        write_report(results, Path(args.out))
+    return 0
+
+
+def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps(results, indent=1))
     lines = ["| variant | MLP | features | trained depth | params (M) "
-             "| held-out agreement d1 / d2 / d3 | step ms fp32 / bf16 |",
-             "| --- | ---: | --- | ---: | ---: | --- | --- |"]
+             "| held-out agreement d1 / d2 / d3 | the same, last prompt row only "
+             "| step ms fp32 / bf16 |",
+             "| --- | ---: | --- | ---: | ---: | --- | --- | --- |"]
     for name, v in results["variants"].items():
         acc = " / ".join(f"{a:.3f}" for a in v["held_out_by_depth"])
+        last = " / ".join(f"{a:.3f}" for a in v["held_out_last_prompt_row_only"])
         lines.append(f"| {name} | {v['mlp']} | {v['features']} | {v['train_depth']} | "
-                     f"{v['params'] / 1e6:.1f} | {acc} | {v['step_ms_fp32']:.2f} / "
+                     f"{v['params'] / 1e6:.1f} | {acc} | {last} | {v['step_ms_fp32']:.2f} / "
                      f"{v['step_ms_bf16']:.2f} |")
     (out / "study.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ tiny target's features teaches the head its next tokens."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaspec.draft.head_model import DraftHead, HeadConfig
@@ -91,3 +92,60 @@ def test_training_teaches_the_head_the_targets_next_tokens():
     # held-out answers: about 0.04 by chance before, 0.7 after (seeded, so fixed)
     assert report.held_out[0] > before[0] + 0.4
     assert report.held_out[1] > before[1] + 0.4
+
+
+def _trained_head_drafter(model, vocab_kept: int | None = None):
+    """A head trained on the tiny target's own greedy continuations (so it drafts some of
+    them right), as a HeadDrafter over the target's embeddings and output rows."""
+    from adaspec.draft.head import HeadDrafter
+
+    rows = _rows(model, 160, 24, seed=4)
+    kept = torch.arange(model.config.vocab_size) if vocab_kept is None else \
+        head_train.kept_tokens(rows, vocab_kept, model.config.vocab_size, [0])
+    frozen = head_train.frozen_parts(model, kept)
+    head = _head(model).train()
+    head_train.train(head, frozen, rows, [], head_train.TrainConfig(depth=2, epochs=3, lr=1e-2,
+                                                                     log_every=1000),
+                     progress=False)
+    return HeadDrafter(head.eval(), frozen.token_head, frozen.embed)
+
+
+def test_greedy_decoding_with_the_head_is_plain_decoding_and_drafts_get_accepted():
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.control.static import StaticLength
+    from adaspec.engine.loop import Engine
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    drafter = _trained_head_drafter(model)
+    plain = Engine(TorchBackend(model), None, eos_token_ids=[])
+    engine = Engine(TorchBackend(model), None, drafter=drafter, controller=StaticLength(3),
+                    eos_token_ids=[])
+    accepted = drafted = 0
+    for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30]):
+        want = plain.generate(prompt, max_new_tokens=20).token_ids
+        got = engine.generate(prompt, max_new_tokens=20)
+        assert got.token_ids == want
+        accepted += got.stats.accepted
+        drafted += got.stats.drafted
+    assert drafted > 0 and accepted / drafted > 0.3
+
+
+def test_the_head_needs_a_runtime_that_gives_features():
+    from adaspec.control.static import StaticLength
+    from adaspec.engine.loop import Engine
+    from adaspec.errors import InputError
+
+    class NoFeatures:
+        kind = "plain"
+        max_context = 64
+        has_features = False
+        vocab_size = 40
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    frozen = head_train.frozen_parts(model, torch.arange(40))
+    from adaspec.draft.head import HeadDrafter
+
+    drafter = HeadDrafter(_head(model), frozen.token_head, frozen.embed)
+    with pytest.raises(InputError, match="reads the target's features"):
+        Engine(NoFeatures(), None, drafter=drafter, controller=StaticLength(2),  # type: ignore[arg-type]
+               eos_token_ids=[])

@@ -39,13 +39,16 @@ class ForwardOutput:
     greedy step reads back only its argmax ids (one host transfer per step); `logits` is
     their host copy, made once, when a reader first asks for it."""
 
-    __slots__ = ("device_logits", "hidden", "cached", "_host")
+    __slots__ = ("device_logits", "hidden", "cached", "features", "_host")
 
     def __init__(self, logits: torch.Tensor, hidden: torch.Tensor | None = None,
-                 cached: int = 0) -> None:
+                 cached: int = 0, features: torch.Tensor | None = None) -> None:
         self.device_logits = logits  # [n, vocab] float, one row per fed token
         self.hidden = hidden  # [n, hidden] at the requested layer (on the CPU), if asked
         self.cached = cached  # a prefill: leading prompt tokens the cache held, not scored
+        # [n, hidden] the final-normed states of the scored rows, from the same pass (a
+        # draft head's input), where the runtime records them (`record_features`)
+        self.features = features
         self._host: torch.Tensor | None = logits if logits.device.type == "cpu" else None
 
     @property
@@ -194,7 +197,12 @@ class ChainBackend(ModelBackend):
     ) -> ForwardOutput:
         ids = chain_ids(f"the {self.runtime} backend", self._len, tokens, positions, tree_mask,
                         hidden_layer)
-        return ForwardOutput(logits=self._checked_feed(ids, every_row=True))
+        logits = self._checked_feed(ids, every_row=True)
+        return ForwardOutput(logits=logits, features=self._fed_features())
+
+    def _fed_features(self) -> torch.Tensor | None:
+        """The last feed's rows' final-normed states, where the runtime records them."""
+        return None
 
     def prefill(
         self, tokens: torch.Tensor, hidden_layer: int | None = None, reuse: int = 0
@@ -215,8 +223,9 @@ class ChainBackend(ModelBackend):
             raise InputError("empty prompt")
         kept = self._keep_prefix(ids, reuse)
         logits = self._checked_feed(ids[kept:], every_row=False)
+        features = self._fed_features()  # before a second pass for the router's state
         hidden = self._final_state() if hidden_layer is not None else None
-        return ForwardOutput(logits=logits, hidden=hidden, cached=kept)
+        return ForwardOutput(logits=logits, hidden=hidden, cached=kept, features=features)
 
     def _keep_prefix(self, ids: list[int], reuse: int) -> int:
         """Keep what the cache holds of prompt `ids` (up to `reuse` tokens, at least one

@@ -18,7 +18,13 @@ from typing import Protocol
 
 import torch
 
-from adaspec.backends.base import ChainBackend, ModelBackend, common_prefix, reusable_prefix
+from adaspec.backends.base import (
+    ChainBackend,
+    ForwardOutput,
+    ModelBackend,
+    common_prefix,
+    reusable_prefix,
+)
 from adaspec.errors import InputError
 
 # Which rows of a feed come back: every fed token's (verification), the last one's (the end
@@ -32,7 +38,7 @@ MIN_SHARE = 16
 # the attributes a view copies from its owner (what engines, profiles and routers read)
 _SHARED = ("name", "vocab_size", "num_layers", "hidden_size", "bytes_per_forward", "kind",
            "batch_noise", "n_params", "model",  # model: a torch owner's (online distillation)
-           "pooled_cache")
+           "pooled_cache", "has_features")
 
 
 @dataclass
@@ -124,6 +130,18 @@ class SequenceView(ChainBackend):
     def _remove_from(self, length: int) -> None:
         self.owner.remove_seq(self.seq, length)
 
+    def _fed_features(self) -> torch.Tensor | None:
+        feats = getattr(self.owner, "last_features", None)
+        return feats[0] if feats else None
+
+    def record_features(self, on: bool) -> None:
+        """The owner's runtime records every call's final-normed states (all its
+        sequences': they share its calls)."""
+        record = getattr(self.owner, "record_features", None)
+        if record is None:
+            raise InputError(f"{self.runtime} gives no target features")
+        record(on)
+
     def _final_state(self) -> torch.Tensor:
         ids = self._token_ids()
         if not ids or self._len != len(ids):
@@ -191,7 +209,15 @@ def forward_together(
     """Score each backend's tokens after its cache: (backend, ids, rows) -> rows as in
     `Feed`. Views of one owner go in one runtime call; any other backend is fed alone
     (ALL rows through `forward`; LAST / NONE are for views only)."""
-    out: list[torch.Tensor | None] = [None] * len(items)
+    return [o.device_logits for o in score_together(items)]
+
+
+def score_together(
+    items: Sequence[tuple[ModelBackend, list[int], str]],
+) -> list[ForwardOutput]:
+    """`forward_together`, each item's rows as a ForwardOutput: their logits, and their
+    final-normed states where the runtime records them (`record_features`)."""
+    out: list[ForwardOutput | None] = [None] * len(items)
     groups: dict[int, list[int]] = {}
     for i, (backend, ids, rows) in enumerate(items):
         if isinstance(backend, SequenceView):
@@ -199,7 +225,7 @@ def forward_together(
         elif rows != ALL:
             raise InputError("only a sequence of a multi-sequence runtime feeds prompt chunks")
         else:
-            out[i] = backend.forward(torch.tensor(ids)).logits
+            out[i] = backend.forward(torch.tensor(ids))
     for members in groups.values():
         views = [_view(items[i][0]) for i in members]
         if len({v.seq for v in views}) != len(views):
@@ -214,10 +240,11 @@ def forward_together(
             for view in views:
                 view.lost()
             raise
-        for i, view, got in zip(members, views, scored, strict=True):
+        feats = getattr(views[0].owner, "last_features", None)
+        for k, (i, view, got) in enumerate(zip(members, views, scored, strict=True)):
             view.fed(list(items[i][1]))
-            out[i] = got
-    return [o if o is not None else torch.empty(0) for o in out]
+            out[i] = ForwardOutput(got, features=feats[k] if feats else None)
+    return [o if o is not None else ForwardOutput(torch.empty(0)) for o in out]
 
 
 def _view(backend: ModelBackend) -> SequenceView:

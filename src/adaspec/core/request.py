@@ -48,6 +48,11 @@ class RequestState:
     # prompt + accepted tokens; the last one is the root of the next draft
     context: list[int] = field(default_factory=list)
     emitted: int = 0  # tokens handed to the caller so far
+    # the target's final-normed states [n, H] of the accepted positions features_start ..
+    # features_start + n - 1, from the passes that scored them (a draft head's input; None:
+    # the runtime gives none)
+    features: torch.Tensor | None = None
+    features_start: int = 0
 
     def __post_init__(self) -> None:
         if not self.context:
@@ -76,6 +81,26 @@ class RequestState:
     def accept(self, tokens: list[int]) -> None:
         """The engine's: `tokens` were accepted after the context."""
         self.context = self.context + list(tokens)
+
+    def keep_features(self, start: int, rows: torch.Tensor) -> None:
+        """The engine's: the target's states [n, H] of positions start .. start + n - 1
+        (those from `start` on replace what was kept; a gap starts the record again)."""
+        if self.features is None or start > self.features_start + len(self.features) \
+                or start < self.features_start:
+            self.features, self.features_start = rows, start
+            return
+        self.features = torch.cat([self.features[: start - self.features_start], rows])
+
+    def features_of(self, start: int, end: int) -> tuple[int, torch.Tensor | None]:
+        """The kept states of positions [max(start, first kept), end): (that first position,
+        rows [n, H]); rows None where none of them is kept."""
+        if self.features is None:
+            return start, None
+        first = max(start, self.features_start)
+        last = min(end, self.features_start + len(self.features))
+        if last <= first:
+            return first, None
+        return first, self.features[first - self.features_start : last - self.features_start]
 
     def count_emitted(self, n: int) -> None:
         """The engine's: `n` more tokens went out to the caller."""

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-import torch
-
 from adaspec.backends.base import ForwardOutput, common_prefix
 from adaspec.backends.sequences import (
     ALL,
@@ -37,7 +35,7 @@ from adaspec.backends.sequences import (
     MIN_SHARE,
     NONE,
     SequenceView,
-    forward_together,
+    score_together,
 )
 from adaspec.cost.batch import BatchCostFn, BatchLoad, Seat
 from adaspec.engine.steps import GenerationResult, StreamChunk, TargetCall
@@ -246,23 +244,23 @@ class BatchDecoder:
         owners = steps + [m for m, _, _ in chunks]
         t0 = time.perf_counter()
         try:
-            results: list[torch.Tensor | None] = list(forward_together(items)) if items else []
+            results: list[ForwardOutput | None] = list(score_together(items)) if items else []
         except Exception:  # find whose call failed: each on its own
             results = []
             for member, item in zip(owners, items, strict=True):
                 try:
-                    results.extend(forward_together([item]))
+                    results.extend(score_together([item]))
                 except Exception as exc:
                     events.append((member.key, exc))
                     self.drop(member.key)
                     results.append(None)
         seconds = time.perf_counter() - t0
-        for member, rows in zip(owners, results, strict=True):
-            if rows is None or member.call is None:
+        for member, scored in zip(owners, results, strict=True):
+            if scored is None or member.call is None:
                 continue
             if member.prompt_left:  # more chunks to come
                 continue
-            member.call.out = ForwardOutput(logits=rows)
+            member.call.out = scored
             member.call.seconds = seconds  # each request waited for the whole call
             member.prompt_left = None
         stats.tokens = sum(len(i[1]) for i in items)

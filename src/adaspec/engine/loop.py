@@ -215,6 +215,12 @@ class Engine(TextGenerator):
         if drafter is not None and hasattr(drafter, "backend"):
             limits.append(drafter.backend.max_context)
         self.max_context = min(limits)
+        if drafter is not None and getattr(drafter, "needs_features", False):
+            # a draft head reads the target's states from its verification passes
+            if not getattr(target, "has_features", False):
+                raise InputError(f"drafter {drafter.name!r} reads the target's features, and "
+                                 f"the {target.kind} runtime gives none")
+            target.record_features(True)  # type: ignore[attr-defined]  # has_features
         # the previous request's prompt and answer (prefix reuse: a conversation's next turn
         # resends both)
         self._last_context: list[int] = []
@@ -282,6 +288,8 @@ class Engine(TextGenerator):
             prefill = call.out
             stats.cached_tokens = call.cached
         self._last_context = list(prompt_ids)
+        if prefill.features is not None and len(prefill.features):  # the last prompt rows'
+            req.keep_features(len(prompt_ids) - len(prefill.features), prefill.features)
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill, sampling, generator,
                              verifier, rows=slice(-1, None)).next_token
         want_logprobs = sampling.logprobs is not None
@@ -398,6 +406,8 @@ class Engine(TextGenerator):
         stats.target_calls += 1
         verdict = self._verify(proposal, out, sampling, generator, verifier)
         self._roll_back(root, verdict.path)
+        if out.features is not None:  # the accepted positions' states, for a draft head
+            req.keep_features(root, out.features[[0, *verdict.path]])
         alone = None
         if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
             verdict, alone = self._settle_near_tie(proposal, out.logits, verdict, root, stats)

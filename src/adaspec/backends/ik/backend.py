@@ -355,6 +355,9 @@ class IkLlamaBackend(ChainBackend):
         # `record_features(True)`; else None
         self.last_features: list[torch.Tensor] | None = None
 
+    def _fed_features(self) -> torch.Tensor | None:
+        return self.last_features[0] if self.last_features else None
+
     def record_features(self, on: bool) -> None:
         """Return the output rows' final-normed hidden states beside their logits (read from
         `last_features` after each call): what a draft head reads, from the same pass."""

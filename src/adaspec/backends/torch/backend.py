@@ -45,6 +45,25 @@ class TorchBackend(ModelBackend):
         self.bytes_per_forward = self._weight_bytes_read()
         self._cache: DynamicCache | None = None
         self._len = 0
+        self._norm_hook: Any = None  # `record_features`: the final norm's output
+        self._normed: torch.Tensor | None = None
+
+    has_features = True  # the decoder's final norm is read with a hook
+
+    def record_features(self, on: bool) -> None:
+        """Return the fed rows' final-normed states beside their logits (`features`):
+        every row of a prompt too, since the norm runs on all of them."""
+        if on and self._norm_hook is None:
+            hf: Any = self.model
+
+            def keep(module, args, output) -> None:
+                self._normed = output[0] if isinstance(output, tuple) else output
+
+            self._norm_hook = hf.get_decoder().norm.register_forward_hook(keep)
+        elif not on and self._norm_hook is not None:
+            self._norm_hook.remove()
+            self._norm_hook = None
+        self._normed = None
 
     def _weight_bytes_read(self) -> int:
         """Bytes of weights one forward reads: every parameter except the input embedding
@@ -119,7 +138,11 @@ class TorchBackend(ModelBackend):
             if not 0 <= hidden_layer <= self.num_layers:
                 raise ValueError(f"hidden_layer must be in [0, {self.num_layers}]")
             hidden = out.hidden_states[hidden_layer][0].cpu()
-        return ForwardOutput(logits=out.logits[0], hidden=hidden)  # logits stay on the device
+        features = None
+        if self._norm_hook is not None and self._normed is not None:
+            features, self._normed = self._normed[0].float().cpu(), None
+        # logits stay on the device
+        return ForwardOutput(logits=out.logits[0], hidden=hidden, features=features)
 
     @torch.inference_mode()
     def prefill(

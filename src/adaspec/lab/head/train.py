@@ -91,8 +91,10 @@ def _masks(n: int, depth: int) -> list[torch.Tensor]:
 
 
 def unrolled(head: DraftHead, frozen: Frozen, row: dict, cfg: TrainConfig, depth: int,
-             noise: float = 0.0) -> list[torch.Tensor]:
-    """The head's outputs [n, H] at each depth 1..depth over one example (n = T - 1)."""
+             noise: float = 0.0, visible_from: int = 0) -> list[torch.Tensor]:
+    """The head's outputs [n, H] at each depth 1..depth over one example (n = T - 1).
+    visible_from: indices from there on see no earlier one (a runtime that gave the head no
+    features of the prompt before it)."""
     feats = _inputs(row, cfg)[:-1]  # [n, F*H] features at i
     tokens = row["tokens"].long()
     embeds = frozen.embed[tokens[1:]].float()[None]  # [1, n, H]: token i + 1
@@ -101,6 +103,9 @@ def unrolled(head: DraftHead, frozen: Frozen, row: dict, cfg: TrainConfig, depth
     if noise:
         feats = feats + (torch.rand_like(feats) * 2 - 1) * noise
     masks = _masks(n, depth)
+    if visible_from > 0:
+        for m in masks:
+            m[visible_from:, :visible_from] = False
     outs: list[torch.Tensor] = []
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -204,13 +209,16 @@ def train(head: DraftHead, frozen: Frozen, rows: list[dict], held: list[dict],
 
 
 def evaluate(head: DraftHead, frozen: Frozen, rows: list[dict], cfg: TrainConfig,
-             depth: int) -> list[float]:
-    """Per depth: the share of answer positions where the head's top token is the target's."""
+             depth: int, prompt_window: int | None = None) -> list[float]:
+    """Per depth: the share of answer positions where the head's top token is the target's.
+    prompt_window: the head sees the features of only the last this-many + 1 prompt positions
+    (0: the last one, what a runtime scoring the prompt's last row gives; None: all)."""
     hits = [[0, 0] for _ in range(depth)]
     with torch.no_grad():
         for row in rows:
-            outs = unrolled(head, frozen, row, cfg, depth)
             start = max(0, int(row["prompt_len"]) - 1)  # answer positions only
+            visible = 0 if prompt_window is None else max(0, start - prompt_window)
+            outs = unrolled(head, frozen, row, cfg, depth, visible_from=visible)
             greedy = frozen.index[row["top_ids"].long()[1:, 0]]
             for d, h in enumerate(outs):
                 pred = frozen.token_head(h).argmax(1)

@@ -28,11 +28,10 @@ MARK = "adaspec (target-features)"
 
 # (file, anchor, replacement): the anchor found exactly once
 _EDITS: list[tuple[str, str, str]] = [
-    ("src/llama-context.h", "    // computed before each graph build\n", f"""\
+    ("src/llama-context.h", "    struct llama_kv_cache       kv_self;\n", f"""\
+    struct llama_kv_cache       kv_self;
     // {MARK}: the output rows' final-normed hidden states beside their logits
     bool adaspec_features = false;
-
-    // computed before each graph build
 """),
     ("src/llama.cpp",
      "    const bool has_embd   = lctx.is_encoding || (cparams.embeddings && "
