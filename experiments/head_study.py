@@ -26,6 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from adaspec.draft import head_artifact  # noqa: E402
 from adaspec.lab.head import data as head_data  # noqa: E402
 from adaspec.lab.head import train as head_train  # noqa: E402
 
@@ -111,8 +112,11 @@ def main() -> int:
         }
         print(name, json.dumps({k: v for k, v in results["variants"][name].items()
                                 if k != "history"}), flush=True)
-        torch.save({"config": head.cfg.to_json(), "state": head.state_dict(),
-                    "token_ids": token_ids}, data / f"{name}.pt")
+        head_artifact.save(data / f"{name}.pt", head, token_ids, {
+            "trained_on": f"ShareGPT conversations {train_ex[0].id} .. {train_ex[-1].id} "
+                          f"(file index < {head_data.TRAIN_SHAREGPT}), their first answer",
+            "command": " ".join(sys.argv), "date": results["date"],
+            "machine": results["machine"], "variant": name})
         write_report(results, Path(args.out))
     return 0
 
