@@ -34,6 +34,7 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--k", default="3,5")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--quant", default="none", help="the head's weights: none, int8, int8-dyn")
     p.add_argument("--out", default="experiments/results/head-e2e")
     args = p.parse_args()
 
@@ -51,10 +52,15 @@ def main() -> int:
     art = head_artifact.load(args.artifact)
     weights = cache_dir_for(TARGET_DEFAULT) / "model.safetensors"
     embed, tokens = head_artifact.target_parts(None, weights, art.token_ids, dtype)
+    from adaspec.store.quant import quantize_model
+
+    quantize_model(tokens, args.quant)
     plain = Engine(target, tokenizer, eos_token_ids=eos)
     engines = {}
     for k in [int(x) for x in args.k.split(",")]:
-        drafter = HeadDrafter(art.head(dtype), tokens, embed)
+        head = art.head(dtype)
+        quantize_model(head, args.quant)
+        drafter = HeadDrafter(head, tokens, embed)
         engines[f"head:k={k}"] = Engine(target, tokenizer, drafter=drafter,
                                         controller=StaticLength(k), eos_token_ids=eos)
     examples = list(sharegpt_pairs(TRAIN_SHAREGPT, 10**9))[args.skip : args.skip + args.prompts]
@@ -81,6 +87,7 @@ def main() -> int:
     summary = {"machine": platform.processor() or platform.machine(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
                "runtime": target.kind, "artifact": args.artifact, "dtype": args.dtype,
+               "quant": args.quant,
                "prompts": len(rows), "methods": {}}
     for name in ["ar", *engines]:
         rs = [r[name] for r in rows]

@@ -149,3 +149,54 @@ def test_the_head_needs_a_runtime_that_gives_features():
     with pytest.raises(InputError, match="reads the target's features"):
         Engine(NoFeatures(), None, drafter=drafter, controller=StaticLength(2),  # type: ignore[arg-type]
                eos_token_ids=[])
+
+
+class Unrenormalised:
+    """A head drafter that draws from its kept-set distribution but hands the verifier that
+    distribution scaled by the mass the kept set had over the full vocabulary (q not
+    renormalised over the kept set): the negative control."""
+
+    def __new__(cls, base):
+        from adaspec.draft.head import HeadDrafter
+
+        class Drafter(HeadDrafter):
+            name = "head-unrenormalised"
+
+            def propose(self, req, max_tokens, controller):
+                proposal = super().propose(req, max_tokens, controller)
+                if proposal.probs is not None:
+                    proposal.probs = proposal.probs * 0.55  # the kept set's mass, say
+                return proposal
+
+        return Drafter(base.head, base.tokens, base.embed)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["head", "head-q-not-renormalised"])
+def test_sampling_with_a_restricted_head_follows_the_target_law(broken):
+    """At T > 0 the head's q is zero outside its kept tokens and renormalised over them:
+    speculative sampling then emits the target's law exactly (chi-square on the first three
+    tokens, `test_engine_sampling`); handing the verifier an unrenormalised q must fail."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.control.static import StaticLength
+    from adaspec.core.sampling import SamplingParams
+    from adaspec.draft.head import HeadDrafter
+    from adaspec.engine.loop import Engine
+
+    from .stats_helpers import assert_caught, assert_exact
+    from .test_engine_sampling import check, first_tokens
+
+    model = tiny_model(vocab=8, seed=5, sharpen=6.0)
+    frozen = head_train.frozen_parts(model, torch.tensor([0, 2, 3, 5, 6]))  # 5 of 8 kept
+    drafter = HeadDrafter(_head(model), frozen.token_head, frozen.embed)
+    if broken:
+        drafter = Unrenormalised(drafter)
+    engine = Engine(TorchBackend(model), None, drafter=drafter, controller=StaticLength(3),
+                    eos_token_ids=[])
+    params = SamplingParams(1.0, top_k=6)
+    cells, acceptance = first_tokens(engine, params, 5)
+    fits = check(cells, model, params)
+    if broken:
+        assert_caught(fits, "q not renormalised over the kept set")
+        return
+    assert 0.05 < acceptance < 0.95
+    assert_exact(fits, "head")

@@ -641,5 +641,12 @@ def test_the_target_features_come_with_the_logits_from_one_pass(smollm):
         crossed = child.feed_many([Feed(0, 0, ids, ALL)])[0]
         assert torch.equal(crossed, plain) and child.last_features is not None
         assert torch.equal(child.last_features[0], feats[0])
+        child.remove_seq(0, 0)
+        # the engine's own calls: a prompt's last row, then a chain's every row
+        first = child.prefill(torch.tensor(ids[:3]))
+        assert first.features is not None and torch.equal(first.features, feats[0][2:3])
+        rest = child.forward(torch.tensor(ids[3:]))
+        assert torch.equal(rest.logits, plain[3:])
+        assert rest.features is not None and torch.equal(rest.features, feats[0][3:])
     finally:
         child.close()

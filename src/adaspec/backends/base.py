@@ -77,6 +77,14 @@ class ModelBackend(ABC):
     batch_noise: float = 0.0
     supports_trees: bool = True  # tree masks and `keep` of any path, not only chains
     has_hidden_states: bool = True  # `hidden_layer` (the router reads the prompt's state)
+    # `record_features`: its passes return the scored rows' final-normed states beside the
+    # logits (`ForwardOutput.features`, a draft head's input)
+    has_features: bool = False
+
+    def record_features(self, on: bool) -> None:
+        """Return the scored rows' final-normed states beside their logits from now on."""
+        if on:
+            raise InputError(f"the {self.kind} runtime gives no target features")
 
     @property
     @abstractmethod

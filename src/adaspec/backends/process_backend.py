@@ -82,16 +82,25 @@ class _BackendServer:
     def attributes(self) -> dict[str, Any]:
         return {a: getattr(self.backend, a) for a in _ATTRIBUTES if hasattr(self.backend, a)}
 
+    def _write(self, out: ForwardOutput) -> tuple[int, int]:
+        """The logits [n, V], then the features [n', H] where recorded, in the shared rows;
+        (n, n')."""
+        logits = out.logits
+        if out.features is None:
+            self.rows.write(logits)
+            return int(logits.shape[0]), -1
+        self.rows.write(torch.cat([logits.reshape(-1), out.features.reshape(-1)])[None])
+        return int(logits.shape[0]), int(out.features.shape[0])
+
     def forward(self, ids: list[int]) -> tuple[tuple[int, int], int]:
-        shape = self.rows.write(self.backend.forward(torch.tensor(ids)).logits)
-        return shape, self.backend.cache_len
+        return self._write(self.backend.forward(torch.tensor(ids))), self.backend.cache_len
 
     def prefill(self, ids: list[int], reuse: int = 0, hidden_layer: int | None = None
                 ) -> tuple[tuple[int, int], int, list[float] | None, int]:
         out = self.backend.prefill(torch.tensor(ids), hidden_layer=hidden_layer, reuse=reuse)
-        shape = self.rows.write(out.logits)
+        rows = self._write(out)
         hidden = None if out.hidden is None else out.hidden.reshape(-1).tolist()
-        return shape, self.backend.cache_len, hidden, out.cached
+        return rows, self.backend.cache_len, hidden, out.cached
 
     def truncate(self, length: int) -> int:
         self.backend.truncate(length)
@@ -175,9 +184,19 @@ class ProcessBackend(ModelBackend):
     def reset(self) -> None:
         self.truncate(0)
 
+    def _read(self, rows: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The child's logits [n, V] and features [n', H] (None: not recorded)."""
+        n, m = rows
+        if m < 0:
+            return self._rows.read(n, self.vocab_size), None
+        flat = self._rows.read(1, n * self.vocab_size + m * self.hidden_size)[0]
+        return (flat[: n * self.vocab_size].view(n, self.vocab_size),
+                flat[n * self.vocab_size :].view(m, self.hidden_size))
+
     def _logits(self, op: str, ids: list[int]) -> ForwardOutput:
-        shape, self._len = self._child.call(op, ids)
-        return ForwardOutput(logits=self._rows.read(*shape))
+        rows, self._len = self._child.call(op, ids)
+        logits, features = self._read(rows)
+        return ForwardOutput(logits=logits, features=features)
 
     def forward(
         self,
@@ -196,10 +215,11 @@ class ProcessBackend(ModelBackend):
         if hidden_layer is not None and not self.has_hidden_states:
             raise InputError(f"this model's runtime ({self.kind}) gives no hidden states")
         ids = [int(t) for t in tokens.reshape(-1)]
-        shape, self._len, hidden, cached = self._child.call("prefill", ids, int(reuse),
-                                                            hidden_layer)
+        rows, self._len, hidden, cached = self._child.call("prefill", ids, int(reuse),
+                                                           hidden_layer)
         state = None if hidden is None else torch.tensor(hidden).reshape(1, -1)
-        return ForwardOutput(logits=self._rows.read(*shape), hidden=state, cached=cached)
+        logits, features = self._read(rows)
+        return ForwardOutput(logits=logits, hidden=state, cached=cached, features=features)
 
     def truncate(self, length: int) -> None:
         if length < self._len:

@@ -29,7 +29,7 @@ from adaspec.draft.head_model import DraftHead, TokenHead
 
 class HeadDrafter(Drafter):
     name = "head"
-    needs_features = True  # the engine asks the target's runtime for its features
+    needs_features = True
 
     def __init__(self, head: DraftHead, tokens: TokenHead, embed: torch.Tensor) -> None:
         """embed [V, H]: the target's token embeddings (read a row at a time)."""

@@ -158,12 +158,15 @@ class TokenHead(nn.Module):
     def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab: int) -> None:
         """weight [N, H]: the target's output rows of `token_ids` [N] (sorted ids)."""
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        # a Linear, so the weight quantizations of `store/quant.py` apply to it
+        self.proj = nn.Linear(weight.shape[1], weight.shape[0], bias=False,
+                              dtype=weight.dtype)
+        self.proj.weight = nn.Parameter(weight, requires_grad=False)
         self.register_buffer("token_ids", token_ids, persistent=False)
         self.vocab = vocab
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.weight.t()
+        return self.proj(hidden)
 
     def full_logits(self, small: torch.Tensor) -> torch.Tensor:
         """[..., N] kept-token logits -> [..., vocab], -inf outside the kept set."""

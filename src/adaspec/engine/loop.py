@@ -215,12 +215,12 @@ class Engine(TextGenerator):
         if drafter is not None and hasattr(drafter, "backend"):
             limits.append(drafter.backend.max_context)
         self.max_context = min(limits)
-        if drafter is not None and getattr(drafter, "needs_features", False):
+        if drafter is not None and drafter.needs_features:
             # a draft head reads the target's states from its verification passes
-            if not getattr(target, "has_features", False):
+            if not target.has_features:
                 raise InputError(f"drafter {drafter.name!r} reads the target's features, and "
                                  f"the {target.kind} runtime gives none")
-            target.record_features(True)  # type: ignore[attr-defined]  # has_features
+            target.record_features(True)
         # the previous request's prompt and answer (prefix reuse: a conversation's next turn
         # resends both)
         self._last_context: list[int] = []
