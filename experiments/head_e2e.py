@@ -40,10 +40,10 @@ def main() -> int:
 
     from adaspec.backends.load import load_backends
     from adaspec.control.static import StaticLength
-    from adaspec.draft import head_artifact
-    from adaspec.draft.head import HeadDrafter
     from adaspec.engine.loop import Engine
+    from adaspec.lab.head import artifact as head_artifact
     from adaspec.lab.head.data import TRAIN_SHAREGPT, sharegpt_pairs
+    from adaspec.lab.head.drafter import HeadDrafter
     from adaspec.store.catalog import TARGET_DEFAULT
     from adaspec.store.loading import cache_dir_for
 

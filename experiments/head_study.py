@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from adaspec.draft import head_artifact  # noqa: E402
+from adaspec.lab.head import artifact as head_artifact  # noqa: E402
 from adaspec.lab.head import data as head_data  # noqa: E402
 from adaspec.lab.head import train as head_train  # noqa: E402
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaspec.draft.head_model import DraftHead, HeadConfig
 from adaspec.lab.head import data as head_data
 from adaspec.lab.head import train as head_train
+from adaspec.lab.head.model import DraftHead, HeadConfig
 
 from .conftest import tiny_model
 
@@ -97,7 +97,7 @@ def test_training_teaches_the_head_the_targets_next_tokens():
 def _trained_head_drafter(model, vocab_kept: int | None = None):
     """A head trained on the tiny target's own greedy continuations (so it drafts some of
     them right), as a HeadDrafter over the target's embeddings and output rows."""
-    from adaspec.draft.head import HeadDrafter
+    from adaspec.lab.head.drafter import HeadDrafter
 
     rows = _rows(model, 160, 24, seed=4)
     kept = torch.arange(model.config.vocab_size) if vocab_kept is None else \
@@ -143,7 +143,7 @@ def test_the_head_needs_a_runtime_that_gives_features():
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     frozen = head_train.frozen_parts(model, torch.arange(40))
-    from adaspec.draft.head import HeadDrafter
+    from adaspec.lab.head.drafter import HeadDrafter
 
     drafter = HeadDrafter(_head(model), frozen.token_head, frozen.embed)
     with pytest.raises(InputError, match="reads the target's features"):
@@ -157,7 +157,7 @@ class Unrenormalised:
     renormalised over the kept set): the negative control."""
 
     def __new__(cls, base):
-        from adaspec.draft.head import HeadDrafter
+        from adaspec.lab.head.drafter import HeadDrafter
 
         class Drafter(HeadDrafter):
             name = "head-unrenormalised"
@@ -179,8 +179,8 @@ def test_sampling_with_a_restricted_head_follows_the_target_law(broken):
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.control.static import StaticLength
     from adaspec.core.sampling import SamplingParams
-    from adaspec.draft.head import HeadDrafter
     from adaspec.engine.loop import Engine
+    from adaspec.lab.head.drafter import HeadDrafter
 
     from .stats_helpers import assert_caught, assert_exact
     from .test_engine_sampling import check, first_tokens

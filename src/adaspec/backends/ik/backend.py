@@ -265,6 +265,11 @@ class IkLlamaBackend(ChainBackend):
         api = library()
         lib = api.adaspec_lib
         self._lib = lib
+        self.has_features = target_features(api)
+        self._features = False
+        # the final-normed states of the last `feed_many`'s output rows, per feed, while
+        # `record_features(True)`; else None
+        self.last_features: list[torch.Tensor] | None = None
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_mmap = True
@@ -349,11 +354,6 @@ class IkLlamaBackend(ChainBackend):
         self.bytes_per_forward = int(lib.llama_model_size(self._model))
         self.n_params = int(lib.llama_model_n_params(self._model))  # the router's cost input
         self.n_threads = n_threads
-        self.has_features = target_features(api)
-        self._features = False
-        # the final-normed states of the last `feed_many`'s output rows, per feed, while
-        # `record_features(True)`; else None
-        self.last_features: list[torch.Tensor] | None = None
 
     def _fed_features(self) -> torch.Tensor | None:
         return self.last_features[0] if self.last_features else None

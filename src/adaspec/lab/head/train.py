@@ -1,4 +1,4 @@
-"""Training a draft head (`draft/head_model.py`) on recorded target features (`lab/head/data`).
+"""Training a draft head (`lab/head/model.py`) on recorded target features (`lab/head/data`).
 
 Each example is trained whole (B = 1, T <= its length). Input index i is the pair
 (feature at i, embedding of token i + 1); its label is the target's distribution at i + 1
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead
+from adaspec.lab.head.model import DraftHead, HeadConfig, TokenHead
 
 
 @dataclass

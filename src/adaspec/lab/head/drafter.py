@@ -1,6 +1,6 @@
 """The draft head's drafter: chains from a small module over the target's own features.
 
-The head (`draft/head_model.py`) keeps a cache of its inputs at the accepted positions, each
+The head (`lab/head/model.py`) keeps a cache of its inputs at the accepted positions, each
 built from the target's feature there (the final-normed state the verification pass
 returned, `RequestState.features`) and the embedding of the token after it. A step first
 feeds the positions accepted since the last one (in one call: the path the target accepted
@@ -24,7 +24,7 @@ from adaspec.core.proposal import Proposal
 from adaspec.core.request import RequestState
 from adaspec.core.sampling import draw
 from adaspec.draft.base import Drafter
-from adaspec.draft.head_model import DraftHead, TokenHead
+from adaspec.lab.head.model import DraftHead, TokenHead
 
 
 class HeadDrafter(Drafter):

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead
 from adaspec.errors import InputError
+from adaspec.lab.head.model import DraftHead, HeadConfig, TokenHead
 
 FORMAT = "adaspec-draft-head-1"
 EMBED = "model.embed_tokens.weight"
