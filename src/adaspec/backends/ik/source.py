@@ -25,3 +25,20 @@ def patch_file(src: Path, file: str, patch: Callable[[str], str]) -> str:
     if patched != text:
         write_text(path, patched)
     return patched
+
+
+def apply_edits(src: Path, files: list[str],
+                patch_files: Callable[[dict[str, str]], dict[str, str]], edits: int) -> int:
+    """Patch several files of the unpacked source in place with `patch_files` (texts in,
+    texts out), atomically file by file; returns `edits`."""
+    from adaspec.store.atomic import write_text
+
+    try:
+        texts = {f: (src / f).read_text() for f in files}
+    except OSError as exc:
+        raise PatchError(f"unreadable source ({exc})") from None
+    patched = patch_files(texts)
+    for f in files:
+        if patched[f] != texts[f]:
+            write_text(src / f, patched[f])
+    return edits

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from adaspec.backends.torch.decoder import RMSNorm
+
 
 @dataclass(frozen=True)
 class HeadConfig:
@@ -50,19 +52,6 @@ class HeadConfig:
                                 or config.hidden_size // heads),
                    intermediate=intermediate, features=features, rope_theta=theta,
                    rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaspec.backends.ik.source import PatchError
+from adaspec.backends.ik.source import PatchError, apply_edits
 
 NAME = "target-features"
 MARK = "adaspec (target-features)"
@@ -79,14 +79,4 @@ def patch_files(texts: dict[str, str]) -> dict[str, str]:
 
 def apply(src: Path) -> int:
     """Patch the unpacked source in place (atomically, file by file); returns the edits."""
-    from adaspec.store.atomic import write_text
-
-    try:
-        texts = {f: (src / f).read_text() for f in FILES}
-    except OSError as exc:
-        raise PatchError(f"unreadable source ({exc})") from None
-    patched = patch_files(texts)
-    for f in FILES:
-        if patched[f] != texts[f]:
-            write_text(src / f, patched[f])
-    return len(_EDITS) + 1
+    return apply_edits(src, FILES, patch_files, len(_EDITS) + 1)
