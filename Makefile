@@ -20,7 +20,7 @@ setup:
 test:
 	$(VENV)/bin/ruff check src tests experiments
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -rs --durations=15  # -rs: each skipped test with its reason (a missing extra); the 15 slowest, to keep the suite in its 10 minutes
+	$(PY) -m pytest -q -rs --durations=15 -n 2 --dist loadfile  # -rs: each skipped test with its reason (a missing extra); the 15 slowest, to keep the suite in its 10 minutes; two workers, a test file each (tests run one thread each: conftest)
 
 lint:
 	$(VENV)/bin/ruff check src tests experiments

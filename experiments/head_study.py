@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from adaspec.lab.head import artifact as head_artifact  # noqa: E402
+from adaspec.draft import head_artifact  # noqa: E402
 from adaspec.lab.head import data as head_data  # noqa: E402
 from adaspec.lab.head import train as head_train  # noqa: E402
 
@@ -81,8 +81,10 @@ def main() -> int:
     data = Path(args.data)
     train_ex = list(head_data.sharegpt_pairs(0, head_data.TRAIN_SHAREGPT))[: args.train]
     held_ex = list(head_data.sharegpt_pairs(head_data.TRAIN_SHAREGPT, 10**9))[: args.held]
-    m_train = head_data.collect(model, tokenizer, train_ex, data / "train", args.max_tokens)
-    m_held = head_data.collect(model, tokenizer, held_ex, data / "held", args.max_tokens)
+    m_train = head_data.collect(head_data.TorchScorer(model, True), tokenizer, train_ex,
+                                data / "train", args.max_tokens)
+    m_held = head_data.collect(head_data.TorchScorer(model, True), tokenizer, held_ex,
+                               data / "held", args.max_tokens)
     rows = head_data.load_rows(data / "train")
     held = head_data.load_rows(data / "held")
     vocab = model.config.vocab_size

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaspec.draft.head_model import DraftHead, HeadConfig
 from adaspec.lab.head import data as head_data
 from adaspec.lab.head import train as head_train
-from adaspec.lab.head.model import DraftHead, HeadConfig
 
 from .conftest import tiny_model
 
@@ -97,7 +97,7 @@ def test_training_teaches_the_head_the_targets_next_tokens():
 def _trained_head_drafter(model, vocab_kept: int | None = None):
     """A head trained on the tiny target's own greedy continuations (so it drafts some of
     them right), as a HeadDrafter over the target's embeddings and output rows."""
-    from adaspec.lab.head.drafter import HeadDrafter
+    from adaspec.draft.head import HeadDrafter
 
     rows = _rows(model, 160, 24, seed=4)
     kept = torch.arange(model.config.vocab_size) if vocab_kept is None else \
@@ -143,7 +143,7 @@ def test_the_head_needs_a_runtime_that_gives_features():
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     frozen = head_train.frozen_parts(model, torch.arange(40))
-    from adaspec.lab.head.drafter import HeadDrafter
+    from adaspec.draft.head import HeadDrafter
 
     drafter = HeadDrafter(_head(model), frozen.token_head, frozen.embed)
     with pytest.raises(InputError, match="reads the target's features"):
@@ -157,7 +157,7 @@ class Unrenormalised:
     renormalised over the kept set): the negative control."""
 
     def __new__(cls, base):
-        from adaspec.lab.head.drafter import HeadDrafter
+        from adaspec.draft.head import HeadDrafter
 
         class Drafter(HeadDrafter):
             name = "head-unrenormalised"
@@ -179,8 +179,8 @@ def test_sampling_with_a_restricted_head_follows_the_target_law(broken):
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.control.static import StaticLength
     from adaspec.core.sampling import SamplingParams
+    from adaspec.draft.head import HeadDrafter
     from adaspec.engine.loop import Engine
-    from adaspec.lab.head.drafter import HeadDrafter
 
     from .stats_helpers import assert_caught, assert_exact
     from .test_engine_sampling import check, first_tokens
@@ -200,3 +200,142 @@ def test_sampling_with_a_restricted_head_follows_the_target_law(broken):
         return
     assert 0.05 < acceptance < 0.95
     assert_exact(fits, "head")
+
+
+def test_the_head_method_loads_an_artifact_and_decodes_what_plain_decoding_does(tmp_path):
+    """`head:artifact=PATH` builds the drafter from a saved head and the target's own
+    embeddings and output rows; its greedy output is the target's."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_engine
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    drafter = _trained_head_drafter(model)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, drafter.head, torch.arange(40), {"trained_on": ["tiny"]})
+    engine = build_engine(f"head:k=3,artifact={path}", TorchBackend(model), None,
+                          eos_token_ids=[])
+    plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
+    drafted = 0
+    for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8]):
+        got = engine.generate(prompt, max_new_tokens=16)
+        assert got.token_ids == plain.generate(prompt, max_new_tokens=16).token_ids
+        drafted += got.stats.drafted
+    assert drafted > 0
+
+
+def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.errors import InputError
+    from adaspec.methods.build import build_engine
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    with pytest.raises(InputError, match="adaspec head data.*adaspec head train"):
+        build_engine("head", TorchBackend(model, name="no-such-model"), None, eos_token_ids=[])
+    with pytest.raises(InputError, match="draft head not found"):
+        build_engine(f"head:artifact={tmp_path / 'missing.pt'}", TorchBackend(model), None,
+                     eos_token_ids=[])
+    with pytest.raises(InputError, match="ctrl=disco is not for the head"):
+        build_engine("head:ctrl=disco", TorchBackend(model), None, eos_token_ids=[])
+
+
+def test_fewer_query_heads_than_the_target_has():
+    model = tiny_model(vocab=40, hidden=32)
+    cfg = HeadConfig.from_target(model.config, 48, heads=2)
+    assert (cfg.heads, cfg.kv_heads) == (2, 2)
+    head = DraftHead(cfg)
+    out, _ = head(torch.randn(1, 3, 32), torch.randn(1, 3, 32), torch.arange(3)[None])
+    assert out.shape == (1, 3, 32)
+    with pytest.raises(ValueError, match="multiple"):
+        HeadConfig.from_target(model.config, 48, heads=3)
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """A run killed after its first epoch's checkpoint and started again ends where one
+    uninterrupted run ends (the head, the optimizer and the schedule restored)."""
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    rows = _rows(model, 12, 12, seed=4)
+    frozen = head_train.frozen_parts(model, torch.arange(40))
+    cfg = head_train.TrainConfig(depth=2, epochs=2, lr=1e-2, log_every=1000)
+    whole = _head(model).train()
+    head_train.train(whole, frozen, rows, [], cfg, progress=False)
+
+    class Killed(Exception):
+        pass
+
+    real_unrolled = head_train.unrolled
+    calls = {"n": 0}
+
+    def dies_in_the_second_epoch(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > len(rows):
+            raise Killed
+        return real_unrolled(*a, **k)
+
+    ckpt = tmp_path / "run.ckpt"
+    with monkeypatch.context() as m:
+        m.setattr(head_train, "unrolled", dies_in_the_second_epoch)
+        with pytest.raises(Killed):
+            head_train.train(_head(model).train(), frozen, rows, [], cfg, progress=False,
+                             checkpoint=ckpt)
+    assert torch.load(ckpt, weights_only=False)["epoch"] == 0
+    resumed = _head(model).train()
+    head_train.train(resumed, frozen, rows, [], cfg, progress=False, checkpoint=ckpt)
+    for a, b in zip(resumed.state_dict().values(), whole.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+    # negative control: a fresh start of the second epoch alone ends elsewhere
+    fresh = _head(model).train()
+    head_train.train(fresh, frozen, rows, [], head_train.TrainConfig(
+        depth=2, epochs=1, lr=1e-2, log_every=1000), progress=False)
+    assert not torch.allclose(fresh.fc.weight, whole.fc.weight)
+
+
+@pytest.mark.parametrize("profile", ["flat", "steep"])
+def test_auto_prices_the_head_as_a_source(tmp_path, profile):
+    """`auto:use=ngram+head` drafts from the head where verification is nearly free and
+    never where every verified token costs a whole pass; greedy output is plain decoding's
+    either way."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_engine
+
+    from .test_auto import flat_profile, steep_profile
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    drafter = _trained_head_drafter(model)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, drafter.head, torch.arange(40), {"trained_on": ["tiny"]})
+    costs = flat_profile() if profile == "flat" else steep_profile()
+    engine = build_engine(f"auto:use=ngram+head,head={path}", TorchBackend(model), None,
+                          eos_token_ids=[], profile=costs)
+    plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
+    by_head = 0
+    for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30]):
+        got = engine.generate(prompt, max_new_tokens=20)
+        assert got.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
+        by_head += engine.drafter.choices.head
+    if profile == "flat":
+        assert by_head > 0
+    else:
+        assert by_head == 0
+
+
+def test_auto_with_use_head_and_no_head_says_how_to_make_one():
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.errors import InputError
+    from adaspec.methods.build import build_engine
+
+    from .test_auto import flat_profile
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    with pytest.raises(InputError, match="adaspec head data"):
+        build_engine("auto:use=ngram+head", TorchBackend(model, name="no-such-model"), None,
+                     eos_token_ids=[], profile=flat_profile())
+    # the default does not use the head (it does not pay yet: docs/head.md)
+    draft = TorchBackend(tiny_model(vocab=40, hidden=32, seed=4, layers=1))
+    engine = build_engine("auto", TorchBackend(model), None, draft, eos_token_ids=[],
+                          profile=flat_profile())
+    assert engine.drafter.head is None
+    with pytest.raises(InputError, match="add head to use="):
+        build_engine("auto:use=ngram,head=x.pt", TorchBackend(model), None, eos_token_ids=[],
+                     profile=flat_profile())

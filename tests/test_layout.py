@@ -328,7 +328,7 @@ THIRD_PARTY_PRIVATE = {
     "store/quant.py: torch.ops.aten._weight_int8pack_mm": "(the same)",
     **{f"cli/{name}.py: argparse._SubParsersAction": "the type of `add_subparsers()` for the "
        "type checker" for name in ("bench", "disco", "generate", "osd", "profile", "router",
-                                   "s2d", "serve")},
+                                   "s2d", "serve", "head")},
 }
 
 

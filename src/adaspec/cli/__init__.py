@@ -12,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaspec.cli.bench import add_bench_parser
     from adaspec.cli.disco import add_disco_parser
     from adaspec.cli.generate import add_generate_parser
+    from adaspec.cli.head import add_head_parser
     from adaspec.cli.models import add_models_parser
     from adaspec.cli.osd import add_osd_parser
     from adaspec.cli.profile import add_profile_parser
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_disco_parser(sub)
     add_router_parser(sub)
     add_s2d_parser(sub)
+    add_head_parser(sub)
     add_osd_parser(sub)
     add_serve_parser(sub)
     methods = sub.add_parser("methods", help="list decoding methods and their parameters")

@@ -40,6 +40,7 @@ from adaspec.cost.batch import Seat
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
+from adaspec.draft.head import HeadChain, HeadDrafter
 from adaspec.draft.history import HistoryIndex
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
@@ -48,6 +49,8 @@ from adaspec.draft.rates import RateEstimate
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)  # bucket upper edges (last: 1.0)
 NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by match length
 DRAFT_PRIOR = 0.6  # the draft model's per-token acceptance before any evidence
+HEAD_PRIOR = 0.4  # the draft head's, before any evidence
+HEAD_WINDOW = 200.0  # trials a head estimate remembers across requests
 # Tokens a request must have emitted in steps alone before the rate those steps were priced
 # at says whether starting the draft model pays (`_rate_without_draft`).
 RATE_EVIDENCE = 8
@@ -115,11 +118,23 @@ def _history_prior(cell: tuple[int, int, int]) -> float:
 class Choice:
     """What the last step proposed: enough to credit its outcome to the right estimate."""
 
-    kind: str  # "plain" | "ngram" | "history" | "draft"
+    kind: str  # "plain" | "ngram" | "history" | "draft" | "head"
     tokens: list[int] = field(default_factory=list)
     start: int = 0  # context length when proposed
     match: int = 0  # n-gram match length
     buckets: list = field(default_factory=list)  # per token: draft bucket | history cell
+
+
+@dataclass
+class _Peek:
+    """The head's first token of a step, drafted before the step chose (`_peek_head`)."""
+
+    chain: HeadChain
+    token: int
+    probs: torch.Tensor | None  # its processed distribution [V] (None: greedy)
+    bucket: int
+    n: int  # the best chain length its bucket's rate gives
+    value: float  # that chain's expected tokens per ms
 
 
 @dataclass
@@ -130,6 +145,7 @@ class AutoStats:
     ngram: int = 0
     history: int = 0
     draft: int = 0
+    head: int = 0
 
 
 class AutoDrafter(Drafter):
@@ -149,11 +165,15 @@ class AutoDrafter(Drafter):
         disco=None,
         history: HistoryIndex | None = None,
         eos_token_ids: set[int] | frozenset[int] = frozenset(),
+        head: HeadDrafter | None = None,
+        head_ms: float = 0.0,
     ) -> None:
         """disco: a trained DISCO artifact (`adaspec disco tune`); its classifier then
         estimates each draft token's acceptance instead of the confidence buckets.
         history: the cross-request index to propose from and to teach (None: not used);
-        eos_token_ids: where a request's output ends (what the history learns stops there)."""
+        eos_token_ids: where a request's output ends (what the history learns stops there);
+        head: a draft head over the target's features (`draft/head.py`), `head_ms` what one
+        of its steps costs on this machine (measured by the method that builds it)."""
         self.profile = profile
         self.disco = disco
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
@@ -175,6 +195,10 @@ class AutoDrafter(Drafter):
 
                 raise InputError("method auto with a draft model needs a cost profile that "
                                  "measured the draft (adaspec profile --draft ...)")
+        self.head = head
+        self.head_ms = head_ms
+        self.needs_features = head is not None  # the engine records the target's features
+        self._req: RequestState | None = None  # the request of the step being proposed
         self.k_max = k_max
         self.choices = AutoStats()
         self._last: Choice | None = None
@@ -187,6 +211,14 @@ class AutoDrafter(Drafter):
         self._memo: dict[bool, list[float]] | None = None
         self._base_memo: float | None = None  # a step's `_base` in a batch
         self.draft_memory = RateEstimate(DRAFT_PRIOR)  # spans requests
+        # The head's acceptance per confidence bucket and overall, across requests (the
+        # last HEAD_WINDOW trials each): a short answer (a translation) ends before its own
+        # steps could tell whether the head pays. Never read by a seeded sampled request
+        # (it does not draft from the head), so reproducibility does not depend on them.
+        self.head_rates = [RateEstimate(_bucket_prior(i))
+                           for i in range(len(CONFIDENCE_EDGES) + 1)]
+        self.head_overall = RateEstimate(HEAD_PRIOR)
+        self.head_seen = [1.0] * (len(CONFIDENCE_EDGES) + 1)  # peeks per bucket (fading)
         self._reset_estimates()
 
     def _reset_estimates(self) -> None:
@@ -210,6 +242,8 @@ class AutoDrafter(Drafter):
         self._priced = None
         if self.ngram is not None:
             self.ngram.begin(req)
+        if self.head is not None:
+            self.head.begin(req)
         self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
 
@@ -250,6 +284,8 @@ class AutoDrafter(Drafter):
             self.ngram.commit(req, path)
         if self.model is not None and self._model_started:
             self.model.commit(req, path)
+        if self.head is not None:
+            self.head.commit(req, path)
 
     def _credit(self, choice: Choice, accepted: int) -> None:
         trials = min(accepted + 1, len(choice.tokens))
@@ -264,6 +300,10 @@ class AutoDrafter(Drafter):
             self.draft_overall.add(trials, accepted)
             self.draft_learned.add(trials, accepted)
             self.draft_memory.add(trials, accepted, window=DRAFT_MEMORY)
+        elif choice.kind == "head":
+            for i, bucket in enumerate(choice.buckets[:trials]):
+                self.head_rates[bucket].add(1, int(i < accepted), window=HEAD_WINDOW)
+            self.head_overall.add(trials, accepted, window=HEAD_WINDOW)
 
     def _credit_history(self, seen: Choice, context: list[int]) -> None:
         """Credit the history's continuation of this step, whether or not it was proposed,
@@ -461,10 +501,12 @@ class AutoDrafter(Drafter):
         self._memo = {}  # the step's context, seat and load are set from here on
         self._base_memo = None
         self._remaining = req.remaining
+        self._req = req
         try:
             return self._propose(req.context, max_tokens, req.sampling, req.generator, req.seat)
         finally:
             self._memo = self._base_memo = None
+            self._req = None
 
     def _propose(self, context: list[int], max_tokens: int, params: SamplingParams,
                  generator: torch.Generator | None, seat: Seat | None) -> Proposal:
@@ -506,6 +548,14 @@ class AutoDrafter(Drafter):
             without = self._rate_without_draft() if before_draft else None
             if without is None or value > without:
                 options.append((value, "draft", n))
+        peek: _Peek | None = None
+        # A seeded sampled request never drafts from the head: whether it pays is read off a
+        # measured time, and its draws must not depend on one.
+        if self.head is not None and limit > 0 and not self._off_the_end(ctx) \
+                and (params.greedy or params.seed is None):
+            peek = self._peek_head(options, limit, ctx, params, generator)
+            if peek is not None:
+                options.append((peek.value, "head", peek.n))
         value, kind, n = max(options, key=lambda o: o[0])
         free = [o for o in options if o[1] in ("ngram", "history") and o[2] > 0]
         if kind == "plain" and free and self._in_batch() is not None:
@@ -529,8 +579,110 @@ class AutoDrafter(Drafter):
             self._last = Choice("history", tokens, ctx, buckets=cells[:n])
             return Proposal.chain(context[-1], tokens, drafted_by={"history": n},
                                   accept=[self.history_rates[c].rate for c in cells[:n]])
+        if kind == "head":
+            assert peek is not None
+            self.choices.head += 1
+            return self._draft_head(peek, context, limit, params, generator)
         self.choices.draft += 1
         return self._draft(context, limit, params, generator)
+
+    def _peek_head(self, options: list[tuple[float, str, int]], limit: int, ctx: int,
+                   params: SamplingParams, generator: torch.Generator | None) -> _Peek | None:
+        """The head's first token, drawn only where it could win: a head step costs a few
+        percent of a target step, so its first token is drafted (and that cost sunk) when,
+        at the best rate any confidence bucket has shown, drafting would beat every other
+        option; its own bucket's rate then prices the step. None: no head step this time."""
+        assert self.head is not None and self._req is not None
+        if not self._peek_pays(max(o[0] for o in options), limit, ctx):
+            return None
+        chain = self.head.open(self._req)
+        if chain is None:  # the target gave no feature of the newest position
+            return None
+        drawn, processed, small = chain.draw(params, generator)
+        read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
+                          .double()]).tolist()
+        bucket = _bucket_of(read[1])
+        self.head_seen[bucket] += 1
+        total = sum(self.head_seen)
+        if total > HEAD_WINDOW:
+            self.head_seen = [c * HEAD_WINDOW / total for c in self.head_seen]
+        n, tokens, ms = self._head_length(self.head_rates[bucket].rate,
+                                          self.head_overall.rate, limit, ctx)
+        return _Peek(chain, int(read[0]), processed, bucket, n, tokens / ms)
+
+    def _peek_pays(self, best: float, limit: int, ctx: int) -> bool:
+        """Whether drawing the head's first token is worth its step: the head step is spent
+        whatever its confidence shows, and pays only through the steps where that
+        confidence makes the head beat `best` (tokens per ms of the best other option,
+        taken at a plain step's time). Weighed by how often peeks have landed in each
+        confidence bucket (across requests): peeking every step at a head that seldom wins
+        cost 13% of a step on translations (session 32)."""
+        plain_ms = self._verify_ms(0, ctx)
+        other = (best * plain_ms, plain_ms)  # (tokens, ms) of not drafting from the head
+        total = sum(self.head_seen)
+        tokens = ms = 0.0
+        for bucket, seen in enumerate(self.head_seen):
+            n, t, m = self._head_length(self.head_rates[bucket].rate, self.head_overall.rate,
+                                        limit, ctx)
+            t, m = (t, m) if n > 0 and t / m > best else other
+            tokens += seen / total * t
+            ms += seen / total * m
+        return tokens / (ms + self.head_ms) > best
+
+    def _head_length(self, first: float, later: float, limit: int, ctx: int
+                     ) -> tuple[int, float, float]:
+        """The head chain's best length, its expected tokens and its ms, its first token
+        accepted with probability `first` and drafted already (its cost sunk), each later
+        one with `later`."""
+        base = self._base(ctx)
+        prices = self._prices(limit, ctx)
+        best = (0, base, prices[0])
+        value, p = base, 1.0
+        for n in range(1, limit + 1):
+            p *= first if n == 1 else later
+            value += p
+            cost = self.head_ms * (n - 1) + prices[n]
+            if value / cost > best[1] / best[2]:
+                best = (n, value, cost)
+        return best
+
+    def _draft_head(self, peek: _Peek, context: list[int], limit: int, params: SamplingParams,
+                    generator: torch.Generator | None) -> Proposal:
+        """Head tokens from the peeked first one until no look-ahead of a few more tokens
+        pays, as for the draft model (`_draft`), each token's acceptance read from its
+        confidence bucket."""
+        chain = peek.chain
+        ctx = len(context)
+        d1 = self.head_ms
+        step_ms = [n * d1 + ms for n, ms in enumerate(self._prices(limit, ctx)[: limit + 1])]
+        base = self._base(ctx)
+        a_next = self.head_overall.rate
+        tokens = [peek.token]
+        rows = [peek.probs] if peek.probs is not None else []
+        buckets = [peek.bucket]
+        accept = [self.head_rates[peek.bucket].rate]
+        while len(tokens) < limit and cost_keeps_drafting(accept, a_next, step_ms, limit, base):
+            chain.advance(tokens[-1])
+            drawn, processed, small = chain.draw(params, generator)
+            if processed is not None:
+                rows.append(processed)
+            read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
+                              .double()]).tolist()
+            token, bucket = int(read[0]), _bucket_of(read[1])
+            tokens.append(token)
+            buckets.append(bucket)
+            accept.append(self.head_rates[bucket].rate)
+        values = [base]
+        for p in accumulate(accept, operator.mul):
+            values.append(values[-1] + p)
+        spent = (chain.steps - 1) * d1  # the peek's step is sunk
+        best = max(range(len(tokens) + 1),
+                   key=lambda j: values[j] / (spent + self._verify_ms(j, ctx)))
+        tokens, buckets = tokens[:best], buckets[:best]
+        self._last = Choice("head", tokens, ctx, buckets=buckets)
+        return Proposal.chain(
+            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None,
+            chain.steps, drafted_by={"head": best} if best else None, accept=accept[:best])
 
     def _accept_estimate(self, features: list[float], bucket: int, position: int,
                          context: int) -> float:

@@ -8,16 +8,19 @@ from adaspec.errors import InputError
 from adaspec.methods.base import Method, Models
 from adaspec.methods.params import check, param
 
-SOURCES = ("ngram", "history", "draft")
+SOURCES = ("ngram", "history", "draft", "head")
+DEFAULT_USE = "ngram+history+draft"  # the head only where asked: it does not pay yet
 
 
 @dataclass(frozen=True)
 class AutoParams:
     use: str = param(
-        "ngram+history+draft",
+        DEFAULT_USE,
         "what a step may propose besides nothing, joined by +: ngram (this request), history "
-        "(earlier requests), draft (the draft model)",
+        "(earlier requests), draft (the draft model), head (the draft head over the target's "
+        "features: not in the default yet, docs/head.md)",
     )
+    head: str = param("", "the draft head's file (default: the one shipped for the target)")
     k_max: int = param(16, "most tokens one step may propose")
     n_max: int = param(4, "longest n-gram to match")
     n_min: int = param(1, "shortest n-gram to match")
@@ -42,8 +45,8 @@ class AutoParams:
 
         use = self.sources
         check(bool(use) and all(u in SOURCES for u in use) and len(set(use)) == len(use),
-              "use must be ngram, history or draft, or several joined by + "
-              "(e.g. ngram+history+draft)")
+              "use must be ngram, history, draft or head, or several joined by + "
+              "(e.g. ngram+history+head)")
         check(self.k_max >= 1, "k_max must be >= 1")
         check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
         check_verifier_name(self.verify)
@@ -82,8 +85,10 @@ def _build(params: AutoParams, models: Models, text: str):
             from adaspec.draft.history import HistoryIndex
 
             history = HistoryIndex(models.target.vocab_size)
+    head, head_ms = _head(params, models)
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
-                          k_max=params.k_max, use_ngram="ngram" in use, history=history)
+                          k_max=params.k_max, use_ngram="ngram" in use, history=history,
+                          head=head, head_ms=head_ms)
     engine = Engine(
         models.target,
         models.tokenizer,
@@ -94,6 +99,37 @@ def _build(params: AutoParams, models: Models, text: str):
     )
     drafter.eos_token_ids = set(engine.eos_token_ids)  # what ends an output the history learns
     return engine
+
+
+def _head(params: AutoParams, models: Models):
+    """The draft head where `use` names it: (drafter, ms a step) or (None, 0); a missing head
+    or a runtime without the target's features is an error naming what to do."""
+    if "head" not in params.sources:
+        if params.head:
+            raise InputError("head= names a draft head; add head to use= (e.g. "
+                             "use=ngram+history+head)")
+        return None, 0.0
+    from adaspec.draft.head_artifact import builtin_for
+
+    target = models.target
+    path = params.head or builtin_for(target.name)
+    if not target.has_features or path is None:
+        if not target.has_features:
+            raise InputError(f"use=head reads the target's hidden states, which runtime "
+                             f"{target.kind} does not return (torch, or ik_llama.cpp built with "
+                             f"its features patch: adaspec runtime build)")
+        raise InputError(f"no draft head ships for {target.name}: adaspec head data, then "
+                         f"adaspec head train, then head=PATH")
+    from pathlib import Path
+
+    from adaspec.draft.head import HeadDrafter
+    from adaspec.draft.head_artifact import load_for_target
+
+    if params.head and not Path(params.head).expanduser().is_file():
+        raise InputError(f"draft head not found: {params.head}")
+    head, tokens, embed = load_for_target(Path(path).expanduser(), target)
+    drafter = HeadDrafter(head, tokens, embed)
+    return drafter, drafter.step_ms()
 
 
 METHOD = Method(

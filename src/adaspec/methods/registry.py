@@ -20,6 +20,7 @@ BUILTIN = (
     "adaspec.methods.auto:METHOD",
     "adaspec.methods.router:METHOD",
     "adaspec.methods.s2d:METHOD",
+    "adaspec.methods.head:METHOD",
 )
 
 

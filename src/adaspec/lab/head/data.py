@@ -24,13 +24,91 @@ from typing import Any
 import torch
 
 TRAIN_SHAREGPT = 12000  # conversations below this file index may train (DESIGN.md)
+TRAIN_HUMANEVAL = 60  # HumanEval problems 0-59 may train
 
 
 @dataclass(frozen=True)
 class Example:
     id: str
     prompt: str
-    answer: str
+    answer: str = ""  # the dataset's answer text (teacher-forced as it is)
+    answer_ids: tuple[int, ...] = ()  # or the target's own answer, token ids (wins)
+
+
+def training_examples(sharegpt: int = 0, wmt: int = 0, humaneval: int = 0,
+                      spec_bench: int = 0) -> list[Example]:
+    """Prompts DESIGN.md lets train, and nothing else: the first `sharegpt` ShareGPT
+    conversations of file index below 12,000 (with their answers), the first `wmt` WMT
+    prompts, HumanEval problems 0 .. min(humaneval, 60) - 1 and the first `spec_bench`
+    Spec-Bench questions with an odd question_id (these three without answers: the target
+    writes its own, `own_answers`)."""
+    from adaspec.lab.bench import suites
+
+    out: list[Example] = []
+    if sharegpt:
+        for ex in sharegpt_pairs(0, TRAIN_SHAREGPT):
+            if len(out) >= sharegpt:
+                break
+            out.append(ex)
+    if wmt:
+        out += [Example(p.id, p.text) for p in suites.wmt(wmt)]
+    if humaneval:
+        out += [Example(p.id, p.text) for p in suites.humaneval(min(humaneval, TRAIN_HUMANEVAL))]
+    if spec_bench:
+        odd = [p for p in suites.spec_bench(None) if int(p.id.rsplit("/", 1)[1]) % 2 == 1]
+        out += [Example(p.id, p.text) for p in odd[:spec_bench]]
+    return out
+
+
+def own_answers(model, tokenizer, examples: list[Example], out: Path, max_new: int,
+                eos: list[int], batch: int = 16, progress: bool = True) -> list[Example]:
+    """The target's own greedy answers (EAGLE-3 trains on them) to the examples that have no
+    answer, in batches (left-padded, torch); kept in `out` (one JSON row per example,
+    appended, so an interrupted run resumes). Returns every example with its answer."""
+    from tqdm import tqdm
+
+    from adaspec.store.atomic import trim_torn_tail
+
+    done: dict[str, list[int]] = {}
+    if out.is_file():
+        trim_torn_tail(out)
+        for line in out.read_text().splitlines():
+            row = json.loads(line)
+            done[row["id"]] = row["answer_ids"]
+    todo = [ex for ex in examples if not ex.answer and not ex.answer_ids and ex.id not in done]
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(todo), desc="target answers", unit="prompt", disable=not progress)
+    for i in range(0, len(todo), batch):
+        group = todo[i : i + batch]
+        prompts = [_prompt_ids(tokenizer, ex.prompt) for ex in group]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        with out.open("a", encoding="utf-8") as f:
+            for ex, row in zip(group, gen[:, width:].tolist(), strict=True):
+                answer: list[int] = []
+                for t in row:
+                    answer.append(int(t))
+                    if t in eos:
+                        break
+                done[ex.id] = answer
+                f.write(json.dumps({"id": ex.id, "answer_ids": answer}) + "\n")
+        bar.update(len(group))
+    bar.close()
+    return [Example(ex.id, ex.prompt, ex.answer, tuple(done.get(ex.id, ex.answer_ids)))
+            for ex in examples]
+
+
+def _prompt_ids(tokenizer, prompt: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
 
 
 def sharegpt_pairs(start: int, stop: int) -> Iterator[Example]:
@@ -56,11 +134,9 @@ def sharegpt_pairs(start: int, stop: int) -> Iterator[Example]:
 
 def encode(tokenizer, example: Example, max_tokens: int, eos: int) -> tuple[list[int], int]:
     """Chat-templated prompt + answer + end of turn, cut to max_tokens; (ids, prompt length)."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": example.prompt}],
-                                           add_generation_prompt=True, tokenize=True)
-    if hasattr(prompt, "keys"):
-        prompt = prompt["input_ids"]
-    prompt = [int(t) for t in prompt]
+    prompt = _prompt_ids(tokenizer, example.prompt)
+    if example.answer_ids:  # the target's own, its end of turn included where it ended
+        return (prompt + list(example.answer_ids))[:max_tokens], len(prompt)
     answer = [int(t) for t in tokenizer.encode(example.answer, add_special_tokens=False)]
     return (prompt + answer + [eos])[:max_tokens], len(prompt)
 
@@ -100,22 +176,71 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def collect(model, tokenizer, examples: list[Example], out: Path, max_tokens: int = 384,
+class TorchScorer:
+    """Scores an example with a transformers model: logits, the final-normed states and,
+    where asked, the low/middle/high layers' outputs (EAGLE-3's input)."""
+
+    def __init__(self, model, layers: bool) -> None:
+        self.picks = layer_picks(model.config.num_hidden_layers) if layers else ()
+        self.model = model
+        self.tap = FeatureTap(model, self.picks)
+
+    def score(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([ids])).logits[0].float()
+        layers = None
+        if self.picks:
+            layers = torch.stack([self.tap.outputs[f"layer{i}"][0] for i in self.picks], 1)
+        return logits, self.tap.outputs["final"][0], layers
+
+    def close(self) -> None:
+        self.tap.close()
+
+
+class BackendScorer:
+    """Scores an example with a runtime that returns the target's features beside its
+    logits (ik_llama.cpp with its features patch: the states the head reads at inference),
+    in chunks of at most `chunk` rows."""
+
+    picks: tuple[int, ...] = ()
+
+    def __init__(self, backend, chunk: int = 256) -> None:
+        backend.record_features(True)
+        self.backend = backend
+        self.chunk = chunk
+
+    def score(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, None]:
+        self.backend.reset()
+        logits, feats = [], []
+        for i in range(0, len(ids), self.chunk):
+            out = self.backend.forward(torch.tensor(ids[i : i + self.chunk]))
+            if out.features is None:
+                raise RuntimeError(f"the {self.backend.kind} runtime returned no features")
+            logits.append(out.logits.float())
+            feats.append(out.features.float())
+        return torch.cat(logits), torch.cat(feats), None
+
+    def close(self) -> None:
+        self.backend.record_features(False)
+        self.backend.reset()
+
+
+def collect(scorer, tokenizer, examples: list[Example], out: Path, max_tokens: int = 384,
             top_k: int = 8, shard_tokens: int = 16384, eos: int = 151645,
             progress: bool = True) -> dict:
-    """Record the examples not yet in `out`'s manifest; returns the manifest."""
+    """Record the examples not yet in `out`'s manifest with `scorer` (`TorchScorer`,
+    `BackendScorer`); returns the manifest."""
     from tqdm import tqdm
 
-    from adaspec.store.atomic import write_text
+    from adaspec.store.atomic import atomic_open, write_text
 
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
     manifest: dict[str, Any] = (json.loads(manifest_path.read_text()) if manifest_path.exists()
                                 else {"shards": [], "top_k": top_k, "max_tokens": max_tokens})
     done = {i for s in manifest["shards"] for i in s["examples"]}
-    picks = layer_picks(model.config.num_hidden_layers)
+    picks = scorer.picks
     manifest["layers"] = list(picks)
-    tap = FeatureTap(model, picks)
     todo = [e for e in examples if e.id not in done]
     rows: list[dict] = []
     n_tokens = 0
@@ -126,9 +251,8 @@ def collect(model, tokenizer, examples: list[Example], out: Path, max_tokens: in
             return
         index = len(manifest["shards"])
         path = out / f"shard-{index:05d}.pt"
-        tmp = path.with_suffix(".tmp")
-        torch.save(rows, tmp)
-        tmp.replace(path)
+        with atomic_open(path, "wb") as f:
+            torch.save(rows, f)
         manifest["shards"].append({"file": path.name, "sha256": _sha256(path),
                                    "examples": [r["id"] for r in rows], "tokens": n_tokens})
         manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
@@ -139,24 +263,22 @@ def collect(model, tokenizer, examples: list[Example], out: Path, max_tokens: in
     try:
         for ex in tqdm(todo, desc="target features", unit="example", disable=not progress):
             ids, prompt_len = encode(tokenizer, ex, max_tokens, eos)
-            with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0].float()
-            probs = torch.softmax(logits, -1)
-            top_p, top_i = probs.topk(top_k, -1)
-            rows.append({
+            logits, final, layers = scorer.score(ids)
+            top_p, top_i = torch.softmax(logits, -1).topk(top_k, -1)
+            row = {
                 "id": ex.id, "tokens": torch.tensor(ids, dtype=torch.int32),
-                "prompt_len": prompt_len,
-                "final": tap.outputs["final"][0].to(torch.float16),
-                "layers": torch.stack([tap.outputs[f"layer{i}"][0] for i in picks], 1)
-                .to(torch.float16),  # [T, 3, H]
+                "prompt_len": prompt_len, "final": final.to(torch.float16),
                 "top_ids": top_i.to(torch.int32), "top_probs": top_p.to(torch.float16),
-            })
+            }
+            if layers is not None:
+                row["layers"] = layers.to(torch.float16)  # [T, 3, H]
+            rows.append(row)
             n_tokens += len(ids)
             if n_tokens >= shard_tokens:
                 flush()
         flush()
     finally:
-        tap.close()
+        scorer.close()
     manifest["seconds"] = manifest.get("seconds", 0.0) + time.perf_counter() - t0
     write_text(manifest_path, json.dumps(manifest, indent=1))
     return manifest

@@ -41,15 +41,20 @@ class HeadConfig:
         return asdict(self)
 
     @classmethod
-    def from_target(cls, config, intermediate: int, features: int = 1) -> HeadConfig:
-        """A head for a transformers Qwen2/Llama config (`config.json` of the target)."""
+    def from_target(cls, config, intermediate: int, features: int = 1,
+                    heads: int = 0) -> HeadConfig:
+        """A head for a transformers Qwen2/Llama config (`config.json` of the target), with
+        `heads` query heads of the target's size (0: as many as the target has; fewer cost
+        less, a multiple of the target's key/value heads)."""
         rope = getattr(config, "rope_parameters", None) or {}
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-        heads = int(config.num_attention_heads)
-        return cls(hidden=int(config.hidden_size), heads=heads,
-                   kv_heads=int(getattr(config, "num_key_value_heads", heads)),
+        own = int(config.num_attention_heads)
+        kv = int(getattr(config, "num_key_value_heads", own))
+        if heads and heads % kv:
+            raise ValueError(f"query heads must be a multiple of the {kv} key/value heads")
+        return cls(hidden=int(config.hidden_size), heads=heads or own, kv_heads=kv,
                    head_dim=int(getattr(config, "head_dim", None)
-                                or config.hidden_size // heads),
+                                or config.hidden_size // own),
                    intermediate=intermediate, features=features, rope_theta=theta,
                    rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
 

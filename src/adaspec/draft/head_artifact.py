@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead
 from adaspec.errors import InputError
-from adaspec.lab.head.model import DraftHead, HeadConfig, TokenHead
+from adaspec.store.atomic import atomic_open
 
 FORMAT = "adaspec-draft-head-1"
 EMBED = "model.embed_tokens.weight"
@@ -40,11 +41,13 @@ class HeadArtifact:
 def save(path: Path, head: DraftHead, token_ids: torch.Tensor, provenance: dict) -> None:
     """Write atomically (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"format": FORMAT, "config": head.cfg.to_json(),
-                "state": {k: v.detach().cpu() for k, v in head.state_dict().items()},
-                "token_ids": token_ids.cpu(), "provenance": provenance}, tmp)
-    tmp.replace(path)
+    with atomic_open(path, "wb") as f:
+        torch.save({"format": FORMAT, "config": head.cfg.to_json(),
+                    # bf16 on disk (what the drafter runs in): half the bytes of fp32
+                    "state": {k: v.detach().cpu().to(torch.bfloat16)
+                              if v.is_floating_point() else v.detach().cpu()
+                              for k, v in head.state_dict().items()},
+                    "token_ids": token_ids.cpu(), "provenance": provenance}, f)
 
 
 def load(path: str | Path) -> HeadArtifact:
@@ -85,3 +88,56 @@ def target_parts(model: Any | None, weights_file: Path | None, token_ids: torch.
                          "bf16 copy `adaspec models prepare` makes)")
     # the embeddings stay in the file's dtype (a row is read per token)
     return embed, TokenHead(rows.to(dtype).clone(), token_ids, vocab)
+
+
+def target_config(folder: Path) -> Any:
+    """The target's transformers config (its `config.json` in the bf16 copy's folder)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder))
+
+
+def end_tokens(folder: Path) -> list[int]:
+    """The target's end-of-turn ids (its `generation_config.json`): always kept tokens."""
+    import json
+
+    try:
+        eos = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        eos = None
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos or []]
+
+
+def builtin_for(target: str) -> Path | None:
+    """The head shipped for model `target` (a catalog name), where one ships."""
+    from adaspec.draft.builtin import head_file
+
+    path = head_file(target)
+    return path if path.is_file() else None
+
+
+def load_for_target(path: Path, target: Any, dtype: torch.dtype = torch.float32
+                    ) -> tuple[DraftHead, TokenHead, torch.Tensor]:
+    """The head, its restricted output head and the target's embeddings, ready to draft:
+    the target's parts from its torch model where it runs in torch, else from the bf16 copy
+    `adaspec models prepare` made (only the kept output rows are read). fp32 by default:
+    at batch 1 torch's fp32 products read weights faster than its bf16 ones on the CPUs
+    measured (experiments/head_cost.py: a step 4-6 ms either way on 2 vCPUs, fp32 ahead)."""
+    from adaspec.store.loading import cache_dir_for
+
+    art = load(path)
+    model = getattr(target, "model", None)
+    weights = None
+    if model is None or not hasattr(model, "get_input_embeddings"):
+        model = None
+        weights = cache_dir_for(target.name) / "model.safetensors"
+        if not weights.is_file():
+            raise InputError(f"the draft head reads the target's embeddings from {weights}, "
+                             f"which is missing: adaspec models prepare")
+    embed, tokens = target_parts(model, weights, art.token_ids, dtype)
+    if art.config.hidden != int(embed.shape[1]):
+        raise InputError(f"{path} is a head for hidden size {art.config.hidden}, the target "
+                         f"has {int(embed.shape[1])}")
+    return art.head(dtype), tokens.eval(), embed

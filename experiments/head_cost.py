@@ -1,0 +1,101 @@
+"""What one draft step of the head costs on this machine, by shape and weight format (issue 65).
+
+    .venv/bin/python experiments/head_cost.py --out experiments/results/head-cost-<machine>
+
+Random-init heads of the built-in target's shapes (hidden 1536, 12 query heads of 128, 2
+key/value heads) at batch 1 over a cache of 256 positions, with the output head restricted
+to N kept tokens; each configuration timed over the same loop the drafter runs (one head
+step, the kept-token logits, their argmax). Reported beside the target's plain step from
+this machine's cost profile (`adaspec profile`), so the ratio is the figure that decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead  # noqa: E402
+from adaspec.store.quant import quantize_model  # noqa: E402
+
+
+def step_ms(head: DraftHead, tokens: TokenHead, dtype: torch.dtype, context: int = 256,
+            reps: int = 40) -> float:
+    cfg = head.cfg
+    past = (torch.randn(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype),
+            torch.randn(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype))
+    x = torch.randn(1, 1, cfg.features * cfg.hidden, dtype=dtype)
+    e = torch.randn(1, 1, cfg.hidden, dtype=dtype)
+    pos = torch.tensor([[context]])
+    times = []
+    with torch.inference_mode():
+        for i in range(reps + 5):
+            t0 = time.perf_counter()
+            out, _ = head(x, e, pos, past)
+            int(tokens(out[0, -1]).argmax(-1))
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+    times.sort()
+    return 1000 * times[len(times) // 2]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mlp", default="512,1024,2048")
+    p.add_argument("--heads", default="4,12")
+    p.add_argument("--vocab", default="8192,16384,32768")
+    p.add_argument("--formats", default="float32,bfloat16,int8-dyn")
+    p.add_argument("--target-ms", type=float, default=0.0,
+                   help="the target's plain step (0: read this machine's cost profile)")
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    target_ms = args.target_ms
+    rows = []
+    for mlp, heads, vocab, fmt in itertools.product(
+            [int(x) for x in args.mlp.split(",")], [int(x) for x in args.heads.split(",")],
+            [int(x) for x in args.vocab.split(",")], args.formats.split(",")):
+        cfg = HeadConfig(hidden=1536, heads=heads, kv_heads=2, head_dim=128, intermediate=mlp)
+        dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
+        head = DraftHead(cfg).to(dtype).eval()
+        tokens = TokenHead(torch.randn(vocab, 1536, dtype=dtype) * 0.02,
+                           torch.arange(vocab), 151936).eval()
+        if fmt not in ("float32", "bfloat16"):
+            quantize_model(head, fmt)
+            quantize_model(tokens, fmt)
+        ms = step_ms(head, tokens, dtype)
+        params = sum(p.numel() for p in DraftHead(cfg).parameters())
+        row = {"mlp": mlp, "heads": heads, "vocab": vocab, "format": fmt,
+               "head_params_m": round(params / 1e6, 2), "step_ms": round(ms, 3)}
+        if target_ms:
+            row["of_target_step"] = round(ms / target_ms, 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {"machine": platform.processor() or platform.machine(),
+                   "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+                   "torch_threads": torch.get_num_threads(), "target_step_ms": target_ms,
+                   "rows": rows}
+        (out / "cost.json").write_text(json.dumps(summary, indent=1))
+        lines = ["| MLP | query heads | kept tokens | format | head params (M) | ms a draft step"
+                 " | of a target step |", "| ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+        lines += [f"| {r['mlp']} | {r['heads']} | {r['vocab']} | {r['format']} | "
+                  f"{r['head_params_m']} | {r['step_ms']} | {r.get('of_target_step', '-')} |"
+                  for r in rows]
+        (out / "cost.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""The draft head's drafter: chains from a small module over the target's own features.
+
+The head (`draft/head_model.py`) keeps a cache of its inputs at the accepted positions, each
+built from the target's feature there (the final-normed state the verification pass
+returned, `RequestState.features`) and the embedding of the token after it. A step first
+feeds the positions accepted since the last one (in one call: the path the target accepted
+and its own token), whose last output gives the first draft token; each further draft token
+feeds the head's own output back as the feature. Drafted positions never enter the cache:
+once verified, they come back with the target's features, so nothing is rolled back but a
+cut to the common prefix when the context changes.
+
+Where the runtime returned no feature for a position (a prompt scored for its last row only)
+the head's cache simply lacks it: the positions stay absolute (rotary positions), and the
+head drafts from what it has. Probabilities come over the full vocabulary with q = 0 outside
+the kept tokens (`TokenHead.full_logits`), so speculative sampling stays exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.control.base import LengthController
+from adaspec.core.proposal import Proposal
+from adaspec.core.request import RequestState
+from adaspec.core.sampling import SamplingParams, argmax, draw
+from adaspec.draft.base import Drafter
+from adaspec.draft.head_model import DraftHead, TokenHead
+
+
+class HeadDrafter(Drafter):
+    name = "head"
+    needs_features = True
+
+    def __init__(self, head: DraftHead, tokens: TokenHead, embed: torch.Tensor) -> None:
+        """embed [V, H]: the target's token embeddings (read a row at a time)."""
+        self.head = head.eval()
+        self.tokens = tokens
+        self.embed = embed
+        self._dtype = next(head.parameters()).dtype
+        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._fed = 0  # inputs 0 .. _fed - 1 are in the cache (those with a feature)
+        self._positions = torch.empty(0, dtype=torch.long)  # of the inputs in the cache
+        self._cached: list[int] = []  # the context the cache was built on
+
+    def step_ms(self, context: int = 256, reps: int = 12) -> float:
+        """The median ms of one draft step (a head forward over a cache of `context`
+        positions, then the next token's logits) on this machine, now: what `auto` prices
+        a head token at."""
+        import time
+
+        cfg = self.head.cfg
+        dtype = self._dtype
+        kv = (torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype),
+              torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype))
+        hidden = torch.zeros(1, 1, cfg.features * cfg.hidden, dtype=dtype)
+        chain = HeadChain(self, hidden[..., : cfg.hidden], kv, context)
+        times = []
+        for _ in range(reps + 3):
+            t0 = time.perf_counter()
+            chain._kv = kv
+            chain.advance(0)
+            chain.draw(SamplingParams(0.0), None)
+            times.append(time.perf_counter() - t0)
+        times = sorted(times[3:])
+        return 1000 * times[len(times) // 2]
+
+    def begin(self, req: RequestState) -> None:
+        self._kv, self._fed, self._cached = None, 0, []
+        self._positions = torch.empty(0, dtype=torch.long)
+
+    def _embeds(self, ids: list[int]) -> torch.Tensor:
+        return self.embed[torch.tensor(ids)].to(self._dtype)[None]  # [1, n, H]
+
+    def _sync(self, context: list[int]) -> None:
+        """Keep the cache's inputs the context still agrees with (a cut to the common
+        prefix: input i reads tokens i and i + 1)."""
+        n = 0
+        limit = min(len(self._cached), len(context))
+        while n < limit and self._cached[n] == context[n]:
+            n += 1
+        keep = max(0, min(self._fed, n - 1))
+        if keep < self._fed and self._kv is not None:
+            k, v = self._kv
+            kept = int((self._positions < keep).sum())
+            self._kv = (k[:, :, :kept], v[:, :, :kept]) if kept else None
+            self._positions = self._positions[:kept]
+        self._fed = keep
+        self._cached = list(context)
+
+    def _catch_up(self, req: RequestState) -> torch.Tensor | None:
+        """Feed the inputs of the positions accepted since the last step; the newest one's
+        output [1, 1, H], or None when the target gave no feature of the newest position."""
+        context = req.context
+        self._sync(context)
+        newest = len(context) - 2  # input i: (feature at i, token i + 1)
+        first, feats = req.features_of(self._fed, newest + 1)
+        if feats is None or first + len(feats) - 1 != newest:
+            return None
+        positions = torch.arange(first, newest + 1)
+        with torch.no_grad():
+            out, self._kv = self.head(feats.to(self._dtype)[None],
+                                      self._embeds(context[first + 1 : newest + 2]),
+                                      positions[None], self._kv)
+        self._positions = torch.cat([self._positions, positions])
+        self._fed = newest + 1
+        return out[:, -1:]
+
+    def open(self, req: RequestState) -> HeadChain | None:
+        """A chain from the request's newest accepted position (None: the target gave no
+        feature of it, so the head cannot draft this step)."""
+        hidden = self._catch_up(req)
+        if hidden is None:
+            return None
+        return HeadChain(self, hidden, self._kv, len(req.context) - 1)
+
+    def propose(self, req: RequestState, max_tokens: int,
+                controller: LengthController) -> Proposal:
+        context = req.context
+        chain = self.open(req) if max_tokens > 0 else None
+        if chain is None:
+            return Proposal.chain(context[-1], [])
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(max_tokens):
+            drawn, probs, small = chain.draw(req.sampling, req.generator)
+            if probs is not None:
+                rows.append(probs)
+            # the controller's numbers (confidence, entropy) are the same over the kept
+            # tokens as over the full vocabulary, where the rest is -inf
+            read = torch.cat([drawn.double(),
+                              controller.draft_numbers(small).double()]).tolist()
+            tokens.append(int(read[0]))
+            if i + 1 == max_tokens or not controller.decide(i, read[1:]):
+                break
+            chain.advance(tokens[-1])
+        return Proposal.chain(context[-1], tokens, torch.stack(rows) if rows else None,
+                              forward_calls=len(tokens))
+
+    def commit(self, req: RequestState, path: list[int]) -> None:
+        self._sync(req.context)
+
+
+class HeadChain:
+    """The head drafting forward from one accepted position: `logits` of the next token over
+    the full vocabulary (q = 0 outside the kept tokens), `advance` feeds a drafted token back
+    (its own output standing in for the target's feature). Drafted positions live in this
+    chain's cache only, never in the drafter's."""
+
+    def __init__(self, drafter: HeadDrafter, hidden: torch.Tensor,
+                 kv: tuple[torch.Tensor, torch.Tensor] | None, position: int) -> None:
+        self._drafter = drafter
+        self._hidden = hidden  # [1, 1, H]: the head's output at the newest position
+        self._kv = kv
+        self._position = position  # of the next input the chain feeds
+        self.steps = 1  # head forwards this chain ran (the catch-up counts as one)
+
+    def small_logits(self) -> torch.Tensor:
+        """[N] float logits of the next token over the kept tokens (`TokenHead.token_ids`)."""
+        with torch.no_grad():
+            return self._drafter.tokens(self._hidden)[0, -1].float()
+
+    def logits(self) -> torch.Tensor:
+        """[V] float logits of the next token, -inf outside the kept set."""
+        return self._drafter.tokens.full_logits(self.small_logits())
+
+    def draw(self, params: SamplingParams, generator: torch.Generator | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The next drafted token [1], its processed distribution over the full vocabulary
+        [V] (None when greedy: the argmax over the kept tokens, no full row built) and the
+        kept tokens' logits [N]."""
+        small = self.small_logits()
+        if params.greedy:
+            return self._drafter.tokens.token_ids[argmax(small)].reshape(1), None, small
+        drawn, probs = draw(self._drafter.tokens.full_logits(small), params, generator)
+        return drawn, probs, small
+
+    def advance(self, token: int) -> None:
+        d = self._drafter
+        with torch.no_grad():
+            self._hidden, self._kv = d.head(self._hidden, d._embeds([token]),
+                                            torch.tensor([[self._position]]), self._kv)
+        self._position += 1
+        self.steps += 1
