@@ -134,9 +134,9 @@ def _head(params: AutoParams, models: Models):
 
 METHOD = Method(
     "auto",
-    "cost-aware: each step proposes nothing, an n-gram, a history (earlier requests) or a "
-    "draft-model continuation, whichever gives the most expected tokens per second under this "
-    "machine's cost profile",
+    "cost-aware: each step proposes nothing, an n-gram, a history (earlier requests), a "
+    "draft-model or (use=...+head) a draft-head continuation, whichever gives the most "
+    "expected tokens per second under this machine's cost profile",
     AutoParams,
     _build,
     needs_draft=lambda params: "draft" in params.sources,

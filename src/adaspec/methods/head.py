@@ -85,7 +85,8 @@ def _build(params: HeadParams, models: Models, text: str):
 
 METHOD = Method(
     "head",
-    "a draft head over the target's own hidden states (EAGLE-style; a few % of a step)",
+    "a draft head over the target's own hidden states (EAGLE-style): a draft token for about "
+    "a tenth of a target step",
     HeadParams,
     _build,
     check_models=_check,
