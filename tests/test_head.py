@@ -339,3 +339,25 @@ def test_auto_with_use_head_and_no_head_says_how_to_make_one():
     with pytest.raises(InputError, match="add head to use="):
         build_engine("auto:use=ngram,head=x.pt", TorchBackend(model), None, eos_token_ids=[],
                      profile=flat_profile())
+
+
+def test_a_fused_layer_computes_what_the_separate_products_compute():
+    """`HeadLayer.fuse` (q/k/v and gate/up stacked, what the drafter runs) changes the
+    number of products, not the result; `unfuse` goes back."""
+    model = tiny_model(vocab=40, hidden=32)
+    head = _head(model)
+    x, e = torch.randn(1, 6, 32), torch.randn(1, 6, 32)
+    pos = torch.arange(6)[None]
+    with torch.no_grad():
+        plain, (k0, v0) = head(x, e, pos)
+        head.layer.fuse()
+        fused, (k1, v1) = head(x, e, pos)
+        one, _ = head(x[:, 5:], e[:, 5:], pos[:, 5:], past=(k1[:, :, :5], v1[:, :, :5]))
+        head.layer.unfuse()
+        with torch.no_grad():
+            head.layer.up.weight.mul_(2.0)  # unfused: the separate weights are read again
+        changed, _ = head(x, e, pos)
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k1, k0)
+    torch.testing.assert_close(one[:, 0], plain[:, 5], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(changed, plain, atol=1e-3)

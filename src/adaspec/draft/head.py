@@ -34,6 +34,7 @@ class HeadDrafter(Drafter):
     def __init__(self, head: DraftHead, tokens: TokenHead, embed: torch.Tensor) -> None:
         """embed [V, H]: the target's token embeddings (read a row at a time)."""
         self.head = head.eval()
+        head.layer.fuse()
         self.tokens = tokens
         self.embed = embed
         self._dtype = next(head.parameters()).dtype
