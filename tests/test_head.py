@@ -237,6 +237,8 @@ def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
                      eos_token_ids=[])
     with pytest.raises(InputError, match="ctrl=disco is not for the head"):
         build_engine("head:ctrl=disco", TorchBackend(model), None, eos_token_ids=[])
+    with pytest.raises(InputError, match="weights must be one of fp32, bf16, int8-dyn"):
+        build_engine("head:weights=int4", TorchBackend(model), None, eos_token_ids=[])
 
 
 def test_fewer_query_heads_than_the_target_has():

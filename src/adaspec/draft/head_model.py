@@ -96,6 +96,8 @@ class HeadLayer(nn.Module):
         call as much as its bytes, and five calls become two (a draft step 15-20% shorter
         on 2 vCPUs). For inference: training the separate weights afterwards leaves these
         stale, so `unfuse` first."""
+        if not all(type(m) is nn.Linear for m in (self.q, self.k, self.v, self.gate, self.up)):
+            return  # quantized products (store/quant.py) stay apart
         with torch.no_grad():
             self._qkv = (torch.cat([self.q.weight, self.k.weight, self.v.weight]),
                          torch.cat([self.q.bias, self.k.bias, self.v.bias]))

@@ -17,6 +17,8 @@ from adaspec.errors import InputError
 from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
 
+WEIGHTS = ("fp32", "bf16", "int8-dyn")
+
 
 @dataclass(frozen=True)
 class HeadParams(ChainParams):
@@ -25,12 +27,14 @@ class HeadParams(ChainParams):
     threshold: float = param(0.0, "ctrl=confidence: stop below this top probability "
                              "(0: the controller's default)")
     artifact: str = param("", "the head's file (default: the one shipped for the target)")
+    weights: str = param("fp32", "the head's weights at run time: fp32 | bf16 | int8-dyn")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.ctrl in ("static", "heuristic", "confidence"),
               f"ctrl={self.ctrl} is not for the head (static, heuristic or confidence)")
         check(0.0 <= self.threshold <= 1.0, "threshold must be in [0, 1]")
+        check(self.weights in WEIGHTS, f"weights must be one of {', '.join(WEIGHTS)}")
 
 
 def _artifact_path(params: HeadParams, target_name: str) -> Path:
@@ -63,13 +67,21 @@ def _check(params: HeadParams, models: Models, text: str) -> None:
 def _build(params: HeadParams, models: Models, text: str):
     from dataclasses import replace
 
+    import torch
+
     from adaspec.control import CONTROLLERS
     from adaspec.draft.head import HeadDrafter
     from adaspec.draft.head_artifact import load_for_target
     from adaspec.engine.loop import Engine
 
+    dtype = torch.bfloat16 if params.weights == "bf16" else torch.float32
     head, tokens, embed = load_for_target(_artifact_path(params, models.target.name),
-                                          models.target)
+                                          models.target, dtype)
+    if params.weights == "int8-dyn":  # int8 weights and per-token int8 activations
+        from adaspec.store.quant import quantize_model
+
+        quantize_model(head, "int8-dyn")
+        quantize_model(tokens, "int8-dyn")
     settings = params.length_settings()
     if params.threshold:
         settings = replace(settings, threshold=params.threshold)
