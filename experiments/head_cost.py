@@ -24,28 +24,15 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from adaspec.draft.head import HeadDrafter  # noqa: E402
 from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead  # noqa: E402
 from adaspec.store.quant import quantize_model  # noqa: E402
 
 
-def step_ms(head: DraftHead, tokens: TokenHead, dtype: torch.dtype, context: int = 256,
-            reps: int = 40) -> float:
-    cfg = head.cfg
-    past = (torch.randn(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype),
-            torch.randn(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype))
-    x = torch.randn(1, 1, cfg.features * cfg.hidden, dtype=dtype)
-    e = torch.randn(1, 1, cfg.hidden, dtype=dtype)
-    pos = torch.tensor([[context]])
-    times = []
-    with torch.inference_mode():
-        for i in range(reps + 5):
-            t0 = time.perf_counter()
-            out, _ = head(x, e, pos, past)
-            int(tokens(out[0, -1]).argmax(-1))
-            if i >= 5:
-                times.append(time.perf_counter() - t0)
-    times.sort()
-    return 1000 * times[len(times) // 2]
+def step_ms(head: DraftHead, tokens: TokenHead, context: int = 256, reps: int = 40) -> float:
+    """The drafter's own measure (`HeadDrafter.step_ms`): one head step and its logits."""
+    embed = torch.zeros(1, head.cfg.hidden)  # the step reads one token's row
+    return HeadDrafter(head, tokens, embed).step_ms(context, reps)
 
 
 def main() -> int:
@@ -72,7 +59,7 @@ def main() -> int:
         if fmt not in ("float32", "bfloat16"):
             quantize_model(head, fmt)
             quantize_model(tokens, fmt)
-        ms = step_ms(head, tokens, dtype)
+        ms = step_ms(head, tokens)
         params = sum(p.numel() for p in DraftHead(cfg).parameters())
         row = {"mlp": mlp, "heads": heads, "vocab": vocab, "format": fmt,
                "head_params_m": round(params / 1e6, 2), "step_ms": round(ms, 3)}

@@ -39,26 +39,16 @@ VARIANTS = {  # name: (MLP width, fused features, depth unrolled in training)
 
 
 def step_ms(head, frozen, dtype: torch.dtype, context: int = 256, reps: int = 30) -> float:
-    """ms of one draft step at batch 1 (one position over a cache of `context`)."""
-    h = head.to(dtype)
-    tok = frozen.token_head.to(dtype)
-    cfg = h.cfg
-    past = (torch.randn(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype),
-            torch.randn(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype))
-    x = torch.randn(1, 1, cfg.features * cfg.hidden, dtype=dtype)
-    e = torch.randn(1, 1, cfg.hidden, dtype=dtype)
-    pos = torch.tensor([[context]])
-    with torch.no_grad():
-        for _ in range(5):
-            out, _ = h(x, e, pos, past)
-            tok(out).argmax(-1)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            out, _ = h(x, e, pos, past)
-            int(tok(out).argmax(-1))
-    head.float()
-    frozen.token_head.float()
-    return (time.perf_counter() - t0) / reps * 1000
+    """ms of one draft step at batch 1 (the drafter's own measure, `HeadDrafter.step_ms`)."""
+    from adaspec.draft.head import HeadDrafter
+
+    tokens = frozen.token_head.to(dtype)
+    try:
+        return HeadDrafter(head.to(dtype), tokens, frozen.embed).step_ms(context, reps)
+    finally:
+        head.layer.unfuse()  # the drafter fused its products; training reads the separate ones
+        head.float()
+        frozen.token_head.float()
 
 
 def main() -> int:
