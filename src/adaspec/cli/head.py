@@ -26,6 +26,8 @@ def add_head_parser(sub: argparse._SubParsersAction) -> None:
     s = p.add_subparsers(dest="head_command", required=True)
 
     c = s.add_parser("data", help="the target's features over training prompts")
+    c.add_argument("--target", default=None,
+                   help="the target: a built-in model name (default: the built-in target)")
     c.add_argument("--out", required=True, help="folder; an interrupted run resumes")
     c.add_argument("--sharegpt", type=int, default=1200,
                    help="ShareGPT conversations (file index < 12,000), their own answers")
@@ -47,6 +49,8 @@ def add_head_parser(sub: argparse._SubParsersAction) -> None:
 
     t = s.add_parser("train", help="train a head on recorded features")
     t.add_argument("--data", required=True, help="a folder `adaspec head data` wrote")
+    t.add_argument("--target", default=None,
+                   help="the target the data is of (default: the built-in target)")
     t.add_argument("--out", required=True, help="the head's file (.pt, beside it a .json)")
     t.add_argument("--mlp", type=int, default=1024, help="the head layer's MLP width")
     t.add_argument("--heads", type=int, default=4, help="query heads (the target's: 12)")
@@ -87,7 +91,8 @@ def run_data(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model: Any = None  # the target in transformers (own answers, the torch scorer)
     if args.scorer == "torch" or args.layers or any(not e.answer for e in examples):
-        torch_target, tokenizer, _, eos = load_backends(draft=None, weights="none")
+        torch_target, tokenizer, _, eos = load_backends(_target(args), draft=None,
+                                                        weights="none")
         model = cast(Any, torch_target).model.eval()
         examples = head_data.own_answers(model, tokenizer, examples, out / "answers.jsonl",
                                          args.answer_tokens, list(eos), args.batch,
@@ -98,7 +103,7 @@ def run_data(args: argparse.Namespace) -> int:
         scorer = head_data.TorchScorer(model, args.layers)
     else:
         model = None  # the torch copy is not needed past the answers
-        runtime, tokenizer, _, eos = load_backends(draft=None)
+        runtime, tokenizer, _, eos = load_backends(_target(args), draft=None)
         if not runtime.has_features:
             raise InputError(f"the {runtime.kind} runtime returns no target features: "
                              f"--scorer torch, or adaspec runtime build")
@@ -110,6 +115,12 @@ def run_data(args: argparse.Namespace) -> int:
                       "answer_seconds": round(answered, 1),
                       "feature_seconds": round(manifest.get("seconds", 0.0), 1)}))
     return 0
+
+
+def _target(args: argparse.Namespace) -> str:
+    from adaspec.store.catalog import TARGET_DEFAULT
+
+    return args.target or TARGET_DEFAULT
 
 
 def _data_sha256(folder: Path) -> str:
@@ -124,7 +135,6 @@ def run_train(args: argparse.Namespace) -> int:
     from adaspec.lab.head import data as head_data
     from adaspec.lab.head import train as head_train
     from adaspec.store.atomic import write_json
-    from adaspec.store.catalog import TARGET_DEFAULT
     from adaspec.store.loading import cache_dir_for
 
     features = Path(args.data) / "features"
@@ -137,7 +147,11 @@ def run_train(args: argparse.Namespace) -> int:
     n_held = max(1, int(len(rows) * args.held))
     held = [rows[i] for i in order[:n_held]]
     train = [rows[i] for i in order[n_held:]]
-    weights = cache_dir_for(TARGET_DEFAULT) / "model.safetensors"
+    target = _target(args)
+    weights = cache_dir_for(target) / "model.safetensors"
+    if not weights.is_file():
+        raise InputError(f"{weights} is missing: the head reads the target's embeddings and "
+                         f"output rows from its bf16 copy (adaspec models prepare)")
     config = head_artifact.target_config(weights.parent)
     vocab = int(config.vocab_size)
     eos = head_artifact.end_tokens(weights.parent)
@@ -157,7 +171,7 @@ def run_train(args: argparse.Namespace) -> int:
     report = head_train.train(head, frozen, train, held, cfg, progress=not args.no_progress,
                               checkpoint=checkpoint)
     provenance = {
-        "what": "draft head (EAGLE-style) for " + TARGET_DEFAULT,
+        "what": "draft head (EAGLE-style) for " + target,
         "commands": [*(start.provenance.get("commands", []) if start is not None else []),
                      " ".join(["adaspec", *sys.argv[1:]])],
         "data_manifest_sha256": _data_sha256(features),

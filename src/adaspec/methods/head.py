@@ -48,9 +48,9 @@ def _artifact_path(params: HeadParams, target_name: str) -> Path:
     shipped = builtin_for(target_name)
     if shipped is None:
         raise InputError(
-            f"no draft head ships for {target_name}: make one with `adaspec head data --out "
-            f"DATA` then `adaspec head train --data DATA --out head.pt`, and pass "
-            f"head:artifact=head.pt")
+            f"no draft head ships for {target_name}: make one with `adaspec head data "
+            f"--target {target_name} --out DATA` then `adaspec head train --target "
+            f"{target_name} --data DATA --out head.pt`, and pass head:artifact=head.pt")
     return shipped
 
 
