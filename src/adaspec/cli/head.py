@@ -94,6 +94,7 @@ def run_data(args: argparse.Namespace) -> int:
         torch_target, tokenizer, _, eos = load_backends(_target(args), draft=None,
                                                         weights="none")
         model = cast(Any, torch_target).model.eval()
+        del torch_target  # `model` is what is read from here on
         examples = head_data.own_answers(model, tokenizer, examples, out / "answers.jsonl",
                                          args.answer_tokens, list(eos), args.batch,
                                          progress=not args.no_progress)
@@ -102,7 +103,7 @@ def run_data(args: argparse.Namespace) -> int:
     if args.scorer == "torch" or args.layers:
         scorer = head_data.TorchScorer(model, args.layers)
     else:
-        model = None  # the torch copy is not needed past the answers
+        model = None  # the torch copy is not needed past the answers: free it
         runtime, tokenizer, _, eos = load_backends(_target(args), draft=None)
         if not runtime.has_features:
             raise InputError(f"the {runtime.kind} runtime returns no target features: "

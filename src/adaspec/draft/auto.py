@@ -78,6 +78,16 @@ def _bucket_of(confidence: float) -> int:
     return len(CONFIDENCE_EDGES)
 
 
+def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Generator | None
+                ) -> tuple[int, torch.Tensor | None, int]:
+    """The head's next drafted token, its processed distribution (None: greedy) and its
+    confidence bucket, read back in one transfer."""
+    drawn, processed, small = chain.draw(params, generator)
+    read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
+                      .double()]).tolist()
+    return int(read[0]), processed, _bucket_of(read[1])
+
+
 def _bucket_prior(i: int) -> float:
     lo = 0.0 if i == 0 else CONFIDENCE_EDGES[i - 1]
     hi = 1.0 if i == len(CONFIDENCE_EDGES) else CONFIDENCE_EDGES[i]
@@ -395,16 +405,25 @@ class AutoDrafter(Drafter):
         per-token acceptance `rate`, each step costing `fixed_ms`, `per_token_ms` a drafted
         token and `per_emitted_ms` an expected emitted one; (n, tokens per ms). n = 0 is a
         plain step."""
+        n, tokens, ms = self._chain_length(rate, rate, limit, fixed_ms, per_token_ms, context,
+                                           per_emitted_ms)
+        return n, tokens / ms
+
+    def _chain_length(self, first: float, later: float, limit: int, fixed_ms: float,
+                      per_token_ms: float, context: int, per_emitted_ms: float = 0.0
+                      ) -> tuple[int, float, float]:
+        """`_best_length` with the first token accepted with probability `first` and each
+        later one with `later`; (n, expected tokens, ms)."""
         base = self._base(context)
         prices = self._prices(limit, context)
-        best = (0, base / prices[0])
+        best = (0, base, prices[0])
         value, p = base, 1.0
         for n in range(1, limit + 1):
-            p *= rate
+            p *= first if n == 1 else later
             value += p
             cost = fixed_ms + per_token_ms * n + prices[n] + per_emitted_ms * value
-            if value / cost > best[1]:
-                best = (n, value / cost)
+            if value / cost > best[1] / best[2]:
+                best = (n, value, cost)
         return best
 
     def _best_prefix(self, accept: list[float], context: int) -> tuple[int, float]:
@@ -598,17 +617,14 @@ class AutoDrafter(Drafter):
         chain = self.head.open(self._req)
         if chain is None:  # the target gave no feature of the newest position
             return None
-        drawn, processed, small = chain.draw(params, generator)
-        read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
-                          .double()]).tolist()
-        bucket = _bucket_of(read[1])
+        token, processed, bucket = _head_token(chain, params, generator)
         self.head_seen[bucket] += 1
         total = sum(self.head_seen)
         if total > HEAD_WINDOW:
             self.head_seen = [c * HEAD_WINDOW / total for c in self.head_seen]
         n, tokens, ms = self._head_length(self.head_rates[bucket].rate,
                                           self.head_overall.rate, limit, ctx)
-        return _Peek(chain, int(read[0]), processed, bucket, n, tokens / ms)
+        return _Peek(chain, token, processed, bucket, n, tokens / ms)
 
     def _peek_pays(self, best: float, limit: int, ctx: int) -> bool:
         """Whether drawing the head's first token is worth its step: the head step is spent
@@ -632,19 +648,8 @@ class AutoDrafter(Drafter):
     def _head_length(self, first: float, later: float, limit: int, ctx: int
                      ) -> tuple[int, float, float]:
         """The head chain's best length, its expected tokens and its ms, its first token
-        accepted with probability `first` and drafted already (its cost sunk), each later
-        one with `later`."""
-        base = self._base(ctx)
-        prices = self._prices(limit, ctx)
-        best = (0, base, prices[0])
-        value, p = base, 1.0
-        for n in range(1, limit + 1):
-            p *= first if n == 1 else later
-            value += p
-            cost = self.head_ms * (n - 1) + prices[n]
-            if value / cost > best[1] / best[2]:
-                best = (n, value, cost)
-        return best
+        drafted already (its cost sunk)."""
+        return self._chain_length(first, later, limit, -self.head_ms, self.head_ms, ctx)
 
     def _draft_head(self, peek: _Peek, context: list[int], limit: int, params: SamplingParams,
                     generator: torch.Generator | None) -> Proposal:
@@ -663,26 +668,15 @@ class AutoDrafter(Drafter):
         accept = [self.head_rates[peek.bucket].rate]
         while len(tokens) < limit and cost_keeps_drafting(accept, a_next, step_ms, limit, base):
             chain.advance(tokens[-1])
-            drawn, processed, small = chain.draw(params, generator)
+            token, processed, bucket = _head_token(chain, params, generator)
             if processed is not None:
                 rows.append(processed)
-            read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
-                              .double()]).tolist()
-            token, bucket = int(read[0]), _bucket_of(read[1])
             tokens.append(token)
             buckets.append(bucket)
             accept.append(self.head_rates[bucket].rate)
-        values = [base]
-        for p in accumulate(accept, operator.mul):
-            values.append(values[-1] + p)
-        spent = (chain.steps - 1) * d1  # the peek's step is sunk
-        best = max(range(len(tokens) + 1),
-                   key=lambda j: values[j] / (spent + self._verify_ms(j, ctx)))
-        tokens, buckets = tokens[:best], buckets[:best]
-        self._last = Choice("head", tokens, ctx, buckets=buckets)
-        return Proposal.chain(
-            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None,
-            chain.steps, drafted_by={"head": best} if best else None, accept=accept[:best])
+        # the peek's step is sunk
+        return self._verified_prefix("head", context, tokens, rows, buckets, accept,
+                                     (chain.steps - 1) * d1, chain.steps)
 
     def _accept_estimate(self, features: list[float], bucket: int, position: int,
                          context: int) -> float:
@@ -744,16 +738,23 @@ class AutoDrafter(Drafter):
             pending = [token]
             if not cost_keeps_drafting(accept, a_next, step_ms, limit, base):
                 break
-        values = [base]  # expected tokens if the first i drafted tokens are verified
+        return self._verified_prefix("draft", context, tokens, rows, buckets, accept,
+                                     len(tokens) * d1, calls)
+
+    def _verified_prefix(self, kind: str, context: list[int], tokens: list[int],
+                         rows: list[torch.Tensor], buckets: list[int], accept: list[float],
+                         spent: float, calls: int) -> Proposal:
+        """The drafted prefix with the best expected tokens per ms, drafting's `spent` ms
+        paid either way, as this step's proposal (`kind`: draft | head)."""
+        ctx = len(context)
+        values = [self._base(ctx)]  # expected tokens if the first i drafted tokens are verified
         for p in accumulate(accept, operator.mul):
             values.append(values[-1] + p)
-        # Verify the prefix with the best value per ms (drafting is spent either way).
-        spent = len(tokens) * d1
         best = max(range(len(tokens) + 1),
                    key=lambda j: values[j] / (spent + self._verify_ms(j, ctx)))
         tokens, buckets = tokens[:best], buckets[:best]
-        self._last = Choice("draft", tokens, ctx, buckets=buckets)
+        self._last = Choice(kind, tokens, ctx, buckets=buckets)
         return Proposal.chain(
             context[-1], tokens, torch.stack(rows[:best]) if rows and best else None, calls,
-            drafted_by={"draft": best} if best else None, accept=accept[:best],
+            drafted_by={kind: best} if best else None, accept=accept[:best],
         )
