@@ -308,8 +308,10 @@ def test_auto_prices_the_head_as_a_source(tmp_path, profile):
     path = tmp_path / "head.pt"
     head_artifact.save(path, drafter.head, torch.arange(40), {"trained_on": ["tiny"]})
     costs = flat_profile() if profile == "flat" else steep_profile()
-    engine = build_engine(f"auto:use=ngram+head,head={path}", TorchBackend(model), None,
-                          eos_token_ids=[], profile=costs)
+    # the head's step priced at 1 ms, not measured: what auto chooses must not depend on
+    # how busy the machine running the test is
+    engine = build_engine(f"auto:use=ngram+head,head={path},head_ms=1", TorchBackend(model),
+                          None, eos_token_ids=[], profile=costs)
     plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
     by_head = 0
     for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30]):

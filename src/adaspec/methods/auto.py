@@ -21,6 +21,8 @@ class AutoParams:
         "features: not in the default yet, docs/head.md)",
     )
     head: str = param("", "the draft head's file (default: the one shipped for the target)")
+    head_ms: float = param(0.0, "ms a head step is priced at (0: measured when the engine is "
+                           "built, on this machine)")
     k_max: int = param(16, "most tokens one step may propose")
     n_max: int = param(4, "longest n-gram to match")
     n_min: int = param(1, "shortest n-gram to match")
@@ -48,6 +50,7 @@ class AutoParams:
               "use must be ngram, history, draft or head, or several joined by + "
               "(e.g. ngram+history+head)")
         check(self.k_max >= 1, "k_max must be >= 1")
+        check(self.head_ms >= 0, "head_ms must be >= 0")
         check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
         check_verifier_name(self.verify)
         if self.disco and "draft" not in use:
@@ -129,7 +132,7 @@ def _head(params: AutoParams, models: Models):
         raise InputError(f"draft head not found: {params.head}")
     head, tokens, embed = load_for_target(Path(path).expanduser(), target)
     drafter = HeadDrafter(head, tokens, embed)
-    return drafter, drafter.step_ms()
+    return drafter, params.head_ms or drafter.step_ms()
 
 
 METHOD = Method(
