@@ -224,6 +224,34 @@ def test_the_head_method_loads_an_artifact_and_decodes_what_plain_decoding_does(
     assert drafted > 0
 
 
+@pytest.mark.parametrize("weights", ["bf16", "int8", "int8-dyn"])
+def test_the_head_method_runs_its_weights_as_asked_and_stays_exact(tmp_path, weights):
+    """weights=int8 keeps int8 rows with bf16 activations (weight-only), int8-dyn quantizes
+    the activations too; either way the output is the target's."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_engine
+    from adaspec.store.quant import Int8DynamicLinear, Int8WeightLinear
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    engine = build_engine(f"head:k=3,artifact={path},weights={weights}", TorchBackend(model),
+                          None, eos_token_ids=[])
+    drafter = engine.drafter
+    kinds = {type(m) for m in [*drafter.head.modules(), *drafter.tokens.modules()]}
+    expected = {"bf16": None, "int8": Int8WeightLinear, "int8-dyn": Int8DynamicLinear}[weights]
+    if expected is None:
+        assert next(drafter.head.parameters()).dtype == torch.bfloat16
+    else:
+        assert expected in kinds
+    plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
+    prompt = [5, 9, 11, 3]
+    got = engine.generate(prompt, max_new_tokens=16)
+    assert got.token_ids == plain.generate(prompt, max_new_tokens=16).token_ids
+    assert got.stats.drafted > 0
+
+
 def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.errors import InputError
@@ -237,7 +265,7 @@ def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
                      eos_token_ids=[])
     with pytest.raises(InputError, match="ctrl=disco is not for the head"):
         build_engine("head:ctrl=disco", TorchBackend(model), None, eos_token_ids=[])
-    with pytest.raises(InputError, match="weights must be one of fp32, bf16, int8-dyn"):
+    with pytest.raises(InputError, match="weights must be one of fp32, bf16, int8, int8-dyn"):
         build_engine("head:weights=int4", TorchBackend(model), None, eos_token_ids=[])
 
 

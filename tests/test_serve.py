@@ -323,6 +323,9 @@ def test_a_request_may_choose_its_method(client):
     assert len({o.choices[0].text for o in outs.values()}) == 1  # exact: the target's text
     assert outs["ar"].usage.model_extra["speculation"]["drafted"] == 0
     assert outs["draft:k=2"].usage.model_extra["speculation"]["method"] == "draft:k=2"
+    assert outs["ar"].usage.model_extra["speculation"]["drafted_by"] is None
+    spec = outs["ngram:k=4"].usage.model_extra["speculation"]  # what drafted, by source
+    assert spec["drafted"] > 0 and spec["drafted_by"] == {"ngram": spec["drafted"]}
 
 
 def test_models_and_health(client, base):

@@ -401,7 +401,10 @@ class Engine(TextGenerator):
             tokens = call.tokens
             if self.drafter is not None:
                 self.drafter.cut(req, proposal.depth)
-        for part, n in (proposal.drafted_by or {}).items():
+        # what drafted: the drafter's own parts (auto's sources, S2D's exits), else itself
+        drafted_by = proposal.drafted_by or (
+            {self.drafter.name: proposal.depth} if self.drafter and proposal.depth else {})
+        for part, n in drafted_by.items():
             stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
         stats.target_calls += 1
         verdict = self._verify(proposal, out, sampling, generator, verifier)

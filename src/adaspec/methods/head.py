@@ -17,7 +17,7 @@ from adaspec.errors import InputError
 from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
 
-WEIGHTS = ("fp32", "bf16", "int8-dyn")
+WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class HeadParams(ChainParams):
     threshold: float = param(0.0, "ctrl=confidence: stop below this top probability "
                              "(0: the controller's default)")
     artifact: str = param("", "the head's file (default: the one shipped for the target)")
-    weights: str = param("fp32", "the head's weights at run time: fp32 | bf16 | int8-dyn")
+    weights: str = param("fp32", "the head's weights at run time: fp32 | bf16 | int8 (int8 "
+                         "rows, bf16 activations) | int8-dyn")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,14 +75,17 @@ def _build(params: HeadParams, models: Models, text: str):
     from adaspec.draft.head_artifact import load_for_target
     from adaspec.engine.loop import Engine
 
-    dtype = torch.bfloat16 if params.weights == "bf16" else torch.float32
+    dtype = torch.bfloat16 if params.weights in ("bf16", "int8") else torch.float32
     head, tokens, embed = load_for_target(_artifact_path(params, models.target.name),
                                           models.target, dtype)
-    if params.weights == "int8-dyn":  # int8 weights and per-token int8 activations
+    if params.weights.startswith("int8"):
+        # int8: weight-only rows (a quarter of fp32's bytes, which is what a head step waits
+        # on once the target's call has evicted it), bf16 activations; int8-dyn: int8
+        # activations too (cheaper still, and it loses acceptance)
         from adaspec.store.quant import quantize_model
 
-        quantize_model(head, "int8-dyn")
-        quantize_model(tokens, "int8-dyn")
+        quantize_model(head, params.weights)
+        quantize_model(tokens, params.weights)
     settings = params.length_settings()
     if params.threshold:
         settings = replace(settings, threshold=params.threshold)

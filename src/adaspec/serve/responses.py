@@ -58,6 +58,7 @@ def usage(result: GenerationResult, method: str, queue_time: float) -> Usage:
             verify_time=round(s.verify_time, 4),
             other_time=round(s.other_time, 4),
             wall_time=round(s.wall_time, 4),
+            drafted_by=dict(s.drafted_by) or None,
             route=s.route,
         ),
     )

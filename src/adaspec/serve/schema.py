@@ -276,6 +276,9 @@ class SpeculationStats(BaseModel):
     other_time: float
     wall_time: float  # seconds of decoding (queue time excluded)
     route: str | None = None  # the method a router picked
+    # drafted tokens by what drafted them (auto's sources: ngram, history, draft, head; the
+    # head method's: head; S2D's exits); None where nothing was drafted
+    drafted_by: dict[str, int] | None = None
 
 
 class PromptTokensDetails(BaseModel):
