@@ -25,6 +25,10 @@ from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams, argmax, draw
 from adaspec.draft.base import Drafter
 from adaspec.draft.head_model import DraftHead, TokenHead
+from adaspec.errors import InputError
+
+# a head's weights at run time: fp32 | bf16 | int8 (int8 rows, bf16 activations) | int8-dyn
+WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn")
 
 
 class HeadDrafter(Drafter):
@@ -42,6 +46,26 @@ class HeadDrafter(Drafter):
         self._fed = 0  # inputs 0 .. _fed - 1 are in the cache (those with a feature)
         self._positions = torch.empty(0, dtype=torch.long)  # of the inputs in the cache
         self._cached: list[int] = []  # the context the cache was built on
+
+    @classmethod
+    def load(cls, path, target, weights: str = "fp32") -> HeadDrafter:
+        """The drafter of a saved head (`draft/head_artifact.py`) over `target`'s own
+        embeddings and output rows, its weights at run time in `weights` (`WEIGHTS`)."""
+        from adaspec.draft.head_artifact import load_for_target
+
+        if weights not in WEIGHTS:
+            raise InputError(f"weights must be one of {', '.join(WEIGHTS)}")
+        dtype = torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
+        head, tokens, embed = load_for_target(path, target, dtype)
+        if weights.startswith("int8"):
+            # int8: weight-only rows (a quarter of fp32's bytes, which is what a head step
+            # waits on once the target's call has evicted it), bf16 activations; int8-dyn:
+            # int8 activations too (cheaper still, and it loses acceptance)
+            from adaspec.store.quant import quantize_model
+
+            quantize_model(head, weights)
+            quantize_model(tokens, weights)
+        return cls(head, tokens, embed)
 
     def step_ms(self, context: int = 256, reps: int = 12) -> float:
         """The median ms of one draft step (a head forward over a cache of `context`

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import InputError
 from adaspec.methods.base import Method, Models
+from adaspec.methods.head import check_weights
 from adaspec.methods.params import check, param
 
 SOURCES = ("ngram", "history", "draft", "head")
@@ -21,6 +22,8 @@ class AutoParams:
         "features: not in the default yet, docs/head.md)",
     )
     head: str = param("", "the draft head's file (default: the one shipped for the target)")
+    head_weights: str = param("fp32", "the head's weights at run time: fp32 | bf16 | int8 "
+                              "(int8 rows, bf16 activations) | int8-dyn")
     head_ms: float = param(0.0, "ms a head step is priced at (0: measured when the engine is "
                            "built, on this machine)")
     k_max: int = param(16, "most tokens one step may propose")
@@ -51,6 +54,7 @@ class AutoParams:
               "(e.g. ngram+history+head)")
         check(self.k_max >= 1, "k_max must be >= 1")
         check(self.head_ms >= 0, "head_ms must be >= 0")
+        check_weights(self.head_weights)
         check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
         check_verifier_name(self.verify)
         if self.disco and "draft" not in use:
@@ -126,12 +130,10 @@ def _head(params: AutoParams, models: Models):
     from pathlib import Path
 
     from adaspec.draft.head import HeadDrafter
-    from adaspec.draft.head_artifact import load_for_target
 
     if params.head and not Path(params.head).expanduser().is_file():
         raise InputError(f"draft head not found: {params.head}")
-    head, tokens, embed = load_for_target(Path(path).expanduser(), target)
-    drafter = HeadDrafter(head, tokens, embed)
+    drafter = HeadDrafter.load(Path(path).expanduser(), target, params.head_weights)
     return drafter, params.head_ms or drafter.step_ms()
 
 

@@ -17,7 +17,12 @@ from adaspec.errors import InputError
 from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
 
-WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn")
+
+def check_weights(weights: str) -> None:
+    from adaspec.draft.head import WEIGHTS
+
+    check(weights in WEIGHTS, f"weights must be one of {', '.join(WEIGHTS)}")
+
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,7 @@ class HeadParams(ChainParams):
         check(self.ctrl in ("static", "heuristic", "confidence"),
               f"ctrl={self.ctrl} is not for the head (static, heuristic or confidence)")
         check(0.0 <= self.threshold <= 1.0, "threshold must be in [0, 1]")
-        check(self.weights in WEIGHTS, f"weights must be one of {', '.join(WEIGHTS)}")
+        check_weights(self.weights)
 
 
 def _artifact_path(params: HeadParams, target_name: str) -> Path:
@@ -68,31 +73,19 @@ def _check(params: HeadParams, models: Models, text: str) -> None:
 def _build(params: HeadParams, models: Models, text: str):
     from dataclasses import replace
 
-    import torch
-
     from adaspec.control import CONTROLLERS
     from adaspec.draft.head import HeadDrafter
-    from adaspec.draft.head_artifact import load_for_target
     from adaspec.engine.loop import Engine
 
-    dtype = torch.bfloat16 if params.weights in ("bf16", "int8") else torch.float32
-    head, tokens, embed = load_for_target(_artifact_path(params, models.target.name),
-                                          models.target, dtype)
-    if params.weights.startswith("int8"):
-        # int8: weight-only rows (a quarter of fp32's bytes, which is what a head step waits
-        # on once the target's call has evicted it), bf16 activations; int8-dyn: int8
-        # activations too (cheaper still, and it loses acceptance)
-        from adaspec.store.quant import quantize_model
-
-        quantize_model(head, params.weights)
-        quantize_model(tokens, params.weights)
+    drafter = HeadDrafter.load(_artifact_path(params, models.target.name), models.target,
+                               params.weights)
     settings = params.length_settings()
     if params.threshold:
         settings = replace(settings, threshold=params.threshold)
     return Engine(
         models.target,
         models.tokenizer,
-        drafter=HeadDrafter(head, tokens, embed),
+        drafter=drafter,
         controller=CONTROLLERS[params.ctrl].build(settings, None),
         verifier=params.verify,
         eos_token_ids=models.eos_token_ids,
