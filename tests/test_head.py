@@ -393,3 +393,19 @@ def test_a_fused_layer_computes_what_the_separate_products_compute():
     torch.testing.assert_close(k1, k0)
     torch.testing.assert_close(one[:, 0], plain[:, 5], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(changed, plain, atol=1e-3)
+
+
+def test_held_out_examples_stay_held_out_as_the_recording_grows():
+    """A warm start on a grown folder must not validate on examples it trained on: the
+    held-out set is chosen by id, so the first folder's held-out rows are still held out."""
+    from adaspec.lab.head.data import split_held
+
+    small = [{"id": f"sharegpt/{i}"} for i in range(300)]
+    grown = small + [{"id": f"wmt/{i}"} for i in range(500)]
+    held_small, train_small = split_held(small, 0.05)
+    held_grown, train_grown = split_held(grown, 0.05)
+    assert 5 <= len(held_small) <= 30 and len(held_small) + len(train_small) == len(small)
+    ids = {r["id"] for r in held_grown}
+    assert {r["id"] for r in held_small} <= ids
+    assert not ids & {r["id"] for r in train_grown}
+    assert not ids & {r["id"] for r in train_small}  # nothing held out now was trained on

@@ -143,11 +143,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise InputError(f"{args.data} holds no recorded features: adaspec head data --out "
                          f"{args.data}")
     rows = head_data.load_rows(features)
-    g = torch.Generator().manual_seed(0)
-    order = torch.randperm(len(rows), generator=g).tolist()
-    n_held = max(1, int(len(rows) * args.held))
-    held = [rows[i] for i in order[:n_held]]
-    train = [rows[i] for i in order[n_held:]]
+    held, train = head_data.split_held(rows, args.held)
     target = _target(args)
     weights = cache_dir_for(target) / "model.safetensors"
     if not weights.is_file():

@@ -296,3 +296,18 @@ def load_rows(root: Path) -> list[dict]:
             raise InputError(f"{path}: checksum differs from the manifest's")
         rows += torch.load(path, weights_only=True)
     return rows
+
+
+def split_held(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
+    """(held out, training): an example is held out by its id's hash, so a folder that grows
+    (a resumed or longer recording) keeps its held-out examples held out, and a head
+    warm-started on the smaller folder is validated on examples it never trained on; at
+    least one held out."""
+    import zlib
+
+    def held(row: dict) -> bool:
+        return zlib.crc32(str(row["id"]).encode()) / 2**32 < fraction
+
+    out = [r for r in rows if held(r)] or rows[:1]
+    chosen = {id(r) for r in out}
+    return out, [r for r in rows if id(r) not in chosen]
