@@ -409,3 +409,31 @@ def test_held_out_examples_stay_held_out_as_the_recording_grows():
     assert {r["id"] for r in held_small} <= ids
     assert not ids & {r["id"] for r in train_grown}
     assert not ids & {r["id"] for r in train_small}  # nothing held out now was trained on
+
+
+def test_engines_on_a_runtime_share_one_copy_of_the_head(tmp_path, monkeypatch):
+    """A server builds a head engine per slot: on a runtime that reads the target's parts
+    from its file, every drafter shares one head and one embedding table (hundreds of MB for
+    the built-in target), while each keeps its own request's cache; another weights mode or
+    a changed file loads anew."""
+    import types
+
+    from adaspec.draft import head_artifact
+    from adaspec.draft.head import HeadDrafter
+    from adaspec.store.loading import cache_dir_for
+
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    model.save_pretrained(cache_dir_for("tiny-file"), safe_serialization=True)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    target = types.SimpleNamespace(name="tiny-file")  # no torch model: parts from the file
+    a = HeadDrafter.load(path, target)
+    b = HeadDrafter.load(path, target)
+    assert a is not b and a.head is b.head and a.embed is b.embed and a.tokens is b.tokens
+    assert torch.equal(a.embed.float(), model.get_input_embeddings().weight.float())
+    a._kv = (torch.zeros(1), torch.zeros(1))
+    assert b._kv is None  # the request state is each drafter's own
+    assert HeadDrafter.load(path, target, "int8").head is not a.head
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {"v": 2})
+    assert HeadDrafter.load(path, target).head is not a.head  # the file changed

@@ -31,6 +31,25 @@ from adaspec.errors import InputError
 WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn")
 
 
+_SHARED: dict[tuple, tuple[DraftHead, TokenHead, torch.Tensor]] = {}
+
+
+def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch.Tensor]:
+    from adaspec.draft.head_artifact import load_for_target
+
+    dtype = torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
+    head, tokens, embed = load_for_target(path, target, dtype)
+    if weights.startswith("int8"):
+        # int8: weight-only rows (a quarter of fp32's bytes, which is what a head step
+        # waits on once the target's call has evicted it), bf16 activations; int8-dyn:
+        # int8 activations too (cheaper still, and it loses acceptance)
+        from adaspec.store.quant import quantize_model
+
+        quantize_model(head, weights)
+        quantize_model(tokens, weights)
+    return head, tokens, embed
+
+
 class HeadDrafter(Drafter):
     name = "head"
     needs_features = True
@@ -51,21 +70,23 @@ class HeadDrafter(Drafter):
     def load(cls, path, target, weights: str = "fp32") -> HeadDrafter:
         """The drafter of a saved head (`draft/head_artifact.py`) over `target`'s own
         embeddings and output rows, its weights at run time in `weights` (`WEIGHTS`)."""
-        from adaspec.draft.head_artifact import load_for_target
-
         if weights not in WEIGHTS:
             raise InputError(f"weights must be one of {', '.join(WEIGHTS)}")
-        dtype = torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
-        head, tokens, embed = load_for_target(path, target, dtype)
-        if weights.startswith("int8"):
-            # int8: weight-only rows (a quarter of fp32's bytes, which is what a head step
-            # waits on once the target's call has evicted it), bf16 activations; int8-dyn:
-            # int8 activations too (cheaper still, and it loses acceptance)
-            from adaspec.store.quant import quantize_model
+        from pathlib import Path
 
-            quantize_model(head, weights)
-            quantize_model(tokens, weights)
-        return cls(head, tokens, embed)
+        # A server builds an engine per method on each of its slots: they share one copy of
+        # the head and of the target's embeddings (466 MB in bf16) read from the target's
+        # file; each drafter keeps only its own request's cache.
+        file = Path(path).resolve()
+        stat = file.stat()
+        key = (str(file), stat.st_mtime_ns, stat.st_size, weights, target.name)
+        own_model = getattr(target, "model", None) is not None
+        parts = None if own_model else _SHARED.get(key)
+        if parts is None:
+            parts = _load_parts(file, target, weights)
+            if not own_model:  # a torch target's embeddings are its own tensors already
+                _SHARED[key] = parts
+        return cls(*parts)
 
     def step_ms(self, context: int = 256, reps: int = 12) -> float:
         """The median ms of one draft step (a head forward over a cache of `context`
