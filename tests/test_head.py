@@ -245,6 +245,8 @@ def test_the_head_method_runs_its_weights_as_asked_and_stays_exact(tmp_path, wei
         assert next(drafter.head.parameters()).dtype == torch.bfloat16
     else:
         assert expected in kinds
+        # q/k/v and gate/up stay one product each, quantized too
+        assert {type(m) for m in drafter.head.layer.fused.values()} == {expected}
     plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
     prompt = [5, 9, 11, 3]
     got = engine.generate(prompt, max_new_tokens=16)

@@ -45,6 +45,7 @@ def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch
         # int8 activations too (cheaper still, and it loses acceptance)
         from adaspec.store.quant import quantize_model
 
+        head.layer.quantize_fused(lambda fused: quantize_model(fused, weights))
         quantize_model(head, weights)
         quantize_model(tokens, weights)
     return head, tokens, embed
