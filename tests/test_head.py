@@ -354,6 +354,37 @@ def test_auto_prices_the_head_as_a_source(tmp_path, profile):
         assert by_head == 0
 
 
+@pytest.mark.parametrize("fixed", [False, True])
+def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed):
+    """Without head_ms=, auto prices a head step at what its steps take in the engine (a
+    step timed alone, cache-warm, is about half that on a CPU), and a price too high to
+    peek at drifts back to the step alone's; head_ms= fixes the price."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_engine
+
+    from .test_auto import flat_profile
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    for wrong in (1e-6, 1e6):  # far below and far above what a tiny head's step takes
+        price = f"head_ms={wrong}," if fixed else ""
+        engine = build_engine(f"auto:use=ngram+head,head={path},{price}k_max=4",
+                              TorchBackend(model), None, eos_token_ids=[],
+                              profile=flat_profile())
+        drafter = engine.drafter
+        assert drafter.learn_head_ms is not fixed
+        drafter.head_ms = wrong
+        engine.generate([5, 9, 11, 3], max_new_tokens=20)
+        if fixed:
+            assert drafter.head_ms == wrong
+        elif wrong < 1:
+            assert drafter.head_ms > 1e-3  # measured: a step takes more than a microsecond
+        else:
+            assert drafter.head_ms < 0.9 * wrong  # drifting back to the step alone's price
+
+
 def test_auto_with_use_head_and_no_head_says_how_to_make_one():
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.errors import InputError
@@ -436,6 +467,6 @@ def test_engines_on_a_runtime_share_one_copy_of_the_head(tmp_path, monkeypatch):
     assert torch.equal(a.embed.float(), model.get_input_embeddings().weight.float())
     a._kv = (torch.zeros(1), torch.zeros(1))
     assert b._kv is None  # the request state is each drafter's own
-    assert HeadDrafter.load(path, target, "int8").head is not a.head
+    assert HeadDrafter.load(path, target, "fp32").head is not a.head
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {"v": 2})
     assert HeadDrafter.load(path, target).head is not a.head  # the file changed

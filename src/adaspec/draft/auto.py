@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -51,6 +52,7 @@ NGRAM_PRIORS = {1: 0.3, 2: 0.45, 3: 0.6, 4: 0.7}  # per-token acceptance by matc
 DRAFT_PRIOR = 0.6  # the draft model's per-token acceptance before any evidence
 HEAD_PRIOR = 0.4  # the draft head's, before any evidence
 HEAD_WINDOW = 200.0  # trials a head estimate remembers across requests
+HEAD_MS_WINDOW = 8.0  # head steps the learned price of a step remembers (`learn_head_ms`)
 # Tokens a request must have emitted in steps alone before the rate those steps were priced
 # at says whether starting the draft model pays (`_rate_without_draft`).
 RATE_EVIDENCE = 8
@@ -177,13 +179,18 @@ class AutoDrafter(Drafter):
         eos_token_ids: set[int] | frozenset[int] = frozenset(),
         head: HeadDrafter | None = None,
         head_ms: float = 0.0,
+        learn_head_ms: bool = False,
     ) -> None:
         """disco: a trained DISCO artifact (`adaspec disco tune`); its classifier then
         estimates each draft token's acceptance instead of the confidence buckets.
         history: the cross-request index to propose from and to teach (None: not used);
         eos_token_ids: where a request's output ends (what the history learns stops there);
         head: a draft head over the target's features (`draft/head.py`), `head_ms` what one
-        of its steps costs on this machine (measured by the method that builds it)."""
+        of its steps costs on this machine (measured by the method that builds it);
+        learn_head_ms: from then on, price it at what its steps take here, in the engine
+        (where the target's call has just evicted the head's weights from the caches: about
+        twice the step timed alone, on the 2-vCPU Xeon), drifting back to `head_ms` while
+        no step is measured."""
         self.profile = profile
         self.disco = disco
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
@@ -207,6 +214,8 @@ class AutoDrafter(Drafter):
                                  "measured the draft (adaspec profile --draft ...)")
         self.head = head
         self.head_ms = head_ms
+        self.head_floor_ms = head_ms
+        self.learn_head_ms = learn_head_ms
         self.needs_features = head is not None  # the engine records the target's features
         self._req: RequestState | None = None  # the request of the step being proposed
         self.k_max = k_max
@@ -613,11 +622,18 @@ class AutoDrafter(Drafter):
         option; its own bucket's rate then prices the step. None: no head step this time."""
         assert self.head is not None and self._req is not None
         if not self._peek_pays(max(o[0] for o in options), limit, ctx):
+            if self.learn_head_ms:  # unmeasured, the price drifts back to the step alone's,
+                # so a price a slow minute raised gets measured again
+                self.head_ms += (self.head_floor_ms - self.head_ms) / (4 * HEAD_MS_WINDOW)
             return None
+        t0 = time.perf_counter()
         chain = self.head.open(self._req)
         if chain is None:  # the target gave no feature of the newest position
             return None
         token, processed, bucket = _head_token(chain, params, generator)
+        if self.learn_head_ms:  # a running mean over about the last HEAD_MS_WINDOW steps
+            seen = 1000 * (time.perf_counter() - t0)
+            self.head_ms += (seen - self.head_ms) / HEAD_MS_WINDOW
         self.head_seen[bucket] += 1
         total = sum(self.head_seen)
         if total > HEAD_WINDOW:

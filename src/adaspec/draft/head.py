@@ -68,7 +68,7 @@ class HeadDrafter(Drafter):
         self._cached: list[int] = []  # the context the cache was built on
 
     @classmethod
-    def load(cls, path, target, weights: str = "fp32") -> HeadDrafter:
+    def load(cls, path, target, weights: str = "int8") -> HeadDrafter:
         """The drafter of a saved head (`draft/head_artifact.py`) over `target`'s own
         embeddings and output rows, its weights at run time in `weights` (`WEIGHTS`)."""
         if weights not in WEIGHTS:

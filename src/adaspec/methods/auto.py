@@ -22,10 +22,10 @@ class AutoParams:
         "features: not in the default yet, docs/head.md)",
     )
     head: str = param("", "the draft head's file (default: the one shipped for the target)")
-    head_weights: str = param("fp32", "the head's weights at run time: fp32 | bf16 | int8 "
+    head_weights: str = param("int8", "the head's weights at run time: fp32 | bf16 | int8 "
                               "(int8 rows, bf16 activations) | int8-dyn")
-    head_ms: float = param(0.0, "ms a head step is priced at (0: measured when the engine is "
-                           "built, on this machine)")
+    head_ms: float = param(0.0, "ms a head step is priced at, fixed (0: timed when the engine "
+                           "is built, then learned from the steps it runs)")
     k_max: int = param(16, "most tokens one step may propose")
     n_max: int = param(4, "longest n-gram to match")
     n_min: int = param(1, "shortest n-gram to match")
@@ -95,7 +95,7 @@ def _build(params: AutoParams, models: Models, text: str):
     head, head_ms = _head(params, models)
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
                           k_max=params.k_max, use_ngram="ngram" in use, history=history,
-                          head=head, head_ms=head_ms)
+                          head=head, head_ms=head_ms, learn_head_ms=not params.head_ms)
     engine = Engine(
         models.target,
         models.tokenizer,

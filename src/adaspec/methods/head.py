@@ -32,7 +32,7 @@ class HeadParams(ChainParams):
     threshold: float = param(0.0, "ctrl=confidence: stop below this top probability "
                              "(0: the controller's default)")
     artifact: str = param("", "the head's file (default: the one shipped for the target)")
-    weights: str = param("fp32", "the head's weights at run time: fp32 | bf16 | int8 (int8 "
+    weights: str = param("int8", "the head's weights at run time: fp32 | bf16 | int8 (int8 "
                          "rows, bf16 activations) | int8-dyn")
 
     def __post_init__(self) -> None:
