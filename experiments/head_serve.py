@@ -23,12 +23,13 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+MODEL = "qwen2.5-coder-1.5b-instruct"  # the built-in target, the id the server lists
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "experiments"))
 
 
 def ask(port: int, prompt: str, method: str, max_tokens: int) -> dict:
-    body = {"model": "adaspec", "messages": [{"role": "user", "content": prompt}],
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "method": method}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                  data=json.dumps(body).encode(),
