@@ -355,16 +355,18 @@ def test_auto_prices_the_head_as_a_source(tmp_path, profile):
 
 
 @pytest.mark.parametrize("fixed", [False, True])
-def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed):
+def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed, monkeypatch):
     """Without head_ms=, auto prices a head step at what its steps take in the engine (a
     step timed alone, cache-warm, is about half that on a CPU), and a price too high to
     peek at drifts back to the step alone's; head_ms= fixes the price."""
     from adaspec.backends.torch.backend import TorchBackend
-    from adaspec.draft import head_artifact
+    from adaspec.draft import auto, head_artifact
     from adaspec.methods.build import build_engine
 
     from .test_auto import flat_profile
 
+    ticks = iter(range(10**6))  # a fake clock: a head step (two reads) takes 5 ms
+    monkeypatch.setattr(auto, "clock", lambda: 0.005 * next(ticks))
     model = tiny_model(vocab=40, hidden=32, seed=3)
     path = tmp_path / "head.pt"
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
@@ -380,7 +382,7 @@ def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed):
         if fixed:
             assert drafter.head_ms == wrong
         elif wrong < 1:
-            assert drafter.head_ms > 1e-3  # measured: a step takes more than a microsecond
+            assert 1.0 < drafter.head_ms <= 5.0  # moved toward the 5 ms its steps took
         else:
             assert drafter.head_ms < 0.9 * wrong  # drifting back to the step alone's price
 

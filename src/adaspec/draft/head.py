@@ -91,8 +91,8 @@ class HeadDrafter(Drafter):
 
     def step_ms(self, context: int = 256, reps: int = 12) -> float:
         """The median ms of one draft step (a head forward over a cache of `context`
-        positions, then the next token's logits) on this machine, now: what `auto` prices
-        a head token at."""
+        positions, then the next token's logits) on this machine, now, cache-warm: `auto`'s
+        first price of a head token (then learned from the steps it runs)."""
         import time
 
         cfg = self.head.cfg

@@ -351,6 +351,8 @@ class Engine(TextGenerator):
                 step_logprobs = token_logprobs(rows, step_tokens, sampling)
 
         self._last_context = req.context
+        if stats.drafted and not stats.drafted_by and self.drafter is not None:
+            stats.drafted_by = {self.drafter.name: stats.drafted}  # a drafter without parts
         stats.new_tokens = len(generated)
         stats.wall_time = time.perf_counter() - t_start
         yield GenerationResult(
@@ -401,10 +403,7 @@ class Engine(TextGenerator):
             tokens = call.tokens
             if self.drafter is not None:
                 self.drafter.cut(req, proposal.depth)
-        # what drafted: the drafter's own parts (auto's sources, S2D's exits), else itself
-        drafted_by = proposal.drafted_by or (
-            {self.drafter.name: proposal.depth} if self.drafter and proposal.depth else {})
-        for part, n in drafted_by.items():
+        for part, n in (proposal.drafted_by or {}).items():
             stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
         stats.target_calls += 1
         verdict = self._verify(proposal, out, sampling, generator, verifier)
