@@ -8,7 +8,9 @@ category, in process, methods alternating prompt by prompt.
 The target runs on the fastest runtime (ik_llama.cpp built with the features patch: the
 verification pass returns the states the head reads). Prompts the head never trained on:
 Spec-Bench translation questions with even ids, ShareGPT conversations from file index
-12,000 on, HumanEval 60 on. Every method's answer must equal `ar`'s token for token.
+12,000 on, HumanEval 60 on. Greedy (the default), every method's answer must equal `ar`'s
+token for token; with `--temperature T` every method samples (seeded per prompt), and the
+run reports acceptance and tokens per call at T (the texts differ by design).
 """
 
 from __future__ import annotations
@@ -53,10 +55,14 @@ def main() -> int:
     p.add_argument("--per-category", type=int, default=6)
     p.add_argument("--categories", default="translation,chat,code")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample at this temperature (seed = --seed + the prompt's index)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="experiments/results/head-e2e")
     args = p.parse_args()
 
     from adaspec.backends.load import load_backends
+    from adaspec.core.sampling import SamplingParams
     from adaspec.methods.build import build_engine
 
     target, tokenizer, _, eos = load_backends(draft=None)
@@ -69,9 +75,10 @@ def main() -> int:
     for i, (cat, pid, text) in enumerate(prompts):
         order = methods[i % len(methods):] + methods[: i % len(methods)]
         got = {}
+        sampling = SamplingParams(temperature=args.temperature, seed=args.seed + i)
         for name in order:
             t0 = time.perf_counter()
-            r = engines[name].generate(text, max_new_tokens=args.max_tokens)
+            r = engines[name].generate(text, max_new_tokens=args.max_tokens, sampling=sampling)
             s = r.stats
             got[name] = {"tokens": r.token_ids, "wall": time.perf_counter() - t0,
                          "decode_s": s.wall_time - s.prefill_time, "calls": s.target_calls,
@@ -87,7 +94,8 @@ def main() -> int:
                                         for m in methods}}), flush=True)
     summary = {"machine": platform.processor() or platform.machine(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
-               "runtime": target.kind, "prompts": len(rows), "categories": {}}
+               "runtime": target.kind, "temperature": args.temperature, "prompts": len(rows),
+               "categories": {}}
     for cat in sorted({r["category"] for r in rows}):
         mine = [r for r in rows if r["category"] == cat]
         summary["categories"][cat] = {m: _aggregate([r[m] for r in mine],
@@ -122,7 +130,7 @@ def _aggregate(rs: list[dict], ar: list[dict]) -> dict:
 
 def _table(summary: dict, methods: list[str]) -> str:
     lines = [f"{summary['date']}, {summary['machine']}, runtime {summary['runtime']}, "
-             f"`{summary['command']}`", "",
+             f"temperature {summary.get('temperature', 0.0)}, `{summary['command']}`", "",
              "| category | method | end to end vs `ar` (geomean) | lowest prompt | tokens per "
              "target call | acceptance | draft ms a call | target ms a call | same text as "
              "`ar` |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

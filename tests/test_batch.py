@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from adaspec.backends.torch.backend import TorchBackend
+from adaspec.core.metrics import RequestStats
 from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine import batch as batch_mod
@@ -585,3 +586,57 @@ def test_a_round_is_modelled_by_the_batch_cost_of_its_call():
     unpriced = BatchDecoder(None)
     unpriced.last = RoundStats(sequences=3, tokens=7)
     assert unpriced.modelled_ms() is None
+
+
+class _Call:
+    """A stand-in for a `TargetCall` a scripted request yields (`run_alone` drives it)."""
+
+    def __init__(self, log: list, fail: bool = False) -> None:
+        self.log, self.fail = log, fail
+        self.backend, self.prompt_reuse, self.proposal, self.out = object(), None, None, None
+        self.tokens, self.seconds, self.remaining, self.fixed = torch.tensor([1]), 0.0, 0, True
+
+    def run(self):
+        self.log.append("call")
+        if self.fail:
+            raise RuntimeError("the runtime failed")
+        self.out = "scored"
+        return self.out
+
+
+def test_a_request_alone_is_a_batch_of_one_that_hands_on_each_chunk_first(monkeypatch):
+    """run_alone: each chunk reaches the caller before the request's next step drafts, each
+    call runs as it comes, a failing call is raised, and a caller that stops early closes
+    the request's steps."""
+    monkeypatch.setattr(batch_mod, "TargetCall", _Call)
+    log: list[str] = []
+
+    def steps(fail: bool = False):
+        try:
+            for i in range(2):
+                log.append(f"draft {i}")
+                call = _Call(log, fail)
+                yield call
+                assert call.out == "scored"
+                yield StreamChunk(text=str(i), token_ids=[i])
+            yield GenerationResult(text="01", token_ids=[0, 1], stats=RequestStats(),
+                                   finish_reason="length")
+        finally:
+            log.append("closed")
+
+    seen = []
+    for item in batch_mod.run_alone(steps()):
+        log.append(f"caller got {type(item).__name__}")
+        seen.append(item)
+    assert [type(x) for x in seen] == [StreamChunk, StreamChunk, GenerationResult]
+    assert log == ["draft 0", "call", "caller got StreamChunk", "draft 1", "call",
+                   "caller got StreamChunk", "caller got GenerationResult", "closed"]
+    log.clear()
+    with pytest.raises(RuntimeError, match="the runtime failed"):
+        list(batch_mod.run_alone(steps(fail=True)))
+    assert log == ["draft 0", "call", "closed"]
+    log.clear()
+    run = batch_mod.run_alone(steps())
+    next(run)
+    run.close()
+    assert log == ["draft 0", "call", "closed"]

@@ -1,5 +1,6 @@
-"""The drivers of requests' decode loops: requests decoded together (continuous batching),
-one target call per round for all (`BatchDecoder`), and a request alone (`run_alone`).
+"""The one driver of requests' decode loops (`BatchDecoder`): requests decoded together
+(continuous batching), one target call per round for all; a request alone is a batch of one
+(`run_alone`).
 
 Each request keeps its own engine (drafter, length controller, verifier), sampling
 parameters, random generator, stop rules and stats: it runs as `Engine.steps`, which yields
@@ -22,11 +23,11 @@ from __future__ import annotations
 
 import heapq
 import operator
+import sys
 import time
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
 from adaspec.backends.base import ForwardOutput, common_prefix
 from adaspec.backends.sequences import (
@@ -39,9 +40,6 @@ from adaspec.backends.sequences import (
 )
 from adaspec.cost.batch import BatchCostFn, BatchLoad, Seat
 from adaspec.engine.steps import GenerationResult, StreamChunk, TargetCall
-
-if TYPE_CHECKING:
-    pass
 
 PREFILL_TOKENS = 256  # prompt tokens a round may carry, in all
 
@@ -110,11 +108,13 @@ class BatchDecoder:
     """The requests being decoded together, keyed by the caller's handle."""
 
     def __init__(self, cost: BatchCostFn | None = None,
-                 prefill_tokens: int = PREFILL_TOKENS) -> None:
+                 prefill_tokens: int = PREFILL_TOKENS, share_calls: bool = True) -> None:
         """cost: ms of a call by (total tokens, sequences); None: drafts are verified as
-        their engines proposed them (no batch pricing)."""
+        their engines proposed them (no batch pricing). share_calls: the requests' calls on
+        sequences of one runtime go in one call of it (False: each runs on its own)."""
         self.cost = cost
         self.prefill_tokens = max(1, prefill_tokens)
+        self.share_calls = share_calls
         self._members: dict[Hashable, _Member] = {}
         self.last = RoundStats()
         self.load = BatchLoad()  # the round the joined engines' drafters price against
@@ -164,33 +164,53 @@ class BatchDecoder:
         """A round's first half: every request runs until it needs the target; what each
         produced on the way, in order (a request ends after its GenerationResult or its
         Exception). `run` then scores the calls."""
+        self._open_round()
         events: list[tuple[Hashable, StreamChunk | GenerationResult | Exception]] = []
+        for member in list(self._members.values()):
+            events += self._until_call(member)
+        return events
+
+    def advance_one(self, key: Hashable
+                    ) -> Iterator[tuple[Hashable, StreamChunk | GenerationResult | Exception]]:
+        """`advance` for a batch of one request, its output handed on as it comes (so its
+        caller sees a step's tokens before the next step drafts)."""
+        self._open_round()
+        member = self._members.get(key)
+        if member is not None:
+            yield from self._until_call(member)
+
+    def _open_round(self) -> None:
+        """The round's load, which the joined requests' drafters price against."""
         filling = [m.prompt_left for m in self._members.values() if m.prompt_left]
         self.load.cost, self.load.prompts = self.cost, len(filling)
         self.load.sequences = max(1, len(self._members) - len(filling))
         self.load.prompt_tokens = min(self.prefill_tokens, sum(len(p) for p in filling))
         self._note_budgets()
         self.load.waiting = self.waiting
-        for member in list(self._members.values()):
-            if member.call is not None and member.call.out is None:
-                continue  # a prefill still in chunks
-            member.call = None
-            try:
-                while True:
-                    item = next(member.steps)
-                    if isinstance(item, TargetCall):
-                        member.call = item
-                        break
-                    events.append((member.key, item))
-                    if isinstance(item, GenerationResult):
-                        self._members.pop(member.key, None)
-                        break
-            except StopIteration:
-                self._members.pop(member.key, None)
-            except Exception as exc:  # this request's own failure: the others go on
-                events.append((member.key, exc))
-                self.drop(member.key)
-        return events
+
+    def _until_call(self, member: _Member
+                    ) -> Iterator[tuple[Hashable, StreamChunk | GenerationResult | Exception]]:
+        """Run one request until it needs the target (`member.call`), yielding what it
+        produces on the way as it comes."""
+        if member.call is not None and member.call.out is None:
+            return  # a prefill still in chunks
+        member.call = None
+        try:
+            while True:
+                item = next(member.steps)
+                if isinstance(item, TargetCall):
+                    member.call = item
+                    return
+                if isinstance(item, GenerationResult):
+                    self._members.pop(member.key, None)
+                yield member.key, item
+                if isinstance(item, GenerationResult):
+                    return
+        except StopIteration:
+            self._members.pop(member.key, None)
+        except Exception as exc:  # this request's own failure: the others go on
+            self.drop(member.key)
+            yield member.key, exc
 
     def run(self) -> list[tuple[Hashable, Exception]]:
         """A round's second half: the calls `advance` stopped at, scored (one call of the
@@ -216,7 +236,8 @@ class BatchDecoder:
             call = member.call
             if call is None:
                 continue
-            view = call.backend if isinstance(call.backend, SequenceView) else None
+            view = (call.backend if self.share_calls and isinstance(call.backend, SequenceView)
+                    else None)
             if call.prompt_reuse is None:
                 steps.append(member)
             elif view is None:
@@ -237,8 +258,8 @@ class BatchDecoder:
         prefill = sum(len(c) for _, c, _ in chunks)
         self._price(steps, prefill, len(chunks), stats)
         # chains on sequences of one runtime go in one call; anything else runs on its own
-        alone += [m for m in steps if not _batchable(m.call)]
-        steps = [m for m in steps if _batchable(m.call)]
+        alone += [m for m in steps if not (self.share_calls and _batchable(m.call))]
+        steps = [m for m in steps if self.share_calls and _batchable(m.call)]
         items = [(m.call.backend, m.call.tokens.tolist(), ALL) for m in steps if m.call]
         items += [(m.call.backend, chunk, rows) for m, chunk, rows in chunks if m.call]
         owners = steps + [m for m, _, _ in chunks]
@@ -338,16 +359,19 @@ class BatchDecoder:
 def run_alone(
     steps: Iterator[StreamChunk | GenerationResult | TargetCall],
 ) -> Iterator[StreamChunk | GenerationResult]:
-    """Drive one request's steps with each target call run as it comes: a request alone,
-    whose caller sees every chunk before its next step drafts (a `BatchDecoder` advances
-    every request to its next call first)."""
+    """Drive one request alone: a batch of one (the same driver as requests decoded
+    together) whose chunks reach the caller as its steps make them, before its next step
+    drafts, and whose calls run as they come, whole (no one to share a call or a prompt's
+    chunks with). A failure is raised."""
+    batch = BatchDecoder(prefill_tokens=sys.maxsize, share_calls=False)
+    batch.add("alone", steps)
     try:
-        for item in steps:
-            if isinstance(item, TargetCall):
-                item.run()
-            else:
+        while "alone" in batch:
+            for _, item in batch.advance_one("alone"):
+                if isinstance(item, Exception):
+                    raise item
                 yield item
+            for _, exc in batch.run():
+                raise exc
     finally:
-        close = getattr(steps, "close", None)
-        if close is not None:
-            close()
+        batch.drop("alone")
