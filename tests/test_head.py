@@ -377,14 +377,14 @@ def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed, monkeyp
                               profile=flat_profile())
         drafter = engine.drafter
         assert drafter.learn_head_ms is not fixed
-        drafter.head_ms = wrong
+        drafter.memory.head_ms = wrong
         engine.generate([5, 9, 11, 3], max_new_tokens=20)
         if fixed:
-            assert drafter.head_ms == wrong
+            assert drafter.memory.head_ms == wrong
         elif wrong < 1:
-            assert 1.0 < drafter.head_ms <= 5.0  # moved toward the 5 ms its steps took
+            assert 1.0 < drafter.memory.head_ms <= 5.0  # moved toward the 5 ms its steps took
         else:
-            assert drafter.head_ms < 0.9 * wrong  # drifting back to the step alone's price
+            assert drafter.memory.head_ms < 0.9 * wrong  # drifting back to the step alone's price
 
 
 def test_auto_with_use_head_and_no_head_says_how_to_make_one():

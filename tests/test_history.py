@@ -264,7 +264,7 @@ def test_a_repeated_request_gets_accepted_history_drafts(target, target_model):
     assert drafter.choices.history > 0 and second.stats.accepted > 0
     assert second.stats.drafted_by == {"history": second.stats.drafted}
     assert mat(second) > 2.0
-    assert drafter.history_outcomes[1] == second.stats.accepted
+    assert drafter.memory.history_outcomes[1] == second.stats.accepted
 
 
 def test_negative_control_without_feeding_the_history_nothing_is_learned(
@@ -324,14 +324,14 @@ def test_history_estimates_learn_from_steps_that_did_not_propose_them(target, ta
     prompt = PROMPTS[1]
     expected = reference_greedy(target_model, prompt, 40)
     assert engine.generate(prompt, max_new_tokens=40).token_ids == expected
-    before = {c: r.rate for c, r in drafter.history_rates.items()}
+    before = {c: r.rate for c, r in drafter.memory.history_rates.items()}
     second = engine.generate(prompt, max_new_tokens=40)
     assert second.token_ids == expected
-    learned = [c for c, r in drafter.history_rates.items() if r.trials]
-    assert learned and all(drafter.history_rates[c].rate > before[c] for c in learned)
+    learned = [c for c, r in drafter.memory.history_rates.items() if r.trials]
+    assert learned and all(drafter.memory.history_rates[c].rate > before[c] for c in learned)
     assert second.stats.accepted > 0 and mat(second) > 2.5  # it drafted once it learned
     # (without that learning: 1.67, from the continuations this model repeats itself)
-    assert drafter.history_outcomes[1] == second.stats.accepted
+    assert drafter.memory.history_outcomes[1] == second.stats.accepted
 
 
 def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model):
@@ -350,7 +350,7 @@ def test_what_is_learned_ends_at_the_first_end_of_sequence(target, target_model)
 
 def test_history_cells_price_longer_surer_matches_and_runs_higher():
     d = AutoDrafter(flat_profile(), history=HistoryIndex(100))
-    rate = {c: r.rate for c, r in d.history_rates.items()}
+    rate = {c: r.rate for c, r in d.memory.history_rates.items()}
     assert rate[history_cell(8, 0.5)] > rate[history_cell(4, 0.5)] > rate[history_cell(2, 0.5)]
     assert rate[history_cell(3, 0.95)] > rate[history_cell(3, 0.5)] > rate[history_cell(3, 0.2)]
     assert rate[history_cell(3, 0.5, run=4)] > rate[history_cell(3, 0.5, run=3)]

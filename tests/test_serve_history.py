@@ -10,6 +10,7 @@ httpx = pytest.importorskip("httpx", reason="needs httpx: pip install -e '.[serv
 
 from adaspec.backends.load import load_backends  # noqa: E402
 from adaspec.draft.history import HistoryIndex  # noqa: E402
+from adaspec.methods.build import build_engine  # noqa: E402
 from adaspec.serve.history import ServedHistory, default_path  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402
 
@@ -93,3 +94,28 @@ def test_the_history_flags_are_checked_before_any_model_loads(capsys):
     for flag in ("--history-every", "--history-tokens"):
         assert main(["serve", flag, "0"]) == 2
         assert f"{flag} must be >= 1" in capsys.readouterr().err
+
+
+def test_a_servers_slots_learn_one_methods_estimates_together(loaded):
+    """The engines of one method on a server's slots share what it learns across requests
+    (`AutoMemory`): a request on one slot moves the history's estimates every slot prices
+    with; engines built apart learn apart (the control)."""
+    target, tokenizer, eos = loaded
+    kept = ServedHistory.open("off", target, tokenizer)
+    method = METHOD  # the server's own (a file-naming parameter is the server's choice)
+    instance = ModelInstance(target, tokenizer, None, eos, method, history=kept)
+    instance.open_slots(2)
+    first, second = (instance.slot_engine(method, i) for i in (0, 1))
+    assert first.drafter.memory is second.drafter.memory is \
+        instance.engine(method).drafter.memory
+    apart = build_engine(method, instance.slots[1][0], tokenizer, None, eos_token_ids=eos,
+                         history=kept.index)
+    assert apart.drafter.memory is not first.drafter.memory
+    before = {c: r.trials for c, r in second.drafter.memory.history_rates.items()}
+    for _ in range(3):  # the history holds the answer after the first; later steps credit it
+        first.generate(PROMPT, max_new_tokens=24)
+        first.request_done()
+    moved = {c for c, r in second.drafter.memory.history_rates.items() if r.trials != before[c]}
+    assert moved and second.drafter.memory.history_outcomes[0] > 0
+    assert not any(r.trials for r in apart.drafter.memory.history_rates.values())
+    instance.close()

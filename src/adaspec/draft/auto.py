@@ -161,6 +161,29 @@ class AutoStats:
     head: int = 0
 
 
+@dataclass(eq=False)
+class AutoMemory:
+    """What `auto` learns across requests: the history's and the head's acceptance, the
+    draft model's recent rate, the price of a head step here. One request's estimates live in
+    the drafter; this is the method's, so a server's engines of one method (one per slot)
+    share one (`AutoDrafter.learn_with`) and learn from every slot's requests."""
+
+    head_ms: float = 0.0  # what a head step costs here (learned: `learn_head_ms`)
+    history_rates: dict[tuple[int, int, int], RateEstimate] = field(default_factory=lambda: {
+        (o, b, r): RateEstimate(_history_prior((o, b, r)))
+        for o in HISTORY_ORDERS for b in range(len(HISTORY_EDGES) + 1) for r in (0, 1)})
+    history_outcomes: list[int] = field(default_factory=lambda: [0, 0])  # drafted, accepted
+    draft_memory: RateEstimate = field(default_factory=lambda: RateEstimate(DRAFT_PRIOR))
+    # the head's acceptance per confidence bucket and overall (the last HEAD_WINDOW trials
+    # each): a short answer (a translation) ends before its own steps could tell whether the
+    # head pays
+    head_rates: list[RateEstimate] = field(default_factory=lambda: [
+        RateEstimate(_bucket_prior(i)) for i in range(len(CONFIDENCE_EDGES) + 1)])
+    head_overall: RateEstimate = field(default_factory=lambda: RateEstimate(HEAD_PRIOR))
+    head_seen: list[float] = field(  # peeks per bucket (fading)
+        default_factory=lambda: [1.0] * (len(CONFIDENCE_EDGES) + 1))
+
+
 class AutoDrafter(Drafter):
     """The cost-aware choice between no draft, an n-gram draft, a history draft and a draft
     model."""
@@ -197,11 +220,8 @@ class AutoDrafter(Drafter):
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
         self.history = history
         self.eos_token_ids = set(eos_token_ids)
-        self.history_rates = {(o, b, r): RateEstimate(_history_prior((o, b, r)))
-                              for o in HISTORY_ORDERS for b in range(len(HISTORY_EDGES) + 1)
-                              for r in (0, 1)}
+        self.memory = AutoMemory(head_ms)  # across requests (`learn_with`)
         self._run = 0  # emitted tokens in a row the history predicted
-        self.history_outcomes = [0, 0]  # history tokens drafted, accepted (all requests)
         self._prompt: list[int] = []
         self._context: list[int] | None = None  # the request's context at its last commit
         self._history_seen: Choice | None = None  # this step's history continuation
@@ -214,7 +234,6 @@ class AutoDrafter(Drafter):
                 raise InputError("method auto with a draft model needs a cost profile that "
                                  "measured the draft (adaspec profile --draft ...)")
         self.head = head
-        self.head_ms = head_ms
         self.head_floor_ms = head_ms
         self.learn_head_ms = learn_head_ms
         self.needs_features = head is not None  # the engine records the target's features
@@ -230,23 +249,23 @@ class AutoDrafter(Drafter):
         # a step's prices (`_prices`), by whether priced in a batch; None: no step
         self._memo: dict[bool, list[float]] | None = None
         self._base_memo: float | None = None  # a step's `_base` in a batch
-        self.draft_memory = RateEstimate(DRAFT_PRIOR)  # spans requests
-        # The head's acceptance per confidence bucket and overall, across requests (the
-        # last HEAD_WINDOW trials each): a short answer (a translation) ends before its own
-        # steps could tell whether the head pays. Never read by a seeded sampled request
-        # (it does not draft from the head), so reproducibility does not depend on them.
-        self.head_rates = [RateEstimate(_bucket_prior(i))
-                           for i in range(len(CONFIDENCE_EDGES) + 1)]
-        self.head_overall = RateEstimate(HEAD_PRIOR)
-        self.head_seen = [1.0] * (len(CONFIDENCE_EDGES) + 1)  # peeks per bucket (fading)
         self._reset_estimates()
+
+    def learn_with(self, other: Drafter) -> None:
+        """Learn across requests together with `other` (the same method's drafter on another
+        slot): share its memory. A seeded sampled request reads none of it (it drafts from
+        neither the history nor the head, and prices the draft model by its own rate), so
+        its output stays the same whatever the other slots serve."""
+        if isinstance(other, AutoDrafter) and other.head_floor_ms == self.head_floor_ms:
+            self.memory = other.memory
 
     def _reset_estimates(self) -> None:
         self.ngram_rates = {m: RateEstimate(p) for m, p in NGRAM_PRIORS.items()}
         self.draft_rates = [RateEstimate(_bucket_prior(i))
                             for i in range(len(CONFIDENCE_EDGES) + 1)]
         self.draft_overall = RateEstimate(DRAFT_PRIOR)  # this request's, from the fixed prior
-        self.draft_learned = RateEstimate(self.draft_memory.rate)  # from recent requests
+        # from recent requests
+        self.draft_learned = RateEstimate(self.memory.draft_memory.rate)
 
     # --------------------------------------------------------------- lifecycle
     def begin(self, req: RequestState) -> None:
@@ -312,18 +331,18 @@ class AutoDrafter(Drafter):
         if choice.kind == "ngram":
             self.ngram_rates[min(choice.match, 4)].add(trials, accepted)
         elif choice.kind == "history":
-            self.history_outcomes[0] += len(choice.tokens)
-            self.history_outcomes[1] += accepted
+            self.memory.history_outcomes[0] += len(choice.tokens)
+            self.memory.history_outcomes[1] += accepted
         elif choice.kind == "draft":
             for i, bucket in enumerate(choice.buckets[:trials]):
                 self.draft_rates[bucket].add(1, int(i < accepted))
             self.draft_overall.add(trials, accepted)
             self.draft_learned.add(trials, accepted)
-            self.draft_memory.add(trials, accepted, window=DRAFT_MEMORY)
+            self.memory.draft_memory.add(trials, accepted, window=DRAFT_MEMORY)
         elif choice.kind == "head":
             for i, bucket in enumerate(choice.buckets[:trials]):
-                self.head_rates[bucket].add(1, int(i < accepted), window=HEAD_WINDOW)
-            self.head_overall.add(trials, accepted, window=HEAD_WINDOW)
+                self.memory.head_rates[bucket].add(1, int(i < accepted), window=HEAD_WINDOW)
+            self.memory.head_overall.add(trials, accepted, window=HEAD_WINDOW)
 
     def _credit_history(self, seen: Choice, context: list[int]) -> None:
         """Credit the history's continuation of this step, whether or not it was proposed,
@@ -337,7 +356,7 @@ class AutoDrafter(Drafter):
         emitted = context[seen.start:]
         for i, cell in enumerate(seen.buckets[: len(emitted)]):
             right = seen.tokens[i] == emitted[i]
-            self.history_rates[cell].add(1, int(right), window=HISTORY_WINDOW)
+            self.memory.history_rates[cell].add(1, int(right), window=HISTORY_WINDOW)
             self._run = self._run + 1 if right else 0
             if not right:
                 break
@@ -564,7 +583,8 @@ class AutoDrafter(Drafter):
                 history_tokens = found.tokens
                 cells = [history_cell(o, c, self._run + i) for i, (o, c) in
                          enumerate(zip(found.orders, found.confidence, strict=True))]
-                value, n = self._free_option([self.history_rates[c].rate for c in cells], ctx)
+                rates = self.memory.history_rates
+                value, n = self._free_option([rates[c].rate for c in cells], ctx)
                 options.append((value, "history", n))
                 self._history_seen = Choice("history", history_tokens, ctx, buckets=cells)
         # a step alone before the draft model starts: priced for the rate without it
@@ -607,7 +627,7 @@ class AutoDrafter(Drafter):
             tokens = history_tokens[:n]
             self._last = Choice("history", tokens, ctx, buckets=cells[:n])
             return Proposal.chain(context[-1], tokens, drafted_by={"history": n},
-                                  accept=[self.history_rates[c].rate for c in cells[:n]])
+                                  accept=[self.memory.history_rates[c].rate for c in cells[:n]])
         if kind == "head":
             assert peek is not None
             self.choices.head += 1
@@ -625,7 +645,8 @@ class AutoDrafter(Drafter):
         if not self._peek_pays(max(o[0] for o in options), limit, ctx):
             if self.learn_head_ms:  # unmeasured, the price drifts back to the step alone's,
                 # so a price a slow minute raised gets measured again
-                self.head_ms += (self.head_floor_ms - self.head_ms) / (4 * HEAD_MS_WINDOW)
+                mem = self.memory
+                mem.head_ms += (self.head_floor_ms - mem.head_ms) / (4 * HEAD_MS_WINDOW)
             return None
         t0 = clock()
         chain = self.head.open(self._req)
@@ -634,13 +655,13 @@ class AutoDrafter(Drafter):
         token, processed, bucket = _head_token(chain, params, generator)
         if self.learn_head_ms:  # a running mean over about the last HEAD_MS_WINDOW steps
             seen = 1000 * (clock() - t0)
-            self.head_ms += (seen - self.head_ms) / HEAD_MS_WINDOW
-        self.head_seen[bucket] += 1
-        total = sum(self.head_seen)
+            self.memory.head_ms += (seen - self.memory.head_ms) / HEAD_MS_WINDOW
+        self.memory.head_seen[bucket] += 1
+        total = sum(self.memory.head_seen)
         if total > HEAD_WINDOW:
-            self.head_seen = [c * HEAD_WINDOW / total for c in self.head_seen]
-        n, tokens, ms = self._head_length(self.head_rates[bucket].rate,
-                                          self.head_overall.rate, limit, ctx)
+            self.memory.head_seen = [c * HEAD_WINDOW / total for c in self.memory.head_seen]
+        n, tokens, ms = self._head_length(self.memory.head_rates[bucket].rate,
+                                          self.memory.head_overall.rate, limit, ctx)
         return _Peek(chain, token, processed, bucket, n, tokens / ms)
 
     def _peek_pays(self, best: float, limit: int, ctx: int) -> bool:
@@ -652,21 +673,23 @@ class AutoDrafter(Drafter):
         cost 13% of a step on translations (session 32)."""
         plain_ms = self._verify_ms(0, ctx)
         other = (best * plain_ms, plain_ms)  # (tokens, ms) of not drafting from the head
-        total = sum(self.head_seen)
+        total = sum(self.memory.head_seen)
         tokens = ms = 0.0
-        for bucket, seen in enumerate(self.head_seen):
-            n, t, m = self._head_length(self.head_rates[bucket].rate, self.head_overall.rate,
+        for bucket, seen in enumerate(self.memory.head_seen):
+            n, t, m = self._head_length(self.memory.head_rates[bucket].rate,
+                                        self.memory.head_overall.rate,
                                         limit, ctx)
             t, m = (t, m) if n > 0 and t / m > best else other
             tokens += seen / total * t
             ms += seen / total * m
-        return tokens / (ms + self.head_ms) > best
+        return tokens / (ms + self.memory.head_ms) > best
 
     def _head_length(self, first: float, later: float, limit: int, ctx: int
                      ) -> tuple[int, float, float]:
         """The head chain's best length, its expected tokens and its ms, its first token
         drafted already (its cost sunk)."""
-        return self._chain_length(first, later, limit, -self.head_ms, self.head_ms, ctx)
+        ms = self.memory.head_ms
+        return self._chain_length(first, later, limit, -ms, ms, ctx)
 
     def _draft_head(self, peek: _Peek, context: list[int], limit: int, params: SamplingParams,
                     generator: torch.Generator | None) -> Proposal:
@@ -675,14 +698,14 @@ class AutoDrafter(Drafter):
         confidence bucket."""
         chain = peek.chain
         ctx = len(context)
-        d1 = self.head_ms
+        d1 = self.memory.head_ms
         step_ms = [n * d1 + ms for n, ms in enumerate(self._prices(limit, ctx)[: limit + 1])]
         base = self._base(ctx)
-        a_next = self.head_overall.rate
+        a_next = self.memory.head_overall.rate
         tokens = [peek.token]
         rows = [peek.probs] if peek.probs is not None else []
         buckets = [peek.bucket]
-        accept = [self.head_rates[peek.bucket].rate]
+        accept = [self.memory.head_rates[peek.bucket].rate]
         while len(tokens) < limit and cost_keeps_drafting(accept, a_next, step_ms, limit, base):
             chain.advance(tokens[-1])
             token, processed, bucket = _head_token(chain, params, generator)
@@ -690,7 +713,7 @@ class AutoDrafter(Drafter):
                 rows.append(processed)
             tokens.append(token)
             buckets.append(bucket)
-            accept.append(self.head_rates[bucket].rate)
+            accept.append(self.memory.head_rates[bucket].rate)
         # the peek's step is sunk
         return self._verified_prefix("head", context, tokens, rows, buckets, accept,
                                      (chain.steps - 1) * d1, chain.steps)

@@ -45,6 +45,11 @@ class Drafter(ABC):
         """Verification is done: `path` are the accepted nodes of the last proposal and
         `req.context` the new accepted prefix (roll caches back to it)."""
 
+    def learn_with(self, other: Drafter) -> None:
+        """Learn across requests together with `other`, the same method's drafter on another
+        sequence of the same models (a server's slots): a drafter that keeps estimates across
+        requests shares them; the rest do nothing."""
+
     def learn(self) -> None:
         """The request is over (a server says so as soon as it ends): a drafter that learns
         across requests (the cross-request history) takes it in now."""

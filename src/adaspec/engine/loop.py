@@ -186,6 +186,10 @@ class TextGenerator(ABC):
         """The last request is over (a server says so as soon as it ends): what learns
         across requests (the cross-request history) takes it in now."""
 
+    def learn_with(self, other: TextGenerator) -> None:
+        """Learn across requests together with `other`, the same method's engine on another
+        sequence of the same models (a server's slots: one method learns from all of them)."""
+
 
 class Engine(TextGenerator):
     """Target backend + tokenizer + decoding method (drafter, length controller, verifier)."""
@@ -232,6 +236,10 @@ class Engine(TextGenerator):
     def request_done(self) -> None:
         if self.drafter is not None:
             self.drafter.learn()
+
+    def learn_with(self, other: TextGenerator) -> None:
+        if self.drafter is not None and isinstance(other, Engine) and other.drafter is not None:
+            self.drafter.learn_with(other.drafter)
 
     def request_verifier(self, sampling: SamplingParams) -> Verifier:
         """The verifier of one request (bad settings fail here, before any compute)."""

@@ -74,6 +74,12 @@ class RoutedGenerator(TextGenerator):
         for arm in self.arms.values():
             arm.request_done()
 
+    def learn_with(self, other: TextGenerator) -> None:
+        if isinstance(other, RoutedGenerator):
+            for name, arm in self.arms.items():
+                if name in other.arms:
+                    arm.learn_with(other.arms[name])
+
     def decode(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, stop: list[str]
     ) -> Iterator[StreamChunk | GenerationResult]:

@@ -175,8 +175,9 @@ class ModelInstance:
 
     def slot_engine(self, method: str, slot: int) -> TextGenerator:
         """The engine of a method on slot `slot`'s sequences: its own drafter and length
-        controller (their state is one request's at a time), the history shared; on the
-        models' own slot (`own_slot`), `engine`'s."""
+        controller (their state is one request's at a time); the history and what the
+        method learns across requests shared with `engine`'s; on the models' own slot
+        (`own_slot`), `engine`'s."""
         from adaspec.methods.build import build_engine
 
         if not self._slot_engines:
@@ -186,12 +187,13 @@ class ModelInstance:
         if engine is not None:
             engines.move_to_end(method)
             return engine
-        self.engine(method)  # checks the method (and measures a profile it needs) once
+        shared = self.engine(method)  # checks the method (and measures a profile) once
         spec = parse_method(method)
         target, draft = self.slots[slot]
         engine = build_engine(spec, target, self.tokenizer, draft,
                               eos_token_ids=self.eos_token_ids,
                               history=self.history.index if self.history else None)
+        engine.learn_with(shared)  # every slot's requests teach the one method
         engines[method] = engine
         while len(engines) > self.max_engines:
             engines.popitem(last=False)
