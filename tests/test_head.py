@@ -472,3 +472,32 @@ def test_engines_on_a_runtime_share_one_copy_of_the_head(tmp_path, monkeypatch):
     assert HeadDrafter.load(path, target, "fp32").head is not a.head
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {"v": 2})
     assert HeadDrafter.load(path, target).head is not a.head  # the file changed
+
+
+def test_a_head_draft_carries_its_confidence_as_the_acceptance_estimate():
+    """A batch prices how much of a head's draft to verify by `Proposal.accept`: the head's
+    top probability at each drafted token (not the batch's 0.5 default)."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.control.static import StaticLength
+    from adaspec.core.request import RequestState
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    drafter = _trained_head_drafter(model)
+    target = TorchBackend(model)
+    target.record_features(True)
+    context = [5, 9, 11, 3]
+    out = target.prefill(torch.tensor(context))
+    req = RequestState.of(context)
+    req.keep_features(0, out.features)
+    drafter.begin(req)
+    proposal = drafter.propose(req, 3, StaticLength(3))
+    assert proposal.accept is not None and len(proposal.accept) == len(proposal.tokens) == 3
+    drafter.begin(req)  # the same step again, read token by token
+    chain = drafter.open(req)
+    assert chain is not None
+    want = []
+    for token in proposal.tokens:
+        want.append(float(torch.softmax(chain.small_logits(), -1).max()))
+        chain.advance(token)
+    assert proposal.accept == pytest.approx(want, rel=1e-5)
+    assert len(set(proposal.accept)) > 1 and all(0 < a <= 1 for a in proposal.accept)

@@ -167,21 +167,25 @@ class HeadDrafter(Drafter):
         if chain is None:
             return Proposal.chain(context[-1], [])
         tokens: list[int] = []
+        accept: list[float] = []
         rows: list[torch.Tensor] = []
         for i in range(max_tokens):
             drawn, probs, small = chain.draw(req.sampling, req.generator)
             if probs is not None:
                 rows.append(probs)
             # the controller's numbers (confidence, entropy) are the same over the kept
-            # tokens as over the full vocabulary, where the rest is -inf
-            read = torch.cat([drawn.double(),
+            # tokens as over the full vocabulary, where the rest is -inf; the top
+            # probability is the token's acceptance estimate (the head is calibrated:
+            # experiments/results/head-calibration-xeon-amx)
+            read = torch.cat([drawn.double(), torch.softmax(small, -1).max().double()[None],
                               controller.draft_numbers(small).double()]).tolist()
             tokens.append(int(read[0]))
-            if i + 1 == max_tokens or not controller.decide(i, read[1:]):
+            accept.append(read[1])
+            if i + 1 == max_tokens or not controller.decide(i, read[2:]):
                 break
             chain.advance(tokens[-1])
         return Proposal.chain(context[-1], tokens, torch.stack(rows) if rows else None,
-                              forward_calls=len(tokens))
+                              forward_calls=len(tokens), accept=accept)
 
     def commit(self, req: RequestState, path: list[int]) -> None:
         self._sync(req.context)
