@@ -12,7 +12,9 @@ setup:
 	@$(PHASE) venv python3 -m venv $(VENV)
 	@$(PHASE) pip $(PIP) install -q --upgrade pip
 	@$(PHASE) torch $(PIP) install torch==2.13.0
+	@# llama-cpp-python's multimodal library (mtmd, ~10% of its sources) is never loaded here
 	@$(PHASE) "packages (llama-cpp-python builds from source unless pip has its wheel)" \
+		env CMAKE_ARGS="$${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" \
 		$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
 	@$(PHASE) models $(VENV)/bin/adaspec models prepare
 	@$(PHASE) "ik_llama.cpp for this CPU" $(VENV)/bin/adaspec runtime build --if-possible
