@@ -3,15 +3,15 @@
 # features over training prompts (DESIGN.md's: ShareGPT below file index 12,000
 # teacher-forced; WMT, HumanEval 0-59 and odd Spec-Bench questions answered by the target
 # itself), then one head trained on all of them from scratch, copied into the package with its
-# provenance. About 85 minutes on a 2-vCPU Intel Xeon with AMX (answers 6 min, features
-# 54 min, training 45 min; the recording resumes where a killed run stopped).
+# provenance. About 3 hours on a 2-vCPU Intel Xeon with AMX (answers 6 min, features
+# 96 min, training 73 min; the recording resumes where a killed run stopped).
 #   bash experiments/head_builtin.sh [WORK_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=${1:-/tmp/head-builtin}
 A=.venv/bin/adaspec
 mkdir -p "$W"
-$A head data --out "$W/data" --sharegpt 1500 --wmt 120 --humaneval 60 --spec-bench 40 \
+$A head data --out "$W/data" --sharegpt 3000 --wmt 120 --humaneval 60 --spec-bench 40 \
     --answer-tokens 128 --batch 20 --max-tokens 320 --scorer torch --no-progress
 $A head train --data "$W/data" --out "$W/head.pt" --mlp 1024 --heads 4 --vocab 8192 --depth 2 \
     --epochs 4 --lr 1e-3 --no-progress

@@ -83,7 +83,8 @@ def main() -> int:
             for lo, hi in zip(EDGES, EDGES[1:], strict=False):
                 m = (q >= lo) & (q < hi)
                 if m.any():
-                    buckets.append({"from": lo, "to": min(hi, 1.0), "share": float(m.mean()),
+                    buckets.append({"from": lo, "to": min(hi, 1.0),
+                                    "share": float(m.double().mean()),
                                     "mean_probability": float(q[m].mean()),
                                     "agreement": float(ok[m].mean())})
             gates = []

@@ -92,7 +92,7 @@ def _build(params: AutoParams, models: Models, text: str):
             from adaspec.draft.history import HistoryIndex
 
             history = HistoryIndex(models.target.vocab_size)
-    head, head_ms = _head(params, models, text)
+    head, head_ms = _head(params, models)
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
                           k_max=params.k_max, use_ngram="ngram" in use, history=history,
                           head=head, head_ms=head_ms, learn_head_ms=not params.head_ms)
@@ -108,12 +108,9 @@ def _build(params: AutoParams, models: Models, text: str):
     return engine
 
 
-def _head(params: AutoParams, models: Models, text: str):
-    """The draft head where `use` names it: (drafter, ms a step) or (None, 0). Where `use`
-    is the default, the head is one source where it can run (a head ships for the target,
-    or head= names one, and the runtime returns the target's features) and none elsewhere;
-    where the method string names it, a missing head or a runtime without the target's
-    features is an error naming what to do."""
+def _head(params: AutoParams, models: Models):
+    """The draft head where `use` names it: (drafter, ms a step) or (None, 0); a missing head
+    or a runtime without the target's features is an error naming what to do."""
     if "head" not in params.sources:
         if params.head:
             raise InputError("head= names a draft head; add head to use= (e.g. "
@@ -124,8 +121,6 @@ def _head(params: AutoParams, models: Models, text: str):
     target = models.target
     path = params.head or builtin_for(target.name)
     if not target.has_features or path is None:
-        if not (_sets(text, "use") or params.head):
-            return None, 0.0  # the default's head, where none can run
         if not target.has_features:
             raise InputError(f"use=head reads the target's hidden states, which runtime "
                              f"{target.kind} does not return (torch, or ik_llama.cpp built with "
@@ -140,12 +135,6 @@ def _head(params: AutoParams, models: Models, text: str):
         raise InputError(f"draft head not found: {params.head}")
     drafter = HeadDrafter.load(Path(path).expanduser(), target, params.head_weights)
     return drafter, params.head_ms or drafter.step_ms()
-
-
-def _sets(text: str, key: str) -> bool:
-    """Whether the method string `text` sets `key` itself (`auto:use=...`)."""
-    _, _, settings = text.partition("@")[0].partition(":")
-    return any(part.split("=", 1)[0].strip() == key for part in settings.split(","))
 
 
 METHOD = Method(
