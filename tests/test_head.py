@@ -501,3 +501,30 @@ def test_a_head_draft_carries_its_confidence_as_the_acceptance_estimate():
         chain.advance(token)
     assert proposal.accept == pytest.approx(want, rel=1e-5)
     assert len(set(proposal.accept)) > 1 and all(0 < a <= 1 for a in proposal.accept)
+
+
+def test_auto_engines_with_a_head_learn_together(tmp_path):
+    """Two engines of `auto` with the head, each timing its own head step when built, share
+    what they learn once one learns with the other (a server's slots); one without the head
+    keeps its own."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_engine
+
+    from .test_auto import flat_profile
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    first, second = (build_engine(f"auto:use=ngram+head,head={path},k_max=4",
+                                  TorchBackend(model), None, eos_token_ids=[],
+                                  profile=flat_profile()) for _ in range(2))
+    plain = build_engine("auto:use=ngram,k_max=4", TorchBackend(model), None, eos_token_ids=[],
+                         profile=flat_profile())
+    assert first.drafter.memory is not second.drafter.memory
+    second.learn_with(first)
+    plain.learn_with(first)
+    assert second.drafter.memory is first.drafter.memory
+    assert plain.drafter.memory is not first.drafter.memory
+    first.generate([5, 9, 11, 3], max_new_tokens=12)
+    assert second.drafter.memory.head_overall.trials > 0

@@ -256,8 +256,8 @@ class AutoDrafter(Drafter):
         slot): share its memory. A seeded sampled request reads none of it (it drafts from
         neither the history nor the head, and prices the draft model by its own rate), so
         its output stays the same whatever the other slots serve."""
-        if isinstance(other, AutoDrafter) and other.head_floor_ms == self.head_floor_ms:
-            self.memory = other.memory
+        if isinstance(other, AutoDrafter) and (other.head is None) == (self.head is None):
+            self.memory = other.memory  # its head price too (each engine timed its own)
 
     def _reset_estimates(self) -> None:
         self.ngram_rates = {m: RateEstimate(p) for m, p in NGRAM_PRIORS.items()}
