@@ -16,6 +16,7 @@ from adaspec.backends.ik import build as ik_build
 from adaspec.backends.ik.patches import amx as ik_amx_patch
 from adaspec.backends.ik.patches import features as ik_features_patch
 from adaspec.backends.ik.patches import flash as ik_flash_patch
+from adaspec.backends.ik.patches import head_sizes as ik_head_sizes_patch
 from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
 from adaspec.backends.ik.patches import regions as ik_regions_patch
@@ -190,7 +191,10 @@ def _fake_sdist(folder: Path) -> None:
         for name, data in {
             f"{root}/vendor/ik_llama.cpp/CMakeLists.txt": b"project(fake)\n",
             f"{root}/vendor/ik_llama.cpp/{ik_build.ONE_ROW_FILE}": KQUANTS.encode(),
-            f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}": FA_TEMPLATES.encode(),
+            f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.FILE}":
+                (FA_TEMPLATES + ik_head_sizes_patch.SIGNATURE).encode(),
+            **{f"{root}/vendor/ik_llama.cpp/{ik_head_sizes_patch.DIR}/iqk_fa_{k}_{v}.cpp":
+               b"// kernels\n" for k, v in ((64, 64), (96, 96), (128, 128), (576, 512))},
             f"{root}/vendor/ik_llama.cpp/{ik_flash_patch.IMPL}": FA_IMPL.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_hugepages_patch.FILE}": BACKEND.encode(),
             f"{root}/vendor/ik_llama.cpp/{ik_amx_patch.HEADER}": KQUANTS_HEADER.encode(),
@@ -232,7 +236,9 @@ def test_a_failed_build_leaves_nothing_used_and_a_finished_one_is_found(fake_too
     info = ik_build.build_info(VERSION)
     assert info["commit"] == "fedcba9876543210" and "-DGGML_NATIVE=ON" in info["cmake_options"]
     assert "-DCMAKE_INSTALL_RPATH=$ORIGIN" in info["cmake_options"]
-    assert info["patches"] == list(ik_build.PATCHES) and info["one_row_shortcuts_guarded"] == 2
+    assert info["patches"] == list(ik_build.patches()) and info["one_row_shortcuts_guarded"] == 2
+    assert ik_head_sizes_patch.NAME in info["patches"]
+    assert info["head_size_kernels_left_out"] == 2
     assert ik_flash_patch.NAME in info["patches"] and info["flash_attention_loops_patched"] == 3
     assert ik_prefetch_patch.NAME in info["patches"] and info["prefetching_kernels"] == 2
     assert ik_hugepages_patch.NAME in info["patches"]
@@ -423,6 +429,50 @@ def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_a_path_for_every_1
     driver.write_text(DRIVER.replace("        if (func16 && nrc_y >= 16) {\n", "", 1))
     with pytest.raises(ik_amx_patch.PatchError, match="the plain and the fused product"):
         ik_amx_patch.apply(tmp_path)
+
+
+def test_the_head_size_patch_keeps_the_models_kernels_and_declines_the_rest(tmp_path,
+                                                                             monkeypatch):
+    folder = tmp_path / ik_head_sizes_patch.DIR
+    folder.mkdir(parents=True)
+    header = tmp_path / ik_head_sizes_patch.HEADER
+    header.write_text("// templates\n" + ik_head_sizes_patch.SIGNATURE)
+    kernels = {(k, v): folder / f"iqk_fa_{k}_{v}.cpp"
+               for k, v in ((64, 64), (96, 96), (128, 128), (192, 128), (576, 512))}
+    for path in kernels.values():
+        path.write_text("IQK_FA_CASE(...) { /* the whole template */ }\n")
+    (folder / "iqk_fa_templates.cpp").write_text("// not a kernel file\n")
+    assert ik_head_sizes_patch.apply(tmp_path) == 3
+    for size, path in kernels.items():
+        text = path.read_text()
+        if size in ik_head_sizes_patch.KEPT:
+            assert "the whole template" in text
+        else:  # a stub under the same name and signature that declines
+            assert f"IQK_FA_CASE({path.stem}) {{" in text and "return false;" in text
+            assert ik_head_sizes_patch.SIGNATURE.rstrip("\n") in text
+            assert "iqk_fa_templates.h" not in text.split("\n", 2)[2]  # nothing heavy
+    assert ik_head_sizes_patch.left_out(tmp_path) == 3
+    before = {p: p.read_text() for p in kernels.values()}
+    assert ik_head_sizes_patch.apply(tmp_path) == 3  # resumed build
+    assert {p: p.read_text() for p in kernels.values()} == before
+    # the default, and every kernel on request (then the patch is not in the build's record)
+    assert ik_head_sizes_patch.NAME in ik_build.patches()
+    monkeypatch.setenv(ik_head_sizes_patch.ENV, "all")
+    assert ik_head_sizes_patch.NAME not in ik_build.patches()
+    monkeypatch.setenv(ik_head_sizes_patch.ENV, "some")
+    with pytest.raises(ik_build.IkBuildError, match="ADASPEC_IK_HEAD_SIZES must be"):
+        ik_build.patches()
+    # another version: another signature, or no kernel for a kept size
+    header.write_text("#define IQK_FA_CASE(name) bool name(int type)\n")
+    with pytest.raises(ik_head_sizes_patch.PatchError, match="signature"):
+        ik_head_sizes_patch.apply(tmp_path)
+    header.write_text(ik_head_sizes_patch.SIGNATURE)
+    kernels[(128, 128)].unlink()
+    with pytest.raises(ik_head_sizes_patch.PatchError, match="no kernel file for head size 128"):
+        ik_head_sizes_patch.apply(tmp_path)
+    header.unlink()
+    with pytest.raises(ik_head_sizes_patch.PatchError, match="unreadable"):
+        ik_head_sizes_patch.apply(tmp_path)
 
 
 def test_the_huge_pages_patch_advises_big_buffers_before_their_first_touch(tmp_path):

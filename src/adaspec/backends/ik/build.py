@@ -8,7 +8,9 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ik/backend.py`).
 
-Nine source changes before compiling (`PATCHES`, recorded in `build.json`). Flash attention for
+Ten source changes before compiling (`patches()`, recorded in `build.json`). The
+flash-attention kernels compiled for the head sizes of adaspec's models only (64 and 128:
+`ik/patches/head_sizes.py`, a third of the build's time). Flash attention for
 several sequences in one cache (`ik/patches/flash.py`). A region of the cache per sequence, with
 attention that reads a row's own region (`ik/patches/regions.py`). Weights fetched ahead in the
 repacked Q4_K and Q6_K kernels for calls of several rows (`ik/patches/prefetch.py`), and the
@@ -56,6 +58,7 @@ from adaspec.backends.ik import source as ik_source
 from adaspec.backends.ik.patches import amx as ik_amx_patch
 from adaspec.backends.ik.patches import features as ik_features_patch
 from adaspec.backends.ik.patches import flash as ik_flash_patch
+from adaspec.backends.ik.patches import head_sizes as ik_head_sizes_patch
 from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
 from adaspec.backends.ik.patches import regions as ik_regions_patch
@@ -94,6 +97,16 @@ ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHOR
 PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME,
            ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_wide_patch.NAME,
            ik_hugepages_patch.NAME, ik_amx_patch.NAME, ik_features_patch.NAME)
+
+
+def patches() -> tuple[str, ...]:
+    """The patches this build applies: `PATCHES`, and the flash-attention kernels for the
+    used head sizes only unless ADASPEC_IK_HEAD_SIZES=all (`ik/patches/head_sizes.py`)."""
+    try:
+        pruned = ik_head_sizes_patch.wanted()
+    except ik_source.PatchError as exc:
+        raise IkBuildError(str(exc)) from None
+    return PATCHES + ((ik_head_sizes_patch.NAME,) if pruned else ())
 
 
 class IkBuildError(NativeBuildError):
@@ -168,16 +181,22 @@ def apply_patches(src: Path) -> dict[str, int]:
         ik_hugepages_patch.apply(src)
         ik_amx_patch.apply(src)  # after the Q4_K kernel's own patches: it calls that kernel
         ik_features_patch.apply(src)
+        if ik_head_sizes_patch.NAME in patches():
+            left_out = ik_head_sizes_patch.apply(src)
+        elif (left_out := ik_head_sizes_patch.left_out(src)):
+            raise IkBuildError(f"the unfinished build in {src.parent} left {left_out} "
+                               f"flash-attention kernels out; remove that folder to build "
+                               f"them all ({ik_head_sizes_patch.ENV}=all)")
     except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
             ik_source.PatchError) as exc:  # the one-file patches' error
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     return {"one_row_shortcuts_guarded": patched, "flash_attention_loops_patched": fa_loops,
-            "prefetching_kernels": prefetching}
+            "prefetching_kernels": prefetching, "head_size_kernels_left_out": left_out}
 
 
 def current(info: dict | None) -> bool:
     """A finished build made with this adaspec's source patches."""
-    return info is not None and tuple(info.get("patches") or ()) == PATCHES
+    return info is not None and tuple(info.get("patches") or ()) == patches()
 
 
 def build_native(version: str, force: bool = False, jobs: int = 2,
@@ -217,7 +236,7 @@ def build_native(version: str, force: bool = False, jobs: int = 2,
             shutil.copy2(path.resolve(), tmp / "lib" / name)
         write_json(tmp / BUILD_INFO, {
             "runtime": WHAT, "package": PACKAGE, "version": version, "commit": commit,
-            "patches": list(PATCHES), **counts,
+            "patches": list(patches()), **counts,
             **native_build.build_record(CMAKE_OPTIONS, generator, tools, seconds),
         })
     shutil.rmtree(work, ignore_errors=True)
