@@ -447,7 +447,7 @@ def test_held_out_examples_stay_held_out_as_the_recording_grows():
 
 
 def test_engines_on_a_runtime_share_one_copy_of_the_head(tmp_path, monkeypatch):
-    """A server builds a head engine per slot: on a runtime that reads the target's parts
+    """A server builds a head engine per request: on a runtime that reads the target's parts
     from its file, every drafter shares one head and one embedding table (hundreds of MB for
     the built-in target), while each keeps its own request's cache; another weights mode or
     a changed file loads anew."""
@@ -472,6 +472,36 @@ def test_engines_on_a_runtime_share_one_copy_of_the_head(tmp_path, monkeypatch):
     assert HeadDrafter.load(path, target, "fp32").head is not a.head
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {"v": 2})
     assert HeadDrafter.load(path, target).head is not a.head  # the file changed
+
+
+def test_head_engines_built_per_request_share_the_head_and_its_timing(tmp_path, monkeypatch):
+    """A server builds every request an engine: on a torch target the drafters of one model
+    share one head (another model gets its own), and the step is timed once per head (each
+    `auto` build with a head would otherwise spend a dozen head steps on timing)."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.draft.head import HeadChain, HeadDrafter
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    a = HeadDrafter.load(path, TorchBackend(model))
+    b = HeadDrafter.load(path, TorchBackend(model))
+    other = HeadDrafter.load(path, TorchBackend(tiny_model(vocab=40, hidden=32, seed=3)))
+    assert a is not b and a.head is b.head and a.embed is b.embed
+    assert other.head is not a.head
+    steps = []
+    advance = HeadChain.advance
+    monkeypatch.setattr(HeadChain, "advance",
+                        lambda chain, token: (steps.append(token), advance(chain, token))[1])
+    ms = a.step_ms()
+    timed = len(steps)
+    assert timed >= 12 and ms > 0
+    assert b.step_ms() == ms and len(steps) == timed  # the same head: not timed again
+    other.step_ms()
+    assert len(steps) == 2 * timed
+    a.step_ms(context=64, reps=2)  # other settings are measured, not remembered
+    assert len(steps) == 2 * timed + 5
 
 
 def test_a_head_draft_carries_its_confidence_as_the_acceptance_estimate():

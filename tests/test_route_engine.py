@@ -235,3 +235,23 @@ def test_all_arms_must_accept_the_sampling_settings(target, draft):
     router = RoutedGenerator(engines, fixed_policy(target.hidden_size, 2, 0))
     with pytest.raises(InputError, match="greedy verifier"):
         router.generate(PROMPTS[0], 4, SamplingParams(temperature=1.0))
+
+
+def test_routers_built_per_request_draw_on_from_the_methods_generator(arms, target):
+    """A server builds every request a router of its own that learns with the method's
+    (`learn_with`): an unseeded dynamic pick draws on from where the last request left the
+    method's generator. Without the sharing every fresh router would draw its first pick
+    from the same seed, so a uniform policy would pick one arm for every request."""
+    uniform = fixed_policy(target.hidden_size, len(ARMS), 0)
+    with torch.no_grad():
+        uniform.net[-1].bias.zero_()
+    method = RoutedGenerator(arms, uniform, mode="dynamic", seed=3)
+    picks = set()
+    for _ in range(12):
+        request = RoutedGenerator(arms, uniform, mode="dynamic", seed=3)
+        request.learn_with(method)
+        picks.add(request.generate(PROMPTS[0], max_new_tokens=1).stats.route)
+    assert len(picks) > 1
+    alone = {RoutedGenerator(arms, uniform, mode="dynamic", seed=3)
+             .generate(PROMPTS[0], max_new_tokens=1).stats.route for _ in range(4)}
+    assert len(alone) == 1  # the control: fresh routers apart repeat the seed's pick

@@ -97,17 +97,22 @@ def test_the_history_flags_are_checked_before_any_model_loads(capsys):
 
 
 def test_a_servers_slots_learn_one_methods_estimates_together(loaded):
-    """The engines of one method on a server's slots share what it learns across requests
-    (`AutoMemory`): a request on one slot moves the history's estimates every slot prices
-    with; engines built apart learn apart (the control)."""
+    """Every request gets an engine of its own (its drafter's state is its alone), and the
+    engines of one method share what it learns across requests (`AutoMemory`): a request on
+    one slot moves the history's estimates every slot prices with; engines built apart learn
+    apart (the control)."""
     target, tokenizer, eos = loaded
     kept = ServedHistory.open("off", target, tokenizer)
     method = METHOD  # the server's own (a file-naming parameter is the server's choice)
     instance = ModelInstance(target, tokenizer, None, eos, method, history=kept)
     instance.open_slots(2)
-    first, second = (instance.slot_engine(method, i) for i in (0, 1))
+    first, second = (instance.request_engine(method, i) for i in (0, 1))
     assert first.drafter.memory is second.drafter.memory is \
         instance.engine(method).drafter.memory
+    again = instance.request_engine(method, 0)  # the next request on slot 0
+    assert again is not first and again.drafter is not first.drafter
+    assert again.target is first.target is instance.slots[0][0]
+    assert again.drafter.memory is first.drafter.memory
     apart = build_engine(method, instance.slots[1][0], tokenizer, None, eos_token_ids=eos,
                          history=kept.index)
     assert apart.drafter.memory is not first.drafter.memory

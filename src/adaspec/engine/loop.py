@@ -136,10 +136,14 @@ class TextGenerator(ABC):
         chat: bool = True,
         seat: Seat | None = None,
         recorder: StepHook | None = None,
+        reuse: int | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """`stream` with the target calls left to the caller (`steps`); bad input fails
         here, before any compute. `seat`: the request's place in a batch's round (its
-        drafter prices against it); `recorder`: a hook that sees its verifications."""
+        drafter prices against it); `recorder`: a hook that sees its verifications;
+        `reuse`: how many leading prompt tokens the target's cache may keep of what it
+        holds (a server's slot: all of them), None: what this engine's last request left
+        there (a bench switching methods on one cache reuses nothing of another's)."""
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):
             stop = [stop]
@@ -148,7 +152,7 @@ class TextGenerator(ABC):
         prompt_ids = self.encode_prompt(prompt, chat=chat)
         self._check_lengths(prompt_ids, max_new_tokens)
         return self.steps(prompt_ids, max_new_tokens, sampling, list(stop), seat=seat,
-                          recorder=recorder)
+                          recorder=recorder, reuse=reuse)
 
     def generate(
         self,
@@ -177,6 +181,7 @@ class TextGenerator(ABC):
     def steps(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
         stop: list[str], *, seat: Seat | None = None, recorder: StepHook | None = None,
+        reuse: int | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """`decode`, yielding the target calls a driver may batch with other requests'
         (`TargetCall`); a generator that yields none runs its own at once."""
@@ -213,7 +218,7 @@ class Engine(TextGenerator):
         self.verifier = verifier
         verify.choose(verifier, self.drafts_trees)
         self.eos_token_ids = set(
-            eos_token_ids if eos_token_ids is not None else _eos_ids(tokenizer)
+            eos_token_ids if eos_token_ids is not None else tokenizer_eos_ids(tokenizer)
         )
         limits = [target.max_context, max_context or target.max_context]
         if drafter is not None and hasattr(drafter, "backend"):
@@ -270,6 +275,7 @@ class Engine(TextGenerator):
         *,
         seat: Seat | None = None,
         recorder: StepHook | None = None,
+        reuse: int | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
         """The decode loop, yielding its chunks and the target calls it needs."""
         stats = stats or RequestStats(prompt_tokens=len(prompt_ids))
@@ -288,7 +294,8 @@ class Engine(TextGenerator):
             # conversation's next turn starts with this one's prompt and answer: the target
             # may keep what it already holds of the prefix this prompt shares with the last
             # request's context (whatever it holds of it: `reusable_prefix`).
-            reuse = common_prefix(prompt_ids, self._last_context)
+            if reuse is None:
+                reuse = common_prefix(prompt_ids, self._last_context)
             call = TargetCall(self.target, torch.tensor(prompt_ids), prompt_reuse=reuse,
                               remaining=max_new_tokens)
             yield call
@@ -501,7 +508,8 @@ def _chain_rate(stats: RequestStats) -> float:
     return (stats.accepted + 1) / (stats.accepted + rejected + 2)
 
 
-def _eos_ids(tokenizer) -> list[int]:
+def tokenizer_eos_ids(tokenizer) -> list[int]:
+    """The ids that end an output by the tokenizer: its eos token and adaspec's extras."""
     ids: list[int] = []
     if tokenizer is None:
         return ids

@@ -70,7 +70,7 @@ def _build(params: AutoParams, models: Models, text: str):
     from adaspec.control.static import StaticLength
     from adaspec.draft.auto import AutoDrafter
     from adaspec.draft.model import ModelDrafter
-    from adaspec.engine.loop import Engine
+    from adaspec.engine.loop import Engine, tokenizer_eos_ids
 
     use = params.sources
     if "draft" in use and models.draft is None:
@@ -93,18 +93,20 @@ def _build(params: AutoParams, models: Models, text: str):
 
             history = HistoryIndex(models.target.vocab_size)
     head, head_ms = _head(params, models)
+    eos = (models.eos_token_ids if models.eos_token_ids is not None
+           else tokenizer_eos_ids(models.tokenizer))
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
                           k_max=params.k_max, use_ngram="ngram" in use, history=history,
-                          head=head, head_ms=head_ms, learn_head_ms=not params.head_ms)
+                          head=head, head_ms=head_ms, learn_head_ms=not params.head_ms,
+                          eos_token_ids=set(eos))  # what ends an output the history learns
     engine = Engine(
         models.target,
         models.tokenizer,
         drafter=drafter,
         controller=StaticLength(params.k_max),  # the drafter prices every length itself
         verifier=params.verify,
-        eos_token_ids=models.eos_token_ids,
+        eos_token_ids=eos,
     )
-    drafter.eos_token_ids = set(engine.eos_token_ids)  # what ends an output the history learns
     return engine
 
 

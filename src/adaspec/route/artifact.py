@@ -80,11 +80,24 @@ def save_artifact(artifact: RouterArtifact, path: str | os.PathLike) -> Path:
     return path
 
 
+_LOADED: dict[tuple, RouterArtifact] = {}
+
+
 def load_artifact(path: str | os.PathLike) -> RouterArtifact:
-    """Load and validate an artifact; every problem is an InputError naming the file."""
+    """Load and validate an artifact; every problem is an InputError naming the file. A file
+    loaded before and unchanged since gives the same artifact (a server builds a router
+    engine for every request; the policy is only read)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"router artifact not found: {path}; {_TRAIN_HINT}")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _LOADED:
+        _LOADED[key] = _load(path)
+    return _LOADED[key]
+
+
+def _load(path: Path) -> RouterArtifact:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:

@@ -75,7 +75,10 @@ class RoutedGenerator(TextGenerator):
             arm.request_done()
 
     def learn_with(self, other: TextGenerator) -> None:
+        """Share `other`'s arms' estimates and its generator (an unseeded dynamic pick
+        draws on from where the method's last request left it, not from the seed again)."""
         if isinstance(other, RoutedGenerator):
+            self._generator = other._generator
             for name, arm in self.arms.items():
                 if name in other.arms:
                     arm.learn_with(other.arms[name])
@@ -88,9 +91,11 @@ class RoutedGenerator(TextGenerator):
     def steps(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
         stop: list[str], *, seat: Seat | None = None, recorder: StepHook | None = None,
+        reuse: int | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
-        """The prefill with the prompt's state (a call of its own), the policy's pick, then
-        the arm's decode steps, whose target calls a batch may share with other requests'."""
+        """The prefill with the prompt's state (a call of its own, of the whole prompt:
+        `reuse` is not read), the policy's pick, then the arm's decode steps, whose target
+        calls a batch may share with other requests'."""
         if self.force is not None and self.force not in self.arms:
             raise InputError(f"no arm named {self.force!r}; arms: {', '.join(self.names)}")
         if self.force is None and self.policy is None:

@@ -42,7 +42,7 @@ class ServeConfig:
     model_name: str | None = None  # the id /v1/models lists (default: the target's name)
     default_max_tokens: int = 512  # when a request gives no max_tokens (capped by the context)
     drain_timeout: float | None = None  # SIGTERM: wait this long for in-flight requests
-    max_engines: int = 16  # engines kept built, one per method string (least recently used go)
+    max_engines: int = 16  # methods kept built (least recently used go); a request gets its own
     online: Any = None  # an online.service.OnlineConfig: distil the draft on served traffic
     # the cross-request history: a file, "" for $ADASPEC_HOME/history/<target>.history, or
     # "off" (kept in memory only); saved every history_every finished requests and at exit

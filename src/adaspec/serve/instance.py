@@ -1,8 +1,12 @@
-"""One model instance: the loaded target (and draft) and an engine per method string.
+"""One model instance: the loaded target (and draft), one engine per method string, and an
+engine of its own for every request.
 
-The backends load once; engines are cheap to build, so each method string a request names
-gets its own, kept in a small least-recently-used cache. All engines share the backends'
-KV caches, so only one request may decode at a time (the scheduler's worker sees to it), and
+The backends load once. A method's engine (`engine`) is built once, on first use (a
+cost-aware method measures its profile then, a head method times its head): it holds what
+the method learns across requests and encodes prompts. A request gets a fresh engine of its
+method on its slot's sequences (`request_engine`, under a millisecond: the heavy parts, the
+head's weights and a router's policy, are shared), which learns with the method's; its
+drafter's and controller's state is that request's alone and goes with it. All of them share
 one cross-request history (`serve/history.py`), which the methods drafting from history read
 and teach.
 """
@@ -44,7 +48,7 @@ class ModelInstance:
         self.draft = draft
         self.eos_token_ids = eos_token_ids
         self.default_method = parse_method(default_method).text
-        self.max_engines = max(1, max_engines)
+        self.max_engines = max(1, max_engines)  # methods kept built (least recently used go)
         self._engines: OrderedDict[str, TextGenerator] = OrderedDict()
         self._lock = threading.Lock()
         self.history = history
@@ -52,10 +56,9 @@ class ModelInstance:
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
         self.online: OnlineDistiller | None = None  # see `start_online`
-        # requests decoded together (`open_slots`, or `own_slot`: the models themselves): per
-        # slot a target and a draft sequence, and the engines built on them, by method
-        self.slots: list[tuple[ModelBackend, ModelBackend | None]] = []
-        self._slot_engines: list[OrderedDict[str, TextGenerator]] = []
+        # where requests decode (`open_slots`: one sequence each of the target and the draft
+        # per request decoded together; `own_slot`: the models themselves)
+        self.slots: list[tuple[ModelBackend, ModelBackend | None]] = [(target, draft)]
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelInstance:
@@ -165,38 +168,23 @@ class ModelInstance:
         if self.draft is not None:
             drafts = list(sequences(self.draft, n))
         self.slots = list(zip(targets, drafts, strict=True))
-        self._slot_engines = [OrderedDict() for _ in range(n)]
 
     def own_slot(self) -> None:
-        """One request at a time: the one slot is the models' own cache, and its engines
-        are `engine`'s."""
+        """One request at a time: the one slot is the models' own cache."""
         self.slots = [(self.target, self.draft)]
-        self._slot_engines = []
 
-    def slot_engine(self, method: str, slot: int) -> TextGenerator:
-        """The engine of a method on slot `slot`'s sequences: its own drafter and length
-        controller (their state is one request's at a time); the history and what the
-        method learns across requests shared with `engine`'s; on the models' own slot
-        (`own_slot`), `engine`'s."""
+    def request_engine(self, method: str, slot: int) -> TextGenerator:
+        """A new engine of `method` for one request on slot `slot`'s sequences: its own
+        drafter and length controller, dropped with the request; the history, the heavy
+        parts and what the method learns across requests shared with `engine`'s."""
         from adaspec.methods.build import build_engine
 
-        if not self._slot_engines:
-            return self.engine(method)
-        engines = self._slot_engines[slot]
-        engine = engines.get(method)
-        if engine is not None:
-            engines.move_to_end(method)
-            return engine
         shared = self.engine(method)  # checks the method (and measures a profile) once
-        spec = parse_method(method)
         target, draft = self.slots[slot]
-        engine = build_engine(spec, target, self.tokenizer, draft,
+        engine = build_engine(parse_method(method), target, self.tokenizer, draft,
                               eos_token_ids=self.eos_token_ids,
                               history=self.history.index if self.history else None)
-        engine.learn_with(shared)  # every slot's requests teach the one method
-        engines[method] = engine
-        while len(engines) > self.max_engines:
-            engines.popitem(last=False)
+        engine.learn_with(shared)  # every request teaches the one method
         return engine
 
     def token_text(self, token: int) -> str:
@@ -217,7 +205,6 @@ class ModelInstance:
         if history is not None:
             with self._lock:
                 engines = list(self._engines.values())
-            engines += [e for slot in getattr(self, "_slot_engines", []) for e in slot.values()]
             history.close(engines)
         online: OnlineDistiller | None = getattr(self, "online", None)
         if online is not None:

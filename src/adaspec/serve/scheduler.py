@@ -354,14 +354,15 @@ class Scheduler:
             self._finish(running, error=errors.timed_out(job.timeout), outcome="timeout")
             return
         try:
-            running.engine = self.instance.slot_engine(job.method, slot)
+            running.engine = self.instance.request_engine(job.method, slot)
             running.recorder = self._recorder_for(running, slot)
             # decoded with others, its drafter prices what it drafts against the batch's
             # rounds; alone, as a request alone
             seat = self.decoder.seat() if self.max_batch > 1 else None
             steps = running.engine.stream_steps(job.prompt_ids, job.max_tokens, job.sampling,
                                                 job.stop, chat=False, seat=seat,
-                                                recorder=running.recorder)
+                                                recorder=running.recorder,
+                                                reuse=len(job.prompt_ids))
         except AdaspecError as exc:  # a method its parts cannot be built for, a bad input
             self._finish(running, error=errors.bad_request(str(exc), param="method"))
             return
