@@ -176,7 +176,7 @@ def test_exactness_counter_catches_a_broken_method(tmp_path, target, draft, toke
         tokenizer,
         drafter=ModelDrafter(draft),
         controller=StaticLength(3),
-        verifier=AcceptEverything(),
+        verify=AcceptEverything(),
         eos_token_ids=[0],
     )
     messages: list[str] = []

@@ -6,7 +6,7 @@ three generated tokens from the target's own logits (73 contexts, one batched fo
 first token comes from the prefill; tokens 2 and 3 (and more, which are not checked) from the
 first speculative step, so the check is the chi-square of tests/stats_helpers.py on the
 joint laws of tokens (1, 2) and (2, 3): p > 1e-6 for the real verifiers. A verifier with a
-classic bug, injected through `Engine(..., verifier=...)`, must fail the same check at
+classic bug, injected through `Engine(..., verify=...)`, must fail the same check at
 p < 1e-12. The verifiers themselves are checked far more tightly (10^5 verdicts per case)
 in tests/test_verify.py and tests/test_verify_multi.py; here the point is the wiring: the
 engine hands the verifier the right draft and target distributions, draws the tree's
@@ -153,11 +153,11 @@ def test_sampling_matches_plain_decoding(pair, method, params, max_new, broken):
     spy = None
     if broken is not None:
         engine = Engine(engine.target, None, drafter=engine.drafter,
-                        controller=engine.controller, verifier=broken(), eos_token_ids=[])
+                        controller=engine.controller, verify=broken(), eos_token_ids=[])
     elif engine.drafts_trees:
         spy = DrawsChecked()
         engine = Engine(engine.target, None, drafter=engine.drafter,
-                        controller=engine.controller, verifier=spy, eos_token_ids=[])
+                        controller=engine.controller, verify=spy, eos_token_ids=[])
     cells, acceptance = first_tokens(engine, params, max_new)
     fits = check(cells, target_model, params)
     if broken is not None:

@@ -133,7 +133,7 @@ def test_tree_siblings_are_drawn_as_the_verifier_needs(target, draft, verifier):
             return super().verify(proposal, target_probs, generator)
 
     engine = Engine(target, None, drafter=ModelTreeDrafter(draft, (3, 2)),
-                    controller=StaticLength(2), verifier=Spy(), eos_token_ids=[])
+                    controller=StaticLength(2), verify=Spy(), eos_token_ids=[])
     engine.generate(PROMPTS[0], max_new_tokens=12, sampling=SamplingParams(1.0, seed=3))
     assert seen and set(seen) == {verifier.replacement}
 
@@ -154,9 +154,9 @@ def test_verifier_and_drafter_must_match(target, draft):
         build_engine("draft:tree=4x2", target, None, None)
     tree_drafter = ModelTreeDrafter(draft, (2, 2))
     with pytest.raises(InputError, match="checks chains"):
-        Engine(target, None, drafter=tree_drafter, verifier=SpeculativeVerifier())
+        Engine(target, None, drafter=tree_drafter, verify=SpeculativeVerifier())
     tree = Engine(target, None, drafter=tree_drafter, eos_token_ids=[])
-    tree.verifier = "speculative"
+    tree.verify = "speculative"  # a name given later is checked per request too
     with pytest.raises(InputError, match="checks chains"):
         tree.generate([1, 2])
 
@@ -166,7 +166,7 @@ def test_tree_verifier_checks_chains_too(target, draft, target_model):
     rule (greedy decoding stays plain greedy decoding)."""
     for name in ["mcss", "mcss-wor", "mcns"]:
         engine = Engine(target, None, drafter=ModelDrafter(draft), controller=StaticLength(3),
-                        verifier=name, eos_token_ids=[])
+                        verify=name, eos_token_ids=[])
         res = engine.generate(PROMPTS[0], max_new_tokens=20)
         assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 20), name
         assert res.stats.drafted > 0

@@ -79,7 +79,7 @@ def _broken_run(tmp_path, target, draft, tokenizer, name: str) -> tuple[dict, li
     """The bench runner on a method that keeps every drafted token: its output parts from
     plain decoding's, and the runner's comparison classifies where."""
     broken = Engine(target, tokenizer, drafter=ModelDrafter(draft), controller=StaticLength(3),
-                    verifier=AcceptEverything(), eos_token_ids=[0])
+                    verify=AcceptEverything(), eos_token_ids=[0])
     messages: list[str] = []
     config = BenchConfig(methods=["broken"], max_new_tokens=12, out=str(tmp_path / name))
     runner = BenchRunner(config, target, tokenizer, draft, eos_token_ids=[0],

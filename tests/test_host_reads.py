@@ -107,7 +107,7 @@ def test_negative_control_a_verifier_on_host_rows_reads_every_logit(monkeypatch)
     model = tiny_model(seed=21)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
 
-    def on_host(proposal, out, sampling, generator, verifier, rows=slice(None)):
+    def on_host(proposal, out, sampling, generator, verifier, rows=slice(None), masks=None):
         return verifier.verify(proposal, out.logits[rows], generator)
 
     DeviceRows.reads = []

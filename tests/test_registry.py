@@ -43,7 +43,7 @@ def _build(params: RepeatParams, models, text: str) -> Engine:
     from adaspec.control.static import StaticLength
 
     return Engine(models.target, models.tokenizer, drafter=RepeatLast(),
-                  controller=StaticLength(params.k), verifier=params.verify,
+                  controller=StaticLength(params.k), verify=params.verify,
                   eos_token_ids=models.eos_token_ids)
 
 

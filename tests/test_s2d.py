@@ -203,7 +203,7 @@ def test_sampling_with_exits_matches_plain_decoding(sampling_pair, broken):
     if broken is not None:
         drafter = broken(drafter.model, (0.45,))
         engine = Engine(engine.target, None, drafter=drafter, controller=engine.controller,
-                        verifier=engine.verifier, eos_token_ids=[])
+                        verify=engine.verify, eos_token_ids=[])
     used: dict[str, int] = {}
     orig = drafter.propose
 

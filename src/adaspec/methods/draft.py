@@ -148,7 +148,7 @@ def _build(params: DraftParams, models: Models, text: str):
         models.tokenizer,
         drafter=drafter,
         controller=controller,
-        verifier=params.verify,
+        verify=params.verify,
         eos_token_ids=models.eos_token_ids,
     )
 

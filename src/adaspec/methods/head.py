@@ -87,7 +87,7 @@ def _build(params: HeadParams, models: Models, text: str):
         models.tokenizer,
         drafter=drafter,
         controller=CONTROLLERS[params.ctrl].build(settings, None),
-        verifier=params.verify,
+        verify=params.verify,
         eos_token_ids=models.eos_token_ids,
     )
 

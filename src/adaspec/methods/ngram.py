@@ -34,7 +34,7 @@ def _build(params: NgramParams, models: Models, text: str):
         models.tokenizer,
         drafter=NgramDrafter(n_max=params.n_max, n_min=params.n_min),
         controller=CONTROLLERS[params.ctrl].build(params.length_settings(), None),
-        verifier=params.verify,
+        verify=params.verify,
         eos_token_ids=models.eos_token_ids,
     )
 

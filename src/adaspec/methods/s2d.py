@@ -107,7 +107,7 @@ def _build(params: S2DParams, models: Models, text: str):
         models.tokenizer,
         drafter=S2DDrafter(model, thresholds, exits),
         controller=CONTROLLERS[params.ctrl].build(replace(params, k=k).length_settings(), None),
-        verifier=params.verify,
+        verify=params.verify,
         eos_token_ids=models.eos_token_ids,
     )
 
