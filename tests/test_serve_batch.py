@@ -60,6 +60,31 @@ def test_concurrent_requests_answer_what_they_get_alone(instance):
     assert h["note"].startswith("4 requests decoded together")
 
 
+def test_constrained_requests_decoded_together_answer_what_they_get_alone(instance):
+    """Requests under a grammar beside unconstrained ones: each answer is its own alone
+    (greedy and seeded sampled), and the constrained ones match their grammar."""
+    import json
+    import re
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 999,
+                                                     "minimum": 0},
+                                               "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    bodies = [body(0, n=30, guided_json=schema), body(1, n=20),
+              body(2, n=16, guided_regex="[a-f]{4}-[0-9]{3}"),
+              body(3, n=30, guided_json=schema, temperature=0.8, seed=5),
+              body(4, n=24), body(5, n=12, guided_grammar='start: "yes" | "no"')]
+    with live_server(instance, max_batch=4) as url:
+        want = [alone(url, b)["choices"][0] for b in bodies]
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(lambda b: alone(url, b)["choices"][0], bodies))
+    assert [g["text"] for g in got] == [w["text"] for w in want]
+    for i in (0, 3):
+        assert set(json.loads(got[i]["text"])) == {"n", "ok"}
+    assert re.fullmatch("[a-f]{4}-[0-9]{3}", got[2]["text"])
+    assert got[5]["text"] in ("yes", "no")
+
+
 def test_a_seeded_answer_ignores_its_companions(instance):
     seeded = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1.0, "seed": 11,
               "method": "draft:k=3"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from adaspec.core.grammar import Grammar
 from adaspec.core.sampling import SamplingParams
 from adaspec.errors import AdaspecError, InputError, ModelStoreError
 
@@ -39,6 +40,7 @@ __all__ = [
     "AdaspecError",
     "Engine",
     "GenerationResult",
+    "Grammar",
     "InputError",
     "ModelStoreError",
     "SamplingParams",

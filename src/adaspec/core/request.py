@@ -20,6 +20,7 @@ from adaspec.core.metrics import RequestStats
 from adaspec.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from adaspec.core.grammar import Constraint
     from adaspec.cost.batch import Seat
 
 
@@ -53,6 +54,9 @@ class RequestState:
     # the runtime gives none)
     features: torch.Tensor | None = None
     features_start: int = 0
+    # what the output must match (`sampling.grammar` compiled for this request), advanced by
+    # the engine with the accepted tokens; None: unconstrained
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not self.context:

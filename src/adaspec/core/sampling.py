@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adaspec.core.grammar import Grammar
 from adaspec.errors import InputError
 
 SEED_MAX = 2**64 - 1  # the largest seed a torch generator takes
@@ -28,6 +29,8 @@ class SamplingParams:
     seed: int | None = None
     # log-probabilities of the emitted tokens, with this many alternatives each (None: off)
     logprobs: int | None = None
+    # what the output must match (a JSON schema, any JSON object, a Lark grammar, a regex)
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -52,6 +55,8 @@ class SamplingParams:
                               or not 0 <= n <= TOP_LOGPROBS_MAX):
             raise InputError(f"top logprobs must be an integer in [0, {TOP_LOGPROBS_MAX}], "
                              f"got {n!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise InputError("grammar must be a Grammar (core.grammar)")
 
     @property
     def greedy(self) -> bool:

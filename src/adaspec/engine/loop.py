@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from adaspec import verify
+from adaspec import verify as verification
 from adaspec.backends.base import ForwardOutput, ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
+from adaspec.core.grammar import Constraint, apply_masks
 from adaspec.core.metrics import RequestStats
 from adaspec.core.proposal import Proposal
 from adaspec.core.request import RequestState, StepHook
@@ -63,12 +64,18 @@ class TextGenerator(ABC):
 
     # ----------------------------------------------------------------- input
     def encode_prompt(
-        self, prompt: str | Sequence[int] | Sequence[dict], chat: bool = True
+        self, prompt: str | Sequence[int] | Sequence[dict], chat: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """Token ids of a prompt: text, token ids, or a chat as a list of
-        {"role", "content"} messages ending with a user turn (multi-turn conversations)."""
+        {"role", "content"} messages ending with a user turn (multi-turn conversations; an
+        assistant turn may carry `tool_calls`, a `tool` turn answers one). `tools`: the
+        functions the model may call (OpenAI's shape), rendered by the chat template."""
+        if tools and not (isinstance(prompt, Sequence) and prompt
+                          and isinstance(prompt[0], dict)):
+            raise InputError("tools need a chat (messages), not a plain prompt")
         if isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], dict):
-            return self._encode_messages(list(cast("Sequence[dict]", prompt)), chat)
+            return self._encode_messages(list(cast("Sequence[dict]", prompt)), chat, tools)
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("prompt is empty: give some text to continue")
@@ -84,19 +91,25 @@ class TextGenerator(ABC):
             )
         return ids
 
-    def _encode_messages(self, messages: list[dict], chat: bool) -> list[int]:
-        if any(not str(m.get("content", "")).strip() for m in messages):
+    def _encode_messages(self, messages: list[dict], chat: bool,
+                         tools: list[dict] | None = None) -> list[int]:
+        if any(not str(m.get("content") or "").strip() and not m.get("tool_calls")
+               for m in messages):
             raise InputError("a chat message is empty: every turn needs some text")
         if self.tokenizer is None:
             raise InputError("this engine has no tokenizer: pass the prompt as token ids")
         tok: Any = self.tokenizer  # a transformers tokenizer
         if chat and getattr(tok, "chat_template", None):
             ids = tok.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
+                messages, add_generation_prompt=True, tokenize=True,
+                **({"tools": tools} if tools else {}),
             )
             if hasattr(ids, "keys"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return [int(t) for t in ids]
+        if tools:
+            raise InputError("tools are rendered by the model's chat template, and this "
+                             "tokenizer has none")
         text = "\n".join(str(m["content"]) for m in messages)  # no template: plain turns
         return [int(t) for t in tok.encode(text, add_special_tokens=False)]
 
@@ -205,7 +218,7 @@ class Engine(TextGenerator):
         tokenizer,
         drafter: Drafter | None = None,
         controller: LengthController | None = None,
-        verifier: str | Verifier | None = None,
+        verify: str | Verifier | None = None,
         eos_token_ids: Sequence[int] | None = None,
         max_context: int | None = None,
     ) -> None:
@@ -213,10 +226,11 @@ class Engine(TextGenerator):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.controller = controller or StaticLength(4)
-        # None or "default": greedy at temperature 0; above, speculative sampling (mcss-wor
-        # for a drafter of trees). A name or a Verifier is checked against the drafter now.
-        self.verifier = verifier
-        verify.choose(verifier, self.drafts_trees)
+        # how requests are verified (`request_verifier` picks each one's Verifier): None or
+        # "default": greedy at temperature 0; above, speculative sampling (mcss-wor for a
+        # drafter of trees); a name or a Verifier, checked against the drafter now
+        self.verify = verify
+        verification.choose(verify, self.drafts_trees)
         self.eos_token_ids = set(
             eos_token_ids if eos_token_ids is not None else tokenizer_eos_ids(tokenizer)
         )
@@ -248,7 +262,7 @@ class Engine(TextGenerator):
 
     def request_verifier(self, sampling: SamplingParams) -> Verifier:
         """The verifier of one request (bad settings fail here, before any compute)."""
-        return verify.choose(self.verifier, self.drafts_trees, sampling.greedy)
+        return verification.choose(self.verify, self.drafts_trees, sampling.greedy)
 
     # ------------------------------------------------------------------ loop
     def decode(
@@ -281,7 +295,8 @@ class Engine(TextGenerator):
         stats = stats or RequestStats(prompt_tokens=len(prompt_ids))
         verifier = self.request_verifier(sampling)
         req = RequestState(list(prompt_ids), max_new_tokens, sampling, sampling.generator(),
-                           stats, verifier.replacement, seat, recorder)
+                           stats, verifier.replacement, seat, recorder,
+                           constraint=self._constraint(sampling))
         if recorder is not None:
             recorder.begin(prompt_ids)
         generator = req.generator
@@ -305,11 +320,12 @@ class Engine(TextGenerator):
         self._last_context = list(prompt_ids)
         if prefill.features is not None and len(prefill.features):  # the last prompt rows'
             req.keep_features(len(prompt_ids) - len(prefill.features), prefill.features)
+        masks = req.constraint.mask()[None] if req.constraint is not None else None
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill, sampling, generator,
-                             verifier, rows=slice(-1, None)).next_token
+                             verifier, rows=slice(-1, None), masks=masks).next_token
         want_logprobs = sampling.logprobs is not None
-        step_logprobs = (token_logprobs(prefill.device_logits[-1:], [first], sampling)
-                         if want_logprobs else [])
+        step_logprobs = (token_logprobs(apply_masks(prefill.device_logits[-1:], masks), [first],
+                                        sampling) if want_logprobs else [])
         generated_logprobs: list[TokenLogprob] = []
         stats.target_calls += 1
         stats.prefill_time = time.perf_counter() - t_start - stats.route_time
@@ -320,6 +336,8 @@ class Engine(TextGenerator):
         drafter_started = False
 
         req.accept([first])
+        if req.constraint is not None:
+            req.constraint.accept([first])
         generated: list[int] = []
         step_tokens = [first]
         step_sources = [PLAIN]
@@ -379,6 +397,16 @@ class Engine(TextGenerator):
             logprobs=generated_logprobs if want_logprobs else None,
         )
 
+    def _constraint(self, sampling: SamplingParams) -> Constraint | None:
+        """The request's constraint, compiled for this engine's tokenizer (None: none)."""
+        if sampling.grammar is None:
+            return None
+        if self.drafts_trees:
+            raise InputError("constrained output (response_format, guided_grammar) is "
+                             "verified on chains: use a method that drafts chains")
+        return sampling.grammar.compile(self.tokenizer, self.target.vocab_size,
+                                        self.eos_token_ids)
+
     def _step(
         self, req: RequestState, k: int, verifier: Verifier, keep_rows: bool = False,
     ) -> Generator[TargetCall, None, tuple[list[int], list[str], torch.Tensor | None]]:
@@ -393,7 +421,14 @@ class Engine(TextGenerator):
         remaining = req.remaining
         root = len(context) - 1  # cache index and position of the last token
         proposal = Proposal.chain(context[-1], [])
-        if self.drafter is not None and k > 0:
+        # where the request's grammar allows one continuation only, it is the draft: certain
+        # to be accepted, it costs verification rows only (the drafter sits this step out)
+        forced = self._forced(req) if self.drafter is not None else []
+        drafter = None if forced else self.drafter
+        if forced:
+            proposal = Proposal.chain(context[-1], forced, drafted_by={"grammar": len(forced)},
+                                      accept=[1.0] * len(forced))
+        elif self.drafter is not None and k > 0:
             t0 = time.perf_counter()
             proposal = self.drafter.propose(req, k, self.controller)
             stats.draft_time += time.perf_counter() - t0
@@ -402,6 +437,9 @@ class Engine(TextGenerator):
                 raise RuntimeError(f"drafter {self.drafter.name!r} proposed {proposal.depth} "
                                    f"levels, more than the {k} asked")
 
+        masks = None
+        if req.constraint is not None:  # the mask of every row the target will score
+            proposal, masks = self._constrain(req, proposal, drafter)
         if proposal.depth and proposal.accept is None:  # a batch prices the draft with it
             proposal = dataclasses.replace(proposal, accept=[_chain_rate(stats)] * proposal.depth)
         tokens, positions, mask = proposal.target_inputs(root)
@@ -416,21 +454,26 @@ class Engine(TextGenerator):
         if call.proposal is not proposal:  # a batch verifies less of the draft
             proposal = call.proposal
             tokens = call.tokens
-            if self.drafter is not None:
-                self.drafter.cut(req, proposal.depth)
-        for part, n in (proposal.drafted_by or {}).items():
+            if drafter is not None:
+                drafter.cut(req, proposal.depth)
+            if masks is not None:
+                masks = masks[: proposal.depth + 1]
+        parts = proposal.drafted_by or ({drafter.name: proposal.depth}
+                                        if drafter is not None and proposal.depth else {})
+        for part, n in parts.items():
             stats.drafted_by[part] = stats.drafted_by.get(part, 0) + n
         stats.target_calls += 1
-        verdict = self._verify(proposal, out, sampling, generator, verifier)
+        verdict = self._verify(proposal, out, sampling, generator, verifier, masks=masks)
         self._roll_back(root, verdict.path)
         if out.features is not None:  # the accepted positions' states, for a draft head
             req.keep_features(root, out.features[[0, *verdict.path]])
         alone = None
         if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
-            verdict, alone = self._settle_near_tie(proposal, out.logits, verdict, root, stats)
+            verdict, alone = self._settle_near_tie(proposal, apply_masks(out.logits, masks),
+                                                   verdict, root, stats, masks)
         rows = None
         if keep_rows:  # row of node i chose the token after it; a recheck's lone row the last
-            rows = out.device_logits[[0, *verdict.path]]
+            rows = apply_masks(out.device_logits, masks)[[0, *verdict.path]]
             if alone is not None:
                 rows = torch.cat([rows[:-1], alone[-1:]])
         if req.recorder is not None:
@@ -443,30 +486,61 @@ class Engine(TextGenerator):
             stats.drafted += proposal.depth
             stats.accepted += verdict.accepted
             stats.steps.append((proposal.depth, verdict.accepted))
-            self.controller.update(proposal.depth, verdict.accepted)
+            if drafter is not None:  # the length rule learns from its drafter's steps only
+                self.controller.update(proposal.depth, verdict.accepted)
         accepted = [*proposal.tokens_on(verdict.path), verdict.next_token]
         req.accept(accepted)
-        if self.drafter is not None:
+        if req.constraint is not None:
+            req.constraint.accept(accepted)
+        if drafter is not None:
             t0 = time.perf_counter()
-            self.drafter.commit(req, verdict.path)
+            drafter.commit(req, verdict.path)
             stats.draft_time += time.perf_counter() - t0
         last = PLAIN if not proposal.depth else (
             BONUS if verdict.accepted == proposal.depth else CORRECTION
         )
         return accepted, [ACCEPTED] * verdict.accepted + [last], rows
 
+    def _forced(self, req: RequestState) -> list[int]:
+        """The tokens the request's grammar forces next, as many as the budget and the
+        context leave room for (none without a grammar, or where it leaves a choice)."""
+        if req.constraint is None:
+            return []
+        room = min(FORCED_MAX, req.remaining - 1, self.max_context - len(req.context) - 1)
+        return req.constraint.forced()[: max(0, room)]
+
+    def _constrain(self, req: RequestState, proposal: Proposal, drafter: Drafter | None
+                   ) -> tuple[Proposal, torch.Tensor]:
+        """The proposal the target scores under the request's constraint, and the mask of
+        each of its rows [depth + 1, V]. A deterministic draft (or any at temperature 0) is
+        cut before its first forbidden token: the target spends no row on it. A sampled draft
+        keeps it: its masked target probability is 0, so the verifier rejects it and draws
+        from the residual, which is what keeps sampling exact (the rows after it are never
+        read)."""
+        assert req.constraint is not None
+        allowed, masks = req.constraint.masks_along(proposal.tokens)
+        if allowed == proposal.depth:
+            return proposal, masks
+        if req.sampling.greedy or proposal.probs is None:
+            if drafter is not None:
+                drafter.cut(req, allowed)
+            return proposal.cut(allowed), masks
+        rest = torch.ones(proposal.depth - allowed, masks.shape[1], dtype=torch.bool)
+        return proposal, torch.cat([masks, rest])
+
     def _settle_near_tie(
         self, proposal: Proposal, logits: torch.Tensor, verdict: Verdict, root: int,
-        stats: RequestStats,
+        stats: RequestStats, masks: torch.Tensor | None = None,
     ) -> tuple[Verdict, torch.Tensor | None]:
         """Greedy on a runtime whose multi-token pass rounds otherwise than its single-token
         pass: a row whose top-2 gap is within that noise may pick another token than plain
         decoding picks. Cut the path at the first such row of the walk and re-score that row
         alone, as plain decoding does; the rows before it are settled.
 
-        logits: [n, V] of the multi-token pass; the caches hold the context and the path.
-        Returns the verdict and None when no row is that near, else the cut verdict and the
-        lone pass's logits [1, V]."""
+        logits: [n, V] of the multi-token pass (masked by the request's constraint: masks
+        [n, V], the lone row's too); the caches hold the context and the path. Returns the
+        verdict and None when no row is that near, else the cut verdict and the lone pass's
+        logits [1, V]."""
         walk = [0, *verdict.path]  # the rows that chose each emitted token, in order
         near = (top2_gap(logits[walk]) <= self.target.batch_noise).nonzero()
         if not len(near):
@@ -476,18 +550,21 @@ class Engine(TextGenerator):
         self.target.truncate(root + cut)
         node_token = proposal.tree.tokens[walk[cut]]
         alone = self.target.forward(torch.tensor([node_token])).device_logits
+        if masks is not None:
+            alone = apply_masks(alone, masks[walk[cut]][None])
         stats.target_calls += 1
         stats.rechecks += 1
         return Verdict(verdict.path[:cut], int(argmax(alone[-1]))), alone
 
     @staticmethod
     def _verify(proposal: Proposal, out: ForwardOutput, sampling: SamplingParams,
-                generator: torch.Generator, verifier: Verifier, rows: slice = slice(None)
-                ) -> Verdict:
+                generator: torch.Generator, verifier: Verifier, rows: slice = slice(None),
+                masks: torch.Tensor | None = None) -> Verdict:
         """Verification runs where the model ran (a GPU's memory): a greedy verifier on the
         raw logits, the others on the processed distributions; only the verdict's few ids
-        come back to the host."""
-        logits = out.device_logits[rows]
+        come back to the host. masks [n, V]: what the request's constraint allows at each
+        of the rows (None: everything)."""
+        logits = apply_masks(out.device_logits[rows], masks)
         if verifier.greedy:
             return verifier.verify(proposal, logits, generator)
         return verifier.verify(proposal, process_logits(logits, sampling), generator)
@@ -499,6 +576,9 @@ class Engine(TextGenerator):
             self.target.truncate(root + 1 + len(path))
         else:
             self.target.keep(torch.tensor([*range(root + 1), *(root + i for i in path)]))
+
+
+FORCED_MAX = 16  # grammar-forced tokens drafted in one step
 
 
 def _chain_rate(stats: RequestStats) -> float:

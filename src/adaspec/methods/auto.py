@@ -104,7 +104,7 @@ def _build(params: AutoParams, models: Models, text: str):
         models.tokenizer,
         drafter=drafter,
         controller=StaticLength(params.k_max),  # the drafter prices every length itself
-        verifier=params.verify,
+        verify=params.verify,
         eos_token_ids=eos,
     )
     return engine

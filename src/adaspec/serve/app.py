@@ -40,6 +40,7 @@ from adaspec.serve.schema import (
     ModelCard,
     ModelList,
 )
+from adaspec.serve.tools import Tools, ToolStream
 
 log = logging.getLogger("adaspec.serve")
 
@@ -229,8 +230,10 @@ def _playground_dir() -> str:
 
 
 # ---------------------------------------------------------------------- generation
-async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job:
-    """Check a request and turn it into a job; every problem is a ServeError (400/404)."""
+async def prepare(state: ServeState, body: GenerationRequest, chat: bool
+                  ) -> tuple[Job, Tools | None]:
+    """Check a request and turn it into a job (and the tools its answer may call); every
+    problem is a ServeError (400/404)."""
     instance, _ = state.ready()
     if body.model and body.model != state.model:
         raise ServeError(404, f"model {body.model!r} is not served here; this server serves "
@@ -246,11 +249,22 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
         logprobs = body.logprob_count(chat)
     except ValueError as exc:
         raise errors.bad_request(str(exc), param="logprobs") from None
+    tools = None
+    if isinstance(body, ChatCompletionRequest):
+        try:
+            tools = body.tool_spec()
+        except InputError as exc:
+            raise errors.bad_request(str(exc), param="tools") from None
+    try:
+        grammar, asked = body.grammar()
+    except InputError as exc:
+        raise errors.bad_request(str(exc), param="response_format" if chat else None) \
+            from None
     try:
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.seed,
-                                  logprobs=logprobs)
+                                  logprobs=logprobs, grammar=grammar)
     except InputError as exc:
-        raise errors.bad_request(str(exc)) from None
+        raise errors.bad_request(str(exc), param=asked) from None
     field = "messages" if chat else "prompt"
     try:
         if isinstance(body, ChatCompletionRequest):
@@ -261,7 +275,8 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
     except ValueError as exc:
         raise errors.bad_request(str(exc), param=field) from None
     try:
-        ids = await run_in_threadpool(instance.encode, prompt, chat)
+        ids = await run_in_threadpool(instance.encode, prompt, chat,
+                                      tools.for_template() if tools else None)
     except InputError as exc:
         raise errors.bad_request(str(exc), param=field) from None
     except (ValueError, KeyError, TypeError) as exc:  # the tokenizer's own complaint
@@ -277,8 +292,9 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool) -> Job
             f"{body.token_budget() or budget}, more than the context window of "
             f"{instance.max_context} tokens; shorten the prompt or lower max_tokens",
             param=field)
-    return Job(ids, budget, sampling, body.stop_list(), method, state.config.timeout,
-               token_sources=body.token_sources, stream=body.stream, domain=body.domain)
+    job = Job(ids, budget, sampling, body.stop_list(), method, state.config.timeout,
+              token_sources=body.token_sources, stream=body.stream, domain=body.domain)
+    return job, tools
 
 
 async def next_event(job: Job, scheduler: Scheduler) -> Event:
@@ -305,7 +321,7 @@ async def watch_disconnect(request: Request, scheduler: Scheduler, job: Job) -> 
 
 async def generate(state: ServeState, request: Request, body: GenerationRequest,
                    chat: bool) -> Response:
-    job = await prepare(state, body, chat)
+    job, tools = await prepare(state, body, chat)
     _, scheduler = state.ready()
     scheduler.submit(job)  # 429 / 503 raised here
     watcher = asyncio.create_task(watch_disconnect(request, scheduler, job))
@@ -319,7 +335,8 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
         if body.stream:
             handed_over = True
             return StreamingResponse(
-                stream_events(state, scheduler, job, first, body, chat, rid, created, watcher),
+                stream_events(state, scheduler, job, first, body, chat, rid, created, watcher,
+                              ToolStream() if tools is not None else None),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -331,10 +348,13 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
             raise event.error
         assert event.result is not None
         use = responses.usage(event.result, job.method, job.queue_time())
-        build = responses.chat_completion if chat else responses.completion
         instance, _ = state.ready()
-        return JSONResponse(build(rid, created, state.model, event.result, use,
-                                  instance.token_text))
+        if chat:
+            return JSONResponse(responses.chat_completion(
+                rid, created, state.model, event.result, use, instance.token_text,
+                tools=tools is not None))
+        return JSONResponse(responses.completion(rid, created, state.model, event.result,
+                                                 use, instance.token_text))
     finally:
         if not handed_over:
             watcher.cancel()
@@ -343,10 +363,13 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
 
 async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first: Event,
                         body: GenerationRequest, chat: bool, rid: str, created: int,
-                        watcher: asyncio.Task) -> AsyncIterator[bytes]:
+                        watcher: asyncio.Task, calls: ToolStream | None = None
+                        ) -> AsyncIterator[bytes]:
     """Server-sent events: the chunks, a last chunk with finish_reason and usage, the
     usage-only chunk if stream_options.include_usage asked for it, then [DONE]. An error
-    after the stream began is one `data: {"error": ...}` event, and the stream ends."""
+    after the stream began is one `data: {"error": ...}` event, and the stream ends.
+    `calls`: the request has tools: text that may be a tool call is held back, and the
+    calls go out in one `tool_calls` delta before the last chunk."""
     model = state.model
     try:
         if chat:
@@ -367,14 +390,26 @@ async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first
                                                   instance.token_text, offset)
                     if not chat:
                         offset += sum(len(t) for t in logprobs["tokens"])
-                if event.chunk.text or tokens or logprobs:
+                text = event.chunk.text
+                if calls is not None:
+                    text = calls.push(text)
+                if text or tokens or logprobs:
                     yield responses.sse(responses.chunk(chat, rid, created, model,
-                                                        text=event.chunk.text, tokens=tokens,
+                                                        text=text, tokens=tokens,
                                                         logprobs=logprobs))
             elif event.kind == DONE:
                 assert event.result is not None
                 use = responses.usage(event.result, job.method, job.queue_time())
                 finish = responses.FINISH[event.result.finish_reason]
+                if calls is not None:
+                    rest, found = calls.finish()
+                    if rest:
+                        yield responses.sse(responses.chunk(True, rid, created, model,
+                                                            text=rest))
+                    if found:
+                        yield responses.sse(responses.chunk(True, rid, created, model,
+                                                            tool_calls=found))
+                        finish = "tool_calls"
                 yield responses.sse(responses.chunk(
                     chat, rid, created, model, text=None if chat else "",
                     finish_reason=finish, use=use))

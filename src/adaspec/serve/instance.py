@@ -191,9 +191,10 @@ class ModelInstance:
         """One token id's text, as logprobs name it."""
         return self.tokenizer.decode([token])
 
-    def encode(self, prompt, chat: bool) -> list[int]:
-        """Token ids of a prompt (text, token ids or chat turns): the tokenizer only."""
-        return self.default_engine.encode_prompt(prompt, chat=chat)
+    def encode(self, prompt, chat: bool, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a prompt (text, token ids or chat turns, with the tools the model
+        may call): the tokenizer only."""
+        return self.default_engine.encode_prompt(prompt, chat=chat, tools=tools)
 
     def request_done(self, engine: TextGenerator) -> None:
         """A request finished on `engine` (the worker calls this): the history learns it."""

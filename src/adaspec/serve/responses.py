@@ -20,6 +20,7 @@ from adaspec.serve.schema import (
     SpeculationStats,
     Usage,
 )
+from adaspec.serve.tools import parse as parse_tool_calls
 
 # the engine's reasons -> OpenAI's: an end-of-sequence token and a stop string both "stop"
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -92,13 +93,22 @@ def logprobs(chat: bool, entries: Sequence[TokenLogprob], text: TokenText,
 
 
 def chat_completion(rid: str, created: int, model: str, result: GenerationResult,
-                    use: Usage, text: TokenText | None = None) -> dict[str, Any]:
+                    use: Usage, text: TokenText | None = None,
+                    tools: bool = False) -> dict[str, Any]:
+    """`tools`: the request offered tools: the answer's tool-call blocks become
+    `message.tool_calls` (`serve/tools.py`), with finish_reason "tool_calls"."""
     lp = (logprobs(True, result.logprobs, text)
           if result.logprobs is not None and text is not None else None)
+    content: str | None = result.text
+    calls: list[dict[str, Any]] = []
+    if tools:
+        content, calls = parse_tool_calls(result.text)
+    finish = "tool_calls" if calls else FINISH[result.finish_reason]
     return ChatCompletion(
         id=rid, created=created, model=model, usage=use,
-        choices=[ChatChoice(message=ChatResponseMessage(content=result.text),
-                            finish_reason=FINISH[result.finish_reason], logprobs=lp)],
+        choices=[ChatChoice(message=ChatResponseMessage(content=content,
+                                                        tool_calls=calls or None),
+                            finish_reason=finish, logprobs=lp)],
     ).model_dump()
 
 
@@ -116,7 +126,8 @@ def completion(rid: str, created: int, model: str, result: GenerationResult,
 def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, finish_reason: str | None = None, use: Usage | None = None,
           tokens: list[list[str]] | None = None, no_choice: bool = False,
-          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+          logprobs: dict[str, Any] | None = None,
+          tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One streamed chunk. `tokens` ([piece, source] per token) is adaspec's extra for the
     playground; `no_choice` is the usage-only chunk of stream_options.include_usage."""
     body: dict[str, Any] = {
@@ -133,6 +144,8 @@ def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = 
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
         body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs,
                             "finish_reason": finish_reason}]
     else:

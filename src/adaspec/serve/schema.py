@@ -1,20 +1,24 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic v2).
 
-Requests accept the OpenAI fields plus four of adaspec's own: `top_k`, `method` (a method
-string, as on the command line), `domain` (which online-distilled draft serves it) and
-`token_sources` (stream each token's text and how it was
-produced; the playground uses it). An OpenAI field adaspec cannot honour (n > 1, logprobs,
-penalties, tools, ...) is refused with a message naming it; a misspelt field is refused too,
-rather than silently ignored.
+Requests accept the OpenAI fields plus adaspec's own: `top_k`, `method` (a method
+string, as on the command line), `domain` (which online-distilled draft serves it),
+`token_sources` (stream each token's text and how it was produced; the playground uses it),
+and vLLM's names for a constraint beside `response_format`: `guided_json` (a JSON schema),
+`guided_regex` and `guided_grammar` (a Lark grammar, as llguidance reads it). An OpenAI
+field adaspec cannot honour (n > 1, penalties, ...) is refused with a message naming
+it; a misspelt field is refused too, rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaspec.core.grammar import Grammar
 from adaspec.core.sampling import SEED_MAX, TOP_LOGPROBS_MAX
+from adaspec.serve.tools import Tools
 
 StrictInt = Annotated[int, Field(strict=True)]
 StrictBool = Annotated[bool, Field(strict=True)]
@@ -27,9 +31,36 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # name, tool_call_id, ...: not used
+    model_config = ConfigDict(extra="ignore")  # name, refusal, ...: not used
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
+
+    def turn(self) -> dict[str, Any]:
+        """The message as the chat template reads it (`developer` is OpenAI's newer name of
+        the system role; a call's arguments as an object, as templates print them)."""
+        turn: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                "content": self.text()}
+        if self.tool_calls:
+            calls = []
+            for i, call in enumerate(self.tool_calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise ValueError(f"tool_calls[{i}] needs function.name")
+                args = fn.get("arguments") or {}
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except json.JSONDecodeError:
+                        raise ValueError(f"tool_calls[{i}].function.arguments is not JSON: "
+                                         f"{args[:80]!r}") from None
+                calls.append({"type": "function", "id": call.get("id"),
+                              "function": {"name": fn["name"], "arguments": args}})
+            turn["tool_calls"] = calls
+        if self.tool_call_id is not None:
+            turn["tool_call_id"] = self.tool_call_id
+        return turn
 
     def text(self) -> str:
         if self.content is None:
@@ -68,6 +99,11 @@ class GenerationRequest(BaseModel):
     domain: Annotated[str, Field(min_length=1, max_length=80)] | None = None  # extra: the
     # request's domain, whose draft serves it under --online-distill --osd-domains field
     token_sources: bool = False  # extra: stream chunks carry each token's text and source
+    # extras (vLLM's names): what the output must match; at most one, and not beside a
+    # chat's response_format
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     # chat: logprobs true, with top_logprobs alternatives; completions: logprobs N
     logprobs: StrictBool | StrictInt | None = None
@@ -169,6 +205,32 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"top logprobs must be in [0, {TOP_LOGPROBS_MAX}], got {n}")
         return n
 
+    def grammar(self) -> tuple[Grammar | None, str | None]:
+        """The constraint the request asks for and the field that asked (None, None: none);
+        InputError naming what is wrong with it."""
+        from adaspec.errors import InputError
+
+        asked = {name: value for name, value in self._constraints().items()
+                 if value is not None}
+        if len(asked) > 1:
+            raise InputError(f"give one constraint, not {' and '.join(asked)}")
+        if not asked:
+            return None, None
+        name, value = next(iter(asked.items()))
+        if isinstance(value, Grammar):  # already built (tool_choice's)
+            return value, name
+        if name == "guided_regex":
+            return Grammar("regex", value), name
+        if name == "guided_grammar":
+            return Grammar("lark", value), name
+        if name == "guided_json":
+            return Grammar.json_schema(value), name
+        return _response_format(value), name
+
+    def _constraints(self) -> dict[str, Any]:
+        return {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                "guided_grammar": self.guided_grammar}
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -201,24 +263,28 @@ class ChatCompletionRequest(GenerationRequest):
         return v
 
     @model_validator(mode="after")
-    def _no_tools(self) -> ChatCompletionRequest:
-        if self.tools or self.functions:
-            raise ValueError("tools and functions are not supported by adaspec serve")
-        if self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
-            raise ValueError("tool_choice is not supported by adaspec serve")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than text is not supported")
+    def _no_functions(self) -> ChatCompletionRequest:
+        if self.functions or self.function_call not in (None, "none"):
+            raise ValueError("functions and function_call (OpenAI's older API) are not "
+                             "supported; give tools and tool_choice")
         if self.modalities and list(self.modalities) != ["text"]:
             raise ValueError("only the text modality is supported")
         return self
 
-    def chat_turns(self) -> list[dict[str, str]]:
-        """The messages as {"role", "content"} dicts for the chat template (`developer`
-        is OpenAI's newer name of the system role)."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+    def _constraints(self) -> dict[str, Any]:
+        text = not self.response_format or self.response_format.get("type", "text") == "text"
+        tools = self.tool_spec()
+        return {**super()._constraints(),
+                "response_format": None if text else self.response_format,
+                "tool_choice": tools.grammar() if tools is not None else None}
+
+    def tool_spec(self) -> Tools | None:
+        """The request's tools and tool_choice, checked (None: none, or tool_choice none)."""
+        return Tools.of(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def chat_turns(self) -> list[dict[str, Any]]:
+        """The messages as the chat template reads them."""
+        return [m.turn() for m in self.messages]
 
 
 class CompletionRequest(GenerationRequest):
@@ -295,7 +361,8 @@ class Usage(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -342,3 +409,21 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+def _response_format(value: dict[str, Any]) -> Grammar:
+    """OpenAI's `response_format`: {"type": "json_object"}, or {"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}, "strict": ...}} (a strict schema and a loose
+    one are held to alike: the output always matches the schema)."""
+    from adaspec.errors import InputError
+
+    kind = value.get("type")
+    if kind == "json_object":
+        return Grammar.json_object()
+    if kind != "json_schema":
+        raise InputError(f"response_format type must be text, json_object or json_schema, "
+                         f"got {kind!r}")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise InputError('response_format json_schema needs {"name": ..., "schema": {...}}')
+    return Grammar.json_schema(spec.get("schema") or {"type": "object"})

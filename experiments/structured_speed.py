@@ -1,0 +1,257 @@
+"""Structured output on the built-in pair (issue 67): JSON-schema extraction prompts, every
+answer validated, `auto` against constrained `ar`, and what the grammar costs a token.
+
+    flock /tmp/adaspec-cpu.lock .venv/bin/python experiments/structured_speed.py \
+        --out experiments/results/structured-<machine>
+
+Prompts held out from every training set (DESIGN.md): HumanEval 60 on (describe a function),
+Spec-Bench translation questions with even ids (translate, with metadata), ShareGPT
+conversations from file index 12,000 on (classify and summarise a question). Each task has
+its own schema (4-8 fields, nested objects, arrays, enums). In process on the fastest runtime,
+methods alternating prompt by prompt; greedy (every method's answer must equal `ar`'s) and,
+with `--temperature`, sampled (seeded per prompt). The mask's cost is timed around
+`Constraint.mask` in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+LANGS = ["English", "German", "French", "Chinese", "Japanese", "Spanish", "Russian", "other"]
+SCHEMAS = {
+    "code": {
+        "type": "object",
+        "properties": {
+            "function": {"type": "string"},
+            "arguments": {"type": "array", "maxItems": 4, "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "type": {"type": "string"}},
+                "required": ["name", "type"], "additionalProperties": False}},
+            "returns": {"type": "string"},
+            "complexity": {"enum": ["O(1)", "O(log n)", "O(n)", "O(n log n)", "O(n^2)",
+                                    "other"]},
+            "summary": {"type": "string", "maxLength": 160},
+            "has_examples": {"type": "boolean"},
+        },
+        "required": ["function", "arguments", "returns", "complexity", "summary",
+                     "has_examples"],
+        "additionalProperties": False,
+    },
+    "translation": {
+        "type": "object",
+        "properties": {
+            "source_language": {"enum": LANGS},
+            "target_language": {"enum": LANGS},
+            "translation": {"type": "string", "maxLength": 400},
+            "formality": {"enum": ["formal", "neutral", "informal"]},
+        },
+        "required": ["source_language", "target_language", "translation", "formality"],
+        "additionalProperties": False,
+    },
+    "chat": {
+        "type": "object",
+        "properties": {
+            "topic": {"type": "string", "maxLength": 60},
+            "intent": {"enum": ["question", "request", "opinion", "chat", "other"]},
+            "needs_code": {"type": "boolean"},
+            "key_points": {"type": "array", "maxItems": 4,
+                           "items": {"type": "string", "maxLength": 80}},
+            "difficulty": {"type": "integer", "minimum": 1, "maximum": 5},
+            "answer": {"type": "object",
+                       "properties": {"short": {"type": "string", "maxLength": 200},
+                                      "confidence": {"enum": ["low", "medium", "high"]}},
+                       "required": ["short", "confidence"], "additionalProperties": False},
+        },
+        "required": ["topic", "intent", "needs_code", "key_points", "difficulty", "answer"],
+        "additionalProperties": False,
+    },
+}
+ASK = {
+    "code": "Describe this function as JSON (its name, arguments with types, return type, "
+            "time complexity, a one-sentence summary, whether the docstring has examples).",
+    "translation": "Do the translation below and answer as JSON with the languages, the "
+                   "translation and its formality.",
+    "chat": "Classify the user's message below and answer it briefly, as JSON.",
+}
+
+
+def tasks(per_category: int) -> list[tuple[str, str, str]]:
+    """(category, id, prompt) on held-out prompts."""
+    from adaspec.lab.bench import suites
+    from adaspec.lab.head.data import TRAIN_HUMANEVAL, TRAIN_SHAREGPT, sharegpt_pairs
+
+    out = []
+    code = suites.humaneval(None)[TRAIN_HUMANEVAL:]
+    for p in code[:: max(1, len(code) // per_category)][:per_category]:
+        out.append(("code", p.id, f"{ASK['code']}\n\n{p.text}"))
+    even = [p for p in suites.spec_bench(None)
+            if p.category == "translation" and int(p.id.rsplit("/", 1)[1]) % 2 == 0]
+    for p in even[:per_category]:
+        out.append(("translation", p.id, f"{ASK['translation']}\n\n{p.text}"))
+    chat = []
+    for ex in sharegpt_pairs(TRAIN_SHAREGPT, 10**9):
+        if len(ex.prompt) <= 1500:
+            chat.append(ex)
+        if len(chat) >= 80 + per_category:
+            break
+    for ex in chat[80:]:
+        out.append(("chat", ex.id, f"{ASK['chat']}\n\n{ex.prompt}"))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--methods", default="ar;auto", help="method strings, separated by ;")
+    p.add_argument("--per-category", type=int, default=14)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    import jsonschema
+
+    from adaspec.backends.load import load_backends
+    from adaspec.core import grammar as grammar_mod
+    from adaspec.core.grammar import Grammar
+    from adaspec.core.sampling import SamplingParams
+    from adaspec.methods.build import build_engine
+    from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+
+    mask_time = [0.0, 0]
+    real_mask = grammar_mod.Constraint.mask
+
+    def timed_mask(self):
+        t0 = time.perf_counter()
+        out = real_mask(self)
+        mask_time[0] += time.perf_counter() - t0
+        mask_time[1] += 1
+        return out
+
+    grammar_mod.Constraint.mask = timed_mask  # type: ignore[method-assign]
+    methods = [m for m in args.methods.split(";") if m]
+    target, tok, draft, eos = load_backends(TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16",
+                                            "fastest", "fastest")
+    engines = {m: build_engine(m, target, tok, draft, eos_token_ids=eos) for m in methods}
+    todo = tasks(args.per_category)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (category, pid, prompt) in enumerate(todo):
+        schema = SCHEMAS[category]
+        grammar = Grammar.json_schema(schema)
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        for m in order:
+            sampling = SamplingParams(args.temperature, seed=args.seed + i if args.temperature
+                                      else None, grammar=grammar)
+            before = list(mask_time)
+            t0 = time.perf_counter()
+            res = engines[m].generate(prompt, max_new_tokens=args.max_tokens,
+                                      sampling=sampling)
+            wall = time.perf_counter() - t0
+            try:
+                jsonschema.validate(json.loads(res.text), schema)
+                valid = True
+            except Exception:  # noqa: BLE001 - any failure to parse or validate
+                valid = False
+            s = res.stats
+            rows.append({
+                "category": category, "id": pid, "method": m, "tokens": len(res.token_ids),
+                "finish": res.finish_reason, "valid": valid, "wall_s": round(wall, 4),
+                "target_calls": s.target_calls, "drafted": s.drafted, "accepted": s.accepted,
+                "drafted_by": dict(s.drafted_by), "ids": res.token_ids,
+                "mask_s": round(mask_time[0] - before[0], 5),
+                "masks": mask_time[1] - before[1],
+            })
+            print(f"{category:11s} {pid:22s} {m:10s} {len(res.token_ids):4d} tok "
+                  f"{wall:6.2f} s valid={valid} finish={res.finish_reason} "
+                  f"calls={s.target_calls} grammar={s.drafted_by.get('grammar', 0)}",
+                  flush=True)
+    (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarise(rows, methods, args)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(table(summary, methods))
+    print(table(summary, methods))
+    return 0
+
+
+def summarise(rows: list[dict], methods: list[str], args) -> dict:
+    base = methods[0]
+    by = {(r["id"], r["method"]): r for r in rows}
+    out: dict = {"machine": platform.processor() or platform.machine(),
+                 "cpu": _cpu(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                 "temperature": args.temperature, "max_tokens": args.max_tokens,
+                 "prompts": len({r["id"] for r in rows}), "methods": {}}
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        cats: dict = {}
+        for category in sorted({r["category"] for r in mine}):
+            rs = [r for r in mine if r["category"] == category]
+            ratios = [by[(r["id"], base)]["wall_s"] / r["wall_s"] * r["tokens"]
+                      / max(1, by[(r["id"], base)]["tokens"]) for r in rs]
+            cats[category] = {
+                "valid": sum(r["valid"] for r in rs), "n": len(rs),
+                "same_as_base": sum(r["ids"] == by[(r["id"], base)]["ids"] for r in rs),
+                "speed_vs_base": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+                "tokens_per_call": round(sum(r["tokens"] for r in rs)
+                                         / max(1, sum(r["target_calls"] for r in rs)), 3),
+                "grammar_drafted_share": round(
+                    sum(r["drafted_by"].get("grammar", 0) for r in rs)
+                    / max(1, sum(r["tokens"] for r in rs)), 3),
+            }
+        tokens = sum(r["tokens"] for r in mine)
+        out["methods"][m] = {
+            "categories": cats,
+            "valid": sum(r["valid"] for r in mine), "n": len(mine),
+            "mask_ms_per_mask": round(1000 * sum(r["mask_s"] for r in mine)
+                                      / max(1, sum(r["masks"] for r in mine)), 4),
+            "mask_ms_per_token": round(1000 * sum(r["mask_s"] for r in mine)
+                                       / max(1, tokens), 4),
+            "mask_share_of_wall": round(sum(r["mask_s"] for r in mine)
+                                        / max(1e-9, sum(r["wall_s"] for r in mine)), 4),
+        }
+    return out
+
+
+def table(summary: dict, methods: list[str]) -> str:
+    lines = [f"{summary['date']}, {summary['cpu']}, T = {summary['temperature']}, "
+             f"{summary['prompts']} prompts, up to {summary['max_tokens']} tokens "
+             f"(`experiments/structured_speed.py`)", "",
+             "| method | category | valid | same text as `" + methods[0] + "` | end to end vs `"
+             + methods[0] + "` (geomean) | tokens / target call | grammar-drafted share |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for m in methods:
+        for category, c in summary["methods"][m]["categories"].items():
+            lines.append(f"| `{m}` | {category} | {c['valid']}/{c['n']} | "
+                         f"{c['same_as_base']}/{c['n']} | {c['speed_vs_base']:.2f}x | "
+                         f"{c['tokens_per_call']:.2f} | {c['grammar_drafted_share']:.2f} |")
+    lines += ["", "| method | mask ms (each) | mask ms a token | mask share of the wall time |",
+              "| --- | ---: | ---: | ---: |"]
+    for m in methods:
+        s = summary["methods"][m]
+        lines.append(f"| `{m}` | {s['mask_ms_per_mask']:.3f} | {s['mask_ms_per_token']:.3f} | "
+                     f"{100 * s['mask_share_of_wall']:.2f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
