@@ -10,7 +10,10 @@ conversations from file index 12,000 on (classify and summarise a question). Eac
 its own schema (4-8 fields, nested objects, arrays, enums). In process on the fastest runtime,
 methods alternating prompt by prompt; greedy (every method's answer must equal `ar`'s) and,
 with `--temperature`, sampled (seeded per prompt). The mask's cost is timed around
-`Constraint.mask` in this process.
+`Constraint.mask` in this process. With `--serve`, the same requests go through `adaspec
+serve` with its defaults (`--history off`: the cross-request history starts empty) as
+OpenAI chat requests with `response_format` json_schema, the method named per request, and
+the texts are compared instead of the token ids (the mask is not timed).
 """
 
 from __future__ import annotations
@@ -115,6 +118,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve", action="store_true",
+                   help="through `adaspec serve` with its defaults, not in process")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -139,12 +144,14 @@ def main() -> int:
 
     grammar_mod.Constraint.mask = timed_mask  # type: ignore[method-assign]
     methods = [m for m in args.methods.split(";") if m]
-    target, tok, draft, eos = load_backends(TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16",
-                                            "fastest", "fastest")
-    engines = {m: build_engine(m, target, tok, draft, eos_token_ids=eos) for m in methods}
     todo = tasks(args.per_category)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.serve:
+        return through_server(args, methods, todo, out)
+    target, tok, draft, eos = load_backends(TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16",
+                                            "fastest", "fastest")
+    engines = {m: build_engine(m, target, tok, draft, eos_token_ids=eos) for m in methods}
     rows = []
     for i, (category, pid, prompt) in enumerate(todo):
         schema = SCHEMAS[category]
@@ -178,6 +185,68 @@ def main() -> int:
                   flush=True)
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = summarise(rows, methods, args)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(table(summary, methods))
+    print(table(summary, methods))
+    return 0
+
+
+def through_server(args, methods: list[str], todo, out: Path) -> int:
+    """The same requests through `adaspec serve` (its defaults, --history off)."""
+    import httpx
+    import jsonschema
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    from serve_load import Server
+
+    server = Server(["--history", "off", "--model-name", "adaspec"], out / "server.log",
+                    dict(__import__("os").environ))
+    rows = []
+    try:
+        with httpx.Client(timeout=600) as client:
+            warm = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+            for m in methods:  # a cost-aware method measures its profile once, first
+                client.post(server.url + "/v1/chat/completions", json={**warm, "method": m})
+            for i, (category, pid, prompt) in enumerate(todo):
+                schema = SCHEMAS[category]
+                order = methods[i % len(methods):] + methods[: i % len(methods)]
+                for m in order:
+                    body = {"messages": [{"role": "user", "content": prompt}],
+                            "max_tokens": args.max_tokens, "temperature": args.temperature,
+                            "method": m, "response_format": {"type": "json_schema",
+                                                             "json_schema": {
+                                                                 "name": category,
+                                                                 "schema": schema}}}
+                    if args.temperature:
+                        body["seed"] = args.seed + i
+                    t0 = time.perf_counter()
+                    r = client.post(server.url + "/v1/chat/completions", json=body)
+                    wall = time.perf_counter() - t0
+                    r.raise_for_status()
+                    answer = r.json()
+                    text = answer["choices"][0]["message"]["content"]
+                    spec = answer["usage"]["speculation"]
+                    try:
+                        jsonschema.validate(json.loads(text), schema)
+                        valid = True
+                    except Exception:  # noqa: BLE001 - any failure to parse or validate
+                        valid = False
+                    rows.append({
+                        "category": category, "id": pid, "method": m,
+                        "tokens": answer["usage"]["completion_tokens"],
+                        "finish": answer["choices"][0]["finish_reason"], "valid": valid,
+                        "wall_s": round(wall, 4), "target_calls": spec["target_calls"],
+                        "drafted": spec["drafted"], "accepted": spec["accepted"],
+                        "drafted_by": spec.get("drafted_by") or {}, "ids": text,
+                        "mask_s": 0.0, "masks": 0})
+                    print(f"{category:11s} {pid:22s} {m:10s} {rows[-1]['tokens']:4d} tok "
+                          f"{wall:6.2f} s valid={valid} calls={spec['target_calls']}",
+                          flush=True)
+    finally:
+        server.stop()
+    (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarise(rows, methods, args)
+    summary["through"] = "adaspec serve (defaults, --history off)"
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(table(summary, methods))
     print(table(summary, methods))
@@ -231,9 +300,13 @@ def table(summary: dict, methods: list[str]) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for m in methods:
         for category, c in summary["methods"][m]["categories"].items():
+            same = (f"{c['same_as_base']}/{c['n']}" if not summary["temperature"]
+                    else "(sampled)")
             lines.append(f"| `{m}` | {category} | {c['valid']}/{c['n']} | "
-                         f"{c['same_as_base']}/{c['n']} | {c['speed_vs_base']:.2f}x | "
+                         f"{same} | {c['speed_vs_base']:.2f}x | "
                          f"{c['tokens_per_call']:.2f} | {c['grammar_drafted_share']:.2f} |")
+    if summary.get("through"):  # the mask is timed in process only
+        return "\n".join(lines) + f"\n\nThrough {summary['through']}.\n"
     lines += ["", "| method | mask ms (each) | mask ms a token | mask share of the wall time |",
               "| --- | ---: | ---: | ---: |"]
     for m in methods:
