@@ -736,3 +736,27 @@ def test_bad_constraints_are_400s_naming_them(base):
     r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 4,
                                                    "guided_regex": "[ab]+"}, timeout=30)
     assert r.status_code == 200 and set(r.json()["choices"][0]["text"]) <= {"a", "b"}
+
+
+def test_penalties_and_logit_bias_are_the_libraries_and_bad_ones_400(base, instance):
+    from adaspec.core.sampling import SamplingParams
+
+    engine = instance.engine(METHOD)
+    banned = engine.generate(PROMPT, 1).token_ids[0]  # the greedy first token, then banned
+    settings = {"presence_penalty": 1.0, "frequency_penalty": 0.5,
+                "logit_bias": {str(banned): -100}}
+    expected = engine.generate(PROMPT, 16, SamplingParams(
+        presence_penalty=1.0, frequency_penalty=0.5, logit_bias=((banned, -100.0),)),
+        chat=False)
+    r = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 16,
+                                                  "temperature": 0, **settings}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == expected.text
+    assert banned not in expected.token_ids
+    for bad, param in [({"logit_bias": {"x": 1}}, "logit_bias"),
+                       ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+                       ({"logit_bias": {"1": 500}}, "logit_bias"),
+                       ({"presence_penalty": 3}, "presence_penalty")]:
+        r = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4,
+                                                      **bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)

@@ -154,13 +154,23 @@ class Constraint:
 
 
 def apply_masks(logits: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
-    """logits [n, V] with -inf where masks [n, V] (or fewer rows: the rest stay) forbid."""
+    """logits [n, V] shifted by masks [n, V] (or fewer rows: the rest stay): bool, -inf where
+    False; or float, added (a grammar's mask as 0 / -inf, a bias, penalties)."""
     if masks is None:
         return logits
     rows = min(len(logits), len(masks))
     out = logits.clone()
-    out[:rows].masked_fill_(~masks[:rows].to(out.device), float("-inf"))
+    masks = masks[:rows].to(out.device)
+    if masks.dtype == torch.bool:
+        out[:rows].masked_fill_(~masks, float("-inf"))
+    else:
+        out[:rows] += masks.to(out.dtype)
     return out
+
+
+def mask_shift(masks: torch.Tensor) -> torch.Tensor:
+    """bool masks [n, V] as an additive shift: 0 where allowed, -inf where not."""
+    return torch.zeros(masks.shape).masked_fill_(~masks, float("-inf"))
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()

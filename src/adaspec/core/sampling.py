@@ -31,6 +31,11 @@ class SamplingParams:
     logprobs: int | None = None
     # what the output must match (a JSON schema, any JSON object, a Lark grammar, a regex)
     grammar: Grammar | None = None
+    # OpenAI's: added to the target's logits before anything else, token by token; and
+    # subtracted per occurrence in the output so far (frequency) and once for any (presence)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -57,6 +62,44 @@ class SamplingParams:
                              f"got {n!r}")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise InputError("grammar must be a Grammar (core.grammar)")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InputError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                raise InputError(f"logit_bias values must be in [-100, 100], got {bias!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2 <= v <= 2:
+                raise InputError(f"{name} must be in [-2, 2], got {v!r}")
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether the target's logits are shifted before use (bias or penalties)."""
+        return bool(self.logit_bias) or bool(self.presence_penalty) or bool(
+            self.frequency_penalty)
+
+    def shift_rows(self, generated: list[int], drafted: list[int],
+                   vocab: int) -> torch.Tensor:
+        """The shift [len(drafted) + 1, V] of the logits of the rows that follow
+        `generated` + drafted[:i] (row i): the bias, minus the penalties of the output so
+        far. Added to the target's rows before verification, like a grammar's mask, so
+        speculation stays exact."""
+        base = torch.zeros(vocab)
+        for token, bias in self.logit_bias:
+            if token >= vocab:
+                raise InputError(f"logit_bias names token {token}, outside the vocabulary "
+                                 f"[0, {vocab})")
+            base[token] += bias
+        rows = base.repeat(len(drafted) + 1, 1)
+        if self.presence_penalty or self.frequency_penalty:
+            counts = torch.bincount(torch.tensor(generated, dtype=torch.long),
+                                    minlength=vocab).float()[:vocab]
+            for i in range(len(drafted) + 1):
+                if i:
+                    counts[drafted[i - 1]] += 1
+                rows[i] -= (self.frequency_penalty * counts
+                            + self.presence_penalty * (counts > 0).float())
+        return rows
 
     @property
     def greedy(self) -> bool:

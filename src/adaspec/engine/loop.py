@@ -21,7 +21,7 @@ from adaspec import verify as verification
 from adaspec.backends.base import ForwardOutput, ModelBackend, common_prefix
 from adaspec.control.base import LengthController
 from adaspec.control.static import StaticLength
-from adaspec.core.grammar import Constraint, apply_masks
+from adaspec.core.grammar import Constraint, apply_masks, mask_shift
 from adaspec.core.metrics import RequestStats
 from adaspec.core.proposal import Proposal
 from adaspec.core.request import RequestState, StepHook
@@ -320,7 +320,8 @@ class Engine(TextGenerator):
         self._last_context = list(prompt_ids)
         if prefill.features is not None and len(prefill.features):  # the last prompt rows'
             req.keep_features(len(prompt_ids) - len(prefill.features), prefill.features)
-        masks = req.constraint.mask()[None] if req.constraint is not None else None
+        masks = self._shift(req, Proposal.chain(prompt_ids[-1], []),
+                            req.constraint.mask()[None] if req.constraint is not None else None)
         first = self._verify(Proposal.chain(prompt_ids[-1], []), prefill, sampling, generator,
                              verifier, rows=slice(-1, None), masks=masks).next_token
         want_logprobs = sampling.logprobs is not None
@@ -440,6 +441,7 @@ class Engine(TextGenerator):
         masks = None
         if req.constraint is not None:  # the mask of every row the target will score
             proposal, masks = self._constrain(req, proposal, drafter)
+        masks = self._shift(req, proposal, masks)
         if proposal.depth and proposal.accept is None:  # a batch prices the draft with it
             proposal = dataclasses.replace(proposal, accept=[_chain_rate(stats)] * proposal.depth)
         tokens, positions, mask = proposal.target_inputs(root)
@@ -508,6 +510,18 @@ class Engine(TextGenerator):
             return []
         room = min(FORCED_MAX, req.remaining - 1, self.max_context - len(req.context) - 1)
         return req.constraint.forced()[: max(0, room)]
+
+    def _shift(self, req: RequestState, proposal: Proposal, masks: torch.Tensor | None
+               ) -> torch.Tensor | None:
+        """What the request changes in each row the target scores [depth + 1, V]: the
+        grammar's masks, a logit bias, penalties by the output so far (float: added; None:
+        nothing). Verification reads the shifted rows, so every method stays exact."""
+        if not req.sampling.adjusts:
+            return masks
+        shift = req.sampling.shift_rows(
+            req.generated, proposal.tokens,
+            masks.shape[1] if masks is not None else self.target.vocab_size)
+        return shift if masks is None else shift + mask_shift(masks)
 
     def _constrain(self, req: RequestState, proposal: Proposal, drafter: Drafter | None
                    ) -> tuple[Proposal, torch.Tensor]:

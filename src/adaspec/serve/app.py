@@ -229,6 +229,12 @@ def _playground_dir() -> str:
     return str(files("adaspec.serve") / PLAYGROUND)
 
 
+def _named(message: str) -> str | None:
+    """The request field a sampling error names, if any."""
+    return next((f for f in ("logit_bias", "presence_penalty", "frequency_penalty")
+                 if message.startswith(f)), None)
+
+
 # ---------------------------------------------------------------------- generation
 async def prepare(state: ServeState, body: GenerationRequest, chat: bool
                   ) -> tuple[Job, Tools | None]:
@@ -261,10 +267,19 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool
         raise errors.bad_request(str(exc), param="response_format" if chat else None) \
             from None
     try:
+        bias = body.bias()
+        vocab = instance.target.vocab_size
+        if any(not 0 <= token < vocab for token, _ in bias):
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
+    except ValueError as exc:
+        raise errors.bad_request(str(exc), param="logit_bias") from None
+    try:
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.seed,
-                                  logprobs=logprobs, grammar=grammar)
+                                  logprobs=logprobs, grammar=grammar, logit_bias=bias,
+                                  presence_penalty=body.presence_penalty or 0.0,
+                                  frequency_penalty=body.frequency_penalty or 0.0)
     except InputError as exc:
-        raise errors.bad_request(str(exc), param=asked) from None
+        raise errors.bad_request(str(exc), param=asked or _named(str(exc))) from None
     field = "messages" if chat else "prompt"
     try:
         if isinstance(body, ChatCompletionRequest):

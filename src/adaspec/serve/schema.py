@@ -108,8 +108,8 @@ class GenerationRequest(BaseModel):
     # chat: logprobs true, with top_logprobs alternatives; completions: logprobs N
     logprobs: StrictBool | StrictInt | None = None
     top_logprobs: StrictInt | None = None
-    # OpenAI fields refused unless left at their neutral value, then accounting hints that
-    # change nothing here
+    # penalties and bias (applied to the target's rows: exact under speculation), then
+    # accounting hints that change nothing here
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -170,17 +170,15 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"at most 16 stop strings, got {len(stops)}")
         return v
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> GenerationRequest:
-        refused = {
-            "presence_penalty": self.presence_penalty not in (None, 0),
-            "frequency_penalty": self.frequency_penalty not in (None, 0),
-            "logit_bias": bool(self.logit_bias),
-        }
-        for name, bad in refused.items():
-            if bad:
-                raise ValueError(f"{name} is not supported by adaspec serve; leave it unset")
-        return self
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs; ValueError naming a bad key."""
+        out = []
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                out.append((int(key), float(value)))
+            except ValueError:
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}") from None
+        return tuple(out)
 
     def logprob_count(self, chat: bool) -> int | None:
         """How many alternatives per emitted token the request asks for (0: only the
