@@ -85,6 +85,23 @@ def test_constrained_requests_decoded_together_answer_what_they_get_alone(instan
     assert got[5]["text"] in ("yes", "no")
 
 
+def test_n_answers_are_each_the_answer_alone_with_its_seed(instance):
+    """`n` > 1: answer i is the request alone with seed + i (decoded together, the prompt
+    prefilled once); greedy answers are all the one; usage counts every answer."""
+    prompt = {"prompt": PROMPTS[2], "max_tokens": 12, "method": "draft:k=3"}
+    with live_server(instance, max_batch=4) as url:
+        many = alone(url, {**prompt, "n": 3, "temperature": 0.9, "seed": 11})
+        each = [alone(url, {**prompt, "temperature": 0.9, "seed": 11 + i})["choices"][0]
+                for i in range(3)]
+        greedy = alone(url, {**prompt, "n": 2, "temperature": 0})
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in many["choices"]] == [c["text"] for c in each]
+    assert len({c["text"] for c in many["choices"]}) > 1  # different draws
+    assert many["usage"]["completion_tokens"] == 36
+    assert many["usage"]["total_tokens"] == many["usage"]["prompt_tokens"] + 36
+    assert greedy["choices"][0]["text"] == greedy["choices"][1]["text"]
+
+
 def test_a_seeded_answer_ignores_its_companions(instance):
     seeded = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1.0, "seed": 11,
               "method": "draft:k=3"}

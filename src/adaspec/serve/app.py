@@ -9,6 +9,7 @@ string, prompt length), so bad input gets its 400 at once and never reaches the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from adaspec.core.sampling import SamplingParams
+from adaspec.core.sampling import SEED_MAX, SamplingParams
 from adaspec.errors import InputError
 from adaspec.methods.registry import METHODS
 from adaspec.serve import auth, errors, responses
@@ -338,6 +339,8 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
                    chat: bool) -> Response:
     job, tools = await prepare(state, body, chat)
     _, scheduler = state.ready()
+    if body.n > 1:
+        return await generate_many(state, request, body, chat, job, tools)
     scheduler.submit(job)  # 429 / 503 raised here
     watcher = asyncio.create_task(watch_disconnect(request, scheduler, job))
     handed_over = False
@@ -374,6 +377,50 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
         if not handed_over:
             watcher.cancel()
             scheduler.cancel(job)
+
+
+async def generate_many(state: ServeState, request: Request, body: GenerationRequest,
+                        chat: bool, job: Job, tools: Tools | None) -> Response:
+    """`n` answers to one prompt, decoded as requests of their own (together, up to
+    --max-batch: their prompt prefilled once and shared); a seed gives answer i the seed
+    + i. One response, `choices[i]` answer i, usage summed over the answers."""
+    _, scheduler = state.ready()
+    s = job.sampling
+    jobs = [job] + [job.again(dataclasses.replace(
+        s, seed=None if s.seed is None else (s.seed + i) % (SEED_MAX + 1)))
+        for i in range(1, body.n)]
+    submitted: list[Job] = []
+    watchers: list[asyncio.Task] = []
+    try:
+        for j in jobs:
+            scheduler.submit(j)  # 429 / 503 raised here; those already in are cancelled
+            submitted.append(j)
+            watchers.append(asyncio.create_task(watch_disconnect(request, scheduler, j)))
+        results = []
+        for j in jobs:
+            event = await next_event(j, scheduler)
+            while event.kind == CHUNK:
+                event = await next_event(j, scheduler)
+            if event.kind == ERROR:
+                assert event.error is not None
+                raise event.error
+            assert event.result is not None
+            results.append(event.result)
+        rid, created = responses.new_id(chat), responses.now()
+        instance, _ = state.ready()
+        bodies = []
+        for j, result in zip(jobs, results, strict=True):
+            use = responses.usage(result, j.method, j.queue_time())
+            bodies.append(responses.chat_completion(
+                rid, created, state.model, result, use, instance.token_text,
+                tools=tools is not None) if chat else responses.completion(
+                rid, created, state.model, result, use, instance.token_text))
+        return JSONResponse(responses.merge_choices(bodies))
+    finally:
+        for w in watchers:
+            w.cancel()
+        for j in submitted:
+            scheduler.cancel(j)
 
 
 async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first: Event,

@@ -123,6 +123,19 @@ def completion(rid: str, created: int, model: str, result: GenerationResult,
     ).model_dump()
 
 
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One response of several answers to one prompt (`n` > 1): the first's, with every
+    answer's choice (`index` i) and the completion tokens summed (the prompt counted once;
+    `usage.speculation` is the first answer's)."""
+    out = dict(bodies[0])
+    out["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    use = dict(out["usage"])
+    use["completion_tokens"] = sum(b["usage"]["completion_tokens"] for b in bodies)
+    use["total_tokens"] = use["prompt_tokens"] + use["completion_tokens"]
+    out["usage"] = use
+    return out
+
+
 def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, finish_reason: str | None = None, use: Usage | None = None,
           tokens: list[list[str]] | None = None, no_choice: bool = False,

@@ -95,6 +95,12 @@ class Job:
         self._cancelled = threading.Event()
         self.cancel_reason = "cancelled"  # or "timeout": the metrics' outcome label
 
+    def again(self, sampling: SamplingParams) -> Job:
+        """Another answer to the same prompt (`n` > 1), drawn with `sampling`."""
+        return Job(self.prompt_ids, self.max_tokens, sampling, self.stop, self.method,
+                   self.timeout, token_sources=self.token_sources, stream=self.stream,
+                   domain=self.domain)
+
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()

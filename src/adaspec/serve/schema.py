@@ -21,6 +21,7 @@ from adaspec.core.sampling import SEED_MAX, TOP_LOGPROBS_MAX
 from adaspec.serve.tools import Tools
 
 StrictInt = Annotated[int, Field(strict=True)]
+N_MAX = 8  # answers one request may ask for (`n`)
 StrictBool = Annotated[bool, Field(strict=True)]
 
 
@@ -155,10 +156,16 @@ class GenerationRequest(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only n=1 is supported (one answer per request), got {v}")
+    def _choices(cls, v: int) -> int:
+        if not 1 <= v <= N_MAX:
+            raise ValueError(f"n must be in [1, {N_MAX}] (answers per request), got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _n_streamed(self) -> GenerationRequest:
+        if self.n > 1 and self.stream:
+            raise ValueError("n > 1 is answered whole, not streamed: drop stream or n")
+        return self
 
     @field_validator("stop")
     @classmethod
