@@ -317,13 +317,9 @@ def table(summary: dict, methods: list[str]) -> str:
 
 
 def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    from adaspec.cost.cache import cpu_model
+
+    return cpu_model()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adaspec.core.sampling import SEED_MAX, SamplingParams
+from adaspec.engine.steps import GenerationResult
 from adaspec.errors import InputError
 from adaspec.methods.registry import METHODS
 from adaspec.serve import auth, errors, responses
@@ -323,6 +324,20 @@ async def next_event(job: Job, scheduler: Scheduler) -> Event:
         raise errors.timed_out(job.timeout) from None
 
 
+async def final_result(job: Job, scheduler: Scheduler,
+                       first: Event | None = None) -> GenerationResult:
+    """The job's result, its chunks passed over (`first`: its first event, already read);
+    its error raised."""
+    event = first or await next_event(job, scheduler)
+    while event.kind == CHUNK:
+        event = await next_event(job, scheduler)
+    if event.kind == ERROR:
+        assert event.error is not None
+        raise event.error
+    assert event.result is not None
+    return event.result
+
+
 async def watch_disconnect(request: Request, scheduler: Scheduler, job: Job) -> None:
     """Cancel the job as soon as the client disconnects (the worker stops within a step)."""
     try:
@@ -358,20 +373,14 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        event = first
-        while event.kind == CHUNK:
-            event = await next_event(job, scheduler)
-        if event.kind == ERROR:
-            assert event.error is not None
-            raise event.error
-        assert event.result is not None
-        use = responses.usage(event.result, job.method, job.queue_time())
+        result = await final_result(job, scheduler, first)
+        use = responses.usage(result, job.method, job.queue_time())
         instance, _ = state.ready()
         if chat:
             return JSONResponse(responses.chat_completion(
-                rid, created, state.model, event.result, use, instance.token_text,
+                rid, created, state.model, result, use, instance.token_text,
                 tools=tools is not None))
-        return JSONResponse(responses.completion(rid, created, state.model, event.result,
+        return JSONResponse(responses.completion(rid, created, state.model, result,
                                                  use, instance.token_text))
     finally:
         if not handed_over:
@@ -396,16 +405,7 @@ async def generate_many(state: ServeState, request: Request, body: GenerationReq
             scheduler.submit(j)  # 429 / 503 raised here; those already in are cancelled
             submitted.append(j)
             watchers.append(asyncio.create_task(watch_disconnect(request, scheduler, j)))
-        results = []
-        for j in jobs:
-            event = await next_event(j, scheduler)
-            while event.kind == CHUNK:
-                event = await next_event(j, scheduler)
-            if event.kind == ERROR:
-                assert event.error is not None
-                raise event.error
-            assert event.result is not None
-            results.append(event.result)
+        results = [await final_result(j, scheduler) for j in jobs]
         rid, created = responses.new_id(chat), responses.now()
         instance, _ = state.ready()
         bodies = []

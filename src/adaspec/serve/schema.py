@@ -5,7 +5,7 @@ string, as on the command line), `domain` (which online-distilled draft serves i
 `token_sources` (stream each token's text and how it was produced; the playground uses it),
 and vLLM's names for a constraint beside `response_format`: `guided_json` (a JSON schema),
 `guided_regex` and `guided_grammar` (a Lark grammar, as llguidance reads it). An OpenAI
-field adaspec cannot honour (n > 1, penalties, ...) is refused with a message naming
+field adaspec cannot honour (`echo`, `best_of`, ...) is refused with a message naming
 it; a misspelt field is refused too, rather than silently ignored.
 """
 
