@@ -734,6 +734,7 @@ def test_bad_constraints_are_400s_naming_them(base):
     assert "regular expression is not usable" in post(guided_regex="[a-")
     assert "give one constraint" in post(guided_regex="a", response_format={
         "type": "json_object"})
+    assert "verified on chains" in post(guided_regex="a+", method="draft:tree=2x2")
     r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 4,
                                                    "guided_regex": "[ab]+"}, timeout=30)
     assert r.status_code == 200 and set(r.json()["choices"][0]["text"]) <= {"a", "b"}
