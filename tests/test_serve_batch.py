@@ -87,7 +87,10 @@ def test_constrained_requests_decoded_together_answer_what_they_get_alone(instan
 
 def test_n_answers_are_each_the_answer_alone_with_its_seed(instance):
     """`n` > 1: answer i is the request alone with seed + i (decoded together, the prompt
-    prefilled once); greedy answers are all the one; usage counts every answer."""
+    prefilled once); greedy answers are all the one; usage counts every answer; streamed,
+    the chunks carry their answer's index."""
+    import json
+
     prompt = {"prompt": PROMPTS[2], "max_tokens": 12, "method": "draft:k=3"}
     with live_server(instance, max_batch=4) as url:
         many = alone(url, {**prompt, "n": 3, "temperature": 0.9, "seed": 11})
@@ -100,6 +103,21 @@ def test_n_answers_are_each_the_answer_alone_with_its_seed(instance):
     assert many["usage"]["completion_tokens"] == 36
     assert many["usage"]["total_tokens"] == many["usage"]["prompt_tokens"] + 36
     assert greedy["choices"][0]["text"] == greedy["choices"][1]["text"]
+    # streamed: the answers' chunks interleaved by index, each one whole, usage summed
+    body = {**prompt, "n": 3, "temperature": 0.9, "seed": 11, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with live_server(instance, max_batch=4) as url, \
+            httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    texts = ["".join(e["choices"][0]["text"] for e in events
+                     if e["choices"] and e["choices"][0]["index"] == i) for i in range(3)]
+    assert texts == [c["text"] for c in each]
+    finishes = [e["choices"][0]["index"] for e in events
+                if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2]
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 36
 
 
 def test_a_seeded_answer_ignores_its_companions(instance):

@@ -41,6 +41,7 @@ from adaspec.serve.schema import (
     GenerationRequest,
     ModelCard,
     ModelList,
+    Usage,
 )
 from adaspec.serve.tools import Tools, ToolStream
 
@@ -368,8 +369,8 @@ async def generate(state: ServeState, request: Request, body: GenerationRequest,
         if body.stream:
             handed_over = True
             return StreamingResponse(
-                stream_events(state, scheduler, job, first, body, chat, rid, created, watcher,
-                              ToolStream() if tools is not None else None),
+                stream_events(state, scheduler, [job], first, body, chat, rid, created,
+                              [watcher], tools is not None),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -392,7 +393,8 @@ async def generate_many(state: ServeState, request: Request, body: GenerationReq
                         chat: bool, job: Job, tools: Tools | None) -> Response:
     """`n` answers to one prompt, decoded as requests of their own (together, up to
     --max-batch: their prompt prefilled once and shared); a seed gives answer i the seed
-    + i. One response, `choices[i]` answer i, usage summed over the answers."""
+    + i. One response, `choices[i]` answer i, usage summed over the answers; streamed,
+    the answers' chunks interleaved by `index`."""
     _, scheduler = state.ready()
     s = job.sampling
     jobs = [job] + [job.again(dataclasses.replace(
@@ -400,11 +402,21 @@ async def generate_many(state: ServeState, request: Request, body: GenerationReq
         for i in range(1, body.n)]
     submitted: list[Job] = []
     watchers: list[asyncio.Task] = []
+    handed_over = False
     try:
         for j in jobs:
             scheduler.submit(j)  # 429 / 503 raised here; those already in are cancelled
             submitted.append(j)
             watchers.append(asyncio.create_task(watch_disconnect(request, scheduler, j)))
+        if body.stream:
+            handed_over = True
+            return StreamingResponse(
+                stream_events(state, scheduler, jobs, None, body, chat,
+                              responses.new_id(chat), responses.now(), watchers,
+                              tools is not None),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         results = [await final_result(j, scheduler) for j in jobs]
         rid, created = responses.new_id(chat), responses.now()
         instance, _ = state.ready()
@@ -417,77 +429,101 @@ async def generate_many(state: ServeState, request: Request, body: GenerationReq
                 rid, created, state.model, result, use, instance.token_text))
         return JSONResponse(responses.merge_choices(bodies))
     finally:
-        for w in watchers:
-            w.cancel()
-        for j in submitted:
-            scheduler.cancel(j)
+        if not handed_over:
+            for w in watchers:
+                w.cancel()
+            for j in submitted:
+                scheduler.cancel(j)
 
 
-async def stream_events(state: ServeState, scheduler: Scheduler, job: Job, first: Event,
-                        body: GenerationRequest, chat: bool, rid: str, created: int,
-                        watcher: asyncio.Task, calls: ToolStream | None = None
+async def stream_events(state: ServeState, scheduler: Scheduler, jobs: list[Job],
+                        first: Event | None, body: GenerationRequest, chat: bool, rid: str,
+                        created: int, watchers: list[asyncio.Task], tools: bool = False
                         ) -> AsyncIterator[bytes]:
-    """Server-sent events: the chunks, a last chunk with finish_reason and usage, the
-    usage-only chunk if stream_options.include_usage asked for it, then [DONE]. An error
-    after the stream began is one `data: {"error": ...}` event, and the stream ends.
-    `calls`: the request has tools: text that may be a tool call is held back, and the
-    calls go out in one `tool_calls` delta before the last chunk."""
+    """Server-sent events of one answer or `n` (`index` i: answer i, interleaved as they
+    come): the chunks, a last chunk per answer with its finish_reason and usage, the
+    usage-only chunk (summed over the answers) if stream_options.include_usage asked for it,
+    then [DONE]. An error after the stream began is one `data: {"error": ...}` event, and
+    the stream ends. `first`: answer 0's first event, already read. `tools`: the request has
+    tools: text that may be a tool call is held back, and an answer's calls go out in one
+    `tool_calls` delta before its last chunk."""
     model = state.model
+    calls = [ToolStream() if tools else None for _ in jobs]
+    offsets = [0] * len(jobs)  # completions' text_offset: characters streamed so far
+    pending: dict[int, asyncio.Task] = {}
+    finished: list[dict[str, Any]] = []
     try:
         if chat:
-            yield responses.sse(responses.chunk(True, rid, created, model, role=True, text=""))
-        event = first
-        offset = 0  # completions' text_offset: characters of the tokens streamed so far
-        while True:
+            for i in range(len(jobs)):
+                yield responses.sse(responses.chunk(True, rid, created, model, role=True,
+                                                    text="", index=i))
+        ready: list[tuple[int, Event]] = [(0, first)] if first is not None else []
+        for i in range(len(ready), len(jobs)):
+            pending[i] = asyncio.ensure_future(next_event(jobs[i], scheduler))
+        while ready or pending:
+            if not ready:
+                done, _ = await asyncio.wait(pending.values(),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for i in [i for i, task in pending.items() if task in done]:
+                    try:
+                        ready.append((i, pending.pop(i).result()))
+                    except ServeError as exc:
+                        ready.append((i, Event(ERROR, error=exc)))
+            i, event = ready.pop(0)
+            job = jobs[i]
             if event.kind == CHUNK:
                 assert event.chunk is not None
                 tokens = None
                 if event.pieces is not None:
-                    tokens = [[p, s] for p, s in zip(event.pieces, event.chunk.sources,
-                                                     strict=False)]
+                    tokens = [[p, src] for p, src in zip(event.pieces, event.chunk.sources,
+                                                         strict=False)]
                 logprobs = None
                 if job.sampling.logprobs is not None and event.chunk.logprobs:
                     instance, _ = state.ready()
                     logprobs = responses.logprobs(chat, event.chunk.logprobs,
-                                                  instance.token_text, offset)
+                                                  instance.token_text, offsets[i])
                     if not chat:
-                        offset += sum(len(t) for t in logprobs["tokens"])
+                        offsets[i] += sum(len(t) for t in logprobs["tokens"])
                 text = event.chunk.text
-                if calls is not None:
-                    text = calls.push(text)
+                held = calls[i]
+                if held is not None:
+                    text = held.push(text)
                 if text or tokens or logprobs:
                     yield responses.sse(responses.chunk(chat, rid, created, model,
                                                         text=text, tokens=tokens,
-                                                        logprobs=logprobs))
+                                                        logprobs=logprobs, index=i))
+                pending[i] = asyncio.ensure_future(next_event(job, scheduler))
             elif event.kind == DONE:
                 assert event.result is not None
                 use = responses.usage(event.result, job.method, job.queue_time())
                 finish = responses.FINISH[event.result.finish_reason]
-                if calls is not None:
-                    rest, found = calls.finish()
+                filt = calls[i]
+                if filt is not None:
+                    rest, found = filt.finish()
                     if rest:
                         yield responses.sse(responses.chunk(True, rid, created, model,
-                                                            text=rest))
+                                                            text=rest, index=i))
                     if found:
                         yield responses.sse(responses.chunk(True, rid, created, model,
-                                                            tool_calls=found))
+                                                            tool_calls=found, index=i))
                         finish = "tool_calls"
                 yield responses.sse(responses.chunk(
                     chat, rid, created, model, text=None if chat else "",
-                    finish_reason=finish, use=use))
-                if body.include_usage():
-                    yield responses.sse(responses.chunk(chat, rid, created, model, use=use,
-                                                        no_choice=True))
-                yield responses.DONE_EVENT
-                return
+                    finish_reason=finish, use=use, index=i))
+                finished.append({"usage": use.model_dump(), "choices": [{}]})
             else:
                 assert event.error is not None
                 yield responses.sse(event.error.body())
                 return
-            try:
-                event = await next_event(job, scheduler)
-            except ServeError as exc:
-                event = Event(ERROR, error=exc)
+        if body.include_usage():
+            total = responses.merge_choices(finished)["usage"]
+            yield responses.sse(responses.chunk(chat, rid, created, model,
+                                                use=Usage(**total), no_choice=True))
+        yield responses.DONE_EVENT
     finally:
-        watcher.cancel()
-        scheduler.cancel(job)
+        for task in pending.values():
+            task.cancel()
+        for watcher in watchers:
+            watcher.cancel()
+        for job in jobs:
+            scheduler.cancel(job)

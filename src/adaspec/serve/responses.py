@@ -140,7 +140,7 @@ def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = 
           role: bool = False, finish_reason: str | None = None, use: Usage | None = None,
           tokens: list[list[str]] | None = None, no_choice: bool = False,
           logprobs: dict[str, Any] | None = None,
-          tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+          tool_calls: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
     """One streamed chunk. `tokens` ([piece, source] per token) is adaspec's extra for the
     playground; `no_choice` is the usage-only chunk of stream_options.include_usage."""
     body: dict[str, Any] = {
@@ -159,10 +159,10 @@ def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = 
             delta["content"] = text
         if tool_calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs,
+        body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
                             "finish_reason": finish_reason}]
     else:
-        body["choices"] = [{"index": 0, "text": text or "", "logprobs": logprobs,
+        body["choices"] = [{"index": index, "text": text or "", "logprobs": logprobs,
                             "finish_reason": finish_reason}]
     if use is not None:
         body["usage"] = use.model_dump()

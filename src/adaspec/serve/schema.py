@@ -161,11 +161,6 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"n must be in [1, {N_MAX}] (answers per request), got {v}")
         return v
 
-    @model_validator(mode="after")
-    def _n_streamed(self) -> GenerationRequest:
-        if self.n > 1 and self.stream:
-            raise ValueError("n > 1 is answered whole, not streamed: drop stream or n")
-        return self
 
     @field_validator("stop")
     @classmethod
