@@ -385,8 +385,6 @@ class Engine(TextGenerator):
                 step_logprobs = token_logprobs(rows, step_tokens, sampling)
 
         self._last_context = req.context
-        if stats.drafted and not stats.drafted_by and self.drafter is not None:
-            stats.drafted_by = {self.drafter.name: stats.drafted}  # a drafter without parts
         stats.new_tokens = len(generated)
         stats.wall_time = time.perf_counter() - t_start
         yield GenerationResult(

@@ -12,6 +12,7 @@ it; a misspelt field is refused too, rather than silently ignored.
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -278,9 +279,14 @@ class ChatCompletionRequest(GenerationRequest):
                 "response_format": None if text else self.response_format,
                 "tool_choice": tools.grammar() if tools is not None else None}
 
-    def tool_spec(self) -> Tools | None:
-        """The request's tools and tool_choice, checked (None: none, or tool_choice none)."""
+    @cached_property
+    def _tools(self) -> Tools | None:
         return Tools.of(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def tool_spec(self) -> Tools | None:
+        """The request's tools and tool_choice, checked once (None: none, or tool_choice
+        none); InputError naming what is wrong."""
+        return self._tools
 
     def chat_turns(self) -> list[dict[str, Any]]:
         """The messages as the chat template reads them."""

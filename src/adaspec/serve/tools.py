@@ -143,7 +143,6 @@ class ToolStream:
     def __init__(self) -> None:
         self.held = ""
         self.calling = False
-        self.sent = ""
 
     def push(self, text: str) -> str:
         """The part of `text` that can go out now as content."""
@@ -159,7 +158,6 @@ class ToolStream:
             keep = next((k for k in range(min(len(OPEN) - 1, len(pending)), 0, -1)
                          if OPEN.startswith(pending[-k:])), 0)
             out, self.held = pending[: len(pending) - keep], pending[len(pending) - keep:]
-        self.sent += out
         return out
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
