@@ -95,7 +95,7 @@ def test_required_calls_one_tool_or_several_and_auto_may_answer_in_text(base):
     assert none["message"]["content"] == plain["message"]["content"]  # no tools rendered
 
 
-def test_calls_stream_as_one_tool_calls_delta(base):
+def test_calls_stream_as_tool_calls_deltas(base):
     body = {"messages": ASK, "tools": TOOLS, "max_tokens": 200, "temperature": 0,
             "stream": True, "tool_choice": {"type": "function",
                                             "function": {"name": "get_time"}}}
@@ -105,9 +105,14 @@ def test_calls_stream_as_one_tool_calls_delta(base):
                   if line.startswith("data: {")]
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert not "".join(d.get("content") or "" for d in deltas).strip()
-    calls = [c for d in deltas for c in d.get("tool_calls", [])]
-    assert [c["index"] for c in calls] == [0]
-    check_calls([{k: v for k, v in c.items() if k != "index"} for c in calls])
+    pieces = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert {c["index"] for c in pieces} == {0} and "id" in pieces[0]
+    call = {"id": pieces[0]["id"], "type": "function", "function": {
+        "name": pieces[0]["function"]["name"],
+        "arguments": "".join(c["function"]["arguments"] for c in pieces)}}
+    check_calls([call])
+    whole = chat(base, **{k: v for k, v in body.items() if k != "stream"}).json()
+    assert call["function"] == whole["choices"][0]["message"]["tool_calls"][0]["function"]
     assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] \
         == "tool_calls"
 
@@ -164,15 +169,55 @@ def test_parse_and_the_stream_filter():
                                                "arguments": '{"zone": "UTC"}'}]
     assert content.startswith("Let me check.") and '{"bad json' in content
     assert parse("no calls here") == ("no calls here", [])
+    assert parse('<tool_call>\n{"name": "f", "arguments": {"a":1}}\n</tool_call>')[1][0][
+        "function"]["arguments"] == '{"a":1}'  # the model's own text of its arguments
+
+
+def deltas_of(pieces: list[str]) -> tuple[str, dict[int, dict]]:
+    """Content and calls (by index) that a client assembles from the stream filter."""
     stream = ToolStream()
-    pieces = ["Hi <to", "ol_", "call>\n{\"name\": \"get_time\", ", "\"arguments\": {}}\n",
-              "</tool_call>"]
-    out = "".join(stream.push(p) for p in pieces)
-    assert out == "Hi "  # nothing of the block leaks as content
-    rest, calls = stream.finish()
-    assert rest == "" and calls[0]["function"]["name"] == "get_time"
+    out = [d for p in pieces for d in stream.push(p)] + stream.finish()
+    content, calls = "", {}
+    for d in out:
+        content += d.get("content") or ""
+        for c in d.get("tool_calls", []):
+            call = calls.setdefault(c["index"], {"name": "", "arguments": ""})
+            if "id" in c:
+                assert not call["name"] and c["type"] == "function"
+                call["id"] = c["id"]
+            call["name"] += c["function"].get("name", "")
+            call["arguments"] += c["function"]["arguments"]
+    return content, calls
+
+
+def test_the_stream_filter_sends_calls_as_they_are_written():
+    text = ('Hi <tool_call>\n{"name": "get_time", "arguments": {"zone": {"id": "UTC"}}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "a}"}}'
+            '\n</tool_call>\n')
+    want_content, want = parse(text)
+    for size in (1, 2, 3, 7, len(text)):  # the same whatever the pieces
+        content, calls = deltas_of([text[k:k + size] for k in range(0, len(text), size)])
+        assert content == "Hi "
+        assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+            (w["function"]["name"], w["function"]["arguments"]) for w in want]
+        assert all(json.loads(c["arguments"]) for c in calls.values())
+    # the name goes out before the call's block closes, and its arguments before their end
+    stream = ToolStream()
+    first = stream.push(text[:text.index('"zone"') + 12])
+    assert first[0] == {"content": "Hi "}
+    assert first[1]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": ""}
+    assert first[2]["tool_calls"][0]["function"]["arguments"].startswith('{"zone": {')
+    # a block that is not a call is content; a plain "<table>" is never held for good
+    assert deltas_of(["a <tool_call>\nnot json\n</tool_call> b"]) == (
+        "a <tool_call>\nnot json\n</tool_call> b", {})
     plain = ToolStream()
-    assert plain.push("a <t") == "a " and plain.push("able>") == "<table>"
-    assert plain.finish() == ("", [])
+    assert plain.push("a <t") == [{"content": "a "}]
+    assert plain.push("able>") == [{"content": "<table>"}] and plain.finish() == []
+    assert not plain.called
+    cut = deltas_of(['<tool_call>\n{"name": "f", "arguments": {"a": [1, 2'])  # max_tokens
+    assert cut == ("", {0: {"name": "f", "arguments": '{"a": [1, 2', "id": cut[1][0]["id"]}})
+
+
+def test_tool_choice():
     assert Tools.of(TOOLS, "none", None) is None
     assert Tools.of(TOOLS, None, None).grammar() is None  # auto: not constrained

@@ -445,8 +445,8 @@ async def stream_events(state: ServeState, scheduler: Scheduler, jobs: list[Job]
     usage-only chunk (summed over the answers) if stream_options.include_usage asked for it,
     then [DONE]. An error after the stream began is one `data: {"error": ...}` event, and
     the stream ends. `first`: answer 0's first event, already read. `tools`: the request has
-    tools: text that may be a tool call is held back, and an answer's calls go out in one
-    `tool_calls` delta before its last chunk."""
+    tools: text that may be a tool call is held back, and an answer's calls go out as
+    `tool_calls` deltas as they are written (`serve/tools.py`'s `ToolStream`)."""
     model = state.model
     calls = [ToolStream() if tools else None for _ in jobs]
     offsets = [0] * len(jobs)  # completions' text_offset: characters streamed so far
@@ -486,12 +486,16 @@ async def stream_events(state: ServeState, scheduler: Scheduler, jobs: list[Job]
                         offsets[i] += sum(len(t) for t in logprobs["tokens"])
                 text = event.chunk.text
                 held = calls[i]
-                if held is not None:
-                    text = held.push(text)
-                if text or tokens or logprobs:
-                    yield responses.sse(responses.chunk(chat, rid, created, model,
-                                                        text=text, tokens=tokens,
-                                                        logprobs=logprobs, index=i))
+                deltas = (held.push(text) if held is not None
+                          else [{"content": text}] if text else [])
+                if not deltas and (tokens or logprobs):
+                    deltas = [{"content": ""}]
+                for k, delta in enumerate(deltas):
+                    last = k == len(deltas) - 1
+                    yield responses.sse(responses.chunk(
+                        chat, rid, created, model, text=delta.get("content"),
+                        tool_calls=delta.get("tool_calls"), index=i,
+                        tokens=tokens if last else None, logprobs=logprobs if last else None))
                 pending[i] = asyncio.ensure_future(next_event(job, scheduler))
             elif event.kind == DONE:
                 assert event.result is not None
@@ -499,13 +503,11 @@ async def stream_events(state: ServeState, scheduler: Scheduler, jobs: list[Job]
                 finish = responses.FINISH[event.result.finish_reason]
                 filt = calls[i]
                 if filt is not None:
-                    rest, found = filt.finish()
-                    if rest:
-                        yield responses.sse(responses.chunk(True, rid, created, model,
-                                                            text=rest, index=i))
-                    if found:
-                        yield responses.sse(responses.chunk(True, rid, created, model,
-                                                            tool_calls=found, index=i))
+                    for delta in filt.finish():
+                        yield responses.sse(responses.chunk(
+                            True, rid, created, model, text=delta.get("content"),
+                            tool_calls=delta.get("tool_calls"), index=i))
+                    if filt.called:
                         finish = "tool_calls"
                 yield responses.sse(responses.chunk(
                     chat, rid, created, model, text=None if chat else "",

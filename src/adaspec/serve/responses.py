@@ -158,7 +158,7 @@ def chunk(chat: bool, rid: str, created: int, model: str, *, text: str | None = 
         if text is not None:
             delta["content"] = text
         if tool_calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+            delta["tool_calls"] = tool_calls  # each with its "index"
         body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
                             "finish_reason": finish_reason}]
     else:

@@ -114,7 +114,9 @@ class Tools:
 
 def parse(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's text outside tool-call blocks (None when empty) and its calls in
-    OpenAI's shape; a block that is not a JSON call with a name stays in the text."""
+    OpenAI's shape; a block that is not a JSON call with a name stays in the text. A call's
+    `arguments` is the model's own text of them where that is their JSON (what the stream
+    sends piece by piece), else their JSON."""
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     last = 0
@@ -128,44 +130,134 @@ def parse(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             continue
         kept.append(text[last:m.start()])
         last = m.end()
-        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": name, "arguments": args if isinstance(args, str)
-                                   else json.dumps(args, ensure_ascii=False)}})
+        calls.append({"id": _call_id(), "type": "function",
+                      "function": {"name": name, "arguments": _arguments(m.group(1), args)}})
     kept.append(text[last:])
     content = "".join(kept).strip()
     return (content or None) if calls else (text or None), calls
 
 
+# the start of a call's JSON up to its arguments: Qwen writes the name first
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _closed_arguments(body: str, start: int) -> str:
+    """The arguments' text of a whole call body: from `start` to before the call's own
+    closing brace."""
+    rest = body[start:].rstrip()
+    return rest[:-1].rstrip() if rest.endswith("}") else rest
+
+
+def _arguments(body: str, args: Any) -> str:
+    if isinstance(args, str):
+        return args
+    head = _HEAD.match(body)
+    if head is not None:
+        raw = _closed_arguments(body, head.end())
+        try:
+            if json.loads(raw) == args:
+                return raw
+        except ValueError:
+            pass
+    return json.dumps(args, ensure_ascii=False)
+
+
+def _held_back(text: str) -> int:
+    """How many characters at the end of `text` could be the start of CLOSE."""
+    return next((k for k in range(min(len(CLOSE) - 1, len(text)), 0, -1)
+                 if CLOSE.startswith(text[-k:])), 0)
+
+
 class ToolStream:
-    """Streamed text of an answer that may call tools: text goes out as it comes until a
-    tool-call block may be starting; from there it is held, and `finish` parses it."""
+    """Streamed text of an answer that may call tools, as OpenAI streams it: content goes
+    out as it comes until a tool-call block may be starting; a call goes out as soon as its
+    name is read (a `tool_calls` delta with its index, id and name), then its arguments'
+    text piece by piece, held back only where it could be the call's closing brace or
+    `</tool_call>`. A block that turns out not to be a call goes out as content when it
+    closes; whitespace between calls is not sent (`parse` strips it too)."""
 
     def __init__(self) -> None:
-        self.held = ""
-        self.calling = False
+        self.buf = ""  # text not sent yet: a possible start of OPEN, or the open block's body
+        self.calling = False  # inside a block
+        self.calls = 0  # calls begun
+        self.sent = -1  # the open call's argument characters sent (-1: its name not read)
+        self.start = 0  # where the open call's arguments begin in `buf`
+        self.gap = ""  # whitespace after a call, sent only if more content follows
 
-    def push(self, text: str) -> str:
-        """The part of `text` that can go out now as content."""
-        if self.calling:
-            self.held += text
-            return ""
-        pending = self.held + text
-        start = pending.find(OPEN)
-        if start >= 0:
-            self.calling, self.held = True, pending[start:]
-            out = pending[:start]
-        else:  # keep back what could be the start of OPEN
-            keep = next((k for k in range(min(len(OPEN) - 1, len(pending)), 0, -1)
-                         if OPEN.startswith(pending[-k:])), 0)
-            out, self.held = pending[: len(pending) - keep], pending[len(pending) - keep:]
+    @property
+    def called(self) -> bool:
+        return self.calls > 0
+
+    def push(self, text: str) -> list[dict[str, Any]]:
+        """The deltas `text` lets go out now: `{"content": str}` or `{"tool_calls": [...]}`."""
+        self.buf += text
+        out: list[dict[str, Any]] = []
+        while True:
+            if not self.calling:
+                at = self.buf.find(OPEN)
+                if at < 0:  # keep back what could be the start of OPEN
+                    keep = next((k for k in range(min(len(OPEN) - 1, len(self.buf)), 0, -1)
+                                 if OPEN.startswith(self.buf[-k:])), 0)
+                    self._content(out, self.buf[:len(self.buf) - keep])
+                    self.buf = self.buf[len(self.buf) - keep:]
+                    return out
+                self._content(out, self.buf[:at])
+                self.buf, self.calling, self.sent = self.buf[at + len(OPEN):], True, -1
+            end = self.buf.find(CLOSE)
+            body = self.buf if end < 0 else self.buf[:end]
+            if self.sent < 0:
+                head = _HEAD.match(body)
+                if head is None:
+                    if end < 0:
+                        return out
+                    self._content(out, OPEN + self.buf[:end + len(CLOSE)])  # not a call
+                    self.buf, self.calling = self.buf[end + len(CLOSE):], False
+                    continue
+                out.append({"tool_calls": [{
+                    "index": self.calls, "id": _call_id(), "type": "function",
+                    "function": {"name": json.loads(head.group(1)), "arguments": ""}}]})
+                self.calls, self.sent, self.start = self.calls + 1, 0, head.end()
+            if end < 0:
+                safe = body[:len(body) - _held_back(body)].rstrip()
+                safe = safe[self.start:]
+                safe = safe[:-1].rstrip() if safe.endswith("}") else safe
+            else:  # the block closed: its arguments are whole
+                safe = _closed_arguments(body, self.start)
+            self._arguments(out, safe)
+            if end < 0:
+                return out
+            self.buf, self.calling = self.buf[end + len(CLOSE):], False
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The deltas left at the answer's end (a block cut short: its text, or the rest of
+        its call's arguments)."""
+        out: list[dict[str, Any]] = []
+        if self.calling and self.sent >= 0:
+            self._arguments(out, self.buf[self.start:])
+        else:
+            self._content(out, (OPEN if self.calling else "") + self.buf)
+        self.buf, self.calling = "", False
         return out
 
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """What is left to send as content, and the calls."""
-        if not self.calling:
-            rest, self.held = self.held, ""
-            return rest, []
-        content, calls = parse(self.held)
-        if not calls:
-            return self.held, []
-        return content or "", calls
+    def _arguments(self, out: list[dict[str, Any]], safe: str) -> None:
+        if len(safe) > self.sent:
+            out.append({"tool_calls": [{"index": self.calls - 1,
+                                        "function": {"arguments": safe[self.sent:]}}]})
+            self.sent = len(safe)
+
+    def _content(self, out: list[dict[str, Any]], text: str) -> None:
+        if self.called:  # after a call, whitespace waits for content that is not
+            self.gap += text
+            if not self.gap.strip():
+                return
+            text, self.gap = self.gap, ""
+        if not text:
+            return
+        if out and "content" in out[-1]:
+            out[-1]["content"] += text
+        else:
+            out.append({"content": text})
