@@ -153,12 +153,12 @@ def bench(
     prompt_ids: tuple[str, ...] = (),
 ) -> dict:
     from adaspec.lab.bench.runner import BenchConfig, BenchRunner
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     methods = ["ar", "llamacpp", "draft:k=4", *[f"draft:k=4,vocab={n}" for n in sizes]]
     engines = {}
     if llama is not None:
-        engines[LLAMA_DRAFT] = build_engine("draft:k=4", target, tokenizer, llama, eos)
+        engines[LLAMA_DRAFT] = build_generator("draft:k=4", target, tokenizer, llama, eos)
         methods.append(LLAMA_DRAFT)
     config = BenchConfig(
         methods=methods,
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     from adaspec.backends.base import eos_ids_of
     from adaspec.backends.gguf import gguf_file
     from adaspec.backends.torch.backend import TorchBackend
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
     from adaspec.store.model_store import load_model
     from adaspec.store.token_set import load_token_set
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     draft = TorchBackend(drf.model, name=drf.name)
     eos = eos_ids_of(tgt.model, tgt.tokenizer)
     gguf = gguf_file(TARGET_DEFAULT)
-    engine = build_engine("ar", target, tgt.tokenizer, None, eos)
+    engine = build_generator("ar", target, tgt.tokenizer, None, eos)
     llama = None if args.no_llamacpp else llamacpp_draft(DRAFT_DEFAULT)
 
     if args.part in ("corpus", "all"):

@@ -21,7 +21,7 @@ import torch
 from adaspec.backends.load import load_backends
 from adaspec.core.sampling import SamplingParams
 from adaspec.lab.bench.suites import load_suite
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 
@@ -66,7 +66,7 @@ def main() -> None:
         name, _, limit = item.partition(":")
         prompts += load_suite(name, int(limit) if limit else None)
     methods = args.methods.split(";")
-    engines = {m: build_engine(m, target, tok, draft, eos) for m in methods}
+    engines = {m: build_generator(m, target, tok, draft, eos) for m in methods}
     engines[methods[0]].generate(engines[methods[0]].encode_prompt(prompts[0].text), 8)  # warm
     totals = {m: {"wall": 0.0, "target": 0.0, "draft": 0.0, "tokens": 0} for m in methods}
     for p in prompts:

@@ -63,11 +63,11 @@ def main() -> int:
 
     from adaspec.backends.load import load_backends
     from adaspec.core.sampling import SamplingParams
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     target, tokenizer, _, eos = load_backends(draft=None)
     methods = args.methods.split(";")
-    engines = {m: build_engine(m, target, tokenizer, None, eos_token_ids=eos) for m in methods}
+    engines = {m: build_generator(m, target, tokenizer, None, eos_token_ids=eos) for m in methods}
     wanted = set(args.categories.split(","))
     prompts = [x for x in held_out_prompts(args.per_category) if x[0] in wanted]
     engines["ar"].generate("Warm up.", max_new_tokens=8)

@@ -21,9 +21,9 @@ try:  # the layout since the redesign, else the one before it
 except ImportError:  # pragma: no cover
     from adaspec.models.backend import ForwardOutput, ModelBackend  # type: ignore[no-redef]
 try:
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 except ImportError:  # pragma: no cover
-    from adaspec.build import build_engine  # type: ignore[no-redef]
+    from adaspec.build import build_generator  # type: ignore[no-redef]
 
 VOCAB = 151_936
 PERIOD = 37  # the text repeats with this period, so n-gram lookups find matches
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     target = TableBackend()
-    engine = build_engine(args.method, target, None, None, eos_token_ids=[])
+    engine = build_generator(args.method, target, None, None, eos_token_ids=[])
     prompt = list(range(PERIOD)) * 2
     times, steps = [], []
     engine.generate(prompt, max_new_tokens=16)  # warm-up

@@ -318,9 +318,9 @@ def http_overhead_phase(url: str, model: str, prompts: list[str], max_tokens: in
 
 
 def library_phase(args, prompts: list[str], max_tokens: int) -> list[tuple[float, int, str]]:
-    from adaspec.methods.build import load_engine
+    from adaspec.methods.build import load_generator
 
-    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.weights,
+    engine = load_generator(args.method, args.target, args.draft, args.dtype, args.weights,
                          args.draft_weights)
     engine.generate(prompts[0], 4)  # warm up
     rows = []

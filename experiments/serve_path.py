@@ -245,9 +245,9 @@ def fresh_pairs(prompts: list[dict], rounds: int, first_repeat: int, out: Path, 
 def in_process_ar(prompts: list[dict], target: str, max_tokens: int) -> dict[str, str]:
     """`adaspec generate --method ar`'s answers (its engine, the single-sequence runtime)."""
     from adaspec.core.sampling import SamplingParams
-    from adaspec.methods.build import load_engine
+    from adaspec.methods.build import load_generator
 
-    engine = load_engine("ar", target, None, "bfloat16", "fastest", "fastest", "auto")
+    engine = load_generator("ar", target, None, "bfloat16", "fastest", "fastest", "auto")
     out = {}
     for p in prompts:
         ids = engine.encode_prompt([{"role": "user", "content": p["text"]}], chat=True)

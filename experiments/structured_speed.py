@@ -13,7 +13,11 @@ with `--temperature`, sampled (seeded per prompt). The mask's cost is timed arou
 `Constraint.mask` in this process. With `--serve`, the same requests go through `adaspec
 serve` with its defaults (`--history off`: the cross-request history starts empty) as
 OpenAI chat requests with `response_format` json_schema, the method named per request, and
-the texts are compared instead of the token ids (the mask is not timed).
+the texts are compared instead of the token ids (the mask is not timed). A method named
+`llama-server:spec=TYPE` (with `--serve`, greedy) is llama.cpp's own server, stock settings,
+built by `adaspec bench build-peers`, sent the same chat request with the same
+`response_format` (its grammar path: the schema turned into a GBNF grammar), in turn with
+adaspec's methods prompt by prompt.
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ def main() -> int:
     from adaspec.core import grammar as grammar_mod
     from adaspec.core.grammar import Grammar
     from adaspec.core.sampling import SamplingParams
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
     from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
     mask_time = [0.0, 0]
@@ -151,7 +155,7 @@ def main() -> int:
         return through_server(args, methods, todo, out)
     target, tok, draft, eos = load_backends(TARGET_DEFAULT, DRAFT_DEFAULT, "bfloat16",
                                             "fastest", "fastest")
-    engines = {m: build_engine(m, target, tok, draft, eos_token_ids=eos) for m in methods}
+    engines = {m: build_generator(m, target, tok, draft, eos_token_ids=eos) for m in methods}
     rows = []
     for i, (category, pid, prompt) in enumerate(todo):
         schema = SCHEMAS[category]
@@ -201,11 +205,15 @@ def through_server(args, methods: list[str], todo, out: Path) -> int:
 
     server = Server(["--history", "off", "--model-name", "adaspec"], out / "server.log",
                     dict(__import__("os").environ))
+    peers = {m: open_peer(m, out) for m in methods if m.startswith("llama-server")}
     rows = []
     try:
         with httpx.Client(timeout=600) as client:
             warm = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
             for m in methods:  # a cost-aware method measures its profile once, first
+                if m in peers:
+                    peer_chat(peers[m], {**warm, "max_tokens": 16})
+                    continue
                 client.post(server.url + "/v1/chat/completions", json={**warm, "method": m})
             for i, (category, pid, prompt) in enumerate(todo):
                 schema = SCHEMAS[category]
@@ -220,12 +228,16 @@ def through_server(args, methods: list[str], todo, out: Path) -> int:
                     if args.temperature:
                         body["seed"] = args.seed + i
                     t0 = time.perf_counter()
-                    r = client.post(server.url + "/v1/chat/completions", json=body)
+                    if m in peers:
+                        del body["method"]
+                        answer = peer_chat(peers[m], body)
+                    else:
+                        r = client.post(server.url + "/v1/chat/completions", json=body)
+                        r.raise_for_status()
+                        answer = r.json()
                     wall = time.perf_counter() - t0
-                    r.raise_for_status()
-                    answer = r.json()
                     text = answer["choices"][0]["message"]["content"]
-                    spec = answer["usage"]["speculation"]
+                    spec = answer["usage"].get("speculation") or peer_speculation(answer)
                     try:
                         jsonschema.validate(json.loads(text), schema)
                         valid = True
@@ -244,13 +256,55 @@ def through_server(args, methods: list[str], todo, out: Path) -> int:
                           flush=True)
     finally:
         server.stop()
+        for peer in peers.values():
+            peer.close()
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = summarise(rows, methods, args)
     summary["through"] = "adaspec serve (defaults, --history off)"
+    summary["peers"] = {m: peer.describe() for m, peer in peers.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(table(summary, methods))
     print(table(summary, methods))
     return 0
+
+
+def open_peer(method: str, out: Path):
+    """llama.cpp's llama-server for `llama-server:spec=TYPE`, as the bench starts it."""
+    from adaspec.backends.gguf import gguf_file
+    from adaspec.lab.bench.llama_server import open_server_decoder
+    from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
+
+    params = dict(kv.split("=", 1) for kv in method.partition(":")[2].split(",") if kv)
+    (out / "peers").mkdir(exist_ok=True)
+    return open_server_decoder(gguf_file(TARGET_DEFAULT), 0.0, params, DRAFT_DEFAULT,
+                               out / "peers" / f"{params.get('spec', 'none')}.log")
+
+
+def peer_chat(peer, body: dict) -> dict:
+    """One chat request to llama-server's OpenAI endpoint; a crash with repacking on (its
+    AMX path) falls back as the bench does, and is retried once."""
+    from adaspec.lab.bench.peer_build import PeerUnavailable
+
+    for attempt in range(2):
+        try:
+            status, answer = peer.server.request("POST", "/v1/chat/completions", body)
+            if status == 200:
+                return answer
+            raise PeerUnavailable(f"llama-server answered {status}: {str(answer)[:300]}")
+        except (PeerUnavailable, OSError):
+            peer.server.exit_code(5.0)  # a crashing server may take a moment to die
+            if attempt or not peer.fall_back("at a request"):
+                raise
+    raise AssertionError("unreachable")
+
+
+def peer_speculation(answer: dict) -> dict:
+    """adaspec's usage.speculation fields from llama-server's timings."""
+    timings = answer.get("timings") or {}
+    tokens = answer["usage"]["completion_tokens"]
+    accepted = int(timings.get("draft_n_accepted", 0))
+    return {"target_calls": 1 + max(0, tokens - 1 - accepted) if tokens else 0,
+            "drafted": int(timings.get("draft_n", 0)), "accepted": accepted}
 
 
 def summarise(rows: list[dict], methods: list[str], args) -> dict:

@@ -8,7 +8,7 @@ import torch
 from adaspec.backends.torch.attention import ROW_INVARIANT, visible_keys
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.store.quant import quantize_model
 from tests.conftest import CharTokenizer, tiny_model
 
@@ -112,8 +112,8 @@ def test_greedy_speculation_on_a_quantized_target_repeats_plain_decoding_bit_for
     target = quantized_backend("int8-dyn", row_invariant=True, seed=5)
     draft = TorchBackend(tiny_model(vocab=64, hidden=128, layers=2, seed=5))  # float weights
     prompt = "def fibonacci(n):\n    if n < 2:\n"
-    plain = build_engine("ar", target, tok, None, eos_token_ids=[])
-    spec = build_engine(method, target, tok, draft, eos_token_ids=[])
+    plain = build_generator("ar", target, tok, None, eos_token_ids=[])
+    spec = build_generator(method, target, tok, draft, eos_token_ids=[])
     greedy = SamplingParams(temperature=0.0)
     want = plain.generate(prompt, max_new_tokens=40, sampling=greedy)
     got = spec.generate(prompt, max_new_tokens=40, sampling=greedy)

@@ -15,7 +15,7 @@ from adaspec.core.sampling import SamplingParams, process_logits, sample
 from adaspec.cost.profile import CostProfile, Curve
 from adaspec.draft.auto import AutoDrafter, RateEstimate
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 
 from .stats_helpers import assert_exact
@@ -49,7 +49,7 @@ def steep_profile() -> CostProfile:
 @pytest.mark.parametrize("profile", ["flat", "steep"])
 def test_auto_greedy_equals_plain_decoding(target, draft, target_model, use, profile):
     costs = flat_profile() if profile == "flat" else steep_profile()
-    engine = build_engine(f"auto:use={use}", target, None, draft, eos_token_ids=[],
+    engine = build_generator(f"auto:use={use}", target, None, draft, eos_token_ids=[],
                           profile=costs)
     drafted = 0
     for prompt in [*PROMPTS, REPEATING]:
@@ -63,7 +63,7 @@ def test_auto_greedy_equals_plain_decoding(target, draft, target_model, use, pro
 
 
 def test_auto_takes_long_ngram_runs_when_verification_is_cheap(target, draft):
-    engine = build_engine("auto:use=ngram", target, None, draft, eos_token_ids=[],
+    engine = build_generator("auto:use=ngram", target, None, draft, eos_token_ids=[],
                           profile=flat_profile())
     # A target that repeats itself: after a few tokens the n-gram index predicts it well.
     res = engine.generate(REPEATING, max_new_tokens=60)
@@ -74,11 +74,11 @@ def test_auto_takes_long_ngram_runs_when_verification_is_cheap(target, draft):
 
 
 def test_auto_uses_the_draft_model_when_it_is_cheap_and_stops_when_it_is_not(target, draft):
-    cheap = build_engine("auto:use=draft", target, None, draft, eos_token_ids=[],
+    cheap = build_generator("auto:use=draft", target, None, draft, eos_token_ids=[],
                          profile=flat_profile(draft_ms=0.5))
     res = cheap.generate(PROMPTS[1], max_new_tokens=30)
     assert cheap.drafter.choices.draft > 0 and res.stats.draft_calls > 0
-    dear = build_engine("auto:use=draft", target, None, draft, eos_token_ids=[],
+    dear = build_generator("auto:use=draft", target, None, draft, eos_token_ids=[],
                         profile=flat_profile(draft_ms=400.0))
     res = dear.generate(PROMPTS[1], max_new_tokens=30)
     assert dear.drafter.choices.draft == 0 and res.stats.draft_calls == 0
@@ -90,7 +90,7 @@ def test_acceptance_estimates_learn_from_verification(target, draft):
     from .test_engine import NegatedBackend
 
     bad = NegatedBackend(draft.model, name="negated")
-    engine = build_engine("auto:use=draft", target, None, bad, eos_token_ids=[],
+    engine = build_generator("auto:use=draft", target, None, bad, eos_token_ids=[],
                           profile=flat_profile(draft_ms=5.0))
     res = engine.generate(PROMPTS[0], max_new_tokens=40)
     drafter = engine.drafter
@@ -126,9 +126,9 @@ def test_auto_method_strings():
 def test_auto_needs_a_draft_profile_for_the_draft_model(target, draft):
     no_draft = CostProfile(target=Curve([1, 2], [0], [[40.0, 41.0]]))
     with pytest.raises(InputError, match="measured the draft"):
-        build_engine("auto", target, None, draft, eos_token_ids=[], profile=no_draft)
+        build_generator("auto", target, None, draft, eos_token_ids=[], profile=no_draft)
     with pytest.raises(InputError, match="needs a draft model"):
-        build_engine("auto", target, None, None, eos_token_ids=[], profile=no_draft)
+        build_generator("auto", target, None, None, eos_token_ids=[], profile=no_draft)
 
 
 def test_auto_sampling_matches_target_distribution():
@@ -139,7 +139,7 @@ def test_auto_sampling_matches_target_distribution():
 
     target_model = tiny_model(vocab=V, seed=5, sharpen=6.0)
     draft_model = tiny_model(vocab=V, seed=6, layers=1, sharpen=6.0)
-    engine = build_engine("auto:k_max=2", TorchBackend(target_model), None,
+    engine = build_generator("auto:k_max=2", TorchBackend(target_model), None,
                           TorchBackend(draft_model), [], profile=flat_profile())
     params = SamplingParams(1.0)
     cells, _ = first_tokens(engine, params, max_new_tokens=4)
@@ -158,7 +158,7 @@ def test_a_disco_artifact_estimates_draft_acceptance(target, draft, target_model
 
     path = tmp_path / "disco.pt"
     artifact(constant_classifier(p_accept)).save(path)
-    engine = build_engine(f"auto:use=draft,disco={path}", target, None, draft,
+    engine = build_generator(f"auto:use=draft,disco={path}", target, None, draft,
                           eos_token_ids=[], profile=flat_profile(draft_ms=3.0))
     res = engine.generate(PROMPTS[2], max_new_tokens=30)
     assert res.token_ids == reference_greedy(target_model, PROMPTS[2], 30)
@@ -175,7 +175,7 @@ def test_a_disco_artifact_for_another_pair_is_refused(target, draft, tmp_path):
     path = tmp_path / "disco.pt"
     artifact(constant_classifier(0.5), target="other-target").save(path)
     with pytest.raises(InputError):
-        build_engine(f"auto:disco={path}", target, None, draft, eos_token_ids=[],
+        build_generator(f"auto:disco={path}", target, None, draft, eos_token_ids=[],
                      profile=flat_profile())
 
 

@@ -16,7 +16,7 @@ from adaspec.core.sampling import SamplingParams
 from adaspec.engine import batch as batch_mod
 from adaspec.engine.batch import BatchDecoder, choose_lengths
 from adaspec.engine.steps import GenerationResult, StreamChunk
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import tiny_model
 from .stats_helpers import assert_caught, assert_exact
@@ -32,7 +32,7 @@ def slot_engines(target, draft, methods):
     """One engine per request, each on a sequence of its own over the shared weights."""
     targets = target.sequences(len(methods))
     drafts = draft.sequences(len(methods))
-    return [build_engine(m, t, None, d, eos_token_ids=[])
+    return [build_generator(m, t, None, d, eos_token_ids=[])
             for m, t, d in zip(methods, targets, drafts, strict=True)]
 
 
@@ -68,7 +68,7 @@ def run_together(decoder: BatchDecoder, requests, arrive_every: int = 0,
 
 
 def alone(target, draft, method, prompt, n, sampling=None, stop=()):
-    engine = build_engine(method, TorchBackend(target.model), None, TorchBackend(draft.model),
+    engine = build_generator(method, TorchBackend(target.model), None, TorchBackend(draft.model),
                           eos_token_ids=[])
     return engine.generate(prompt, max_new_tokens=n, sampling=sampling, stop=stop)
 
@@ -117,7 +117,7 @@ def test_greedy_together_equals_alone(target, draft, cost, arrive_every):
 
 
 def test_stop_strings_and_lengths_together(target, draft, tokenizer):
-    engines = [build_engine(m, t, tokenizer, d, eos_token_ids=[])
+    engines = [build_generator(m, t, tokenizer, d, eos_token_ids=[])
                for m, t, d in zip(["ngram:k=4", "ar", "draft:k=3"], target.sequences(3),
                                   draft.sequences(3), strict=True)]
     prompts = ["abcabcabc", "hello hello", "xyz"]
@@ -127,7 +127,7 @@ def test_stop_strings_and_lengths_together(target, draft, tokenizer):
     results, _ = run_together(BatchDecoder(cost=flat_cost), requests)
     for i, (m, p, s) in enumerate(zip(["ngram:k=4", "ar", "draft:k=3"], prompts, stops,
                                       strict=True)):
-        engine = build_engine(m, TorchBackend(target.model), tokenizer,
+        engine = build_generator(m, TorchBackend(target.model), tokenizer,
                               TorchBackend(draft.model), eos_token_ids=[])
         want = engine.generate(p, max_new_tokens=20, stop=s, chat=False)
         assert (results[i].text, results[i].finish_reason) == (want.text, want.finish_reason)
@@ -457,7 +457,7 @@ def test_a_joined_auto_proposes_its_free_drafts_whole_and_the_batch_cuts_them(ta
     the same proposal; the batch then verifies none of it."""
     from adaspec.cost.batch import BatchLoad, Seat
 
-    engine = build_engine("auto:profile=flat,use=ngram", target, None, None,
+    engine = build_generator("auto:profile=flat,use=ngram", target, None, None,
                           eos_token_ids=[])
     drafter = engine.drafter
     context = [5, 6, 7, 8, 9] * 4
@@ -483,7 +483,7 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     load = BatchLoad(steep_cost, 1, prompts=1, prompt_tokens=200, budgets=[6, 4])
     assert load.shared
     assert load.call_ms(2) == steep_cost(203, 2)
-    engine = build_engine("auto:profile=flat", target, None, draft, eos_token_ids=[])
+    engine = build_generator("auto:profile=flat", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
     drafter._seat = Seat(load)
     drafter._remaining = 6
@@ -501,7 +501,7 @@ def test_a_draft_beside_a_prompt_chunk_is_priced_in_that_call(target, draft):
     from adaspec.backends.torch.static import static_backend
 
     views = static_backend(target.model, "tiny").sequences(2)  # prompts go in chunks
-    engines = [build_engine("ar", v, None, None, eos_token_ids=[]) for v in views]
+    engines = [build_generator("ar", v, None, None, eos_token_ids=[]) for v in views]
     decoder = BatchDecoder(cost=steep_cost, prefill_tokens=4)
     short, long = decoder.seat(), decoder.seat()
     decoder.add("short", engines[0].stream_steps(PROMPTS[0], max_new_tokens=6, seat=short),

@@ -427,9 +427,9 @@ def test_runner_rows_of_a_server_method_and_ratios_to_it(
     tmp_path, target, draft, tokenizer, monkeypatch
 ):
     from adaspec.lab.bench import llama_server
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
-    engine = build_engine("ar", target, tokenizer, None, [0])
+    engine = build_generator("ar", target, tokenizer, None, [0])
     prompts = PROMPTS[:2]
     reference = {}
     for p in prompts:

@@ -149,9 +149,9 @@ class FakeDecoder:
 def test_other_weights_rows_are_a_quality_difference_not_bugs(
     tmp_path, target, draft, tokenizer, monkeypatch
 ):
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
-    engine = build_engine("ar", target, tokenizer, None, [0])
+    engine = build_generator("ar", target, tokenizer, None, [0])
     prompts = PROMPTS[:2]
     reference = {}
     for p in prompts:

@@ -11,7 +11,7 @@ from adaspec.backends.torch.backend import TorchBackend
 from adaspec.errors import InputError
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner, read_rows, with_variant_baselines
 from adaspec.lab.bench.suites import Prompt
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.store.quant import QuantLinear, quantize_model
 from tests.conftest import tiny_model
 
@@ -75,7 +75,7 @@ def test_a_wrong_variant_output_is_caught(tmp_path, target, draft, tokenizer):
                          load_variant=loader, log=messages.append)
     assert runner.baseline_of("ngram@int8") == "ar@int8"
     assert runner.baseline_of("ngram") == "ar"
-    runner.engines["ngram@int8"] = build_engine("ngram", target, tokenizer, None, [0])  # wrong
+    runner.engines["ngram@int8"] = build_generator("ngram", target, tokenizer, None, [0])  # wrong
     summary = runner.run(PROMPTS)
     by = {(r["prompt_id"], r["method"]): r for r in runner.rows}
     for p in PROMPTS:

@@ -524,7 +524,7 @@ def test_disco_cost_rule_prices_each_length_and_needs_a_draft_profile():
     with pytest.raises(InputError) as err:
         DiscoLength(art, stop="cost")
     assert str(err.value) == ("DISCO's stop=cost prices each step with a cost profile: "
-                              "give profile=FILE|flat, or build it with build_engine")
+                              "give profile=FILE|flat, or build it with build_generator")
     with pytest.raises(InputError) as err:
         DiscoLength(art, stop="cost", profile=CostProfile(target=Curve([1], [0], [[1.0]])))
     assert str(err.value) == ("DISCO's stop=cost needs a cost profile that measured the "

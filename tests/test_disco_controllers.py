@@ -20,7 +20,7 @@ from adaspec.lab.bench.oracle import OracleLength
 from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits, teacher_forced_logits
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from tests.disco_helpers import SPEC, artifact, constant_classifier, stop_at_position
 from tests.test_engine import PROMPTS, reference_greedy
 
@@ -41,7 +41,7 @@ def test_disco_stops_where_the_classifier_says(target_model, n):
     res = engine.generate(PROMPTS[0], max_new_tokens=30)
     drafted = [d for d, _ in res.stats.steps]
     assert drafted[:-1] == [n] * (len(drafted) - 1)  # the last step may be cut by the budget
-    static = build_engine("draft:k=6", TorchBackend(target_model), None, twin, eos_token_ids=[])
+    static = build_generator("draft:k=6", TorchBackend(target_model), None, twin, eos_token_ids=[])
     static_drafted = [d for d, _ in static.generate(PROMPTS[0], max_new_tokens=30).stats.steps]
     assert static_drafted != drafted
 
@@ -89,9 +89,9 @@ def test_disco_refuses_another_pair(target, draft, tmp_path):
     path = tmp_path / "a.pt"
     artifact(constant_classifier(0.9), target="other-target").save(path)
     with pytest.raises(InputError, match="trained for draft"):
-        build_engine(f"draft:ctrl=disco,disco={path}", target, None, draft)
+        build_generator(f"draft:ctrl=disco,disco={path}", target, None, draft)
     artifact(constant_classifier(0.9)).save(path)
-    engine = build_engine(
+    engine = build_generator(
         f"draft:ctrl=disco,disco={path},threshold=0.3,sl_max=2", target, None, draft
     )
     assert (engine.controller.tau, engine.controller.sl_max) == (0.3, 2)
@@ -126,7 +126,7 @@ def test_disco_threshold_overrides_the_artifacts_tau(
     # stops, SL_max when it keeps on.
     target = TorchBackend(target_model, name="tiny-target")
     twin = TorchBackend(copy.deepcopy(target_model), name="tiny-draft")
-    engine = build_engine(
+    engine = build_generator(
         f"draft:ctrl=disco,disco={path},threshold={threshold}", target, None, twin, []
     )
     steps = engine.generate(PROMPTS[1], max_new_tokens=25).stats.steps
@@ -146,7 +146,7 @@ def test_confidence_rule():
 
 
 def test_confidence_greedy_equals_plain_decoding(target, draft, target_model):
-    engine = build_engine("draft:ctrl=confidence,threshold=0.6,k=5", target, None, draft, [])
+    engine = build_generator("draft:ctrl=confidence,threshold=0.6,k=5", target, None, draft, [])
     res = engine.generate(PROMPTS[1], max_new_tokens=30)
     assert res.token_ids == reference_greedy(target_model, PROMPTS[1], 30)
     assert max(d for d, _ in res.stats.steps) <= 5

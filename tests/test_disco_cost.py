@@ -20,7 +20,7 @@ from adaspec.errors import InputError
 from adaspec.lab.disco.dataset import DiscoData, Sample
 from adaspec.lab.disco.simulate import NEVER_STOP, Costs, price_run, simulate
 from adaspec.lab.disco.tune import evaluate, tune
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from tests.cost_helpers import steep, stub_machine_profile
 from tests.disco_helpers import SPEC, artifact, constant_classifier
 from tests.test_engine import PROMPTS, reference_greedy
@@ -133,7 +133,7 @@ def disco_file(tmp_path):
 @pytest.mark.parametrize("profile", ["flat", "steep"])
 def test_greedy_equals_plain_decoding(target, draft, target_model, disco_file, profile):
     costs = flat() if profile == "flat" else steep()
-    engine = build_engine(f"draft:ctrl=disco,disco={disco_file},stop=cost", target, None,
+    engine = build_generator(f"draft:ctrl=disco,disco={disco_file},stop=cost", target, None,
                           draft, eos_token_ids=[], profile=costs)
     assert engine.controller.stop == "cost" and engine.controller.profile is costs
     for prompt in PROMPTS:
@@ -150,7 +150,7 @@ def test_engine_drafts_less_under_a_steep_profile(target_model, disco_file):
         ("steep", f"draft:ctrl=disco,disco={disco_file},stop=cost"),
     ):
         twin = TorchBackend(copy.deepcopy(target_model), name="tiny-draft")
-        engine = build_engine(method, TorchBackend(target_model, name="tiny-target"), None,
+        engine = build_generator(method, TorchBackend(target_model, name="tiny-target"), None,
                               twin, eos_token_ids=[], profile=steep() if name == "steep" else None)
         res = engine.generate(PROMPTS[0], max_new_tokens=30)
         assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 30)
@@ -160,21 +160,21 @@ def test_engine_drafts_less_under_a_steep_profile(target_model, disco_file):
 
 def test_method_strings(target, draft, disco_file, measured):
     with pytest.raises(InputError, match="threshold is tau"):
-        build_engine(f"draft:ctrl=disco,disco={disco_file},stop=cost,threshold=0.4", target,
+        build_generator(f"draft:ctrl=disco,disco={disco_file},stop=cost,threshold=0.4", target,
                      None, draft, profile=flat())
     with pytest.raises(InputError, match="ctrl=disco's settings"):
-        build_engine("draft:k=3,stop=cost", target, None, draft)
+        build_generator("draft:k=3,stop=cost", target, None, draft)
     with pytest.raises(InputError, match="profile prices"):
-        build_engine("draft:k=3,profile=flat", target, None, draft)
+        build_generator("draft:k=3,profile=flat", target, None, draft)
     assert measured == []  # a method that does not price steps never measures the machine
     # no profile anywhere: this machine's, for these backends
-    engine = build_engine(f"draft:ctrl=disco,disco={disco_file},stop=cost", target, None, draft)
+    engine = build_generator(f"draft:ctrl=disco,disco={disco_file},stop=cost", target, None, draft)
     assert measured == [("tiny-target", "tiny-draft")] and engine.controller.stop == "cost"
-    engine = build_engine(f"draft:ctrl=disco,disco={disco_file},stop=cost,profile=flat,"
+    engine = build_generator(f"draft:ctrl=disco,disco={disco_file},stop=cost,profile=flat,"
                           "guess=mean,sl_max=5", target, None, draft)
     ctrl = engine.controller
     assert (ctrl.stop, ctrl.guess, ctrl.sl_max, ctrl.profile.simulated) == ("cost", "mean", 5, True)
-    assert build_engine(f"draft:ctrl=disco,disco={disco_file}", target, None,
+    assert build_generator(f"draft:ctrl=disco,disco={disco_file}", target, None,
                         draft).controller.stop == "tau"
 
 

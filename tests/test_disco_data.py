@@ -11,7 +11,7 @@ from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.disco.dataset import DiscoData, assign_splits, collect, rows
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from tests.test_engine import reference_greedy
 
 PROMPT_IDS = {"p/0": [5, 9, 13, 2], "p/1": [17, 3, 3, 3, 40], "p/2": [1, 2, 3, 4, 5, 6]}
@@ -20,7 +20,7 @@ PROMPTS = [("toy", Prompt(pid, "cat", "")) for pid in PROMPT_IDS]
 
 @pytest.fixture
 def data(target, draft):
-    engine = build_engine("ngram", target, None, eos_token_ids=[])
+    engine = build_generator("ngram", target, None, eos_token_ids=[])
 
     def generate(prompt):
         ids = PROMPT_IDS[prompt.id]

@@ -11,7 +11,7 @@ from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
 from adaspec.engine.steps import GenerationResult, StreamChunk
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_greedy_equals_plain_decoding(target, draft, target_model, method, k):
         "ngram": f"ngram:k={k}",
         "draft-ctrl-heuristic": f"draft:ctrl=heuristic,k={k}",
     }[method]
-    engine = build_engine(spec, target, None, draft, eos_token_ids=[])
+    engine = build_generator(spec, target, None, draft, eos_token_ids=[])
     for prompt in PROMPTS:
         res = engine.generate(prompt, max_new_tokens=40)
         assert res.token_ids == reference_greedy(target_model, prompt, 40), (spec, prompt)
@@ -64,7 +64,7 @@ def test_greedy_equals_plain_decoding(target, draft, target_model, method, k):
 
 
 def test_plain_method_is_plain_decoding(target, target_model):
-    engine = build_engine("ar", target, None, eos_token_ids=[])
+    engine = build_generator("ar", target, None, eos_token_ids=[])
     res = engine.generate(PROMPTS[1], max_new_tokens=30)
     assert res.token_ids == reference_greedy(target_model, PROMPTS[1], 30)
     assert res.stats.target_calls == 30 and res.stats.drafted == 0
@@ -74,7 +74,7 @@ def test_plain_method_is_plain_decoding(target, target_model):
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_draft_that_always_agrees(target_model, k):
     """The target as its own draft: everything is accepted, k + 1 tokens per target call."""
-    engine = build_engine(
+    engine = build_generator(
         f"draft:k={k}",
         TorchBackend(target_model),
         None,
@@ -89,7 +89,7 @@ def test_draft_that_always_agrees(target_model, k):
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_draft_that_always_disagrees(target, target_model, k):
-    engine = build_engine(
+    engine = build_generator(
         f"draft:k={k}", target, None, NegatedBackend(target_model), eos_token_ids=[]
     )
     res = engine.generate(PROMPTS[2], max_new_tokens=25)
@@ -100,14 +100,14 @@ def test_draft_that_always_disagrees(target, target_model, k):
 def test_stops_on_eos(target, draft, target_model):
     ref = reference_greedy(target_model, PROMPTS[0], 30)
     eos = ref[7]
-    engine = build_engine("draft:k=4", target, None, draft, eos_token_ids=[eos])
+    engine = build_generator("draft:k=4", target, None, draft, eos_token_ids=[eos])
     res = engine.generate(PROMPTS[0], max_new_tokens=30)
     assert res.finish_reason == "eos"
     assert res.token_ids == ref[: ref.index(eos) + 1]
 
 
 def test_stop_strings_and_streaming(target, draft, tokenizer, target_model):
-    engine = build_engine("draft:k=3", target, tokenizer, draft, eos_token_ids=[])
+    engine = build_generator("draft:k=3", target, tokenizer, draft, eos_token_ids=[])
     prompt = "hello world"
     ids = tokenizer.encode(prompt)
     full_text = tokenizer.decode(reference_greedy(target_model, ids, 40))
@@ -126,7 +126,7 @@ def test_stop_strings_and_streaming(target, draft, tokenizer, target_model):
 
 
 def test_streamed_tokens_arrive_in_accepted_groups(target_model):
-    engine = build_engine(
+    engine = build_generator(
         "draft:k=3", TorchBackend(target_model), None, TorchBackend(target_model), eos_token_ids=[]
     )
     chunks = [c for c in engine.stream(PROMPTS[0], max_new_tokens=9) if isinstance(c, StreamChunk)]
@@ -134,7 +134,7 @@ def test_streamed_tokens_arrive_in_accepted_groups(target_model):
 
 
 def test_seeded_sampling_is_reproducible(target, draft):
-    engine = build_engine("draft:k=4", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:k=4", target, None, draft, eos_token_ids=[])
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234)
     a = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=params).token_ids
     b = engine.generate(PROMPTS[1], max_new_tokens=30, sampling=params).token_ids
@@ -146,7 +146,7 @@ def test_seeded_sampling_is_reproducible(target, draft):
 
 
 def test_stats_are_consistent(target, draft):
-    engine = build_engine("draft:k=4", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:k=4", target, None, draft, eos_token_ids=[])
     s = engine.generate(PROMPTS[1], max_new_tokens=30).stats
     assert s.new_tokens == 30
     assert s.accepted <= s.drafted
@@ -170,13 +170,13 @@ def test_stats_are_consistent(target, draft):
     ],
 )
 def test_input_errors(target, draft, tokenizer, kwargs, message):
-    engine = build_engine("draft:k=2", target, tokenizer, draft)
+    engine = build_generator("draft:k=2", target, tokenizer, draft)
     with pytest.raises(InputError, match=message):
         engine.generate(**kwargs)
 
 
 def test_greedy_verifier_refused_when_sampling(target, draft):
-    engine = build_engine("draft:k=2,verify=greedy", target, None, draft)
+    engine = build_generator("draft:k=2,verify=greedy", target, None, draft)
     with pytest.raises(InputError, match="greedy verifier"):
         engine.generate([1, 2], sampling=SamplingParams(temperature=0.7))
 
@@ -206,7 +206,7 @@ class SlowPrefillBackend(TorchBackend):
 def slow_prefill_engine(method: str, target, draft_model) -> tuple[Engine, SlowPrefillBackend]:
     draft = SlowPrefillBackend(draft_model, name="draft")
     draft.prefilled = []
-    return build_engine(method, target, None, draft, eos_token_ids=[]), draft
+    return build_generator(method, target, None, draft, eos_token_ids=[]), draft
 
 
 @pytest.mark.parametrize("method", ["draft:k=3", "draft:tree=2x1"])

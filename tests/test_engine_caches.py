@@ -22,7 +22,7 @@ from adaspec.backends.torch.backend import TorchBackend
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.model_tree import ModelTreeDrafter
 from adaspec.engine.steps import GenerationResult, StreamChunk
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from tests.toy_models import greedy_next, reference_greedy, toy_model
 
 V = 64
@@ -188,7 +188,7 @@ def test_chain_steps_keep_both_caches_exact(target_model, draft_model):
     k = 4
     target = RecordingTarget(target_model)
     draft = ScriptedDraft(draft_model, target_model, width=1)
-    engine = build_engine(f"draft:k={k}", target, None, draft, eos_token_ids=[])
+    engine = build_generator(f"draft:k={k}", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
     assert isinstance(drafter, ModelDrafter)
 
@@ -222,7 +222,7 @@ def test_tree_steps_keep_both_caches_exact(target_model, draft_model):
     branching = (2, 2, 1)
     target = RecordingTarget(target_model)
     draft = ScriptedDraft(draft_model, target_model, width=2)
-    engine = build_engine("draft:tree=2x2x1", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:tree=2x2x1", target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
     assert isinstance(drafter, ModelTreeDrafter) and drafter.branching == branching
 
@@ -262,7 +262,7 @@ def test_random_steps_keep_both_caches_exact(target_model, draft_model, method):
              for _ in range(10)]
     target = TorchBackend(target_model)
     draft = ScriptedDraft(draft_model, target_model, width=max(branching) if tree else 1)
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    engine = build_generator(method, target, None, draft, eos_token_ids=[])
     drafter = engine.drafter
 
     def check_draft(context: list[int], accepted: int) -> None:
@@ -276,7 +276,7 @@ def test_random_steps_keep_both_caches_exact(target_model, draft_model, method):
 
 def test_plain_decoding_cache_is_the_context(target_model):
     target = TorchBackend(target_model)
-    engine = build_engine("ar", target, None, eos_token_ids=[])
+    engine = build_generator("ar", target, None, eos_token_ids=[])
     want = reference_greedy(target_model, PROMPT, 12)
     generated: list[int] = []
     for item in engine.stream(PROMPT, max_new_tokens=12, chat=False):
@@ -291,7 +291,7 @@ def test_plain_decoding_cache_is_the_context(target_model):
 def test_unrelated_draft_gives_the_targets_tokens(target_model, draft_model, method):
     """An unscripted draft of another seed (it almost never agrees): every step rejects,
     and a cache that missed one rollback would change the toy target's next token."""
-    engine = build_engine(method, TorchBackend(target_model), None,
+    engine = build_generator(method, TorchBackend(target_model), None,
                           TorchBackend(draft_model), eos_token_ids=[])
     for prompt in (PROMPT, [3, 3, 3], [60, 2, 9, 14, 14, 0, 7, 7, 31]):
         res = engine.generate(prompt, max_new_tokens=30)

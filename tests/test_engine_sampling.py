@@ -23,7 +23,7 @@ import torch
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams, process_logits, sample_rows
 from adaspec.engine.loop import Engine
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.verify import MCSSWithoutReplacementVerifier, SpeculativeVerifier
 from adaspec.verify.base import Verdict
 
@@ -133,7 +133,7 @@ def test_plain_decoding_fits_its_exact_law(pair):
     """The harness itself: `ar` samples fit the law computed from the target's logits."""
     target_model, _ = pair
     params = CHAIN[1]
-    engine = build_engine("ar", TorchBackend(target_model), None, None, [])
+    engine = build_generator("ar", TorchBackend(target_model), None, None, [])
     cells, _ = first_tokens(engine, params, 3, runs=500)
     assert_exact(check(cells, target_model, params), "ar")
 
@@ -149,7 +149,8 @@ def test_plain_decoding_fits_its_exact_law(pair):
 )
 def test_sampling_matches_plain_decoding(pair, method, params, max_new, broken):
     target_model, draft_model = pair
-    engine = build_engine(method, TorchBackend(target_model), None, TorchBackend(draft_model), [])
+    engine = build_generator(method, TorchBackend(target_model), None,
+                             TorchBackend(draft_model), [])
     spy = None
     if broken is not None:
         engine = Engine(engine.target, None, drafter=engine.drafter,

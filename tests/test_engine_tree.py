@@ -15,7 +15,7 @@ from adaspec.draft.model_tree import ModelTreeDrafter
 from adaspec.engine.loop import Engine
 from adaspec.engine.steps import StreamChunk
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.verify import (
     MCNSVerifier,
     MCSSVerifier,
@@ -46,7 +46,7 @@ def target(runtime_target):
     ],
 )
 def test_greedy_tree_decoding_equals_plain_decoding(target, draft, target_model, method):
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    engine = build_generator(method, target, None, draft, eos_token_ids=[])
     for prompt in PROMPTS:
         res = engine.generate(prompt, max_new_tokens=30)
         assert res.token_ids == reference_greedy(target_model, prompt, 30), (method, prompt)
@@ -54,13 +54,13 @@ def test_greedy_tree_decoding_equals_plain_decoding(target, draft, target_model,
 
 def test_tree_near_the_context_limit_is_cut_short(target, draft, target_model):
     prompt = [(7 * i) % 60 + 1 for i in range(244)]  # 244 + 12 = the 256-token window
-    engine = build_engine("draft:tree=4x2x2x1", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:tree=4x2x2x1", target, None, draft, eos_token_ids=[])
     res = engine.generate(prompt, max_new_tokens=12)
     assert res.token_ids == reference_greedy(target_model, prompt, 12)
 
 
 def test_draft_that_always_agrees_fills_every_level(target_model):
-    engine = build_engine(
+    engine = build_generator(
         "draft:tree=3x2x1",
         TorchBackend(target_model),
         None,
@@ -75,7 +75,7 @@ def test_draft_that_always_agrees_fills_every_level(target_model):
 
 
 def test_draft_that_always_disagrees(target, target_model):
-    engine = build_engine(
+    engine = build_generator(
         "draft:tree=4x2", target, None, NegatedBackend(target_model), eos_token_ids=[]
     )
     res = engine.generate(PROMPTS[2], max_new_tokens=20)
@@ -97,7 +97,7 @@ def test_both_caches_hold_exactly_the_accepted_context(
     """After every step the target cache is a fresh prefill of the context but its last
     token, and the draft cache a fresh prefill of a prefix that misses at most the accepted
     leaf and the new token."""
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    engine = build_generator(method, target, None, draft, eos_token_ids=[])
     assert isinstance(engine.drafter, ModelTreeDrafter)
     prompt = PROMPTS[1]
     generated: list[int] = []
@@ -139,7 +139,7 @@ def test_tree_siblings_are_drawn_as_the_verifier_needs(target, draft, verifier):
 
 
 def test_seeded_tree_sampling_is_reproducible(target, draft):
-    engine = build_engine("draft:tree=4x2x1", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:tree=4x2x1", target, None, draft, eos_token_ids=[])
     params = SamplingParams(temperature=1.0, seed=99)
     a = engine.generate(PROMPTS[3], max_new_tokens=25, sampling=params).token_ids
     b = engine.generate(PROMPTS[3], max_new_tokens=25, sampling=params).token_ids
@@ -147,11 +147,11 @@ def test_seeded_tree_sampling_is_reproducible(target, draft):
 
 
 def test_verifier_and_drafter_must_match(target, draft):
-    engine = build_engine("draft:tree=4x2,verify=greedy", target, None, draft)
+    engine = build_generator("draft:tree=4x2,verify=greedy", target, None, draft)
     with pytest.raises(InputError, match="greedy verifier only keeps the output exact"):
         engine.generate([1, 2], sampling=SamplingParams(temperature=0.7))
     with pytest.raises(InputError, match="needs a draft model"):
-        build_engine("draft:tree=4x2", target, None, None)
+        build_generator("draft:tree=4x2", target, None, None)
     tree_drafter = ModelTreeDrafter(draft, (2, 2))
     with pytest.raises(InputError, match="checks chains"):
         Engine(target, None, drafter=tree_drafter, verify=SpeculativeVerifier())

@@ -20,7 +20,7 @@ from adaspec.core.grammar import Grammar
 from adaspec.core.sampling import SamplingParams, argmax, process_logits
 from adaspec.engine import loop
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import bpe_tokenizer, tiny_model
 from .stats_helpers import assert_caught, assert_exact, fit_counts
@@ -48,7 +48,7 @@ def models(tok):
 
 def engine(method: str, models, tok):
     target, draft = models
-    return build_engine(method, TorchBackend(target), tok, TorchBackend(draft),
+    return build_generator(method, TorchBackend(target), tok, TorchBackend(draft),
                         eos_token_ids=[tok.eos_token_id])
 
 
@@ -156,7 +156,7 @@ def test_a_deterministic_draft_spends_no_target_row_on_a_forbidden_token(models,
     grammar = Grammar("regex", "[0-9]{12}")
     target = Scored(models[0])
     target.calls = []
-    gen = build_engine("draft:k=4", target, tok, TorchBackend(models[1]),
+    gen = build_generator("draft:k=4", target, tok, TorchBackend(models[1]),
                        eos_token_ids=[tok.eos_token_id])
     res = gen.generate(tok.encode("x = "), max_new_tokens=20,
                        sampling=SamplingParams(grammar=grammar))
@@ -262,5 +262,5 @@ def test_a_tree_method_refuses_a_grammar_and_an_engine_needs_a_real_tokenizer(mo
 
     target = TorchBackend(models[0])
     with pytest.raises(InputError, match="fast\\) tokenizer"):
-        build_engine("ar", target, CharTokenizer(), eos_token_ids=[0]).generate(
+        build_generator("ar", target, CharTokenizer(), eos_token_ids=[0]).generate(
             [5, 6], sampling=grammar)

@@ -207,15 +207,15 @@ def test_the_head_method_loads_an_artifact_and_decodes_what_plain_decoding_does(
     embeddings and output rows; its greedy output is the target's."""
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import head_artifact
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     drafter = _trained_head_drafter(model)
     path = tmp_path / "head.pt"
     head_artifact.save(path, drafter.head, torch.arange(40), {"trained_on": ["tiny"]})
-    engine = build_engine(f"head:k=3,artifact={path}", TorchBackend(model), None,
+    engine = build_generator(f"head:k=3,artifact={path}", TorchBackend(model), None,
                           eos_token_ids=[])
-    plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
     drafted = 0
     for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8]):
         got = engine.generate(prompt, max_new_tokens=16)
@@ -230,13 +230,13 @@ def test_the_head_method_runs_its_weights_as_asked_and_stays_exact(tmp_path, wei
     the activations too; either way the output is the target's."""
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import head_artifact
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
     from adaspec.store.quant import Int8DynamicLinear, Int8WeightLinear
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     path = tmp_path / "head.pt"
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
-    engine = build_engine(f"head:k=3,artifact={path},weights={weights}", TorchBackend(model),
+    engine = build_generator(f"head:k=3,artifact={path},weights={weights}", TorchBackend(model),
                           None, eos_token_ids=[])
     drafter = engine.drafter
     kinds = {type(m) for m in [*drafter.head.modules(), *drafter.tokens.modules()]}
@@ -247,7 +247,7 @@ def test_the_head_method_runs_its_weights_as_asked_and_stays_exact(tmp_path, wei
         assert expected in kinds
         # q/k/v and gate/up stay one product each, quantized too
         assert {type(m) for m in drafter.head.layer.fused.values()} == {expected}
-    plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
     prompt = [5, 9, 11, 3]
     got = engine.generate(prompt, max_new_tokens=16)
     assert got.token_ids == plain.generate(prompt, max_new_tokens=16).token_ids
@@ -257,18 +257,18 @@ def test_the_head_method_runs_its_weights_as_asked_and_stays_exact(tmp_path, wei
 def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.errors import InputError
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     with pytest.raises(InputError, match="adaspec head data.*adaspec head train"):
-        build_engine("head", TorchBackend(model, name="no-such-model"), None, eos_token_ids=[])
+        build_generator("head", TorchBackend(model, name="no-such-model"), None, eos_token_ids=[])
     with pytest.raises(InputError, match="draft head not found"):
-        build_engine(f"head:artifact={tmp_path / 'missing.pt'}", TorchBackend(model), None,
+        build_generator(f"head:artifact={tmp_path / 'missing.pt'}", TorchBackend(model), None,
                      eos_token_ids=[])
     with pytest.raises(InputError, match="ctrl=disco is not for the head"):
-        build_engine("head:ctrl=disco", TorchBackend(model), None, eos_token_ids=[])
+        build_generator("head:ctrl=disco", TorchBackend(model), None, eos_token_ids=[])
     with pytest.raises(InputError, match="weights must be one of fp32, bf16, int8, int8-dyn"):
-        build_engine("head:weights=int4", TorchBackend(model), None, eos_token_ids=[])
+        build_generator("head:weights=int4", TorchBackend(model), None, eos_token_ids=[])
 
 
 def test_fewer_query_heads_than_the_target_has():
@@ -329,7 +329,7 @@ def test_auto_prices_the_head_as_a_source(tmp_path, profile):
     either way."""
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import head_artifact
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     from .test_auto import flat_profile, steep_profile
 
@@ -340,9 +340,9 @@ def test_auto_prices_the_head_as_a_source(tmp_path, profile):
     costs = flat_profile() if profile == "flat" else steep_profile()
     # the head's step priced at 1 ms, not measured: what auto chooses must not depend on
     # how busy the machine running the test is
-    engine = build_engine(f"auto:use=ngram+head,head={path},head_ms=1", TorchBackend(model),
+    engine = build_generator(f"auto:use=ngram+head,head={path},head_ms=1", TorchBackend(model),
                           None, eos_token_ids=[], profile=costs)
-    plain = build_engine("ar", TorchBackend(model), None, eos_token_ids=[])
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
     by_head = 0
     for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30]):
         got = engine.generate(prompt, max_new_tokens=20)
@@ -361,7 +361,7 @@ def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed, monkeyp
     peek at drifts back to the step alone's; head_ms= fixes the price."""
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import auto, head_artifact
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     from .test_auto import flat_profile
 
@@ -372,7 +372,7 @@ def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed, monkeyp
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
     for wrong in (1e-6, 1e6):  # far below and far above what a tiny head's step takes
         price = f"head_ms={wrong}," if fixed else ""
-        engine = build_engine(f"auto:use=ngram+head,head={path},{price}k_max=4",
+        engine = build_generator(f"auto:use=ngram+head,head={path},{price}k_max=4",
                               TorchBackend(model), None, eos_token_ids=[],
                               profile=flat_profile())
         drafter = engine.drafter
@@ -390,21 +390,21 @@ def test_auto_learns_what_a_head_step_costs_unless_told(tmp_path, fixed, monkeyp
 def test_auto_with_use_head_and_no_head_says_how_to_make_one():
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.errors import InputError
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     from .test_auto import flat_profile
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     with pytest.raises(InputError, match="adaspec head data"):
-        build_engine("auto:use=ngram+head", TorchBackend(model, name="no-such-model"), None,
+        build_generator("auto:use=ngram+head", TorchBackend(model, name="no-such-model"), None,
                      eos_token_ids=[], profile=flat_profile())
     # the default does not use the head (it does not pay yet: docs/head.md)
     draft = TorchBackend(tiny_model(vocab=40, hidden=32, seed=4, layers=1))
-    engine = build_engine("auto", TorchBackend(model), None, draft, eos_token_ids=[],
+    engine = build_generator("auto", TorchBackend(model), None, draft, eos_token_ids=[],
                           profile=flat_profile())
     assert engine.drafter.head is None
     with pytest.raises(InputError, match="add head to use="):
-        build_engine("auto:use=ngram,head=x.pt", TorchBackend(model), None, eos_token_ids=[],
+        build_generator("auto:use=ngram,head=x.pt", TorchBackend(model), None, eos_token_ids=[],
                      profile=flat_profile())
 
 
@@ -539,17 +539,17 @@ def test_auto_engines_with_a_head_learn_together(tmp_path):
     keeps its own."""
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import head_artifact
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     from .test_auto import flat_profile
 
     model = tiny_model(vocab=40, hidden=32, seed=3)
     path = tmp_path / "head.pt"
     head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
-    first, second = (build_engine(f"auto:use=ngram+head,head={path},k_max=4",
+    first, second = (build_generator(f"auto:use=ngram+head,head={path},k_max=4",
                                   TorchBackend(model), None, eos_token_ids=[],
                                   profile=flat_profile()) for _ in range(2))
-    plain = build_engine("auto:use=ngram,k_max=4", TorchBackend(model), None, eos_token_ids=[],
+    plain = build_generator("auto:use=ngram,k_max=4", TorchBackend(model), None, eos_token_ids=[],
                          profile=flat_profile())
     assert first.drafter.memory is not second.drafter.memory
     second.learn_with(first)

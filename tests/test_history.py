@@ -18,7 +18,7 @@ from adaspec.draft.history import (
     tokenizer_key,
 )
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 
 from .test_auto import flat_profile
@@ -242,7 +242,7 @@ def test_auto_method_strings_take_history():
 
 def history_engine(target, use: str = "history", history: HistoryIndex | None = None,
                    draft=None):
-    return build_engine(f"auto:use={use}", target, None, draft, eos_token_ids=[],
+    return build_generator(f"auto:use={use}", target, None, draft, eos_token_ids=[],
                         profile=flat_profile(), history=history)
 
 
@@ -318,7 +318,7 @@ def test_history_estimates_learn_from_steps_that_did_not_propose_them(target, ta
     """Continuations seen once are priced below what pays here, so they are never proposed
     at first; the estimates still learn, from the tokens each step emitted, that they are
     right (the same request again), and the history then drafts."""
-    engine = build_engine("auto:use=history", target, None, None, eos_token_ids=[],
+    engine = build_generator("auto:use=history", target, None, None, eos_token_ids=[],
                           profile=cpu_profile())
     drafter = engine.drafter
     prompt = PROMPTS[1]

@@ -11,7 +11,7 @@ from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch.static import StaticTorchBackend, static_backend
 from adaspec.core.sampling import SamplingParams
 from adaspec.engine.loop import Engine
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.online.record import Recorder
 
 from .conftest import tiny_model
@@ -86,10 +86,10 @@ def simulated(model, name: str = "tiny") -> SimulatedGpu:
 def test_a_greedy_step_reads_back_its_argmax_ids_once():
     model = tiny_model(seed=21)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]  # repeats: the n-gram drafter drafts
-    want = build_engine("ar", static_backend(model, "ref"), None, None,
+    want = build_generator("ar", static_backend(model, "ref"), None, None,
                         eos_token_ids=[]).generate(prompt, 40).token_ids
     DeviceRows.reads = []
-    result = build_engine("ngram:k=4", simulated(model), None, None,
+    result = build_generator("ngram:k=4", simulated(model), None, None,
                           eos_token_ids=[]).generate(prompt, 40)
     assert result.token_ids == want
     stats = result.stats
@@ -112,7 +112,8 @@ def test_negative_control_a_verifier_on_host_rows_reads_every_logit(monkeypatch)
 
     DeviceRows.reads = []
     monkeypatch.setattr(Engine, "_verify", staticmethod(on_host))
-    build_engine("ngram:k=4", simulated(model), None, None, eos_token_ids=[]).generate(prompt, 40)
+    build_generator("ngram:k=4", simulated(model), None, None,
+                    eos_token_ids=[]).generate(prompt, 40)
     assert any(what == "cpu" and n >= 64 for what, n in DeviceRows.reads)
 
 
@@ -174,7 +175,7 @@ def test_every_step_reads_back_ids_and_numbers_not_rows(monkeypatch, tmp_path, m
         extra["profile"] = flat_profile()
 
     def run(t, d):
-        engine = build_engine(method, t, None, d, eos_token_ids=[], **extra)
+        engine = build_generator(method, t, None, d, eos_token_ids=[], **extra)
         return engine.generate(prompt, 30, sampling=sampling)
 
     DeviceRows.reads = []
@@ -220,7 +221,7 @@ def test_a_length_rule_on_host_rows_is_caught(monkeypatch):
     monkeypatch.setattr(confidence, "distribution_features", on_host)
     target, draft = tiny_model(seed=21), tiny_model(seed=22, layers=1)
     DeviceRows.reads = []
-    build_engine("draft:ctrl=confidence,k=3", simulated(target), None, simulated(draft),
+    build_generator("draft:ctrl=confidence,k=3", simulated(target), None, simulated(draft),
                  eos_token_ids=[]).generate([5, 6, 7, 8, 5, 6, 7], 10)
     assert any(what == "cpu" and n >= 64 for what, n in DeviceRows.reads)
 
@@ -235,7 +236,7 @@ def test_logprobs_and_the_distillation_record_read_their_numbers_not_rows():
     sampling = SamplingParams(temperature=0.8, seed=3, logprobs=5)
 
     def run(t, d):
-        engine = build_engine("draft:k=3", t, None, d, eos_token_ids=[])
+        engine = build_generator("draft:k=3", t, None, d, eos_token_ids=[])
         recorder = Recorder(top_k=8, mode="all")
         result = engine.generate(prompt, 20, sampling=sampling, recorder=recorder)
         return result, recorder.take(result.token_ids)

@@ -14,7 +14,7 @@ from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams, process_logits
 from adaspec.engine.steps import StreamChunk
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .test_engine import PROMPTS, NegatedBackend
 
@@ -39,7 +39,7 @@ def run(engine, prompt, n, sampling):
 def test_greedy_logprobs_are_the_targets_at_every_emitted_token(target_model, method, draft):
     drafts = {"same": lambda: TorchBackend(target_model),
               "negated": lambda: NegatedBackend(target_model), None: lambda: None}
-    engine = build_engine(method, TorchBackend(target_model), None, drafts[draft](),
+    engine = build_generator(method, TorchBackend(target_model), None, drafts[draft](),
                           eos_token_ids=[])
     prompt = PROMPTS[1]
     result, streamed = run(engine, prompt, 12, SamplingParams(logprobs=3))
@@ -56,7 +56,7 @@ def test_greedy_logprobs_are_the_targets_at_every_emitted_token(target_model, me
 
 def test_sampled_logprobs_are_the_processed_distributions(target_model):
     sampling = SamplingParams(temperature=0.7, top_k=5, seed=3, logprobs=8)
-    engine = build_engine("draft:k=3", TorchBackend(target_model), None,
+    engine = build_generator("draft:k=3", TorchBackend(target_model), None,
                           TorchBackend(target_model), eos_token_ids=[])
     result, _ = run(engine, PROMPTS[0], 10, sampling)
     processed = process_logits(reference_rows(target_model, PROMPTS[0], result.token_ids),
@@ -69,7 +69,7 @@ def test_sampled_logprobs_are_the_processed_distributions(target_model):
 
 
 def test_no_logprobs_unless_asked_and_the_bound(target_model):
-    engine = build_engine("ar", TorchBackend(target_model), None, None, eos_token_ids=[])
+    engine = build_generator("ar", TorchBackend(target_model), None, None, eos_token_ids=[])
     result, streamed = run(engine, PROMPTS[0], 4, SamplingParams())
     assert result.logprobs is None and streamed == []
     result, _ = run(engine, PROMPTS[0], 4, SamplingParams(logprobs=0))

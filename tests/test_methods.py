@@ -7,7 +7,7 @@ import pytest
 from adaspec.control.heuristic import HeuristicLength
 from adaspec.control.static import StaticLength
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import describe_methods, parse_method, split_method_list
 
 
@@ -77,7 +77,7 @@ def test_the_renamed_values_parse():
 
 def test_controllers_built_from_spec(target, tokenizer, draft):
     def controller(method):
-        return build_engine(method, target, tokenizer, draft).controller
+        return build_generator(method, target, tokenizer, draft).controller
 
     assert isinstance(controller("draft:k=5"), StaticLength)
     ctrl = controller("draft:ctrl=heuristic,k=3,k_max=9")

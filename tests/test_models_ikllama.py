@@ -231,13 +231,13 @@ def test_a_prompt_gives_its_final_hidden_state_for_the_router(smollm):
 def test_a_router_routes_over_an_ik_llama_target(smollm):
     """The router's prompt state now comes from the default runtime too: a routed request
     reads it from the prefill and decodes what the picked arm decodes alone."""
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
     from adaspec.route.router import RoutedGenerator
 
     _, target = smollm
     target.reset()
     prompt = [1604, 3987, 46477, 24, 94, 727] * 3
-    arms = {name: build_engine(f"{name}@ik", target, None, None, [2])
+    arms = {name: build_generator(f"{name}@ik", target, None, None, [2])
             for name in ("ar", "ngram:k=4")}
     alone = arms["ar"].generate(prompt, 16).token_ids
     router = RoutedGenerator(arms, force="ngram:k=4")
@@ -331,7 +331,7 @@ def test_batch_prefills_a_shared_prefix_once(smollm):
     from adaspec.core.sampling import SamplingParams
     from adaspec.engine.batch import BatchDecoder
     from adaspec.engine.steps import GenerationResult
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     gguf, _ = smollm
     owner = IkLlamaBackend(gguf, n_threads=1, name="smollm", n_ctx=1024, sequences=4)
@@ -340,11 +340,11 @@ def test_batch_prefills_a_shared_prefix_once(smollm):
     alone = []
     for p in prompts:
         owner.reset()
-        alone.append(build_engine("ar@ik", owner, None, None, [2]).generate(p, 8).token_ids)
+        alone.append(build_generator("ar@ik", owner, None, None, [2]).generate(p, 8).token_ids)
     decoder = BatchDecoder()
     views = owner.sequences(3)
     for i, (view, p) in enumerate(zip(views, prompts, strict=True)):
-        engine = build_engine("ar@ik", view, None, None, [2])
+        engine = build_generator("ar@ik", view, None, None, [2])
         decoder.add(i, engine.steps(p, 8, SamplingParams(), []))
     together: dict[int, list[int]] = {}
     while len(decoder):
@@ -365,7 +365,7 @@ def test_routed_requests_decode_together_on_sequences(smollm):
     from adaspec.backends.process_backend import ProcessBackend
     from adaspec.engine.batch import BatchDecoder
     from adaspec.engine.steps import GenerationResult
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
     from adaspec.route.router import RoutedGenerator
 
     from .test_batch import run_together
@@ -383,9 +383,9 @@ def test_routed_requests_decode_together_on_sequences(smollm):
         prompts = [prompt * 2, [727, 13, 55, 300] * 3, [94, 24, 94, 24, 17] * 3]
         picks = ["ar", "ngram:k=4", "ngram:k=4"]
         owner.reset()
-        want = [build_engine(f"{p}@ik", owner, None, None, [2]).generate(q, 16).token_ids
+        want = [build_generator(f"{p}@ik", owner, None, None, [2]).generate(q, 16).token_ids
                 for p, q in zip(picks, prompts, strict=True)]
-        routers = [RoutedGenerator({p: build_engine(f"{p}@ik", v, None, None, [2])
+        routers = [RoutedGenerator({p: build_generator(f"{p}@ik", v, None, None, [2])
                                     for p in ("ar", "ngram:k=4")}, force=pick)
                    for v, pick in zip(views, picks, strict=True)]
         requests = {i: r.stream_steps(q, max_new_tokens=16)

@@ -13,7 +13,7 @@ from adaspec.backends.gguf import LlamaCppUnavailable
 from adaspec.backends.llamacpp.backend import LlamaCppBackend
 from adaspec.core.request import RequestState
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import need, smollm_gguf
 
@@ -62,8 +62,8 @@ def test_llamacpp_target_with_ngram_drafts_repeats_its_own_plain_decoding(smollm
     over it emits what plain decoding over the same backend emits, in fewer target calls."""
     _, target = smollm
     prompt = [1604, 3987, 46477, 24, 94, 727] * 3  # repeats: the n-gram drafter finds matches
-    ar = build_engine("ar@gguf", target, None, None, [2]).generate(prompt, 32)
-    spec = build_engine("ngram:k=4@gguf", target, None, None, [2]).generate(prompt, 32)
+    ar = build_generator("ar@gguf", target, None, None, [2]).generate(prompt, 32)
+    spec = build_generator("ngram:k=4@gguf", target, None, None, [2]).generate(prompt, 32)
     assert spec.token_ids == ar.token_ids
     assert spec.stats.accepted > 0 and spec.stats.target_calls < ar.stats.target_calls
 
@@ -130,18 +130,18 @@ def test_an_engine_reuses_the_prefix_of_its_previous_prompt(smollm):
     _, target = smollm
     a = [1604, 3987, 46477, 24, 94, 727, 13, 55]
     b = a[:6] + [300, 400]
-    engine = build_engine("ar@gguf", target, None, None, [2])
+    engine = build_generator("ar@gguf", target, None, None, [2])
     engine.generate(a, 8)
     again = engine.generate(b, 16)
     target.reset()
-    fresh = build_engine("ar@gguf", target, None, None, [2]).generate(b, 16)
+    fresh = build_generator("ar@gguf", target, None, None, [2]).generate(b, 16)
     assert again.token_ids == fresh.token_ids
 
 
 def test_token_trees_on_a_llamacpp_backend_are_refused_when_the_engine_is_built(smollm):
     _, backend = smollm
     with pytest.raises(InputError, match="needs token trees.*LlamaCppBackend"):
-        build_engine("draft:tree=2x2@gguf/gguf", backend, None, backend, [2])
+        build_generator("draft:tree=2x2@gguf/gguf", backend, None, backend, [2])
 
 
 @pytest.mark.needs("llama_cpp")  # without it, the error names the missing package instead
@@ -155,7 +155,7 @@ def test_gguf_variant_of_a_model_without_a_gguf_file_is_a_one_line_error(tmp_pat
 def test_a_router_on_a_llamacpp_target_is_refused_when_the_engine_is_built(smollm):
     _, backend = smollm
     with pytest.raises(InputError, match="hidden state.*LlamaCppBackend"):
-        build_engine("router:never-read.pt", backend, None, None, [2])
+        build_generator("router:never-read.pt", backend, None, None, [2])
 
 
 def test_gguf_backend_of_a_path_is_named_like_the_torch_load_of_that_file(smollm):

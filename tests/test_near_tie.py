@@ -10,7 +10,7 @@ import torch
 from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import top2_gap
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 EPS = 0.6  # each logit of a multi-token pass moves by up to this much
 PROMPTS = [[5, 9, 13, 2], [17, 3, 3, 3, 40, 41, 8], [1, 2, 3, 4, 5, 6], [33], [60, 1, 60, 1]]
@@ -42,7 +42,7 @@ class BlockNoiseBackend(TorchBackend):
 def outputs(target_model, method: str, batch_noise: float) -> tuple[list[list[int]], int]:
     target = BlockNoiseBackend(target_model, batch_noise)
     draft = TorchBackend(target_model, name="same-as-target")  # always proposes the argmax
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    engine = build_generator(method, target, None, draft, eos_token_ids=[])
     results = [engine.generate(p, max_new_tokens=40) for p in PROMPTS]
     return [r.token_ids for r in results], sum(r.stats.rechecks for r in results)
 
@@ -66,7 +66,7 @@ def test_without_the_recheck_block_noise_changes_the_output(target_model):
 
 def test_plain_decoding_never_rechecks(target_model):
     target = BlockNoiseBackend(target_model, 2 * EPS)
-    engine = build_engine("ar", target, None, eos_token_ids=[])
+    engine = build_generator("ar", target, None, eos_token_ids=[])
     res = engine.generate(PROMPTS[1], max_new_tokens=20)
     assert res.stats.rechecks == 0
     assert res.stats.target_calls == 20  # the prefill and one call per further token
@@ -75,7 +75,7 @@ def test_plain_decoding_never_rechecks(target_model):
 def test_a_recheck_is_a_target_call_and_keeps_the_cache_consistent(target_model):
     target = BlockNoiseBackend(target_model, 2 * EPS)
     draft = TorchBackend(target_model, name="same-as-target")
-    engine = build_engine("draft:k=4", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:k=4", target, None, draft, eos_token_ids=[])
     res = engine.generate(PROMPTS[0], max_new_tokens=30)
     steps = len(res.stats.steps)
     # prefill + one call per step + one per recheck (no step was plain: k > 0 until the end)

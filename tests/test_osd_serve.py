@@ -251,10 +251,10 @@ def test_engine_replay_classifies_a_difference_from_the_stored_output(
     from adaspec.lab.osd.engine_replay import engine_run
     from adaspec.lab.osd.simulate import RunSpec
     from adaspec.lab.osd.stream import StreamRequest
-    from adaspec.methods.build import load_engine
+    from adaspec.methods.build import load_generator
 
     target, draft = model_dirs
-    engine = load_engine("draft:k=2", target=target, draft=draft, dtype="float32",
+    engine = load_generator("draft:k=2", target=target, draft=draft, dtype="float32",
                          weights="none", draft_weights="none")
     prompt = [5, 9, 11, 3]
     out = engine.generate(prompt, max_new_tokens=8).token_ids

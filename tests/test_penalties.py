@@ -16,7 +16,7 @@ import torch
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams, argmax, process_logits
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import tiny_model
 from .stats_helpers import assert_exact, fit
@@ -41,7 +41,7 @@ def reference(model, prompt: list[int], n: int, params: SamplingParams) -> list[
 @pytest.mark.parametrize("method", ["ar", "ngram:k=4", "draft:k=4"])
 def test_greedy_output_under_penalties_is_plain_decodings(method, target, draft,
                                                           target_model):
-    engine = build_engine(method, target, None, draft, eos_token_ids=[])
+    engine = build_generator(method, target, None, draft, eos_token_ids=[])
     for prompt in PROMPTS[:3]:
         want = reference(target_model, prompt, 30, PARAMS)
         assert engine.generate(prompt, 30, sampling=PARAMS).token_ids == want, method
@@ -56,7 +56,7 @@ def test_penalties_that_forget_the_draft_are_caught(monkeypatch):
     strong = SamplingParams(presence_penalty=2.0, frequency_penalty=2.0)
 
     def outputs(method: str) -> list[list[int]]:
-        engine = build_engine(method, TorchBackend(target_model), None,
+        engine = build_generator(method, TorchBackend(target_model), None,
                               TorchBackend(draft_model), eos_token_ids=[])
         return [engine.generate(p, 30, sampling=strong).token_ids for p in PROMPTS[:4]]
 
@@ -95,7 +95,7 @@ def test_sampling_under_penalties_follows_plain_decodings_law():
     draft_model = tiny_model(vocab=V, seed=6, layers=1, sharpen=6.0)
     params = SamplingParams(1.0, logit_bias=((2, 1.5),), presence_penalty=0.8,
                             frequency_penalty=0.6)
-    engine = build_engine("draft:k=3", TorchBackend(target_model), None,
+    engine = build_generator("draft:k=3", TorchBackend(target_model), None,
                           TorchBackend(draft_model), eos_token_ids=[])
     runs = 1000
     cells = torch.zeros(runs, dtype=torch.long)
@@ -117,6 +117,6 @@ def test_bad_settings_name_themselves(target):
                           ({"logit_bias": ((-1, 1.0),)}, "logit_bias keys")]:
         with pytest.raises(InputError, match=match):
             SamplingParams(**kwargs)
-    engine = build_engine("ar", target, None, None, eos_token_ids=[])
+    engine = build_generator("ar", target, None, None, eos_token_ids=[])
     with pytest.raises(InputError, match="outside the vocabulary"):
         engine.generate([1, 2], 4, sampling=SamplingParams(logit_bias=((10**6, 1.0),)))

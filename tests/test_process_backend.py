@@ -11,7 +11,7 @@ from adaspec.backends.child_process import ChildProcessFailed
 from adaspec.backends.llamacpp.backend import LlamaCppBackend
 from adaspec.backends.process_backend import ProcessBackend
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import smollm_gguf, smollm_torch
 
@@ -85,8 +85,8 @@ def test_a_draft_in_a_child_keeps_the_torch_target_output(pair):
 
     target = TorchBackend(smollm_torch(gguf), name="smollm-torch")
     prompt = [1604, 3987, 46477, 24, 94, 727]
-    ar = build_engine("ar", target, None, None, [2]).generate(prompt, 24)
-    spec = build_engine("draft:k=4", target, None, child, [2]).generate(prompt, 24)
+    ar = build_generator("ar", target, None, None, [2]).generate(prompt, 24)
+    spec = build_generator("draft:k=4", target, None, child, [2]).generate(prompt, 24)
     assert spec.token_ids == ar.token_ids
     assert spec.stats.drafted > 0 and spec.stats.accepted / spec.stats.drafted > 0.5
 

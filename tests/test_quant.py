@@ -12,7 +12,7 @@ import torch
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.store.quant import (
     DENSE_PREFILL_MODES,
     FP32_PREFILL_ROWS,
@@ -97,8 +97,8 @@ def test_greedy_speculation_equals_plain_decoding_of_the_quantized_target(mode):
     quantize_model(draft, "int4")
     tok = CharTokenizer(64)
     prompt = [5, 9, 11, 3, 7]
-    plain = build_engine("ar", TorchBackend(target), tok).generate(prompt, 40, SamplingParams())
-    spec = build_engine("draft:k=4", TorchBackend(target), tok, TorchBackend(draft)).generate(
+    plain = build_generator("ar", TorchBackend(target), tok).generate(prompt, 40, SamplingParams())
+    spec = build_generator("draft:k=4", TorchBackend(target), tok, TorchBackend(draft)).generate(
         prompt, 40, SamplingParams()
     )
     assert spec.token_ids == plain.token_ids

@@ -12,7 +12,7 @@ from adaspec.core.proposal import Proposal
 from adaspec.draft.base import Drafter
 from adaspec.engine.loop import Engine
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.params import check, param
 from adaspec.methods.registry import METHODS, Method
 from adaspec.methods.spec import describe_methods, parse_method
@@ -59,7 +59,7 @@ def test_a_registered_drafter_parses_builds_and_decodes_exactly(repeat_method, t
                                                                 target_model):
     spec = parse_method("repeat:k=3")
     assert spec.method is repeat_method and spec.params == RepeatParams(k=3)
-    engine = build_engine(spec, target, None, None, eos_token_ids=[])
+    engine = build_generator(spec, target, None, None, eos_token_ids=[])
     res = engine.generate(PROMPTS[1], max_new_tokens=12)
     assert res.token_ids == reference_greedy(target_model, PROMPTS[1], 12)
     assert res.stats.drafted > 0

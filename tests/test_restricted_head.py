@@ -13,7 +13,7 @@ from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.model import ModelDrafter
 from adaspec.errors import InputError, ModelStoreError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 from adaspec.store.token_set import TokenSet, save_token_set
 
@@ -54,7 +54,7 @@ def test_logits_match_the_full_head_on_the_set(draft_model):
 
 def test_drafter_never_proposes_outside_the_set(draft_model):
     drafter = ModelDrafter(restrict_head(TorchBackend(draft_model), KEEP))
-    ctrl = build_engine("draft:k=6", TorchBackend(draft_model), None, TorchBackend(draft_model))
+    ctrl = build_generator("draft:k=6", TorchBackend(draft_model), None, TorchBackend(draft_model))
     for params in (SamplingParams(), SamplingParams(1.0, seed=1), SamplingParams(2.0, seed=2)):
         gen = params.generator()
         drafter.begin(RequestState.of(PROMPT))
@@ -68,15 +68,15 @@ def test_drafter_never_proposes_outside_the_set(draft_model):
 
 def test_method_string_applies_the_stored_set(target, draft, tokenizer):
     with pytest.raises(ModelStoreError, match="restrict-vocab --draft tiny-draft --top 12"):
-        build_engine("draft:k=3,vocab=12", target, tokenizer, draft, [0])
+        build_generator("draft:k=3,vocab=12", target, tokenizer, draft, [0])
     save_token_set(TokenSet("tiny-draft", KEEP))
-    engine = build_engine("draft:k=3,vocab=12", target, tokenizer, draft, [0])
+    engine = build_generator("draft:k=3,vocab=12", target, tokenizer, draft, [0])
     backend = engine.drafter.backend
     assert isinstance(backend, RestrictedHeadBackend)
     assert backend.token_ids.tolist() == list(KEEP)
-    full = build_engine("draft:k=3", target, tokenizer, draft, [0])
+    full = build_generator("draft:k=3", target, tokenizer, draft, [0])
     assert not isinstance(full.drafter.backend, RestrictedHeadBackend)
-    tree = build_engine("draft:tree=2x2,vocab=12", target, tokenizer, draft, [0])
+    tree = build_generator("draft:tree=2x2,vocab=12", target, tokenizer, draft, [0])
     assert isinstance(tree.drafter.backend, RestrictedHeadBackend)
     with pytest.raises(InputError, match="vocab must be >= 0"):
         parse_method("draft:vocab=-1")
@@ -86,8 +86,8 @@ def test_method_string_applies_the_stored_set(target, draft, tokenizer):
 
 def test_greedy_output_equals_plain_decoding(target, draft, tokenizer):
     save_token_set(TokenSet("tiny-draft", KEEP))
-    ar = build_engine("ar", target, tokenizer, None, [0]).generate(PROMPT, 24)
-    res = build_engine("draft:k=3,vocab=12", target, tokenizer, draft, [0]).generate(PROMPT, 24)
+    ar = build_generator("ar", target, tokenizer, None, [0]).generate(PROMPT, 24)
+    res = build_generator("draft:k=3,vocab=12", target, tokenizer, draft, [0]).generate(PROMPT, 24)
     assert res.token_ids == ar.token_ids
     assert res.stats.drafted > 0
 
@@ -99,7 +99,7 @@ def test_restriction_is_exact_at_temperature_above_zero():
     draft_model = tiny_model(vocab=V, seed=6, layers=1, sharpen=6.0)
     keep = (0, 2, 3, 6)
     save_token_set(TokenSet("half", keep))
-    engine = build_engine(
+    engine = build_generator(
         "draft:k=2,vocab=4", TorchBackend(target_model), None,
         TorchBackend(draft_model, name="half"), [],
     )

@@ -12,7 +12,7 @@ from adaspec.backends.base import ForwardOutput
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.core.sampling import SamplingParams
 from adaspec.errors import InputError
-from adaspec.methods.build import build_arm_engines, build_engine
+from adaspec.methods.build import build_arm_generators, build_generator
 from adaspec.route.artifact import RouterArtifact, save_artifact
 from adaspec.route.policy import RouterPolicy
 from adaspec.route.router import RoutedGenerator
@@ -43,7 +43,7 @@ class CountingBackend(TorchBackend):
 
 @pytest.fixture
 def arms(target, draft):
-    return build_arm_engines(ARMS, target, None, draft, eos_token_ids=[])
+    return build_arm_generators(ARMS, target, None, draft, eos_token_ids=[])
 
 
 @pytest.mark.parametrize("arm", list(ARMS))
@@ -152,7 +152,7 @@ def test_decision_and_its_time_are_in_the_stats(arms, target, monkeypatch):
 
 def test_one_prefill_per_request(target_model, draft):
     counting = CountingBackend(target_model, name="tiny-target")
-    engines = build_arm_engines(ARMS, counting, None, draft, eos_token_ids=[])
+    engines = build_arm_generators(ARMS, counting, None, draft, eos_token_ids=[])
     router = RoutedGenerator(engines, fixed_policy(counting.hidden_size, len(ARMS), 2))
     router.generate(PROMPTS[1], max_new_tokens=8)
     assert counting.prefills == 1
@@ -184,11 +184,11 @@ def test_router_method_from_an_artifact(tmp_path, target, draft, target_model):
     policy = fixed_policy(target.hidden_size, len(ARMS), 2)
     path = save_artifact(RouterArtifact(ARMS, "tiny-target", 0.1, "measured", policy), tmp_path
                          / "r.pt")
-    engine = build_engine(f"router:{path}", target, None, draft, eos_token_ids=[])
+    engine = build_generator(f"router:{path}", target, None, draft, eos_token_ids=[])
     res = engine.generate(PROMPTS[0], max_new_tokens=16)
     assert res.stats.route == "draft:k=4"
     assert res.token_ids == reference_greedy(target_model, PROMPTS[0], 16)
-    dyn = build_engine(f"router:artifact={path},mode=dynamic,seed=3", target, None, draft, [])
+    dyn = build_generator(f"router:artifact={path},mode=dynamic,seed=3", target, None, draft, [])
     assert isinstance(dyn, RoutedGenerator) and (dyn.mode, dyn.seed) == ("dynamic", 3)
 
 
@@ -197,7 +197,7 @@ def test_artifact_for_another_target_is_refused(tmp_path, target, draft):
     path = save_artifact(RouterArtifact(ARMS, "other-target", 0.1, "measured", policy), tmp_path
                          / "r.pt")
     with pytest.raises(InputError, match="trained for target 'other-target'"):
-        build_engine(f"router:{path}", target, None, draft, [])
+        build_generator(f"router:{path}", target, None, draft, [])
 
 
 def test_errors(arms, target):
@@ -222,14 +222,14 @@ class NoHiddenBackend(TorchBackend):
 
 def test_backend_without_hidden_states_is_a_clear_error(target_model):
     backend = NoHiddenBackend(target_model, name="tiny-target")
-    engines = build_arm_engines({"ar": "ar", "ngram": "ngram"}, backend, None, None, [])
+    engines = build_arm_generators({"ar": "ar", "ngram": "ngram"}, backend, None, None, [])
     router = RoutedGenerator(engines, fixed_policy(backend.hidden_size, 2, 0))
     with pytest.raises(InputError, match="no hidden state"):
         router.generate(PROMPTS[0], 4)
 
 
 def test_all_arms_must_accept_the_sampling_settings(target, draft):
-    engines = build_arm_engines(
+    engines = build_arm_generators(
         {"ar": "ar", "greedy-only": "draft:k=2,verify=greedy"}, target, None, draft, []
     )
     router = RoutedGenerator(engines, fixed_policy(target.hidden_size, 2, 0))

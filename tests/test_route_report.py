@@ -13,7 +13,7 @@ from adaspec.lab.router.collect import record_states
 from adaspec.lab.router.collection import load_collection
 from adaspec.lab.router.router_report import RETRAINED, label, to_markdown, write_report
 from adaspec.lab.router.train_policy import train_artifact
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.route.artifact import save_artifact
 from adaspec.route.policy import TrainConfig
 from tests.route_helpers import ARMS, TEST, backends, make_collection
@@ -36,7 +36,7 @@ def test_report_end_to_end(tmp_path):
     assert summary["exactness"]["bugs"] == 0 and summary["exactness"]["differs"] == 0
     rows = [json.loads(x) for x in (bench / "results.jsonl").read_text().splitlines()]
     assert all(r["route"][0] in ARMS for r in rows if r["method"] in routers)
-    record_states(TEST, build_engine("ar", target, tok, None, []), tmp_path / "features",
+    record_states(TEST, build_generator("ar", target, tok, None, []), tmp_path / "features",
                   progress=False)
 
     out = write_report(str(train_dir), str(bench), str(tmp_path / "features"),

@@ -21,7 +21,7 @@ from adaspec.draft.s2d import S2DDrafter
 from adaspec.draft.sorted_model import ExitState, SortedConfig, SortedDraftLM, confidence
 from adaspec.engine.loop import Engine
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 from adaspec.store.atomic import write_json
 
@@ -196,7 +196,7 @@ PARAMS = SamplingParams(1.0, top_k=6)
 @pytest.mark.parametrize("broken", [None, QOfLastExit], ids=["s2d", "s2d-q-of-last-exit"])
 def test_sampling_with_exits_matches_plain_decoding(sampling_pair, broken):
     target, artifact = sampling_pair
-    engine = build_engine(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
+    engine = build_generator(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
                           TorchBackend(target), None, None, [])
     drafter = engine.drafter
     assert isinstance(drafter, S2DDrafter)
@@ -227,8 +227,8 @@ def test_sampling_with_exits_matches_plain_decoding(sampling_pair, broken):
 def test_greedy_s2d_equals_plain_decoding_and_reports_exit_usage(sampling_pair):
     target, artifact = sampling_pair
     backend = TorchBackend(target)
-    plain = build_engine("ar", backend, None, None, [])
-    s2d = build_engine(f"s2d:{artifact},k=4,thresholds=0.45,dtype=float32",
+    plain = build_generator("ar", backend, None, None, [])
+    s2d = build_generator(f"s2d:{artifact},k=4,thresholds=0.45,dtype=float32",
                        TorchBackend(target), None, None, [])
     exits: set[str] = set()
     for prompt in ([1, 2, 3], [4, 4, 4, 4], [7, 0, 1, 6, 2]):
@@ -579,7 +579,7 @@ def test_the_sorted_draft_runs_on_the_targets_device(sampling_pair):
     target, artifact = sampling_pair
     backend = TorchBackend(target)
     backend.device = "meta"
-    engine = build_engine(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
+    engine = build_generator(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
                           backend, None, None, [])
     drafter = engine.drafter
     assert isinstance(drafter, S2DDrafter)

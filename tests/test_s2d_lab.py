@@ -169,7 +169,7 @@ def test_a_missing_s2d_artifact_is_one_line_before_any_model_loads(capsys, monke
     def loads(*a, **k):
         raise AssertionError("a model load began before the method's files were checked")
 
-    monkeypatch.setattr(adaspec.methods.build, "load_engine", loads)
+    monkeypatch.setattr(adaspec.methods.build, "load_generator", loads)
     monkeypatch.setattr(adaspec.serve.server, "run", loads)
     args = [command, "x"] if command == "generate" else [command]
     code, _, err = run(capsys, *args, "--method", "s2d:nothing-here")

@@ -10,7 +10,7 @@ httpx = pytest.importorskip("httpx", reason="needs httpx: pip install -e '.[serv
 
 from adaspec.backends.load import load_backends  # noqa: E402
 from adaspec.draft.history import HistoryIndex  # noqa: E402
-from adaspec.methods.build import build_engine  # noqa: E402
+from adaspec.methods.build import build_generator  # noqa: E402
 from adaspec.serve.history import ServedHistory, default_path  # noqa: E402
 from adaspec.serve.instance import ModelInstance  # noqa: E402
 
@@ -113,7 +113,7 @@ def test_a_servers_slots_learn_one_methods_estimates_together(loaded):
     assert again is not first and again.drafter is not first.drafter
     assert again.target is first.target is instance.slots[0][0]
     assert again.drafter.memory is first.drafter.memory
-    apart = build_engine(method, instance.slots[1][0], tokenizer, None, eos_token_ids=eos,
+    apart = build_generator(method, instance.slots[1][0], tokenizer, None, eos_token_ids=eos,
                          history=kept.index)
     assert apart.drafter.memory is not first.drafter.memory
     before = {c: r.trials for c, r in second.drafter.memory.history_rates.items()}

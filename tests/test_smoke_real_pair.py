@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from adaspec.lab.bench.exactness import classify
-from adaspec.methods.build import build_engine, load_engine
+from adaspec.methods.build import build_generator, load_generator
 from tests.conftest import need
 
 pytestmark = pytest.mark.smoke
@@ -19,11 +19,11 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 @pytest.fixture(scope="module")
 def engine():
     need("models")
-    return load_engine("draft:k=4")
+    return load_generator("draft:k=4")
 
 
 def test_real_pair_speculative_output_is_the_targets(engine):
-    plain = build_engine(
+    plain = build_generator(
         "ar", engine.target, engine.tokenizer, eos_token_ids=list(engine.eos_token_ids)
     )
     spec = engine.generate(PROMPT, max_new_tokens=12)
@@ -39,9 +39,9 @@ def test_real_pair_speculative_output_is_the_targets(engine):
 def test_real_pair_default_method_is_exact_and_priced(engine):
     """The default `auto` on the default runtime: its cost profile is measured (or read) for
     this machine, and its greedy output is plain decoding's up to classified ties."""
-    auto = build_engine("auto", engine.target, engine.tokenizer, engine.drafter.backend,
+    auto = build_generator("auto", engine.target, engine.tokenizer, engine.drafter.backend,
                         eos_token_ids=list(engine.eos_token_ids))
-    plain = build_engine(
+    plain = build_generator(
         "ar", engine.target, engine.tokenizer, eos_token_ids=list(engine.eos_token_ids)
     )
     profile = auto.drafter.profile

@@ -12,7 +12,7 @@ from adaspec.backends.sequences import ALL, LAST, NONE, forward_together
 from adaspec.backends.torch.static import static_backend
 from adaspec.engine.batch import BatchDecoder
 from adaspec.engine.steps import GenerationResult
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import tiny_model
 from .test_batch import run_together
@@ -77,14 +77,14 @@ def test_requests_together_share_the_calls_and_keep_their_outputs(graphs):
     lengths = [20, 14, 25, 18]
     targets = static_backend(target, "t", graphs=graphs).sequences(len(methods))
     drafts = static_backend(draft, "d", graphs=graphs).sequences(len(methods))
-    engines = [build_engine(m, t, None, d, eos_token_ids=[])
+    engines = [build_generator(m, t, None, d, eos_token_ids=[])
                for m, t, d in zip(methods, targets, drafts, strict=True)]
     requests = {i: e.stream_steps(p, max_new_tokens=n)
                 for i, (e, p, n) in enumerate(zip(engines, prompts, lengths, strict=True))}
     results, _ = run_together(BatchDecoder(), requests)
     calls = 0
     for i, (m, p, n) in enumerate(zip(methods, prompts, lengths, strict=True)):
-        want = build_engine(m, static_backend(target, "t"), None, static_backend(draft, "d"),
+        want = build_generator(m, static_backend(target, "t"), None, static_backend(draft, "d"),
                             eos_token_ids=[]).generate(p, max_new_tokens=n)
         assert isinstance(results[i], GenerationResult)
         assert results[i].token_ids == want.token_ids, m
@@ -127,9 +127,9 @@ def test_routed_requests_decode_together(graphs):
     close(out.hidden[-1], want_state[-1])  # the last prompt token's (the router reads it)
     prompts = [prompt * 2, [17, 3, 3, 3, 40, 41, 8], [20, 21, 20, 21, 20]]
     picks = ["ar", "ngram:k=4", "ngram:k=4"]
-    want = [build_engine(p, static_backend(model, "a"), None, None, eos_token_ids=[])
+    want = [build_generator(p, static_backend(model, "a"), None, None, eos_token_ids=[])
             .generate(q, 16).token_ids for p, q in zip(picks, prompts, strict=True)]
-    routers = [RoutedGenerator({p: build_engine(p, v, None, None, eos_token_ids=[])
+    routers = [RoutedGenerator({p: build_generator(p, v, None, None, eos_token_ids=[])
                                 for p in ("ar", "ngram:k=4")}, force=pick)
                for v, pick in zip(views, picks, strict=True)]
     owner = views[0].owner  # type: ignore[attr-defined]

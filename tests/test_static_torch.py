@@ -12,7 +12,7 @@ import torch
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.backends.torch.static import DecoderConfig, static_backend
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .conftest import tiny_model
 
@@ -28,10 +28,10 @@ def test_greedy_is_hugging_face_generate(tie, graphs):
     prompt = [5, 9, 2, 33, 17, 8]
     want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    engine = build_engine("ar", static_backend(model, "tiny", graphs=graphs), None, None,
+    engine = build_generator("ar", static_backend(model, "tiny", graphs=graphs), None, None,
                           eos_token_ids=[])
     assert engine.generate(prompt, 24).token_ids == want
-    spec = build_engine("draft:tree=2x2x1", static_backend(model, "tiny", graphs=graphs), None,
+    spec = build_generator("draft:tree=2x2x1", static_backend(model, "tiny", graphs=graphs), None,
                         TorchBackend(tiny_model(seed=4, layers=1), "draft"), eos_token_ids=[])
     assert spec.generate(prompt, 24).token_ids == want
 
@@ -89,8 +89,8 @@ def test_loads_through_the_registry(model_dirs):
     plain, _, _ = load_backend(target, "float32", "none", device="cpu")
     assert static.kind == "torch-static" and eos
     prompt = tokenizer("def add(a, b):")["input_ids"]
-    want = build_engine("ar", plain, tokenizer, None, eos_token_ids=eos).generate(prompt, 16)
-    got = build_engine("ar", static, tokenizer, None, eos_token_ids=eos).generate(prompt, 16)
+    want = build_generator("ar", plain, tokenizer, None, eos_token_ids=eos).generate(prompt, 16)
+    got = build_generator("ar", static, tokenizer, None, eos_token_ids=eos).generate(prompt, 16)
     assert got.token_ids == want.token_ids
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from adaspec.backends.torch.backend import TorchBackend
 from adaspec.engine.steps import ACCEPTED, BONUS, CORRECTION, PLAIN, StreamChunk
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 
 from .test_engine import PROMPTS, NegatedBackend, reference_greedy
 
@@ -22,7 +22,7 @@ def streamed(engine, prompt, n):
 
 
 def test_a_draft_that_always_agrees_gives_accepted_runs_ending_in_a_bonus(target_model):
-    engine = build_engine("draft:k=3", TorchBackend(target_model), None,
+    engine = build_generator("draft:k=3", TorchBackend(target_model), None,
                           TorchBackend(target_model), eos_token_ids=[])
     tokens, sources = streamed(engine, PROMPTS[1], 13)
     assert tokens == reference_greedy(target_model, PROMPTS[1], 13)
@@ -30,7 +30,7 @@ def test_a_draft_that_always_agrees_gives_accepted_runs_ending_in_a_bonus(target
 
 
 def test_a_draft_that_always_disagrees_gives_corrections(target, target_model):
-    engine = build_engine("draft:k=2", target, None, NegatedBackend(target_model),
+    engine = build_generator("draft:k=2", target, None, NegatedBackend(target_model),
                           eos_token_ids=[])
     tokens, sources = streamed(engine, PROMPTS[2], 6)
     assert tokens == reference_greedy(target_model, PROMPTS[2], 6)
@@ -38,6 +38,6 @@ def test_a_draft_that_always_disagrees_gives_corrections(target, target_model):
 
 
 def test_plain_decoding_is_plain(target, target_model):
-    engine = build_engine("ar", target, None, None, eos_token_ids=[])
+    engine = build_generator("ar", target, None, None, eos_token_ids=[])
     tokens, sources = streamed(engine, PROMPTS[0], 5)
     assert sources == [PLAIN] * 5

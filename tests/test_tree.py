@@ -13,7 +13,7 @@ from adaspec.core.sampling import SamplingParams
 from adaspec.core.token_tree import TokenTree, parse_branching, tree_node_count
 from adaspec.draft.model_tree import ModelTreeDrafter, draw_children
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 
 from .test_torch_backend import full_logits
@@ -180,7 +180,7 @@ def test_child_draws_follow_q():
 def test_method_strings_with_trees(target, tokenizer, draft):
     spec = parse_method("draft:tree=4x2x2x1,verify=mcss-wor")
     assert spec.tree == (4, 2, 2, 1) and spec["verify"] == "mcss-wor"
-    engine = build_engine(spec, target, tokenizer, draft)
+    engine = build_generator(spec, target, tokenizer, draft)
     assert engine.controller.max_tokens() == 4  # the depth
     assert parse_method("draft:k=3").tree is None
     assert parse_method("draft:tree=8x8,max_nodes=72").tree == (8, 8)

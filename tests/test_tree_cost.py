@@ -27,7 +27,7 @@ from adaspec.draft.model_tree import (
     tree_step_ms,
 )
 from adaspec.errors import InputError
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 
 from .cost_helpers import steep, stub_machine_profile
@@ -94,7 +94,7 @@ def test_method_string(target, tokenizer, draft):
     assert isinstance(spec.tree, PricedBranching) and spec.tree.max_nodes == 64
     assert isinstance(parse_branching("PRICED", 10), PricedBranching)
     assert all(tree_node_count(c) <= 10 for c in parse_branching("priced", 10).candidates())
-    ctrl = build_engine(spec, target, tokenizer, draft).controller
+    ctrl = build_generator(spec, target, tokenizer, draft).controller
     assert isinstance(ctrl, StaticLength) and ctrl.max_tokens() == 8
     with pytest.raises(InputError, match="fixed shape"):
         parse_method("draft:tree=priced,ctrl=heuristic")
@@ -109,7 +109,7 @@ def test_greedy_equals_plain_decoding(target, draft, target_model):
     where it is dear small shapes (a chain, or two candidates when the draft is poor)."""
     shapes: dict[str, set] = {}
     for name, costs in (("flat", flat()), ("steep", steep())):
-        engine = build_engine("draft:tree=priced", target, None, draft, eos_token_ids=[],
+        engine = build_generator("draft:tree=priced", target, None, draft, eos_token_ids=[],
                               profile=costs)
         assert isinstance(engine.drafter, PricedTreeDrafter)
         shapes[name] = set()
@@ -123,14 +123,14 @@ def test_greedy_equals_plain_decoding(target, draft, target_model):
 
 
 def test_the_machines_profile_by_default(target, draft, measured):
-    engine = build_engine("draft:tree=priced", target, None, draft, eos_token_ids=[])
+    engine = build_generator("draft:tree=priced", target, None, draft, eos_token_ids=[])
     assert measured == [("tiny-target", "tiny-draft")] and engine.drafter.profile.simulated
-    build_engine("draft:tree=4x2", target, None, draft, eos_token_ids=[])
+    build_generator("draft:tree=4x2", target, None, draft, eos_token_ids=[])
     assert len(measured) == 1  # a fixed shape reads no costs
 
 
 def test_the_methods_own_profile(target, draft, target_model):
-    engine = build_engine("draft:tree=priced,profile=flat,max_nodes=20", target, None, draft,
+    engine = build_generator("draft:tree=priced,profile=flat,max_nodes=20", target, None, draft,
                           eos_token_ids=[])
     assert engine.drafter.profile.simulated and engine.drafter.max_nodes == 20
     res = engine.generate(PROMPTS[1], max_new_tokens=20)
@@ -141,7 +141,7 @@ def test_the_methods_own_profile(target, draft, target_model):
 def test_running_acceptance_per_rank(target_model):
     """The target as its own draft: rank 1 always matches, so its rate climbs and the chain
     grows; a draft that always disagrees drives it down to one-token chains."""
-    twin = build_engine("draft:tree=priced", TorchBackend(target_model), None,
+    twin = build_generator("draft:tree=priced", TorchBackend(target_model), None,
                         TorchBackend(copy.deepcopy(target_model)), eos_token_ids=[],
                         profile=steep())
     res = twin.generate(PROMPTS[0], max_new_tokens=40)
@@ -149,7 +149,7 @@ def test_running_acceptance_per_rank(target_model):
     drafter = twin.drafter
     assert drafter.rates[0] > DEFAULT_RANK_RATES[0] + 0.2
     assert max(len(s) for s in drafter.shapes) > len(choose_branching(steep()))
-    no = build_engine("draft:tree=priced", TorchBackend(target_model), None,
+    no = build_generator("draft:tree=priced", TorchBackend(target_model), None,
                       NegatedBackend(copy.deepcopy(target_model)), eos_token_ids=[],
                       profile=flat())
     res = no.generate(PROMPTS[0], max_new_tokens=30)
@@ -159,7 +159,7 @@ def test_running_acceptance_per_rank(target_model):
 
 
 def test_sampled_trees_run(target, draft):
-    engine = build_engine("draft:tree=priced", target, None, draft, eos_token_ids=[],
+    engine = build_generator("draft:tree=priced", target, None, draft, eos_token_ids=[],
                           profile=flat())
     a = engine.generate(PROMPTS[2], 20, SamplingParams(temperature=0.8, seed=3)).token_ids
     b = engine.generate(PROMPTS[2], 20, SamplingParams(temperature=0.8, seed=3)).token_ids

@@ -1,8 +1,8 @@
 """adaspec: adaptive speculative decoding with output exactly the target model's.
 
-    from adaspec import load_engine
-    engine = load_engine()              # method "auto", the built-in pair, the fastest runtime
-    print(engine.generate("Reverse a linked list in Python.").text)
+    from adaspec import load_generator
+    generator = load_generator()           # method "auto", the built-in pair, the fastest runtime
+    print(generator.generate("Reverse a linked list in Python.").text)
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from adaspec.errors import AdaspecError, InputError, ModelStoreError
 if TYPE_CHECKING:
     from adaspec.engine.loop import Engine
     from adaspec.engine.steps import GenerationResult, StreamChunk
-    from adaspec.methods.build import build_engine, load_engine
+    from adaspec.methods.build import build_generator, load_generator
 
 # Loaded on first use, so `import adaspec` stays cheap.
 _LAZY = {
-    "load_engine": "adaspec.methods.build",
-    "build_engine": "adaspec.methods.build",
+    "load_generator": "adaspec.methods.build",
+    "build_generator": "adaspec.methods.build",
     "Engine": "adaspec.engine.loop",
     "GenerationResult": "adaspec.engine.steps",
     "StreamChunk": "adaspec.engine.steps",
@@ -45,7 +45,7 @@ __all__ = [
     "ModelStoreError",
     "SamplingParams",
     "StreamChunk",
-    "build_engine",
-    "load_engine",
+    "build_generator",
+    "load_generator",
 ]
 __version__ = "0.1.0"

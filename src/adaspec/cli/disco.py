@@ -170,7 +170,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.lab.bench.suites import load_suite, parse_suites
     from adaspec.lab.disco.dataset import assign_splits, collect
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
     from adaspec.methods.spec import parse_method
 
     try:
@@ -194,7 +194,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         args.target, args.draft, args.dtype, args.weights, args.draft_weights
     )
     assert draft is not None
-    engine = build_engine(spec, target, tokenizer, draft, eos_token_ids=eos)
+    engine = build_generator(spec, target, tokenizer, draft, eos_token_ids=eos)
 
     def generate(prompt):
         res = engine.generate(prompt.text, args.max_new_tokens, SamplingParams())

@@ -47,7 +47,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from adaspec.backends.device import resolve_device
     from adaspec.engine.steps import GenerationResult, StreamChunk
     from adaspec.errors import InputError
-    from adaspec.methods.build import load_engine
+    from adaspec.methods.build import load_generator
     # Check everything the user typed before spending seconds on loading models.
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     if args.router is not None:
@@ -56,7 +56,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise InputError("prompt is empty: give some text to continue")
     resolve_device(args.device)  # a missing GPU is named before any model loads
-    engine = load_engine(
+    engine = load_generator(
         args.method, args.target, args.draft, args.dtype, args.weights, args.draft_weights,
         args.device,
     )

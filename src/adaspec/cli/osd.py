@@ -167,10 +167,10 @@ def _teacher_forced_runs(args, specs, cfg, stream, meta, draft, out):
 
 def _engine_runs(args, specs, cfg, stream, meta, draft):
     from adaspec.lab.osd.engine_replay import engine_run, recording_overhead
-    from adaspec.methods.build import load_engine
+    from adaspec.methods.build import load_generator
     from adaspec.online.service import OnlineDistiller
 
-    engine = load_engine(f"draft:k={args.k}", target=args.target, draft=draft,
+    engine = load_generator(f"draft:k={args.k}", target=args.target, draft=draft,
                          dtype=args.dtype, weights=args.weights,
                          draft_weights=args.draft_weights)
     extra: dict = {"draft_weights": args.draft_weights, "target_weights": args.weights}

@@ -169,11 +169,11 @@ def run_collect(args: argparse.Namespace) -> int:
 def run_features(args: argparse.Namespace) -> int:
     from adaspec.lab.bench.suites import load_prompts
     from adaspec.lab.router.collect import record_states
-    from adaspec.methods.build import build_engine
+    from adaspec.methods.build import build_generator
 
     prompts = load_prompts(_suites(args.suite), None)
     target, tokenizer, _, eos = _load(args, False)
-    engine = build_engine("ar", target, tokenizer, None, eos)
+    engine = build_generator("ar", target, tokenizer, None, eos)
     rows = record_states(prompts, engine, Path(args.out), progress=not args.no_progress)
     print(f"adaspec router features: {len(rows)} prompt states in {args.out}", file=sys.stderr)
     return 0

@@ -111,7 +111,7 @@ def run_data(args: argparse.Namespace) -> int:
     from adaspec.errors import InputError
     from adaspec.lab.bench.suites import parse_suites
     from adaspec.lab.s2d.data import collect, default_data_dir, split_of, training_prompt_pairs
-    from adaspec.methods.build import load_engine
+    from adaspec.methods.build import load_generator
 
     pairs = training_prompt_pairs(parse_suites(args.suite, None, False))
     if args.only_val:
@@ -119,7 +119,7 @@ def run_data(args: argparse.Namespace) -> int:
     if not pairs:
         raise InputError("no training prompts selected: check --suite")
     out = args.out or str(default_data_dir(args.target))
-    engine = load_engine(args.method, args.target, args.draft, args.dtype, args.weights,
+    engine = load_generator(args.method, args.target, args.draft, args.dtype, args.weights,
                          args.draft_weights)
     print(f"adaspec s2d data: {len(pairs)} prompts, greedy, {args.max_new_tokens} new tokens "
           f"-> {out}", file=sys.stderr)

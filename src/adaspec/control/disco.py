@@ -66,7 +66,7 @@ class DiscoLength(LengthController):
         if stop == "cost":
             if profile is None:
                 raise InputError("DISCO's stop=cost prices each step with a cost profile: "
-                                 "give profile=FILE|flat, or build it with build_engine")
+                                 "give profile=FILE|flat, or build it with build_generator")
             if profile.draft is None:
                 raise InputError("DISCO's stop=cost needs a cost profile that measured the "
                                  "draft (adaspec profile, with a draft model)")
@@ -104,7 +104,7 @@ class DiscoLength(LengthController):
         return controller
 
     def check_models(self, target: str, draft: str) -> None:
-        """Called by build_engine with the backends' names."""
+        """Called by build_generator with the backends' names."""
         try:
             self.artifact.check_pair(target, draft)
         except InputError as exc:

@@ -1,6 +1,6 @@
 """Assemble an engine from a method string and loaded models.
 
-Models load once; `build_engine` is cheap, so the bench can switch methods on the same
+Models load once; `build_generator` is cheap, so the bench can switch methods on the same
 loaded target and draft. What a method name builds is the method registry's business
 (`methods.registry`): nothing here dispatches on names.
 """
@@ -22,7 +22,7 @@ from adaspec.methods.spec import DEFAULT_METHOD, MethodSpec, parse_method
 from adaspec.store.catalog import DRAFT_DEFAULT, TARGET_DEFAULT
 
 
-def build_engine(
+def build_generator(
     method: str | MethodSpec,
     target: ModelBackend,
     tokenizer,
@@ -31,7 +31,8 @@ def build_engine(
     profile: CostProfile | None = None,
     history: HistoryIndex | None = None,
 ) -> TextGenerator:
-    """The engine of a method on loaded models. `profile` prices the steps of cost-aware
+    """The generator of a method on loaded models (an `Engine`, or a `TextGenerator` composed
+    of engines, such as the router's). `profile` prices the steps of cost-aware
     methods (`auto`, DISCO's stop=cost, tree=priced); by default, the method's profile=...,
     else this machine's profile of these models (measured on first use, then cached).
     `history`: the cross-request index a method drafting from history uses (a server shares
@@ -42,12 +43,12 @@ def build_engine(
     models = Models(target, tokenizer, draft, eos_token_ids, profile, history)
     spec.method.check_models(spec.params, models, spec.text)
     if spec.method.arms is not None:  # a method composed of others: those first
-        models.arms = dict(build_arm_engines(spec.method.arms(spec.params), target, tokenizer,
+        models.arms = dict(build_arm_generators(spec.method.arms(spec.params), target, tokenizer,
                                              draft, eos_token_ids, profile))
     return spec.method.build(spec.params, models, spec.text)
 
 
-def build_arm_engines(
+def build_arm_generators(
     arms: dict[str, str],
     target: ModelBackend,
     tokenizer,
@@ -60,13 +61,13 @@ def build_arm_engines(
     profile=... or this machine's."""
     specs = check_arms(arms)
     return {  # every arm's method decodes with an Engine (check_arms refuses a router)
-        name: cast(Engine, build_engine(spec, target, tokenizer, draft, eos_token_ids,
+        name: cast(Engine, build_generator(spec, target, tokenizer, draft, eos_token_ids,
                                         profile=profile))
         for name, spec in specs.items()
     }
 
 
-def load_engine(
+def load_generator(
     method: str = DEFAULT_METHOD,
     target: str = TARGET_DEFAULT,
     draft: str | None = DRAFT_DEFAULT,
@@ -77,7 +78,7 @@ def load_engine(
 ) -> TextGenerator:
     """Load the models a method needs (from the verified cache, with the weights asked for:
     `fastest`, a torch quantization or a llama.cpp runtime, on `device`) and build its
-    engine."""
+    generator."""
     spec = parse_method(method)
     if spec.needs_draft_model() and draft is None:
         raise InputError(f"method {spec.text!r} needs a draft model (--draft)")
@@ -85,4 +86,4 @@ def load_engine(
         target, draft if spec.needs_draft_model() else None, dtype, spec.weights or weights,
         spec.draft_weights or draft_weights, device=device,
     )
-    return build_engine(spec, tgt, tokenizer, drf, eos_token_ids=eos)
+    return build_generator(spec, tgt, tokenizer, drf, eos_token_ids=eos)

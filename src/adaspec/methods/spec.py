@@ -19,7 +19,7 @@ from adaspec.methods.params import UnknownParameter, as_dict, build_params, fiel
 from adaspec.methods.registry import METHODS
 from adaspec.registry import Registry
 
-DEFAULT_METHOD = "auto"  # what `adaspec generate` and `load_engine` run
+DEFAULT_METHOD = "auto"  # what `adaspec generate` and `load_generator` run
 
 
 @dataclass(frozen=True)

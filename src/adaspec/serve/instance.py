@@ -136,7 +136,7 @@ class ModelInstance:
     def engine(self, method: str) -> TextGenerator:
         """The engine of a method string (built on first use; call from the worker only:
         building a cost-aware method may measure the models)."""
-        from adaspec.methods.build import build_engine
+        from adaspec.methods.build import build_generator
 
         with self._lock:
             engine = self._engines.get(method)
@@ -145,7 +145,7 @@ class ModelInstance:
                 return engine
         spec = parse_method(method) if method == getattr(self, "default_method", None) \
             else self.check_method(method)
-        engine = build_engine(spec, self.target, self.tokenizer, self.draft,
+        engine = build_generator(spec, self.target, self.tokenizer, self.draft,
                               eos_token_ids=self.eos_token_ids,
                               history=self.history.index if self.history else None)
         with self._lock:
@@ -177,11 +177,11 @@ class ModelInstance:
         """A new engine of `method` for one request on slot `slot`'s sequences: its own
         drafter and length controller, dropped with the request; the history, the heavy
         parts and what the method learns across requests shared with `engine`'s."""
-        from adaspec.methods.build import build_engine
+        from adaspec.methods.build import build_generator
 
         shared = self.engine(method)  # checks the method (and measures a profile) once
         target, draft = self.slots[slot]
-        engine = build_engine(parse_method(method), target, self.tokenizer, draft,
+        engine = build_generator(parse_method(method), target, self.tokenizer, draft,
                               eos_token_ids=self.eos_token_ids,
                               history=self.history.index if self.history else None)
         engine.learn_with(shared)  # every request teaches the one method

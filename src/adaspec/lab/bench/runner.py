@@ -36,7 +36,7 @@ from adaspec.lab.bench.references import other_weights, parse_bench_method
 from adaspec.lab.bench.report import row_key, summarize, to_markdown
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.bench.theory import oracle_schedule, teacher_forced_hits
-from adaspec.methods.build import build_engine
+from adaspec.methods.build import build_generator
 from adaspec.methods.spec import MethodSpec
 from adaspec.store.atomic import trim_torn_tail, write_text
 
@@ -304,7 +304,7 @@ class BenchRunner:
                 self.backends[m] = self._hf_backends(m, spec)
             else:
                 tgt, drf = self.backends[m]
-                self.engines[m] = build_engine(spec, tgt, tokenizer, drf, eos_token_ids)
+                self.engines[m] = build_generator(spec, tgt, tokenizer, drf, eos_token_ids)
 
     def _hf_backends(self, m: str, spec: MethodSpec) -> tuple[ModelBackend, ModelBackend | None]:
         """The transformers models HF's `generate` runs: the method's own, or where the run

@@ -25,7 +25,7 @@ from adaspec.lab.bench.runner import BenchConfig, BenchRunner
 from adaspec.lab.bench.suites import Prompt
 from adaspec.lab.router.collection import META, RUNS, STATES, read_states
 from adaspec.methods.arms import arm_parameters, check_arms, count_parameters
-from adaspec.methods.build import build_arm_engines
+from adaspec.methods.build import build_arm_generators
 from adaspec.route.router import prompt_state
 from adaspec.store.atomic import trim_torn_tail, write_json
 
@@ -158,7 +158,7 @@ def collect(
         (out / STATES).unlink()
     write_json(out / META, meta)
 
-    engines = build_arm_engines(config.arms, target, tokenizer, draft, eos_token_ids)
+    engines = build_arm_generators(config.arms, target, tokenizer, draft, eos_token_ids)
     custom = {name: e for name, e in engines.items() if name != config.arms[name]}
     runner = BenchRunner(
         BenchConfig(
