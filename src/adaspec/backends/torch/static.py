@@ -152,6 +152,8 @@ class StaticTorchBackend(ModelBackend):
                  max_context: int = DEFAULT_CONTEXT, graphs: str = "auto",
                  compile: bool = False) -> None:
         self.model = model.eval()
+        for layer in model.model.layers:  # q/k/v and gate/up as one product each
+            layer.fuse()
         self.name = name
         cfg = model.config
         self.config = cfg
