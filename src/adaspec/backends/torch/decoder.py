@@ -195,7 +195,7 @@ def _fuse(*parts: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         rows = p.weight.shape[0]
         p.weight.data = weight[at : at + rows]
         if bias is not None:
-            p.bias.data = bias[at : at + rows]  # type: ignore[union-attr]
+            p.bias.data = bias[at : at + rows]
         at += rows
     return weight, bias
 

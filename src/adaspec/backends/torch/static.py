@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -153,7 +153,7 @@ class StaticTorchBackend(ModelBackend):
                  compile: bool = False) -> None:
         self.model = model.eval()
         for layer in model.model.layers:  # q/k/v and gate/up as one product each
-            layer.fuse()
+            cast(DecoderLayer, layer).fuse()
         self.name = name
         cfg = model.config
         self.config = cfg
