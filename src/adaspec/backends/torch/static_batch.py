@@ -7,11 +7,13 @@ that sequence's own cached length. A rollback moves a sequence's length (its vie
 removal frees nothing; a shared prompt prefix is copied between rows.
 
 Decode rounds (every feed at most 16 tokens) run at fixed shapes where the base runtime does
-(`graphs`, a GPU's default): every row of the cache takes part, each padded to 1, 2, 4, 8 or
-16 tokens (a row without a feed is all padding), the padding written to scratch slots past
+(`graphs`, a GPU's default): the cache's first rows take part, as many as the highest
+sequence fed needs rounded up to a power of two, each padded to 1, 2, 4, 8 or 16 tokens (a
+row without a feed is all padding), the padding written to scratch slots past
 the cache, attention over the first `span` slots of every row (a power of two covering the
-longest sequence). On a GPU each (tokens, span) shape is captured once as a CUDA graph and
-replayed; on the CPU the same pass runs eagerly (tests). Prompt chunks run at their own shape.
+longest sequence). On a GPU each (rows, tokens, span) shape is captured once as a CUDA
+graph and replayed; on the CPU the same pass runs eagerly (tests). Prompt chunks run at
+their own shape.
 
 A `SequenceOwner` (backends/sequences.py): the batch engine drives its views exactly as it
 drives ik_llama.cpp's sequences. `StaticTorchBackend.sequences(n)` makes one.
@@ -59,7 +61,7 @@ class StaticSequences:
                         torch.zeros(shape, dtype=weight.dtype, device=weight.device))
                        for _ in range(cfg.num_layers)]
         self._slot_ids = torch.arange(shape[2], device=weight.device)
-        self._fixed: dict[tuple[int, int], _BatchPass] = {}
+        self._fixed: dict[tuple[int, int, int], _BatchPass] = {}  # by (rows, size, span)
         self._pool: Any = None
         self.calls = 0  # runtime calls made (each scores every feed given to it)
 
@@ -126,10 +128,11 @@ class StaticSequences:
         while span < longest:
             span *= 2
         span = min(span, self.max_context)
-        p = self._fixed.get((size, span))
+        rows = self.row_bucket(max(f.seq for f in feeds) + 1)
+        p = self._fixed.get((rows, size, span))
         if p is None:
-            p = self._fixed[(size, span)] = _BatchPass(
-                self.max_sequences, size, span, self.max_context, self._slot_ids.device)
+            p = self._fixed[(rows, size, span)] = _BatchPass(
+                rows, size, span, self.max_context, self._slot_ids.device)
             if self.graphs == "cuda":
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
@@ -146,9 +149,19 @@ class StaticSequences:
         logits = out.index_select(0, index).float().cpu()
         return list(logits.split([len(w) for w in wanted]))
 
+    def row_bucket(self, rows: int) -> int:
+        """The rows a fixed pass runs for sequences 0 .. rows - 1: a power of two (or every
+        row), so a few requests in a large cache pay for their own rows, not all of them,
+        and the shapes (graphs) stay few."""
+        bucket = 1
+        while bucket < rows:
+            bucket *= 2
+        return min(bucket, self.max_sequences)
+
     def _batch_pass(self, p: _BatchPass) -> torch.Tensor:
-        """Logits [rows x size, V] of a fixed pass over every row: shapes depend on the size
-        and span alone; lengths, slots and tokens are read from `p`'s tensors."""
+        """Logits [rows x size, V] of a fixed pass over the first `p.rows` rows of the
+        cache: shapes depend on the rows, size and span alone; lengths, slots and tokens
+        are read from `p`'s tensors."""
         cfg, model = self.config, self.model
         rows, size, span = p.rows, p.size, p.span
         at = self._slot_ids[:span][None, None, :]  # [1, 1, span] slot index
@@ -163,7 +176,9 @@ class StaticSequences:
         x = stack.embed_tokens(p.ids)
         layer: Any
         for k, layer in enumerate(stack.layers):
-            x = layer.step(x, cos, sin, self._cache[k], 0, mask[:, None], slots=p.slots)
+            keys, values = self._cache[k]
+            x = layer.step(x, cos, sin, (keys[:rows], values[:rows]), 0, mask[:, None],
+                           slots=p.slots)
         return model.lm_head(stack.norm(x)).view(rows * size, -1)
 
     def remove_seq(self, seq: int, start: int) -> None:
