@@ -9,6 +9,11 @@ runtime and on transformers. Writes small summaries (gpu_costs.json / gpu_costs.
 - plain decoding ms/token of Hugging Face `generate` (static cache, greedy);
 - one call carrying a token for each of 1, 2, 4, 8 requests (the static runtime's batched
   cache, continuous batching's slack on a GPU);
+- one step of the draft head of the shipped shape (random init) over the target, eager and
+  in a CUDA graph, against a target step;
+- the target's concurrency sweep: 1, 4, 16, 64 requests decoded together in process on the
+  static runtime (adaspec's batch driver), aggregate tokens/s, against transformers' batched
+  `generate` on the same prompts;
 - adaspec's own plain loop on the static runtime: the target's ms per step beside the loop's
   own ms per step (verification, bookkeeping; `RequestStats.loop_time`);
 - the physical floor: weight bytes a pass reads over the measured device copy bandwidth;
@@ -138,6 +143,97 @@ def loop_step_ms(backend, tokens: int) -> dict[str, float]:
             "ms_per_token": round(1000 * (stats.wall_time - stats.prefill_time) / steps, 3)}
 
 
+# The shipped draft head's shape (src/adaspec/draft/builtin/head-*.json): one decoder layer
+# with 4 query heads and an MLP of 1024 over the target's hidden size, 8,192 kept tokens.
+HEAD = {"heads": 4, "intermediate": 1024, "kept": 8192}
+HEAD_TINY = {"heads": 2, "intermediate": 64, "kept": 256}
+
+
+def head_step_ms(shape: dict, device: str, dtype: torch.dtype, reps: int, tiny: bool,
+                 context: int = 256) -> dict[str, float]:
+    """ms of one step of a random-init draft head of the shipped shape over the target's
+    hidden size (what `HeadDrafter` runs per drafted token: the head over a cache of
+    `context` positions, the kept tokens' logits, their argmax), eager and in a CUDA graph
+    where there is one."""
+    from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead
+
+    h = HEAD_TINY if tiny else HEAD
+    hidden, heads = shape["hidden_size"], shape["num_attention_heads"]
+    cfg = HeadConfig(hidden=hidden, heads=h["heads"], kv_heads=shape["num_key_value_heads"],
+                     head_dim=hidden // heads, intermediate=h["intermediate"])
+    with torch.device(device):
+        head = DraftHead(cfg).to(dtype).eval()
+        tokens = TokenHead(torch.randn(h["kept"], hidden, dtype=dtype),
+                           torch.arange(h["kept"]), h["kept"]).eval()
+        kv = (torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype),
+              torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype))
+        feature = torch.randn(1, 1, hidden, dtype=dtype)
+        embed = torch.randn(1, 1, hidden, dtype=dtype)
+        position = torch.full((1, 1), context, dtype=torch.long)
+
+    @torch.inference_mode()
+    def step() -> torch.Tensor:
+        out, _ = head(feature, embed, position, kv)
+        return tokens(out).argmax(-1)
+
+    out = {"eager_ms": round(timed(step, device, reps), 4)}
+    if device == "cuda":
+        from adaspec.backends.torch.graphs import capture_graph
+
+        graph, _ = capture_graph(step, torch.cuda.graph_pool_handle())
+        out["graph_ms"] = round(timed(graph.replay, device, reps), 4)
+    return out
+
+
+def concurrency_sweep(model, name: str, device: str, counts: tuple[int, ...],
+                      prompt_len: int, new_tokens: int) -> dict[int, dict[str, float]]:
+    """Aggregate tokens/s of `counts` requests decoded together in process: adaspec's
+    plain loop on the static runtime's batched cache (one engine per request, the batch
+    driver of the server), against transformers' batched greedy `generate` (its default
+    cache) on the same prompts; fixed lengths (no end-of-sequence token)."""
+    from adaspec.backends.torch.static import static_backend
+    from adaspec.engine.batch import BatchDecoder
+    from adaspec.engine.loop import Engine
+
+    def run(engines: list, prompts: torch.Tensor, n: int) -> None:
+        decoder = BatchDecoder()
+        for i, e in enumerate(engines):
+            decoder.add(i, e.stream_steps(prompts[i].tolist(), n, chat=False))
+        while len(decoder):
+            decoder.round()
+
+    out: dict[int, dict[str, float]] = {}
+    for b in counts:
+        prompts = torch.randint(0, 1000, (b, prompt_len))
+        views = static_backend(model, name, device,
+                               max_context=prompt_len + new_tokens + 32).sequences(b)
+        engines = [Engine(v, None, eos_token_ids=[]) for v in views]
+        run(engines, prompts, 4)  # warm-up: the shapes this count meets (graphs captured)
+        sync(device)
+        t0 = time.perf_counter()
+        run(engines, prompts, new_tokens)
+        sync(device)
+        ours = b * new_tokens / (time.perf_counter() - t0)
+        del engines, views
+        # its default (dynamic) cache: a static one compiles per batch shape on a GPU,
+        # minutes of a device call
+        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                      pad_token_id=0)
+        ids = prompts.to(device)
+        model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+        sync(device)
+        t0 = time.perf_counter()
+        model.generate(ids, **kwargs)
+        sync(device)
+        theirs = b * new_tokens / (time.perf_counter() - t0)
+        out[b] = {"adaspec_tok_s": round(ours, 1), "hf_generate_tok_s": round(theirs, 1)}
+        print(f"{name}: {b} requests: adaspec {ours:.1f} tok/s, HF generate {theirs:.1f}",
+              flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def hf_generate_ms(model, device: str, tokens: int) -> float:
     """ms per token of transformers' greedy `generate` with a static cache."""
     prompt = torch.randint(0, 1000, (1, 64), device=device)
@@ -164,6 +260,11 @@ def main() -> None:
                     help="pass sizes also timed compiled by torch.compile ('' to skip)")
     ap.add_argument("--compile-all", action="store_true",
                     help="compile the draft's passes too (default: the target's only)")
+    ap.add_argument("--sweep", default="1,4,16,64",
+                    help="requests decoded together in the target's concurrency sweep "
+                         "('' to skip)")
+    ap.add_argument("--sweep-tokens", type=int, default=64,
+                    help="new tokens per request in the sweep (prompts of 128)")
     args = ap.parse_args()
 
     from adaspec.backends.torch.backend import TorchBackend
@@ -216,6 +317,14 @@ def main() -> None:
         row["hf_generate_ms_per_token"] = round(
             hf_generate_ms(model, device, args.generate_tokens), 3)
         row["static_1_over_floor"] = round(row["static_ms"][1] / floor, 2)
+        if len(models) == 1:  # the target: the draft head over it, and many requests
+            row["head_step"] = head_step_ms(shape, device, dtype, args.reps, args.tiny)
+            row["head_over_step"] = round(row["head_step"].get(
+                "graph_ms", row["head_step"]["eager_ms"]) / row["static_ms"][1], 4)
+            if args.sweep:
+                row["sweep"] = concurrency_sweep(
+                    model, name, device, tuple(int(b) for b in args.sweep.split(",")),
+                    128, args.sweep_tokens)
         record["models"][name] = row
         print(name, json.dumps(row), flush=True)
         if device == "cuda":
@@ -257,6 +366,19 @@ def main() -> None:
     for name, r in record["models"].items():
         bm = r["batch_ms"]
         lines.append(f"| {name} | {bm[1]} | {bm[2]} | {bm[4]} | {bm[8]} |")
+    for name, r in record["models"].items():
+        if "head_step" in r:
+            hs = r["head_step"]
+            lines += ["", f"The draft head (shipped shape, random init) over {name}: "
+                      f"{hs.get('graph_ms', '-')} ms a step in a graph, {hs['eager_ms']} "
+                      f"eager; {r['head_over_step']} of a target step (n=1)."]
+        if r.get("sweep"):
+            lines += ["", f"{name}, requests decoded together (prompts of 128, "
+                      f"{args.sweep_tokens} new tokens each), aggregate tokens/s:", "",
+                      "| requests | adaspec (static, batched) | HF generate (batched, default cache) |",
+                      "| ---: | ---: | ---: |"]
+            lines += [f"| {b} | {v['adaspec_tok_s']} | {v['hf_generate_tok_s']} |"
+                      for b, v in r["sweep"].items()]
     (out / "gpu_costs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -15,6 +15,9 @@
 # the host's disk and network, not the GPU):
 #   bash experiments/gpu_session.sh costs-detached   # returns at once; then the chunk calls
 #   bash experiments/gpu_session.sh collect          # waits for the costs, returns them
+# and, on any machine (CI runs it: tests/test_gpu_session.py), the costs part on tiny
+# shapes on the CPU, so a typo never costs device time:
+#   OUT=/tmp/out bash experiments/gpu_session.sh costs-dry
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
@@ -31,7 +34,7 @@ if [ -d .gpuw ] && [ ! -L .gpuw ]; then mkdir -p "$KEPT" && cp -r .gpuw/. "$KEPT
 [ -d "$KEPT" ] && rm -rf .gpuw && ln -s "$KEPT" .gpuw
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
-      --format=csv; python3 -c "import torch, transformers; print('torch', torch.__version__,
+      --format=csv 2>/dev/null || echo "no nvidia-smi: no GPU here"; python3 -c "import torch, transformers; print('torch', torch.__version__,
 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
@@ -39,6 +42,9 @@ PART=${1:-costs}
 DETACHED=/tmp/gpu-costs  # survives between calls while the machine is held
 if [ "$PART" = costs ]; then
     python3 experiments/gpu_costs.py --out "$OUT/costs" || echo "gpu_costs.py failed: $?"
+elif [ "$PART" = costs-dry ]; then
+    python3 experiments/gpu_costs.py --tiny --device cpu --reps 2 --generate-tokens 8 \
+        --compile-sizes '' --sweep 1,4 --sweep-tokens 8 --out "$OUT/costs" || exit 1
 elif [ "$PART" = costs-detached ]; then
     rm -rf "$DETACHED" && mkdir -p "$DETACHED"
     setsid nohup bash -c "python3 experiments/gpu_costs.py --out $DETACHED/out \
