@@ -17,6 +17,8 @@ runtime and on transformers. Writes small summaries (gpu_costs.json / gpu_costs.
 - adaspec's own plain loop on the static runtime: the target's ms per step beside the loop's
   own ms per step (verification, bookkeeping; `RequestStats.loop_time`);
 - the physical floor: weight bytes a pass reads over the measured device copy bandwidth;
+- the target's batch cost (gpu_batch_cost.json, what `adaspec profile --batch 64` measures:
+  one call by sequences, up to 64, and tokens each, what a server prices drafts by);
 - a cost profile of the pair (gpu_profile.json, what `adaspec profile --device cuda` measures),
   for `adaspec bench --replay RESULTS --profile gpu_profile.json`: the CPU runs' acceptance
   re-priced under the GPU's costs (predicted, not measured).
@@ -344,6 +346,17 @@ def main() -> None:
                                   loop_overhead=loop_overhead_ms)
         profile.save(out / "gpu_profile.json")
         record["profile"] = "gpu_profile.json"
+        # the batch dimension: what a server decoding up to 64 requests together prices by
+        from adaspec.cost.batch import FORMAT, measure_batch_cost
+
+        t0 = time.perf_counter()
+        views = static_backend(models[target_name], target_name, device,
+                               1024).sequences(8 if args.tiny else 64)
+        batch = measure_batch_cost(views, {**key, "batch": FORMAT}, repeats=3)
+        batch.save(out / "gpu_batch_cost.json")
+        record["batch_cost"] = {"file": "gpu_batch_cost.json",
+                                "seconds": round(time.perf_counter() - t0, 1)}
+        del views
     (out / "gpu_costs.json").write_text(json.dumps(record, indent=2))
     lines = [f"# Pass costs on {machine} (bf16, random-init weights of the real shapes)", "",
              f"Copy bandwidth {record['copy_gbs']} GB/s; cache {args.context} tokens; "
@@ -375,7 +388,8 @@ def main() -> None:
         if r.get("sweep"):
             lines += ["", f"{name}, requests decoded together (prompts of 128, "
                       f"{args.sweep_tokens} new tokens each), aggregate tokens/s:", "",
-                      "| requests | adaspec (static, batched) | HF generate (batched, default cache) |",
+                      "| requests | adaspec (static, batched) "
+                      "| HF generate (batched, default cache) |",
                       "| ---: | ---: | ---: |"]
             lines += [f"| {b} | {v['adaspec_tok_s']} | {v['hf_generate_tok_s']} |"
                       for b, v in r["sweep"].items()]

@@ -52,6 +52,17 @@ def test_a_row_is_priced_step_by_step(results):
     assert spec["decode_ms"] == pytest.approx(5 * (10.0 + 4 * 5.0 + 0.5) + 20 * 2.0)
 
 
+def test_head_steps_are_priced_at_the_head_ms_given():
+    profile = _profile(per_token=5.0)
+    row = {**_row("head:k=1", [[1, 1]] * 4, target_calls=17), "head_calls": 6}
+    with pytest.raises(InputError, match="--head-ms"):
+        price_row(row, profile)
+    priced = price_row(row, profile, head_ms=0.25)
+    plain = 17 - 1 - 4  # single-token steps: every call after the prompt's but the 4 drafts'
+    assert priced["decode_ms"] == pytest.approx(4 * (10.0 + 5.0 + 0.5) + plain * 10.5
+                                                + 6 * 0.25)
+
+
 def test_flat_verification_makes_the_same_steps_pay_more(results):
     steep = replay(results, _profile(per_token=10.0), "steep")
     flat = replay(results, _profile(per_token=0.1), "flat")

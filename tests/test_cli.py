@@ -167,3 +167,20 @@ def test_a_library_caller_giving_weights_auto_is_told_the_new_name():
 
     with pytest.raises(InputError, match="weights 'auto' are now called 'fastest'"):
         start_backend("/no/such/model", weights="auto")
+
+
+def test_profile_measures_the_batch_cost_when_asked(capsys, model_dirs):
+    target, _ = model_dirs
+    code, out, err = run(capsys, "profile", "--target", target, "--no-draft", "--weights",
+                         "static", "--batch", "4")
+    assert code == 0, err
+    table = out[out.index("batch cost of"):].splitlines()
+    rows = [line.split("|")[1].strip() for line in table if line.startswith("| ") and
+            line.split("|")[1].strip().isdigit()]
+    assert rows == ["1", "2", "4"]  # sequences measured: up to the 4 asked
+    assert "measuring the batch cost" in err
+    again = run(capsys, "profile", "--target", target, "--no-draft", "--weights", "static",
+                "--batch", "4")
+    assert again[0] == 0 and "measuring the batch cost" not in again[2]  # read back
+    code, _, err = run(capsys, "profile", "--target", target, "--no-draft", "--batch", "1")
+    assert code == 2 and "at least 2" in err

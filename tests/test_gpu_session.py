@@ -32,5 +32,7 @@ def test_the_gpu_sessions_costs_part_runs_on_the_cpu(tmp_path):
                for v in target["sweep"].values())
     profile = json.loads((tmp_path / "costs" / "gpu_profile.json").read_text())
     assert profile["key"]["note"].startswith("random-init")
+    batch = json.loads((tmp_path / "costs" / "gpu_batch_cost.json").read_text())
+    assert batch["curve"]["contexts"] == [1, 2, 4, 8]  # sequences, tiny: up to 8
     summary = (tmp_path / "costs" / "gpu_costs.md").read_text()
     assert "The draft head" in summary and "| 4 |" in summary

@@ -127,6 +127,8 @@ def test_greedy_decoding_with_the_head_is_plain_decoding_and_drafts_get_accepted
         assert got.token_ids == want
         accepted += got.stats.accepted
         drafted += got.stats.drafted
+        # head steps are counted apart from draft model passes (priced apart)
+        assert got.stats.head_calls >= got.stats.drafted > 0 and got.stats.draft_calls == 0
     assert drafted > 0 and accepted / drafted > 0.3
 
 
@@ -343,13 +345,15 @@ def test_auto_prices_the_head_as_a_source(tmp_path, profile):
     engine = build_generator(f"auto:use=ngram+head,head={path},head_ms=1", TorchBackend(model),
                           None, eos_token_ids=[], profile=costs)
     plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
-    by_head = 0
+    by_head = head_calls = 0
     for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30]):
         got = engine.generate(prompt, max_new_tokens=20)
         assert got.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
         by_head += engine.drafter.choices.head
+        head_calls += got.stats.head_calls
+        assert got.stats.draft_calls == 0  # no draft model here: every step was the head's
     if profile == "flat":
-        assert by_head > 0
+        assert by_head > 0 and head_calls >= by_head
     else:
         assert by_head == 0
 

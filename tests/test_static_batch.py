@@ -144,3 +144,33 @@ def test_routed_requests_decode_together(graphs):
         assert results[i].token_ids == want[i] and results[i].stats.route == pick
     steps = sum(results[i].stats.target_calls for i in range(3))
     assert owner.calls - calls < steps  # the arms' decode steps shared calls
+
+
+@GRAPHS
+def test_seeded_sampling_is_the_same_whatever_shares_the_batch(graphs):
+    """A seeded sampled request draws the same tokens alone and beside other requests (in
+    one batched pass, at fixed shapes or its own), with plain decoding and with a draft."""
+    from adaspec.core.sampling import SamplingParams
+
+    target = tiny_model(seed=37, random_norms=True)
+    draft = tiny_model(seed=38, layers=1)
+    prompt = [4, 8, 15, 16, 23]
+
+    def run(method: str, seed: int, others: list) -> list[int]:
+        targets = static_backend(target, "t", graphs=graphs).sequences(1 + len(others))
+        drafts = static_backend(draft, "d", graphs=graphs).sequences(1 + len(others))
+        engines = [build_generator(method, t, None, d, eos_token_ids=[])
+                   for t, d in zip(targets, drafts, strict=True)]
+        requests = {0: engines[0].stream_steps(prompt, 24, SamplingParams(0.9, seed=seed))}
+        for i, (p, sampling) in enumerate(others, 1):
+            requests[i] = engines[i].stream_steps(p, 16 + 3 * i, sampling)
+        results, _ = run_together(BatchDecoder(), requests)
+        assert isinstance(results[0], GenerationResult)
+        return results[0].token_ids
+
+    others = [([1, 2, 3], SamplingParams(0.7, seed=3)), ([9] * 6, None),
+              ([30, 31, 32, 33], SamplingParams(1.0, seed=5))]
+    for method in ("ar", "draft:k=3"):
+        alone = run(method, 11, [])
+        assert run(method, 11, others) == alone, method
+        assert run(method, 12, others) != alone, method  # the seed does draw them

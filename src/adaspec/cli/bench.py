@@ -111,6 +111,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "profile`, or 'flat': simulated GPU-like costs)",
     )
     p.add_argument(
+        "--head-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="with --replay: ms of one draft head step under that profile (for example "
+        "experiments/gpu_costs.py's head_step on the GPU), for runs that drafted with the head",
+    )
+    p.add_argument(
         "--baseline",
         default=None,
         metavar="METHOD",
@@ -248,7 +256,9 @@ def run_replay(args: argparse.Namespace) -> int:
         raise InputError("--replay needs --profile FILE (or --profile flat)")
     profile = load_profile(args.profile)
     name = "flat" if args.profile.strip() == "flat" else Path(args.profile).stem
-    path, md = write_replay(args.replay, profile, name)
+    if args.head_ms is not None and not args.head_ms > 0:
+        raise InputError(f"--head-ms must be a positive number of ms, not {args.head_ms}")
+    path, md = write_replay(args.replay, profile, name, args.head_ms)
     print(md)
     print(f"adaspec bench: SIMULATED replay written to {path}", file=sys.stderr)
     return 0

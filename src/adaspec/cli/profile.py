@@ -24,6 +24,11 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-draft", action="store_true", help="profile the target alone")
     p.add_argument("--force", action="store_true", help="measure again even if cached")
     p.add_argument("--out", default=None, help="also write the profile to this JSON file")
+    p.add_argument("--batch", type=int, default=0, metavar="N",
+                   help="also measure the batch cost (one call carrying the tokens of up to "
+                        "N sequences, what a server decoding N requests together prices its "
+                        "drafts by; measured by `adaspec serve` on first use otherwise), on a "
+                        "runtime that decodes sequences together")
     p.set_defaults(func=run_profile)
     show = psub.add_parser("show", help="print profiles and draw their cost curves (PNG)")
     show.add_argument("files", nargs="*", help="profile JSON files (default: every cached one)")
@@ -51,7 +56,29 @@ def run_profile(args: argparse.Namespace) -> int:
     png = path.with_suffix(".png")
     plot_profiles([profile], png)
     print(f"cost curves: {png}")
+    if args.batch:
+        print(format_batch_cost(target, args.batch, args.force))
     return 0
+
+
+def format_batch_cost(target, sequences: int, remeasure: bool) -> str:
+    """Measure (or read) the batch cost of `sequences` sequences; its table."""
+    from adaspec.backends.sequences import sequences as views_of
+    from adaspec.cost.batch import PER_SEQUENCE, batch_cost_for
+    from adaspec.errors import InputError
+
+    if sequences < 2:
+        raise InputError(f"--batch counts the sequences decoded together: at least 2, not "
+                         f"{sequences}")
+    cost = batch_cost_for(target, views_of(target, sequences), remeasure=remeasure)
+    seqs = [int(s) for s in cost.curve.contexts]
+    lines = [f"batch cost of {target.name} ({target.kind}): ms of one call, by sequences and "
+             "tokens each", "", "| sequences | " + " | ".join(f"{t} each" for t in PER_SEQUENCE)
+             + " |", "| ---: |" + " ---: |" * len(PER_SEQUENCE)]
+    for s in seqs:
+        lines.append(f"| {s} | " + " | ".join(f"{cost.ms(s * t, s):.2f}" for t in PER_SEQUENCE)
+                     + " |")
+    return "\n".join(lines)
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ class RequestStats:
     new_tokens: int = 0
     target_calls: int = 0  # target forward passes, prefill included
     draft_calls: int = 0  # draft model forward passes
+    head_calls: int = 0  # draft head steps (priced apart: a few % of a target step)
     drafted: int = 0  # draft tokens sent to verification
     accepted: int = 0  # draft tokens the target accepted
     wall_time: float = 0.0

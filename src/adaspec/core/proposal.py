@@ -28,6 +28,7 @@ class Proposal:
     tree: TokenTree
     probs: torch.Tensor | None = None
     forward_calls: int = 0  # draft model forward passes spent on it
+    head_calls: int = 0  # draft head steps spent on it (a few % of a draft model's pass)
     replacement: bool | None = None
     # drafted tokens per part of the drafter that produced them (S2D: per exit), if it says
     drafted_by: dict[str, int] | None = None
@@ -44,9 +45,11 @@ class Proposal:
         forward_calls: int = 0,
         drafted_by: dict[str, int] | None = None,
         accept: list[float] | None = None,
+        head_calls: int = 0,
     ) -> Proposal:
         tree = TokenTree([int(root), *map(int, tokens)], list(range(-1, len(tokens))))
-        return cls(tree, probs, forward_calls, drafted_by=drafted_by, accept=accept)
+        return cls(tree, probs, forward_calls, head_calls, drafted_by=drafted_by,
+                   accept=accept)
 
     @property
     def depth(self) -> int:
@@ -73,6 +76,7 @@ class Proposal:
             None if self.probs is None or k == 0 else self.probs[:k], self.forward_calls,
             drafted_by={p: min(n, k) for p, n in (self.drafted_by or {}).items()} or None,
             accept=None if self.accept is None else self.accept[:k],
+            head_calls=self.head_calls,
         )
 
     def tokens_on(self, path: list[int]) -> list[int]:

@@ -24,7 +24,7 @@ from adaspec.cost.profile import Curve
 from adaspec.errors import InputError
 from adaspec.store.atomic import write_json
 
-SEQUENCES = [1, 2, 4, 8, 16]
+SEQUENCES = [1, 2, 4, 8, 16, 32, 64]  # as many as the views given (a GPU's serve: 64)
 PER_SEQUENCE = [1, 2, 4, 8]  # tokens each sequence feeds
 # Drafted tokens on one sequence beside one token for each other: the shapes a batch verifies
 # most. Not on the line between the uniform shapes: on a 2-vCPU Xeon the first drafted token
@@ -240,7 +240,8 @@ def _most_sequences(views: int) -> int:
     return max([s for s in SEQUENCES if s <= views] or [1])
 
 
-def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend]) -> BatchCost:
+def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend],
+                   remeasure: bool = False) -> BatchCost:
     """This machine's batch cost of `target`'s runtime: read from the profiles folder, or
     measured now (about a minute with eight slots, said on stderr) and stored."""
     from adaspec.cost.cache import profile_key, profile_path
@@ -248,7 +249,7 @@ def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend]) -> Batch
     key = {**profile_key(target, None), "batch": FORMAT}
     base = profile_path(key)
     path = base.with_name(base.stem + "-batch.json")
-    if path.is_file():
+    if path.is_file() and not remeasure:
         try:
             import json
 

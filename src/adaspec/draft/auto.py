@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 import torch
@@ -245,6 +245,7 @@ class AutoDrafter(Drafter):
         self._without_draft = [0, 0.0]  # tokens emitted, ms priced: steps alone, no draft model
         self._priced: tuple[int, float] | None = None  # (context, ms) of this step, counted there
         self._seat: Seat | None = None  # the batch this step is priced in (`propose`)
+        self._peeked = False  # this step drew the head's first token (`_peek_head`)
         self._remaining = 0  # the request's budget left as of this step (`propose`)
         # a step's prices (`_prices`), by whether priced in a batch; None: no step
         self._memo: dict[bool, list[float]] | None = None
@@ -550,8 +551,13 @@ class AutoDrafter(Drafter):
         self._base_memo = None
         self._remaining = req.remaining
         self._req = req
+        self._peeked = False
         try:
-            return self._propose(req.context, max_tokens, req.sampling, req.generator, req.seat)
+            proposal = self._propose(req.context, max_tokens, req.sampling, req.generator,
+                                     req.seat)
+            if self._peeked and not proposal.head_calls:  # a peek that lost: its step spent
+                proposal = replace(proposal, head_calls=1)
+            return proposal
         finally:
             self._memo = self._base_memo = None
             self._req = None
@@ -603,6 +609,7 @@ class AutoDrafter(Drafter):
         if self.head is not None and limit > 0 and not self._off_the_end(ctx) \
                 and (params.greedy or params.seed is None):
             peek = self._peek_head(options, limit, ctx, params, generator)
+            self._peeked = peek is not None
             if peek is not None:
                 options.append((peek.value, "head", peek.n))
         value, kind, n = max(options, key=lambda o: o[0])
@@ -794,7 +801,9 @@ class AutoDrafter(Drafter):
                    key=lambda j: values[j] / (spent + self._verify_ms(j, ctx)))
         tokens, buckets = tokens[:best], buckets[:best]
         self._last = Choice(kind, tokens, ctx, buckets=buckets)
+        head = kind == "head"
         return Proposal.chain(
-            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None, calls,
-            drafted_by={kind: best} if best else None, accept=accept[:best],
+            context[-1], tokens, torch.stack(rows[:best]) if rows and best else None,
+            0 if head else calls, drafted_by={kind: best} if best else None,
+            accept=accept[:best], head_calls=calls if head else 0,
         )

@@ -201,7 +201,7 @@ class HeadDrafter(Drafter):
                 break
             chain.advance(tokens[-1])
         return Proposal.chain(context[-1], tokens, torch.stack(rows) if rows else None,
-                              forward_calls=len(tokens), accept=accept)
+                              head_calls=len(tokens), accept=accept)
 
     def commit(self, req: RequestState, path: list[int]) -> None:
         self._sync(req.context)

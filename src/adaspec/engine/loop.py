@@ -432,6 +432,7 @@ class Engine(TextGenerator):
             proposal = self.drafter.propose(req, k, self.controller)
             stats.draft_time += time.perf_counter() - t0
             stats.draft_calls += proposal.forward_calls
+            stats.head_calls += proposal.head_calls
             if proposal.depth > k:
                 raise RuntimeError(f"drafter {self.drafter.name!r} proposed {proposal.depth} "
                                    f"levels, more than the {k} asked")

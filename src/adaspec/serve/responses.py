@@ -47,6 +47,7 @@ def usage(result: GenerationResult, method: str, queue_time: float) -> Usage:
             method=method,
             target_calls=s.target_calls,
             draft_calls=s.draft_calls,
+            head_calls=s.head_calls,
             drafted=s.drafted,
             accepted=s.accepted,
             acceptance_rate=round(s.acceptance_rate, 4),

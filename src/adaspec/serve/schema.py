@@ -334,7 +334,8 @@ class SpeculationStats(BaseModel):
 
     method: str
     target_calls: int  # target forward passes, the prompt's prefill included
-    draft_calls: int
+    draft_calls: int  # draft model passes
+    head_calls: int = 0  # draft head steps (a few % of a target pass each)
     drafted: int  # draft tokens sent to verification
     accepted: int  # draft tokens the target accepted
     acceptance_rate: float

@@ -4,7 +4,8 @@ other hardware. Every figure this module produces is SIMULATED and says so.
 A bench row records, per request, every speculation step's (drafted, accepted), the target
 and draft calls and the prompt size. Its decode time under a profile is then: one
 verification of d + 1 tokens per drafting step, one single-token pass per plain step, one
-draft forward per draft call, the loop overhead per step, at the request's mean context
+draft forward per draft call, a draft head step per head call at the `head_ms` given (the
+profile has no head), the loop overhead per step, at the request's mean context
 length; the prompt prefills are priced at the profile's prefill throughput. What the replay
 cannot change is the decisions: a method that adapts to costs (`auto`, DISCO with costs)
 would have chosen other steps under other costs, so its re-priced figure is what its
@@ -43,7 +44,7 @@ def _rows(results: Path) -> list[dict]:
     return rows
 
 
-def price_row(row: dict, profile: CostProfile) -> dict | None:
+def price_row(row: dict, profile: CostProfile, head_ms: float | None = None) -> dict | None:
     """Decode and prefill ms of one recorded request under `profile`; None when the row
     cannot be re-priced (a reference method whose steps were not recorded, or a method run on
     other weights or another runtime than the run's own, which the profile does not price)."""
@@ -71,10 +72,17 @@ def price_row(row: dict, profile: CostProfile) -> dict | None:
         decode += draft_calls * profile.draft_ms(1, int(context))
         if profile.draft_prefill_tokens_per_s:
             decode += 1000 * row.get("prompt_tokens", 0) / profile.draft_prefill_tokens_per_s
+    head_calls = int(row.get("head_calls", 0))
+    if head_calls:
+        if head_ms is None:
+            raise InputError(f"method {row['method']!r} drafted with the draft head: give the "
+                             "ms of a head step under this profile (--head-ms)")
+        decode += head_calls * head_ms
     return {"decode_ms": decode, "prefill_ms": prefill, "tokens": new_tokens, "turns": turns}
 
 
-def replay(results: str | Path, profile: CostProfile, name: str) -> dict:
+def replay(results: str | Path, profile: CostProfile, name: str,
+           head_ms: float | None = None) -> dict:
     """Per method and category: the measured decode ms/token, and the simulated one and
     speedup over plain decoding (`ar`) under `profile`."""
     rows = _rows(Path(results))
@@ -82,7 +90,7 @@ def replay(results: str | Path, profile: CostProfile, name: str) -> dict:
         lambda: defaultdict(float))
     skipped: set[str] = set()
     for row in rows:
-        priced = price_row(row, profile)
+        priced = price_row(row, profile, head_ms)
         if priced is None:
             skipped.add(row["method"])
             continue
@@ -119,6 +127,7 @@ def replay(results: str | Path, profile: CostProfile, name: str) -> dict:
         "profile_source": profile.source,
         "profile_simulated": profile.simulated,
         "profile_device": (profile.key or {}).get("device"),
+        "head_ms": head_ms,
         "results": str(results),
         "skipped_methods": sorted(skipped),
         "methods": dict(table),
@@ -142,7 +151,9 @@ def to_markdown(report: dict) -> str:
         title,
         "",
         f"Results: `{report['results']}`. Profile source: {report['profile_source']}"
-        + (" (itself simulated, not measured)" if report["profile_simulated"] else "") + ".",
+        + (" (itself simulated, not measured)" if report["profile_simulated"] else "") + "."
+        + (f" A draft head step priced at {report['head_ms']} ms (given)."
+           if report.get("head_ms") else ""),
         "Each cell: simulated decode speedup over plain decoding (`ar`) under that profile; "
         "in brackets, the speedup measured in the run itself. The recorded steps are kept: a "
         "cost-aware method would have chosen other steps under other costs.",
@@ -165,9 +176,10 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_replay(results: str | Path, profile: CostProfile, name: str) -> tuple[Path, str]:
+def write_replay(results: str | Path, profile: CostProfile, name: str,
+                 head_ms: float | None = None) -> tuple[Path, str]:
     """Write `replay-<name>.json` and `.md` beside the results; (md path, markdown)."""
-    report = replay(results, profile, name)
+    report = replay(results, profile, name, head_ms)
     folder = Path(results)
     folder = folder if folder.is_dir() else folder.parent
     slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)

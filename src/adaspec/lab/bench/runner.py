@@ -65,6 +65,7 @@ _SUM_FIELDS = (
     "new_tokens",
     "target_calls",
     "draft_calls",
+    "head_calls",
     "drafted",
     "accepted",
     "wall_time",
