@@ -125,7 +125,11 @@ def main() -> int:
     p.add_argument("--serve", action="store_true",
                    help="through `adaspec serve` with its defaults, not in process")
     p.add_argument("--out", required=True)
+    p.add_argument("--from-rows", action="store_true",
+                   help="run nothing: summarise --out's rows.jsonl again")
     args = p.parse_args()
+    if args.from_rows:
+        return resummarise(Path(args.out), args)
 
     import jsonschema
 
@@ -307,13 +311,62 @@ def peer_speculation(answer: dict) -> dict:
             "drafted": int(timings.get("draft_n", 0)), "accepted": accepted}
 
 
+def resummarise(out: Path, args) -> int:
+    """summary.json / summary.md again from out/rows.jsonl (the run's own settings)."""
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    old = json.loads((out / "summary.json").read_text())
+    methods = list(old["methods"])
+    args.temperature, args.max_tokens = old["temperature"], old["max_tokens"]
+    summary = summarise(rows, methods, args)
+    for key in ("machine", "cpu", "date", "through", "peers"):
+        if key in old:
+            summary[key] = old[key]
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(table(summary, methods))
+    print(table(summary, methods))
+    return 0
+
+
+def against_peers(rows: list[dict], methods: list[str]) -> dict:
+    """Each adaspec method against each llama-server method: geomean ratios by category of
+    the time to the whole answer and of tokens/s."""
+    by = {(r["id"], r["method"]): r for r in rows}
+    cats = sorted({r["category"] for r in rows})
+    ids = sorted({(r["category"], r["id"]) for r in rows})
+
+    def gm(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    out: dict = {}
+    for peer in [m for m in methods if m.startswith("llama-server")]:
+        for ours in [m for m in methods if not m.startswith("llama-server")]:
+            cell: dict = {}
+            for cat in [*cats, "all"]:
+                pairs = [(by[(i, ours)], by[(i, peer)]) for c, i in ids
+                         if cat in (c, "all") and (i, ours) in by and (i, peer) in by]
+                if not pairs:
+                    continue
+                cell[cat] = {
+                    "time": round(gm([p["wall_s"] / o["wall_s"] for o, p in pairs]), 3),
+                    "tokens_per_s": round(gm([(o["tokens"] / o["wall_s"])
+                                              / (p["tokens"] / p["wall_s"])
+                                              for o, p in pairs]), 3)}
+                if cat == "all":
+                    cell["lowest_time"] = round(min(p["wall_s"] / o["wall_s"]
+                                                    for o, p in pairs), 3)
+            out[f"{ours} vs {peer}"] = cell
+    return out
+
+
 def summarise(rows: list[dict], methods: list[str], args) -> dict:
     base = methods[0]
     by = {(r["id"], r["method"]): r for r in rows}
     out: dict = {"machine": platform.processor() or platform.machine(),
                  "cpu": _cpu(), "date": time.strftime("%Y-%m-%d %H:%M"),
                  "temperature": args.temperature, "max_tokens": args.max_tokens,
-                 "prompts": len({r["id"] for r in rows}), "methods": {}}
+                 "prompts": len({r["id"] for r in rows}), "methods": {},
+                 "categories": sorted({r["category"] for r in rows}),
+                 "against_peers": against_peers(rows, methods)}
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         cats: dict = {}
@@ -359,6 +412,21 @@ def table(summary: dict, methods: list[str]) -> str:
             lines.append(f"| `{m}` | {category} | {c['valid']}/{c['n']} | "
                          f"{same} | {c['speed_vs_base']:.2f}x | "
                          f"{c['tokens_per_call']:.2f} | {c['grammar_drafted_share']:.2f} |")
+    peers = summary.get("against_peers") or {}
+    if peers:
+        lines += ["", "Against llama-server with the same `response_format` (its grammar path), "
+                  "geomean over prompts: time to the whole answer (the peer's over adaspec's) "
+                  "and, in brackets, tokens/s (the peer indents its JSON, so it writes more "
+                  "tokens for the same answer):", "",
+                  "| adaspec | peer | " + " | ".join(summary["categories"]) + " | all | "
+                  "lowest prompt (time) |",
+                  "| --- | --- |" + " ---: |" * (len(summary["categories"]) + 2)]
+        for key, cell in peers.items():
+            ours, peer = key.split(" vs ")
+            lines.append(f"| `{ours}` | `{peer}` | " + " | ".join(
+                f"{cell[c]['time']:.2f}x ({cell[c]['tokens_per_s']:.2f}x)"
+                for c in summary["categories"]) + f" | {cell['all']['time']:.2f}x | "
+                f"{cell['lowest_time']:.2f}x |")
     if summary.get("through"):  # the mask is timed in process only
         return "\n".join(lines) + f"\n\nThrough {summary['through']}.\n"
     lines += ["", "| method | mask ms (each) | mask ms a token | mask share of the wall time |",

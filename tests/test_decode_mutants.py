@@ -1315,7 +1315,7 @@ def test_the_recorder_sees_every_verification_with_the_targets_logits(toy):
         def begin(self, prompt_ids):
             self.prompts.append(list(prompt_ids))
 
-        def step(self, root, depth, path, logits):
+        def step(self, root, depth, path, logits, features=None):
             self.steps.append((root, depth, list(path), logits.shape))
 
     backend = TorchBackend(toy)

@@ -25,12 +25,15 @@ if TYPE_CHECKING:
 
 
 class StepHook(Protocol):
-    """Sees a request's verifications (online distillation's `online.record.Recorder`)."""
+    """Sees a request's verifications (online distillation's `online.record.Recorder`, the
+    draft head's `online.head.HeadRecorder`)."""
 
     def begin(self, prompt_ids: list[int]) -> None: ...
 
-    def step(self, root: int, depth: int, path: list[int],
-             target_logits: torch.Tensor) -> None: ...
+    def step(self, root: int, depth: int, path: list[int], target_logits: torch.Tensor,
+             features: torch.Tensor | None = None) -> None:
+        """`features`: the target's states [1 + len(path), H] of the root and the accepted
+        nodes, where its runtime records them (a draft head drafts)."""
 
 
 @dataclass(eq=False)

@@ -18,6 +18,7 @@ the kept tokens (`TokenHead.full_logits`), so speculative sampling stays exact.
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -44,21 +45,48 @@ _SHARED_WITH_MODEL: weakref.WeakKeyDictionary[nn.Module, dict[tuple, _Parts]] = 
 _STEP_MS: weakref.WeakKeyDictionary[DraftHead, float] = weakref.WeakKeyDictionary()
 
 
+def _dtype_of(weights: str) -> torch.dtype:
+    return torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
+
+
 def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch.Tensor]:
     from adaspec.draft.head_artifact import load_for_target
 
-    dtype = torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
-    head, tokens, embed = load_for_target(path, target, dtype)
+    head, tokens, embed = load_for_target(path, target, _dtype_of(weights))
     if weights.startswith("int8"):
-        # int8: weight-only rows (a quarter of fp32's bytes, which is what a head step
-        # waits on once the target's call has evicted it), bf16 activations; int8-dyn:
-        # int8 activations too (cheaper still, and it loses acceptance)
+        from adaspec.store.quant import quantize_model
+
+        quantize_model(tokens, weights)
+    return serving_head(head, weights), tokens, embed
+
+
+def serving_head(head: DraftHead, weights: str) -> DraftHead:
+    """`head` as the drafter runs it, converted in place (give a copy to keep a float one).
+    int8: weight-only rows (a quarter of fp32's bytes, which is what a head step waits on
+    once the target's call has evicted it), bf16 activations; int8-dyn: int8 activations
+    too (cheaper still, and it loses acceptance)."""
+    head = head.to(_dtype_of(weights)).eval()
+    if weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
         head.layer.quantize_fused(lambda fused: quantize_model(fused, weights))
         quantize_model(head, weights)
-        quantize_model(tokens, weights)
-    return head, tokens, embed
+    return head
+
+
+def replace_head(old: DraftHead, new: DraftHead) -> int:
+    """Engines built from now on draft with `new` wherever they drafted with `old` (what
+    online learning publishes); engines already drafting finish their request with `old`.
+    The number of shared copies replaced."""
+    replaced = 0
+    for shared in (_SHARED, *_SHARED_WITH_MODEL.values()):
+        for key, (head, tokens, embed) in list(shared.items()):
+            if head is old:
+                shared[key] = (new, tokens, embed)
+                replaced += 1
+    if old in _STEP_MS:  # the same shapes and format: the same step time
+        _STEP_MS[new] = _STEP_MS[old]
+    return replaced
 
 
 class HeadDrafter(Drafter):
@@ -76,6 +104,9 @@ class HeadDrafter(Drafter):
         self._fed = 0  # inputs 0 .. _fed - 1 are in the cache (those with a feature)
         self._positions = torch.empty(0, dtype=torch.long)  # of the inputs in the cache
         self._cached: list[int] = []  # the context the cache was built on
+        # the artifact and run-time weights it was loaded from (`load`; online learning
+        # starts from the artifact's float weights and publishes in these)
+        self.origin: tuple[Path, str] | None = None
 
     @classmethod
     def load(cls, path, target, weights: str = "int8") -> HeadDrafter:
@@ -83,8 +114,6 @@ class HeadDrafter(Drafter):
         embeddings and output rows, its weights at run time in `weights` (`WEIGHTS`)."""
         if weights not in WEIGHTS:
             raise InputError(f"weights must be one of {', '.join(WEIGHTS)}")
-        from pathlib import Path
-
         # each drafter keeps only its own request's cache (`_SHARED`)
         file = Path(path).resolve()
         stat = file.stat()
@@ -95,7 +124,9 @@ class HeadDrafter(Drafter):
         parts = shared.get(key)
         if parts is None:
             parts = shared[key] = _load_parts(file, target, weights)
-        return cls(*parts)
+        drafter = cls(*parts)
+        drafter.origin = (file, weights)
+        return drafter
 
     def step_ms(self, context: int = 256, reps: int = 12) -> float:
         """The median ms of one draft step (a head forward over a cache of `context`

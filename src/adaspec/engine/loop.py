@@ -466,8 +466,10 @@ class Engine(TextGenerator):
         stats.target_calls += 1
         verdict = self._verify(proposal, out, sampling, generator, verifier, masks=masks)
         self._roll_back(root, verdict.path)
+        kept = None
         if out.features is not None:  # the accepted positions' states, for a draft head
-            req.keep_features(root, out.features[[0, *verdict.path]])
+            kept = out.features[[0, *verdict.path]]
+            req.keep_features(root, kept)
         alone = None
         if verifier.greedy and len(tokens) > 1 and self.target.batch_noise > 0:
             verdict, alone = self._settle_near_tie(proposal, apply_masks(out.logits, masks),
@@ -478,7 +480,7 @@ class Engine(TextGenerator):
             if alone is not None:
                 rows = torch.cat([rows[:-1], alone[-1:]])
         if req.recorder is not None:
-            req.recorder.step(root, proposal.depth, verdict.path, out.device_logits)
+            req.recorder.step(root, proposal.depth, verdict.path, out.device_logits, kept)
         stats.verify_time += time.perf_counter() - t0
 
         if proposal.depth:

@@ -64,7 +64,8 @@ class Recorder:
         self._prompt = list(prompt_ids)
         self._positions, self._ids, self._probs = [], [], []
 
-    def step(self, root: int, depth: int, path: list[int], target_logits: torch.Tensor) -> None:
+    def step(self, root: int, depth: int, path: list[int], target_logits: torch.Tensor,
+             features: torch.Tensor | None = None) -> None:
         """After a verification: `root` is the last context token's position, `depth` the
         proposal's levels (0: nothing drafted), `path` the accepted nodes (row i of
         `target_logits` is node i's prediction, row 0 the root's)."""

@@ -133,6 +133,10 @@ class OnlineDistiller:
                              "torch draft model (for example --method draft:k=3 with "
                              "--draft-weights int8)")
 
+    def new_recorder(self) -> Recorder:
+        """A recorder for one more slot of a server."""
+        return Recorder(self.cfg.top_k, self.cfg.record)
+
     # ------------------------------------------------------------ per request
     def domain(self, requested: str | None, prompt_ids: list[int]) -> str:
         return self.chooser.choose(requested, prompt_ids)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from adaspec.backends.base import ModelBackend
 from adaspec.engine.loop import TextGenerator
@@ -25,6 +25,7 @@ from adaspec.serve.config import ServeConfig
 from adaspec.serve.history import ServedHistory
 
 if TYPE_CHECKING:
+    from adaspec.online.head import OnlineHead
     from adaspec.online.service import OnlineDistiller
 
 # method parameters that name files on the server's disk: a request may not set them (it
@@ -55,7 +56,7 @@ class ModelInstance:
         # the default engine is built now: a bad --method fails at startup, and a cost-aware
         # method measures its profile before the first request, not during it
         self.default_engine = self.engine(self.default_method)
-        self.online: OnlineDistiller | None = None  # see `start_online`
+        self.online: OnlineDistiller | OnlineHead | None = None  # see `start_online`
         # where requests decode (`open_slots`: one sequence each of the target and the draft
         # per request decoded together; `own_slot`: the models themselves)
         self.slots: list[tuple[ModelBackend, ModelBackend | None]] = [(target, draft)]
@@ -96,11 +97,19 @@ class ModelInstance:
         return instance
 
     def start_online(self, config: ServeConfig) -> None:
-        """Distil the draft on the default method's traffic (--online-distill)."""
+        """Distil the draft on the default method's traffic (--online-distill): the draft
+        head where that method drafts with it, else the draft model."""
         from torch import nn
 
         from adaspec.online.service import OnlineDistiller
 
+        head = _head_drafter(self.default_engine)
+        if head is not None:  # the default method drafts with the head: it learns
+            from adaspec.online.head import OnlineHead
+
+            self.online = OnlineHead(config.online, head, self.target, self.target.name)
+            self.online.check_engine(self.default_engine)
+            return
         model = getattr(self.draft, "model", None)
         if not isinstance(model, nn.Module):
             raise InputError("--online-distill trains the draft in torch: give the draft "
@@ -207,10 +216,19 @@ class ModelInstance:
             with self._lock:
                 engines = list(self._engines.values())
             history.close(engines)
-        online: OnlineDistiller | None = getattr(self, "online", None)
+        online: OnlineDistiller | OnlineHead | None = getattr(self, "online", None)
         if online is not None:
             online.close()
         for backend in (self.draft, self.target):
             close = getattr(backend, "close", None)
             if callable(close):
                 close()
+
+
+def _head_drafter(engine: Any) -> Any:
+    """The draft head `engine` drafts with (the head method's, or auto's head source);
+    None for other drafters."""
+    drafter = getattr(engine, "drafter", None)
+    if getattr(drafter, "name", None) == "head":
+        return drafter
+    return getattr(drafter, "head", None)

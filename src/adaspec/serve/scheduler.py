@@ -49,6 +49,7 @@ from adaspec.serve.metrics import ServeMetrics
 from adaspec.serve.pieces import TokenPieces
 
 if TYPE_CHECKING:
+    from adaspec.online.head import HeadRecorder
     from adaspec.online.record import Recorder
 
 log = logging.getLogger("adaspec.serve")
@@ -124,7 +125,7 @@ class _Running:
     pieces: TokenPieces | None
     reserved: int  # KV entries it may come to hold
     domain: str | None = None  # online distillation: the domain its record trains
-    recorder: Recorder | None = None  # online distillation: what records its verifications
+    recorder: Recorder | HeadRecorder | None = None  # online distillation: its record
 
 
 class Scheduler:
@@ -375,22 +376,19 @@ class Scheduler:
         running.pieces = TokenPieces(self.instance.tokenizer) if job.token_sources else None
         self.decoder.add(job.id, steps, seat)
 
-    def _recorder_for(self, running: _Running, slot: int) -> Recorder | None:
+    def _recorder_for(self, running: _Running, slot: int) -> Recorder | HeadRecorder | None:
         """Online distillation of a default-method request: this slot's recorder, the
         request's domain chosen, the draft switched to it where no running request has
         another domain (`OnlineDistiller.before_request`); None: not recorded."""
         online = self.instance.online
         if online is None or running.job.method != self.instance.default_method:
             return None
-        from adaspec.online.record import Recorder
-
         try:
             online.check_engine(running.engine)  # it drafts with the distilled draft
             # the models' own slot: the distiller's own recorder
             recorder = online.recorder if self.max_batch == 1 else self._recorders.get(slot)
             if recorder is None:
-                recorder = self._recorders[slot] = Recorder(online.cfg.top_k,
-                                                            online.cfg.record)
+                recorder = self._recorders[slot] = online.new_recorder()
             running.domain = online.domain(running.job.domain, running.job.prompt_ids)
             others = {r.domain for r in self._running.values()
                       if r is not running and r.domain is not None}
@@ -407,9 +405,10 @@ class Scheduler:
         recorder = running.recorder
         if online is None or running.domain is None or recorder is None:
             return
-        try:
-            online.after_request(recorder.take(result.token_ids, running.domain,
-                                               result.stats.drafted, result.stats.accepted))
+        try:  # the record of the service's own kind (a draft model's, or the head's row)
+            record: Any = recorder.take(result.token_ids, running.domain,
+                                        result.stats.drafted, result.stats.accepted)
+            online.after_request(record)
         except Exception:  # distillation never fails a request
             log.exception("online distillation: recording the request failed")
 

@@ -1,0 +1,144 @@
+"""Online learning of the draft head (OSD on the head, issue 66; `online/head.py`): a served
+request's record is the target's own states and distributions at its positions, learning
+from served requests raises the head's acceptance, a learned head reaches the engines built
+after it is published (never the answers: they stay the target's), a probe keeps a worse
+head out, and a saved head is read back at the next start."""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.backends.torch.backend import TorchBackend
+from adaspec.draft import head_artifact
+from adaspec.draft.head_model import DraftHead, HeadConfig
+from adaspec.lab.head import data as head_data
+from adaspec.methods.build import build_generator
+from adaspec.online.distill import DistillConfig
+from adaspec.online.head import HeadLearner, HeadRecorder, OnlineHead
+from adaspec.online.service import OnlineConfig
+
+from .conftest import tiny_model
+
+
+def _untrained(tmp_path):
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    torch.manual_seed(0)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, DraftHead(HeadConfig.from_target(model.config, 48)),
+                       torch.arange(40), {"trained_on": ["nothing"]})
+    return model, f"head:k=2,artifact={path},weights=fp32"
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 40, (5,), generator=g).tolist() for _ in range(n)]
+
+
+def test_a_request_record_is_the_targets_states_and_distributions(tmp_path):
+    model, method = _untrained(tmp_path)
+    engine = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    recorder = HeadRecorder(top_k=4)
+    prompt = [5, 9, 11, 3, 7]
+    result = engine.generate(prompt, 14, recorder=recorder)
+    row = recorder.take(result.token_ids)
+    tokens = prompt + result.token_ids
+    tap = head_data.FeatureTap(model, ())
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens])).logits[0]
+        final = tap.outputs["final"][0]
+    finally:
+        tap.close()
+    start = len(prompt)  # the first verification's root: the first generated token
+    n = len(row["tokens"])
+    assert row["tokens"].tolist() == tokens[start : start + n] and n >= len(tokens) - start - 1
+    torch.testing.assert_close(row["final"], final[start : start + n].float(), atol=1e-4,
+                               rtol=1e-4)
+    assert row["top_ids"][:, 0].tolist() == logits[start : start + n].argmax(-1).tolist()
+    # greedy: each position's top token is the token after it
+    assert row["top_ids"][:-1, 0].tolist() == row["tokens"][1:].tolist()
+    assert row["prompt_len"] == 0 and row["top_probs"].shape == (n, 4)
+
+
+def _acceptance(method: str, model, prompts: list[list[int]], plain) -> float:
+    accepted = drafted = 0
+    for p in prompts:
+        got = build_generator(method, TorchBackend(model), None,
+                              eos_token_ids=[]).generate(p, 16)
+        assert got.token_ids == plain.generate(p, 16).token_ids  # answers stay the target's
+        accepted += got.stats.accepted
+        drafted += got.stats.drafted
+    return accepted / max(1, drafted)
+
+
+def _serve(online: OnlineHead, method: str, model, prompts: list[list[int]], plain) -> None:
+    """Requests as a server runs them: an engine each (built with the head published so
+    far), recorded, handed over when done."""
+    for p in prompts:
+        engine = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+        recorder = online.new_recorder()
+        got = engine.generate(p, 16, recorder=recorder)
+        assert got.token_ids == plain.generate(p, 16).token_ids
+        online.after_request(recorder.take(got.token_ids))
+        online.collect(wait=True)
+
+
+def test_served_requests_teach_the_head_and_engines_built_later_draft_with_it(tmp_path):
+    model, method = _untrained(tmp_path)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    held = _prompts(6, seed=99)
+    before = _acceptance(method, model, held, plain)
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=4, probe=2, distill=DistillConfig(lr=1e-2),
+                       root=str(tmp_path / "heads"), nice=0)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    try:
+        _serve(online, method, model, _prompts(48, seed=1), plain)
+        status = online.status()
+        assert status["learned"] == 48 and status["published"] >= 1
+        later = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+        assert later.drafter.head is online.serving is not first.drafter.head
+        after = _acceptance(method, model, held, plain)  # requests it never learned from
+        assert after > before + 0.15, (before, after)
+        assert online.file.is_file()
+    finally:
+        online.close()
+    # the next start reads the saved head back and publishes it
+    again = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    try:
+        resumed = dict(again.serving.state_dict())
+        saved = head_artifact.load(online.file).state
+        for name, value in saved.items():
+            torch.testing.assert_close(resumed[name].float(), value.float())
+    finally:
+        again.close()
+
+
+def test_a_head_the_probe_finds_worse_is_not_published(tmp_path, monkeypatch):
+    model, method = _untrained(tmp_path)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=2, probe=2, distill=DistillConfig(lr=1e-2), save=False,
+                       nice=0)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    try:
+        _serve(online, method, model, _prompts(32, seed=1), plain)  # learns: published
+        published = online.status()["published"]
+        assert published >= 1
+        real_learn = HeadLearner.learn
+
+        def damaging(self, row):  # an update that wrecks the head
+            out = real_learn(self, row)
+            with torch.no_grad():
+                for p in self.student.parameters():
+                    p.copy_(torch.randn_like(p) * 3)
+            return out
+
+        monkeypatch.setattr(HeadLearner, "learn", damaging)
+        serving = online.serving
+        _serve(online, method, model, _prompts(8, seed=2), plain)
+        status = online.status()
+        assert status["rejected"] >= 1 and status["published"] == published
+        assert online.serving is serving  # the good head still serves
+    finally:
+        online.close()
