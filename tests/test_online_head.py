@@ -142,3 +142,48 @@ def test_a_head_the_probe_finds_worse_is_not_published(tmp_path, monkeypatch):
         assert online.serving is serving  # the good head still serves
     finally:
         online.close()
+
+
+def test_serve_learns_the_head_between_requests_and_answers_stay_exact(model_dirs, tmp_path):
+    """`adaspec serve --online-distill` with a head method: the server records its requests,
+    learns and publishes in the background (/health says so), and answers stay the
+    target's."""
+    import pytest
+
+    pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+    import httpx
+    from transformers import AutoConfig
+
+    from adaspec.backends.load import load_backends
+    from adaspec.serve.config import ServeConfig
+    from adaspec.serve.instance import ModelInstance
+
+    from .test_serve import health, live_server, wait_until
+
+    target_dir, _ = model_dirs
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.from_target(AutoConfig.from_pretrained(target_dir), 48))
+    path = tmp_path / "head.pt"
+    target, tokenizer, _, eos = load_backends(target_dir, None, "float32", "none", "none")
+    head_artifact.save(path, head, torch.arange(target.vocab_size), {"trained_on": []})
+    method = f"head:k=2,artifact={path},weights=fp32"
+    inst = ModelInstance(target, tokenizer, None, eos, method)
+    prompts = ["def add(a, b):", "class Point:", "The weather today is", "Once upon a time"]
+    plain = {p: inst.engine("ar").generate(p, 10, chat=False).text for p in prompts}
+    cfg = OnlineConfig(interval=2, distill=DistillConfig(lr=1e-2), root=str(tmp_path / "h"),
+                       tolerance=1.0, nice=0)
+    inst.start_online(ServeConfig(method=method, target=target_dir, online=cfg))
+    try:
+        with live_server(inst) as base:
+            for _ in range(3):
+                for p in prompts:
+                    r = httpx.post(base + "/v1/completions", json={
+                        "model": "tiny", "prompt": p, "max_tokens": 10, "temperature": 0},
+                        timeout=60)
+                    assert r.status_code == 200, r.text
+                    assert r.json()["choices"][0]["text"] == plain[p]
+            wait_until(lambda: health(base)["online_distillation"]["published"] >= 1, 120)
+            status = health(base)["online_distillation"]
+            assert status["kind"] == "draft head" and status["learned"] >= 2
+    finally:
+        inst.close()

@@ -80,9 +80,12 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
     g = p.add_argument_group("online distillation (docs/osd.md)")
     if switch:
         g.add_argument("--online-distill", action="store_true",
-                       help="keep distilling the draft on served traffic (needs torch "
-                            "draft weights and a draft-model chain method, e.g. --method "
-                            "draft:k=3 --draft-weights int8)")
+                       help="keep distilling the draft on served traffic: the draft head "
+                            "where the default method drafts with it (--method head, or "
+                            "auto:use=...+head; any runtime that gives the target's "
+                            "features), else the draft model (torch draft weights and a "
+                            "draft-model chain method, e.g. --method draft:k=3 "
+                            "--draft-weights int8)")
     g.add_argument("--interval", type=int, default=16,
                    help="requests of a domain between two updates (default 16)")
     g.add_argument("--osd-positions", type=int, default=0,
