@@ -13,7 +13,6 @@ from adaspec.draft import head_artifact
 from adaspec.draft.head_model import DraftHead, HeadConfig
 from adaspec.lab.head import data as head_data
 from adaspec.methods.build import build_generator
-from adaspec.online.distill import DistillConfig
 from adaspec.online.head import HeadLearner, HeadRecorder, OnlineHead
 from adaspec.online.service import OnlineConfig
 
@@ -89,7 +88,7 @@ def test_served_requests_teach_the_head_and_engines_built_later_draft_with_it(tm
     held = _prompts(6, seed=99)
     before = _acceptance(method, model, held, plain)
     first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
-    cfg = OnlineConfig(interval=4, probe=2, distill=DistillConfig(lr=1e-2),
+    cfg = OnlineConfig(interval=4, probe=2, head_lr=1e-2,
                        root=str(tmp_path / "heads"), nice=0)
     online = OnlineHead(cfg, first.drafter, first.target, "tiny")
     try:
@@ -118,7 +117,7 @@ def test_a_head_the_probe_finds_worse_is_not_published(tmp_path, monkeypatch):
     model, method = _untrained(tmp_path)
     plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
     first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
-    cfg = OnlineConfig(interval=2, probe=2, distill=DistillConfig(lr=1e-2), save=False,
+    cfg = OnlineConfig(interval=2, probe=2, head_lr=1e-2, save=False,
                        nice=0)
     online = OnlineHead(cfg, first.drafter, first.target, "tiny")
     try:
@@ -170,7 +169,7 @@ def test_serve_learns_the_head_between_requests_and_answers_stay_exact(model_dir
     inst = ModelInstance(target, tokenizer, None, eos, method)
     prompts = ["def add(a, b):", "class Point:", "The weather today is", "Once upon a time"]
     plain = {p: inst.engine("ar").generate(p, 10, chat=False).text for p in prompts}
-    cfg = OnlineConfig(interval=2, distill=DistillConfig(lr=1e-2), root=str(tmp_path / "h"),
+    cfg = OnlineConfig(interval=2, head_lr=1e-2, root=str(tmp_path / "h"),
                        tolerance=1.0, nice=0)
     inst.start_online(ServeConfig(method=method, target=target_dir, online=cfg))
     try:

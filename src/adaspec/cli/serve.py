@@ -99,7 +99,10 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
     g.add_argument("--osd-layers", type=int, default=2,
                    help="the draft's last layers that learn (default 2)")
     g.add_argument("--osd-steps", type=int, default=8, help="optimizer steps per update")
-    g.add_argument("--osd-lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    g.add_argument("--osd-lr", type=float, default=1e-5,
+                   help="the draft model's learning rate (default 1e-5)")
+    g.add_argument("--osd-head-lr", type=float, default=5e-5,
+                   help="the draft head's learning rate, where the head learns (default 5e-5)")
     g.add_argument("--osd-top-k", type=int, default=32,
                    help="target probabilities kept per recorded position (default 32)")
     g.add_argument("--osd-record", default="rejected", choices=["rejected", "all"],

@@ -203,8 +203,8 @@ class OnlineHead:
 
     def __init__(self, cfg: Any, drafter: Any, target: Any, name: str) -> None:
         """cfg: the server's `OnlineConfig` (interval: requests between publications;
-        distill.lr; top_k; nice; root; save); drafter: the default engine's head drafter
-        (`draft/head.py`, loaded from an artifact)."""
+        head_lr; top_k; nice; root; save; probe; tolerance); drafter: the default engine's
+        head drafter (`draft/head.py`, loaded from an artifact)."""
         from adaspec.draft.head_artifact import load_for_target
 
         if cfg.domains != "shared":
@@ -218,7 +218,7 @@ class OnlineHead:
         self.serving: DraftHead = drafter.head
         head, tokens, embed = load_for_target(path, target, torch.float32)
         frozen = Frozen(embed, tokens, kept_index(tokens.token_ids, tokens.vocab))
-        self.learner = HeadLearner(head, frozen, HeadLearnConfig(lr=cfg.distill.lr))
+        self.learner = HeadLearner(head, frozen, HeadLearnConfig(lr=cfg.head_lr))
         self.published_float = copy.deepcopy(self.learner.student).eval()
         self.file = (Path(cfg.root) if cfg.root else _heads_root()) / f"{name}-online.pt"
         self.token_ids = tokens.token_ids

@@ -53,12 +53,15 @@ class OnlineConfig:
     root: str = ""  # adapters folder ("": $ADASPEC_HOME/osd/<draft>-last<layers>)
     save: bool = True
     nice: int = 19  # the worker process's nice value (0: the same priority as serving)
+    head_lr: float = 5e-5  # the draft head's learning rate, where the head learns
 
     def __post_init__(self) -> None:
         if self.record not in RECORD_MODES:
             raise InputError(f"record must be one of {RECORD_MODES}, got {self.record!r}")
         if self.domains not in DOMAIN_SOURCES:
             raise InputError(f"domains must be one of {DOMAIN_SOURCES}, got {self.domains!r}")
+        if not self.head_lr > 0:
+            raise InputError(f"head_lr must be > 0, got {self.head_lr}")
         if self.positions < 0:
             raise InputError(f"positions must be >= 0 (0: off), got {self.positions}")
         for name in ("interval", "buffer", "top_k", "layers", "probe_every", "probe"):
