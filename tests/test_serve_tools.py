@@ -128,6 +128,15 @@ def test_the_openai_clients_tool_loop(base):
     assert call.function.name == "get_weather"
     history = [*ASK, message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}]
+    # streamed, the client's own accumulator assembles the same call from the deltas
+    with client.chat.completions.stream(
+            model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0].message.tool_calls[0]
+    assert streamed.function.name == call.function.name
+    assert streamed.function.arguments == call.function.arguments
     final = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS,
                                            max_tokens=12, temperature=0)
     assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
