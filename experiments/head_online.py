@@ -5,12 +5,12 @@
 
 A prequential run over a stream of recorded requests the shipped head never trained on (the
 shards from `--from-shard` on: examples recorded after it was trained, in the order recorded,
-so one source after another, as domains arrive at a server): each request is first drafted
-as the head stands (its greedy agreement with the target's top token by depth, over the
-answer's positions), then learned from (`online/head.py` `HeadLearner`, hard labels from the
-emitted tokens, as a server has them), and the next request meets the updated head. The
-frozen head on the same stream is the baseline. No request is scored by a head that has seen
-it. Writes summary.json and summary.md.
+so one source after another, as domains arrive at a server). Each request is first drafted
+by the head last published (every `--interval` requests; its greedy agreement with the
+target's top token by depth, over the answer's positions), then learned from
+(`online/head.py` `HeadLearner`, on the answer's positions and the target's top-8 there,
+what a server's `HeadRecorder` keeps). The frozen head on the same stream is the baseline.
+No request is scored by a head that has seen it. Writes summary.json and summary.md.
 """
 
 from __future__ import annotations
@@ -40,17 +40,22 @@ def main() -> int:
                    help="the first shard recorded after the head was trained")
     p.add_argument("--lr", default="5e-5,2e-4", help="learning rates to run, comma-separated")
     p.add_argument("--replay", type=int, default=1)
+    p.add_argument("--interval", type=int, default=16,
+                   help="requests between publications: requests are drafted by the head "
+                        "last published, as a server's are (1: the head as it learns)")
     p.add_argument("--depth", type=int, default=3, help="agreement depths reported")
     p.add_argument("--limit", type=int, default=0, help="stream length (0: all)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+
+    import copy
 
     import torch
 
     from adaspec.draft import head_artifact
     from adaspec.draft.head_loss import Frozen, kept_index
     from adaspec.lab.bench import suites
-    from adaspec.online.head import HeadLearnConfig, HeadLearner, request_row
+    from adaspec.online.head import HeadLearnConfig, HeadLearner
     from adaspec.store.catalog import TARGET_DEFAULT
     from adaspec.store.loading import cache_dir_for
 
@@ -72,9 +77,12 @@ def main() -> int:
     frozen = Frozen(embed.float(), tokens, kept_index(art.token_ids, tokens.vocab))
     head = art.head()
 
-    def labelled(row: dict) -> dict:
-        """The row as a server has it: hard labels from the emitted tokens."""
-        return request_row(row["tokens"].tolist(), row["final"], 0, int(row["prompt_len"]))
+    def served(row: dict) -> dict:
+        """The row as a server records it (`online/head.py` `HeadRecorder`): the answer's
+        positions, from the first generated token on, with the target's top-8 there."""
+        start = int(row["prompt_len"])
+        return {k: row[k][start:] for k in ("tokens", "final", "top_ids", "top_probs")} | {
+            "prompt_len": 0}
 
     runs: dict[str, dict] = {}
     for lr in ["frozen", *args.lr.split(",")]:
@@ -83,9 +91,11 @@ def main() -> int:
         by: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(args.depth)])
         halves: list[list[int]] = [[0, 0], [0, 0]]
         t0 = time.perf_counter()
+        published = copy.deepcopy(learner.student).eval()
         for i, row in enumerate(stream):
-            req = labelled(row)
-            hits = learner.agreement(row, args.depth)  # against the target's own top token
+            req = served(row)
+            # drafted by the head last published, scored against the target's own top token
+            hits = learner.agreement(row, args.depth, head=published)
             for d, (a, b) in enumerate(hits):
                 for key in (source(row, categories), "all"):
                     by[key][d][0] += a
@@ -95,6 +105,8 @@ def main() -> int:
             half[1] += hits[0][1]
             if lr != "frozen":
                 learner.learn(req)
+                if (i + 1) % args.interval == 0:
+                    published = copy.deepcopy(learner.student).eval()
             if (i + 1) % 50 == 0:
                 print(f"{lr}: {i + 1}/{len(stream)} requests, depth-1 agreement so far "
                       f"{by['all'][0][0] / max(1, by['all'][0][1]):.4f}", flush=True)
@@ -110,14 +122,16 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor(),
                "stream": len(stream), "from_shard": args.from_shard, "replay": args.replay,
+               "interval": args.interval,
                "command": " ".join(sys.argv), "runs": runs}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     domains = sorted(runs["frozen"]["agreement"], key=lambda k: (k == "all", k))
     lines = [f"# The draft head learning on its stream (prequential), {summary['date']}", "",
              f"`{summary['command']}`", "",
              f"{len(stream)} requests the shipped head never trained on, in the order "
-             "recorded; each scored by the head as it stood before learning from it. Greedy "
-             "agreement with the target's top token at depth 1 (in brackets depth 2 / 3).", "",
+             "recorded; each drafted by the head last published (every "
+             f"{args.interval} requests), which never learned from it. Greedy agreement "
+             "with the target's top token at depth 1 (in brackets depth 2 / 3).", "",
              "| domain | positions | " + " | ".join(runs) + " |",
              "| --- | ---: |" + " ---: |" * len(runs)]
     for dom in domains:

@@ -114,22 +114,6 @@ class HeadRecorder:
         return row
 
 
-def request_row(tokens: list[int], features: torch.Tensor, start: int,
-                prompt_len: int) -> dict:
-    """A served request as a training row (`draft/head_loss.py`): `features` [n, H] are the
-    target's states at positions start .. start + n - 1 of `tokens` (the prompt's last rows
-    and the answer), the label at each position the token the target emitted after it."""
-    n = min(len(features), len(tokens) - start)
-    ids = torch.tensor(tokens[start : start + n], dtype=torch.long)
-    nxt = torch.tensor(tokens[start + 1 : start + n + 1], dtype=torch.long)
-    top_ids = torch.zeros(n, 1, dtype=torch.long)
-    top_probs = torch.zeros(n, 1)
-    top_ids[: len(nxt), 0] = nxt
-    top_probs[: len(nxt), 0] = 1.0  # the last position's next token is not known yet
-    return {"tokens": ids, "final": features[:n].float(), "top_ids": top_ids,
-            "top_probs": top_probs, "prompt_len": max(0, prompt_len - start)}
-
-
 class HeadLearner:
     """Trains a float copy of a draft head on served requests; `publish` hands it over."""
 
