@@ -40,6 +40,7 @@ def main() -> int:
                    help="the first shard recorded after the head was trained")
     p.add_argument("--lr", default="5e-5,2e-4", help="learning rates to run, comma-separated")
     p.add_argument("--replay", type=int, default=1)
+    p.add_argument("--steps", type=int, default=1, help="passes over each request")
     p.add_argument("--interval", type=int, default=16,
                    help="requests between publications: requests are drafted by the head "
                         "last published, as a server's are (1: the head as it learns)")
@@ -87,7 +88,7 @@ def main() -> int:
     runs: dict[str, dict] = {}
     for lr in ["frozen", *args.lr.split(",")]:
         learner = HeadLearner(head, frozen, HeadLearnConfig(
-            lr=float(lr) if lr != "frozen" else 1e-9, replay=args.replay))
+            lr=float(lr) if lr != "frozen" else 1e-9, replay=args.replay, steps=args.steps))
         by: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(args.depth)])
         halves: list[list[int]] = [[0, 0], [0, 0]]
         t0 = time.perf_counter()
@@ -122,7 +123,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor(),
                "stream": len(stream), "from_shard": args.from_shard, "replay": args.replay,
-               "interval": args.interval,
+               "interval": args.interval, "steps": args.steps,
                "command": " ".join(sys.argv), "runs": runs}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     domains = sorted(runs["frozen"]["agreement"], key=lambda k: (k == "all", k))

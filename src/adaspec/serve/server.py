@@ -37,12 +37,15 @@ class DrainingServer(uvicorn.Server):
             self._on_started(f"{host}:{port}")
 
 
-def listening_line(config: ServeConfig, address: str, method: str) -> str:
+def listening_line(config: ServeConfig, address: str, method: str,
+                   learning: str = "") -> str:
+    """`learning`: what --online-distill teaches ("the draft head", "the draft")."""
     url = f"http://{address}"
     key = ", API key required" if config.api_key else ""
+    learns = f", learning {learning} online" if learning else ""
     return (f"adaspec serve: listening on {url} (OpenAI base_url {url}/v1, playground {url}/, "
             f"model {config.served_name()!r}, method {method}, {config.slots()}, "
-            f"queue {config.max_queue}, timeout {config.timeout:g} s{key})")
+            f"queue {config.max_queue}, timeout {config.timeout:g} s{key}{learns})")
 
 
 def run(config: ServeConfig, instance: ModelInstance | None = None,
@@ -64,8 +67,11 @@ def run(config: ServeConfig, instance: ModelInstance | None = None,
               flush=True)
 
     def started(address: str) -> None:
-        print(listening_line(config, address, instance.default_method), file=sys.stderr,
-              flush=True)
+        online = instance.online
+        learning = "" if online is None else (
+            "the draft head" if online.status().get("kind") == "draft head" else "the draft")
+        print(listening_line(config, address, instance.default_method, learning),
+              file=sys.stderr, flush=True)
 
     drain = config.drain_timeout if config.drain_timeout is not None else config.timeout
     # uvicorn annotates the drain timeout int; it is asyncio.wait_for's timeout: a float works
