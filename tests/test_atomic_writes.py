@@ -356,7 +356,8 @@ def test_bench_replay(tmp_path, monkeypatch):
     from adaspec.cost.profile import CostProfile
     from adaspec.lab.bench import replay
 
-    monkeypatch.setattr(replay, "replay", lambda results, profile, name: {"v": profile.notes})
+    monkeypatch.setattr(replay, "replay",
+                        lambda results, profile, name, head_ms=None: {"v": profile.notes})
     monkeypatch.setattr(replay, "to_markdown", lambda report: f"# {report['v']}\n")
     (tmp_path / "run").mkdir()
     profile = CostProfile.from_formula("flat")
