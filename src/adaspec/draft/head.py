@@ -17,6 +17,7 @@ the kept tokens (`TokenHead.full_logits`), so speculative sampling stays exact.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from pathlib import Path
 
@@ -43,6 +44,8 @@ _SHARED: dict[tuple, _Parts] = {}
 _SHARED_WITH_MODEL: weakref.WeakKeyDictionary[nn.Module, dict[tuple, _Parts]] = \
     weakref.WeakKeyDictionary()
 _STEP_MS: weakref.WeakKeyDictionary[DraftHead, float] = weakref.WeakKeyDictionary()
+# online learning publishes from its own thread (`replace_head`) while engines load
+_LOCK = threading.RLock()
 
 
 def _dtype_of(weights: str) -> torch.dtype:
@@ -79,13 +82,14 @@ def replace_head(old: DraftHead, new: DraftHead) -> int:
     online learning publishes); engines already drafting finish their request with `old`.
     The number of shared copies replaced."""
     replaced = 0
-    for shared in (_SHARED, *_SHARED_WITH_MODEL.values()):
-        for key, (head, tokens, embed) in list(shared.items()):
-            if head is old:
-                shared[key] = (new, tokens, embed)
-                replaced += 1
-    if old in _STEP_MS:  # the same shapes and format: the same step time
-        _STEP_MS[new] = _STEP_MS[old]
+    with _LOCK:
+        for shared in (_SHARED, *_SHARED_WITH_MODEL.values()):
+            for key, (head, tokens, embed) in list(shared.items()):
+                if head is old:
+                    shared[key] = (new, tokens, embed)
+                    replaced += 1
+        if old in _STEP_MS:  # the same shapes and format: the same step time
+            _STEP_MS[new] = _STEP_MS[old]
     return replaced
 
 
@@ -119,11 +123,12 @@ class HeadDrafter(Drafter):
         stat = file.stat()
         key = (str(file), stat.st_mtime_ns, stat.st_size, weights, target.name)
         model = getattr(target, "model", None)
-        shared = (_SHARED if not isinstance(model, nn.Module)
-                  else _SHARED_WITH_MODEL.setdefault(model, {}))
-        parts = shared.get(key)
-        if parts is None:
-            parts = shared[key] = _load_parts(file, target, weights)
+        with _LOCK:
+            shared = (_SHARED if not isinstance(model, nn.Module)
+                      else _SHARED_WITH_MODEL.setdefault(model, {}))
+            parts = shared.get(key)
+            if parts is None:
+                parts = shared[key] = _load_parts(file, target, weights)
         drafter = cls(*parts)
         drafter.origin = (file, weights)
         return drafter
@@ -136,8 +141,10 @@ class HeadDrafter(Drafter):
         import time
 
         default = (context, reps) == (256, 12)
-        if default and self.head in _STEP_MS:
-            return _STEP_MS[self.head]
+        with _LOCK:
+            known = _STEP_MS.get(self.head) if default else None
+        if known is not None:
+            return known
 
         cfg = self.head.cfg
         dtype = self._dtype
@@ -155,7 +162,8 @@ class HeadDrafter(Drafter):
         times = sorted(times[3:])
         ms = 1000 * times[len(times) // 2]
         if default:
-            _STEP_MS[self.head] = ms
+            with _LOCK:
+                _STEP_MS[self.head] = ms
         return ms
 
     def begin(self, req: RequestState) -> None:
