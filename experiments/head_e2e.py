@@ -10,7 +10,10 @@ verification pass returns the states the head reads). Prompts the head never tra
 Spec-Bench translation questions with even ids, ShareGPT conversations from file index
 12,000 on, HumanEval 60 on. Greedy (the default), every method's answer must equal `ar`'s
 token for token; with `--temperature T` every method samples (seeded per prompt), and the
-run reports acceptance and tokens per call at T (the texts differ by design).
+run reports acceptance and tokens per call at T (the texts differ by design). Beside its
+summary it writes `results.jsonl` in the bench's row shape (every step's drafted and
+accepted tokens), so `adaspec bench --replay OUT --profile P --head-ms MS` re-prices the
+steps under another machine's costs (a prediction, labelled so).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def main() -> int:
     prompts = [x for x in held_out_prompts(args.per_category) if x[0] in wanted]
     engines["ar"].generate("Warm up.", max_new_tokens=8)
     rows = []
+    replayable: list[dict] = []
     for i, (cat, pid, text) in enumerate(prompts):
         order = methods[i % len(methods):] + methods[: i % len(methods)]
         got = {}
@@ -83,8 +87,17 @@ def main() -> int:
             got[name] = {"tokens": r.token_ids, "wall": time.perf_counter() - t0,
                          "decode_s": s.wall_time - s.prefill_time, "calls": s.target_calls,
                          "drafted": s.drafted, "accepted": s.accepted, "draft_s": s.draft_time,
-                         "draft_calls": s.draft_calls, "target_s": s.target_time,
-                         "n": len(r.token_ids)}
+                         "draft_calls": s.draft_calls + s.head_calls,
+                         "target_s": s.target_time, "n": len(r.token_ids)}
+            # the bench's row shape, so `adaspec bench --replay` re-prices these steps
+            replayable.append({
+                "prompt_id": pid, "category": cat, "method": name, "repeat": 0,
+                "steps": [[int(d), int(a)] for d, a in s.steps],
+                "target_calls": s.target_calls, "draft_calls": s.draft_calls,
+                "head_calls": s.head_calls, "new_tokens": len(r.token_ids),
+                "prompt_tokens": s.prompt_tokens, "turn_tokens": [len(r.token_ids)],
+                "drafted": s.drafted, "accepted": s.accepted, "wall_time": s.wall_time,
+                "prefill_time": s.prefill_time})
         row = {"category": cat, "id": pid}
         for name, g in got.items():
             row[name] = {k: v for k, v in g.items() if k != "tokens"}
@@ -105,6 +118,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in replayable))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(_table(summary, methods))
     print(_table(summary, methods))
