@@ -6,11 +6,13 @@
 #   git worktree add /tmp/old <commit>            # the code before
 #   cp -a ~/.cache/adaspec/runtimes/ik_llama.cpp-<v> /tmp/ik-runtime-backup   # its native build
 #   experiments/serve_ab.sh                        # results under /tmp/ab
+#   AB=/tmp/ab2 ROUNDS="1 2 3" experiments/serve_ab.sh   # elsewhere, more rounds
 set -u
 cd /work/main
-for round in 1 2; do
+AB=${AB:-/tmp/ab}
+for round in ${ROUNDS:-1 2}; do
   for which in old new; do
-    home=/tmp/ab/home-$which-$round; mkdir -p $home/runtimes
+    home=$AB/home-$which-$round; mkdir -p $home/runtimes
     for d in gguf models probes profiles; do ln -sfn /root/.cache/adaspec/$d $home/$d; done
     if [ $which = old ]; then
       ln -sfn /tmp/ik-runtime-backup $home/runtimes/ik_llama.cpp-0.1.5; pp=/tmp/old/src
@@ -18,8 +20,8 @@ for round in 1 2; do
       ln -sfn /root/.cache/adaspec/runtimes/ik_llama.cpp-0.1.5 $home/runtimes/ik_llama.cpp-0.1.5; pp=/work/main/src
     fi
     echo "== $which round $round $(date +%T)"
-    ADASPEC_HOME=$home PYTHONPATH=$pp .venv/bin/python experiments/serve_load.py --clients 8 --minutes 3 --overhead-requests 6 --out /tmp/ab/$which-$round > /tmp/ab/$which-$round.log 2>&1
-    tail -3 /tmp/ab/$which-$round.log
+    ADASPEC_HOME=$home PYTHONPATH=$pp .venv/bin/python experiments/serve_load.py --clients 8 --minutes 3 --overhead-requests 6 --out $AB/$which-$round > $AB/$which-$round.log 2>&1
+    tail -3 $AB/$which-$round.log
   done
 done
 echo "== done $(date +%T)"
