@@ -318,7 +318,10 @@ def http_overhead_phase(url: str, model: str, prompts: list[str], max_tokens: in
 
 
 def library_phase(args, prompts: list[str], max_tokens: int) -> list[tuple[float, int, str]]:
-    from adaspec.methods.build import load_generator
+    try:
+        from adaspec.methods.build import load_generator
+    except ImportError:  # a checkout from before the rename (serve_ab.sh's "before")
+        from adaspec.methods.build import load_engine as load_generator  # type: ignore
 
     engine = load_generator(args.method, args.target, args.draft, args.dtype, args.weights,
                          args.draft_weights)
