@@ -128,3 +128,21 @@ def head_losses(frozen: Frozen, row: dict, outs: list[torch.Tensor], cfg: LossSe
     return loss, hits
 
 
+
+
+def row_agreement(head: DraftHead, frozen: Frozen, row: dict, cfg: LossSettings, depth: int,
+                  visible_from: int = 0) -> list[tuple[int, int]]:
+    """Per depth, (answer positions where the head's top token is the target's top token,
+    answer positions): greedy acceptance given the earlier drafts were right. Positions
+    without a known next token (top_probs 0, the last of a served request) are left out."""
+    with torch.no_grad():
+        outs = unrolled(head, frozen, row, cfg, depth, visible_from=visible_from)
+    labels = frozen.index[row["top_ids"].long()[1:, 0]]
+    known = row["top_probs"][1:, 0] > 0
+    start = max(0, int(row["prompt_len"]) - 1)  # answer positions only
+    out = []
+    for d, h in enumerate(outs):
+        pred = frozen.token_head(h).argmax(1)
+        sel = (torch.arange(h.shape[0]) >= max(d, start)) & known
+        out.append((int(((pred == labels) & (labels >= 0) & sel).sum()), int(sel.sum())))
+    return out

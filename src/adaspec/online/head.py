@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from adaspec.draft.head_loss import Frozen, head_losses, kept_index, unrolled
+from adaspec.draft.head_loss import Frozen, head_losses, kept_index, row_agreement, unrolled
 from adaspec.draft.head_model import DraftHead
 from adaspec.errors import InputError
 
@@ -166,18 +166,8 @@ class HeadLearner:
         """Per depth, (answer positions where the head's top token is the target's top
         token, answer positions): how the student (or `head`) as it stands would have
         drafted `row`."""
-        head = self.student if head is None else head
-        with torch.no_grad():
-            outs = unrolled(head, self.frozen, row, self.cfg, depth)
-        labels = self.frozen.index[row["top_ids"].long()[1:, 0]]
-        has = row["top_probs"][1:, 0] > 0
-        start = max(0, int(row["prompt_len"]) - 1)
-        out = []
-        for d, h in enumerate(outs):
-            pred = self.frozen.token_head(h).argmax(1)
-            sel = (torch.arange(h.shape[0]) >= max(d, start)) & has
-            out.append((int(((pred == labels) & (labels >= 0) & sel).sum()), int(sel.sum())))
-        return out
+        return row_agreement(self.student if head is None else head, self.frozen, row,
+                             self.cfg, depth)
 
 
 class OnlineHead:
@@ -223,10 +213,7 @@ class OnlineHead:
 
     def check_engine(self, engine: Any) -> None:
         """InputError unless `engine` drafts with the head learned here."""
-        drafter = getattr(engine, "drafter", None)
-        head = getattr(drafter, "head", None)
-        head = getattr(head, "head", head)  # auto's head source
-        if not isinstance(head, DraftHead):
+        if head_drafter(engine) is None:
             raise InputError("online learning of the draft head needs the default method to "
                              "draft with it (--method head or auto:use=...+head)")
 
@@ -346,6 +333,15 @@ class OnlineHead:
             log.warning("online head at %s not resumed: %s", self.file, exc)
             return
         self._publish_now()
+
+
+def head_drafter(engine: Any) -> Any:
+    """The draft head drafter `engine` drafts with (the head method's, or auto's head
+    source); None for other drafters."""
+    drafter = getattr(engine, "drafter", None)
+    if getattr(drafter, "name", None) == "head":
+        return drafter
+    return getattr(drafter, "head", None)
 
 
 def _heads_root() -> Path:

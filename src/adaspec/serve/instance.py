@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adaspec.backends.base import ModelBackend
 from adaspec.engine.loop import TextGenerator
@@ -101,11 +101,11 @@ class ModelInstance:
         head where that method drafts with it, else the draft model."""
         from torch import nn
 
+        from adaspec.online.head import OnlineHead, head_drafter
         from adaspec.online.service import OnlineDistiller
 
-        head = _head_drafter(self.default_engine)
+        head = head_drafter(self.default_engine)
         if head is not None:  # the default method drafts with the head: it learns
-            from adaspec.online.head import OnlineHead
 
             self.online = OnlineHead(config.online, head, self.target, self.target.name)
             self.online.check_engine(self.default_engine)
@@ -223,12 +223,3 @@ class ModelInstance:
             close = getattr(backend, "close", None)
             if callable(close):
                 close()
-
-
-def _head_drafter(engine: Any) -> Any:
-    """The draft head `engine` drafts with (the head method's, or auto's head source);
-    None for other drafters."""
-    drafter = getattr(engine, "drafter", None)
-    if getattr(drafter, "name", None) == "head":
-        return drafter
-    return getattr(drafter, "head", None)

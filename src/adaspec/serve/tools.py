@@ -166,10 +166,10 @@ def _arguments(body: str, args: Any) -> str:
     return json.dumps(args, ensure_ascii=False)
 
 
-def _held_back(text: str) -> int:
-    """How many characters at the end of `text` could be the start of CLOSE."""
-    return next((k for k in range(min(len(CLOSE) - 1, len(text)), 0, -1)
-                 if CLOSE.startswith(text[-k:])), 0)
+def _held_back(text: str, marker: str = CLOSE) -> int:
+    """How many characters at the end of `text` could be the start of `marker`."""
+    return next((k for k in range(min(len(marker) - 1, len(text)), 0, -1)
+                 if marker.startswith(text[-k:])), 0)
 
 
 class ToolStream:
@@ -200,8 +200,7 @@ class ToolStream:
             if not self.calling:
                 at = self.buf.find(OPEN)
                 if at < 0:  # keep back what could be the start of OPEN
-                    keep = next((k for k in range(min(len(OPEN) - 1, len(self.buf)), 0, -1)
-                                 if OPEN.startswith(self.buf[-k:])), 0)
+                    keep = _held_back(self.buf, OPEN)
                     self._content(out, self.buf[:len(self.buf) - keep])
                     self.buf = self.buf[len(self.buf) - keep:]
                     return out

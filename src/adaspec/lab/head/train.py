@@ -18,6 +18,7 @@ from adaspec.draft.head_loss import (  # noqa: F401 - Frozen, kept_index: the tr
     Frozen,
     head_losses,
     kept_index,
+    row_agreement,
     unrolled,
 )
 from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead
@@ -143,18 +144,12 @@ def evaluate(head: DraftHead, frozen: Frozen, rows: list[dict], cfg: TrainConfig
     prompt_window: the head sees the features of only the last this-many + 1 prompt positions
     (0: the last one, what a runtime scoring the prompt's last row gives; None: all)."""
     hits = [[0, 0] for _ in range(depth)]
-    with torch.no_grad():
-        for row in rows:
-            start = max(0, int(row["prompt_len"]) - 1)  # answer positions only
-            visible = 0 if prompt_window is None else max(0, start - prompt_window)
-            outs = unrolled(head, frozen, row, cfg, depth, visible_from=visible)
-            greedy = frozen.index[row["top_ids"].long()[1:, 0]]
-            for d, h in enumerate(outs):
-                pred = frozen.token_head(h).argmax(1)
-                ok = (pred == greedy) & (greedy >= 0)
-                sel = torch.arange(h.shape[0]) >= max(d, start)
-                hits[d][0] += int(ok[sel].sum())
-                hits[d][1] += int(sel.sum())
+    for row in rows:
+        start = max(0, int(row["prompt_len"]) - 1)
+        visible = 0 if prompt_window is None else max(0, start - prompt_window)
+        for d, (a, b) in enumerate(row_agreement(head, frozen, row, cfg, depth, visible)):
+            hits[d][0] += a
+            hits[d][1] += b
     return [a / max(1, b) for a, b in hits]
 
 
