@@ -267,8 +267,8 @@ def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
     with pytest.raises(InputError, match="draft head not found"):
         build_generator(f"head:artifact={tmp_path / 'missing.pt'}", TorchBackend(model), None,
                      eos_token_ids=[])
-    with pytest.raises(InputError, match="ctrl=disco is not for the head"):
-        build_generator("head:ctrl=disco", TorchBackend(model), None, eos_token_ids=[])
+    with pytest.raises(InputError, match="unknown length controller 'nope'"):
+        build_generator("head:ctrl=nope", TorchBackend(model), None, eos_token_ids=[])
     with pytest.raises(InputError, match="weights must be one of fp32, bf16, int8, int8-dyn"):
         build_generator("head:weights=int4", TorchBackend(model), None, eos_token_ids=[])
 

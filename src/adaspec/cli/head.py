@@ -3,6 +3,7 @@
 adaspec head data --out DATA          # the target's features over training prompts (resumable)
 adaspec head train --data DATA --out head.pt
 adaspec generate "..." --method head:artifact=head.pt
+adaspec head disco --data DATA --head head.pt --out disco.pt   # head:ctrl=disco,disco=...
 
 Only the prompts DESIGN.md lets train: ShareGPT's first 12,000 conversations (with their
 answers), the WMT prompts, HumanEval 0-59 and Spec-Bench's odd question ids (these three
@@ -67,6 +68,29 @@ def add_head_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=run_train)
+
+    d = s.add_parser("disco", help="DISCO's classifier for a head (head:ctrl=disco)")
+    d.add_argument("--data", required=True, help="the folder the head was trained on")
+    d.add_argument("--target", default=None,
+                   help="the target the data is of (default: the built-in target)")
+    d.add_argument("--head", default="", help="the head (default: the one shipped)")
+    d.add_argument("--out", required=True, help="the classifier's file (.pt, beside it a .json)")
+    d.add_argument("--held", type=float, default=0.04,
+                   help="the head's held-out share (its `head train --held`): only examples "
+                   "it never trained on are read")
+    d.add_argument("--depth", type=int, default=4, help="longest draft described and tuned")
+    d.add_argument("--val", type=float, default=0.3,
+                   help="share of those examples that validates and tunes the classifier")
+    d.add_argument("--profile", default="machine", metavar="FILE|machine",
+                   help="the target's prices: a cost profile file, or this machine's cached "
+                   "profile of the target (measured on first use)")
+    d.add_argument("--samples", default="",
+                   help="keep the head's recorded drafts in this file and read them from it "
+                   "next time (the same head, data and depth)")
+    d.add_argument("--head-ms", type=float, default=0.0,
+                   help="a head step's price (0: timed here, right after a target call)")
+    d.add_argument("--no-progress", action="store_true")
+    d.set_defaults(func=run_disco)
 
 
 def _machine() -> dict:
@@ -184,4 +208,123 @@ def run_train(args: argparse.Namespace) -> int:
     checkpoint.unlink(missing_ok=True)
     print(json.dumps({"out": args.out, "held_out_agreement_by_depth": report.held_out,
                       "seconds": round(report.seconds, 1)}))
+    return 0
+
+
+def _head_samples(path: Path | None, provenance: dict, depth: int) -> Any:
+    """The DISCO data `--samples` kept, where it is of this head, data, split and depth."""
+    from adaspec.lab.disco.dataset import DiscoData
+
+    if path is None or not path.is_file():
+        return None
+    data = DiscoData.load(path)
+    same = all(data.provenance.get(k) == v for k, v in provenance.items() if k != "head")
+    if not same or data.provenance.get("depth") != depth:
+        print(f"{path} is of another head, data or depth: recording again", file=sys.stderr)
+        return None
+    return data
+
+
+def run_disco(args: argparse.Namespace) -> int:
+    """Record the head's drafts on its held-out examples (no model call), train DISCO's
+    classifier on them and tune its tau and SL_max by simulated latency at this machine's
+    prices; the artifact names the head it read (`head_artifact.fingerprint`)."""
+    import torch
+
+    from adaspec.backends.load import load_backends
+    from adaspec.control.disco_features import FeatureSpec
+    from adaspec.cost.profile import load_profile
+    from adaspec.draft import head_artifact
+    from adaspec.draft.head import HeadDrafter
+    from adaspec.errors import InputError
+    from adaspec.lab.disco.head_data import cold_step_ms, collect_head
+    from adaspec.lab.disco.simulate import Costs
+    from adaspec.lab.disco.train_classifier import train_artifact
+    from adaspec.lab.disco.tune import tune_artifact
+    from adaspec.lab.head import data as head_data
+    from adaspec.lab.head import train as head_train
+    from adaspec.store.atomic import write_json
+    from adaspec.store.loading import cache_dir_for
+
+    if not 1 <= args.depth <= 8 or not 0 < args.val < 1 or not 0 < args.held < 1:
+        raise InputError("--depth must be 1-8, --val and --held in (0, 1)")
+    target_name = _target(args)
+    head_path = Path(args.head) if args.head else head_artifact.builtin_for(target_name)
+    if head_path is None or not head_path.is_file():
+        raise InputError(f"no head to read: pass --head (none ships for {target_name})")
+    features = Path(args.data) / "features"
+    if not (features / "manifest.json").is_file():
+        raise InputError(f"{args.data} holds no recorded features: adaspec head data --out "
+                         f"{args.data}")
+    weights = cache_dir_for(target_name) / "model.safetensors"
+    if not weights.is_file():
+        raise InputError(f"{weights} is missing: the head reads the target's embeddings and "
+                         f"output rows from its bf16 copy (adaspec models prepare)")
+    art = head_artifact.load(head_path)
+    vocab = int(head_artifact.target_config(weights.parent).vocab_size)
+    embed, tokens = head_artifact.target_parts(None, weights, art.token_ids, torch.float32)
+    frozen = head_train.Frozen(embed.float(), tokens, head_train.kept_index(art.token_ids,
+                                                                            vocab))
+    name = head_artifact.fingerprint(head_path)
+    provenance = {"target": target_name, "draft": name, "head": str(head_path),
+                  "data_manifest_sha256": _data_sha256(features), "held": args.held,
+                  "val": args.val}
+    data = _head_samples(Path(args.samples) if args.samples else None, provenance, args.depth)
+    if data is None:
+        rows = head_data.load_rows(features, keep=lambda r: head_data.is_held(r, args.held))
+        data = collect_head(art.head(torch.float32), frozen, rows, args.depth,
+                            features="layers" if art.config.features > 1 else "final",
+                            val_fraction=args.val, progress=not args.no_progress,
+                            provenance=provenance)
+        del rows
+        if args.samples:
+            data.save(args.samples)
+    print(f"{len(data.samples)} held-out examples, {data.provenance['tokens']} answer tokens",
+          file=sys.stderr)
+    disco = train_artifact(data, data.suites, FeatureSpec())
+
+    target: Any = None  # loaded only to measure what is not given
+    tokenizer: Any = None
+    if args.profile == "machine" or args.head_ms <= 0:
+        target, tokenizer, _, _ = load_backends(target_name, draft=None)
+    if args.profile == "machine":
+        from adaspec.cost.cache import profile_for
+        from adaspec.engine.overhead import loop_overhead_ms
+
+        profile = profile_for(target, None, tokenizer, loop_overhead=loop_overhead_ms)
+    else:
+        profile = load_profile(args.profile)
+    head_ms = args.head_ms
+    if head_ms <= 0:
+        drafter = HeadDrafter.load(head_path, target)
+        typical = data.samples[len(data.samples) // 2]
+        head_ms = cold_step_ms(drafter, target, (typical.prompt_ids + typical.output)[-256:])
+    costs = Costs(draft_ms=head_ms,
+                  target_ms=[profile.target_ms(n) for n in range(1, args.depth + 2)],
+                  overhead_ms=profile.overhead_ms, source=f"profile:{profile.source}",
+                  simulated=profile.simulated)
+    print(f"prices: head step {head_ms:.2f} ms, target "
+          + " / ".join(f"{ms:.1f}" for ms in costs.target_ms) + f" ms for 1-{args.depth + 1}"
+          " rows" + (" (simulated profile)" if profile.simulated else ""), file=sys.stderr)
+    val = [s for s in data.samples if s.split == "val"]
+    result = tune_artifact(disco, val, costs, args.depth, log=lambda m: print(m,
+                                                                            file=sys.stderr))
+    out = Path(args.out)
+    disco.save(out)
+    best = result["best"]
+    summary = {
+        "what": f"DISCO classifier for the draft head {head_path.name} ({name}) of "
+                f"{target_name}",
+        "commands": [" ".join(["adaspec", *sys.argv[1:]])],
+        "data_manifest_sha256": _data_sha256(features),
+        "examples": len(data.samples), "tokens": data.provenance["tokens"],
+        "tau": disco.tau, "sl_max": disco.sl_max, "costs": costs.to_dict(),
+        "simulated_ms_per_token": {"ar": result["ar_ms_per_token"],
+                                   **{k: {**{f: best[k][f] for f in ("sl_max", "threshold")},
+                                          "ms_per_token": best[k]["ms_per_token"]}
+                                      for k in ("static", "disco", "confidence")}},
+        "date": time.strftime("%Y-%m-%d"), "machine": _machine(),
+    }
+    write_json(out.with_suffix(".json"), summary)
+    print(json.dumps(summary["simulated_ms_per_token"], indent=1))
     return 0

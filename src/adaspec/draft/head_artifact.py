@@ -141,3 +141,20 @@ def load_for_target(path: Path, target: Any, dtype: torch.dtype = torch.float32
         raise InputError(f"{path} is a head for hidden size {art.config.hidden}, the target "
                          f"has {int(embed.shape[1])}")
     return art.head(dtype), tokens.eval(), embed
+
+
+_FINGERPRINTS: dict[tuple[str, int, int], str] = {}
+
+
+def fingerprint(path: str | Path) -> str:
+    """The name a trained controller (DISCO) pairs with: `head:` and the first 12 hex
+    digits of the file's sha256, so a classifier of one head is never read with another's
+    distributions (hashed once per file version in a process)."""
+    import hashlib
+
+    p = Path(path).resolve()
+    stat = p.stat()
+    key = (str(p), stat.st_mtime_ns, stat.st_size)
+    if key not in _FINGERPRINTS:
+        _FINGERPRINTS[key] = "head:" + hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+    return _FINGERPRINTS[key]

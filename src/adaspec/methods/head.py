@@ -10,12 +10,17 @@ make one for another target (docs/head.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaspec.errors import InputError
 from adaspec.methods.base import Method, Models
 from adaspec.methods.params import ChainParams, check, param
+
+if TYPE_CHECKING:
+    from adaspec.control import LengthSettings
+    from adaspec.control.base import LengthController
 
 
 def check_weights(weights: str) -> None:
@@ -25,22 +30,43 @@ def check_weights(weights: str) -> None:
 
 
 
+CTRLS = ("static", "heuristic", "confidence", "disco")
+
+
 @dataclass(frozen=True)
 class HeadParams(ChainParams):
     k: int = param(3, "tokens to draft per step (the most with ctrl=confidence)")
-    ctrl: str = param("static", "length controller: static | heuristic | confidence")
-    threshold: float = param(0.0, "ctrl=confidence: stop below this top probability "
-                             "(0: the controller's default)")
+    ctrl: str = param("static", "length controller: static | heuristic | confidence | disco")
+    threshold: float = param(0.0, "ctrl=confidence: stop below this top probability; "
+                             "ctrl=disco: tau, stop below this acceptance probability (0: "
+                             "the controller's default, the artifact's tuned tau)")
+    disco: str = param("", "ctrl=disco: the classifier from `adaspec head disco` (default: "
+                       "the one shipped with the built-in head)")
+    sl_max: int = param(0, "ctrl=disco: most tokens per draft (0: the artifact's tuned one)")
     artifact: str = param("", "the head's file (default: the one shipped for the target)")
     weights: str = param("int8", "the head's weights at run time: fp32 | bf16 | int8 (int8 "
                          "rows, bf16 activations) | int8-dyn")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.ctrl in ("static", "heuristic", "confidence"),
-              f"ctrl={self.ctrl} is not for the head (static, heuristic or confidence)")
+        check(self.ctrl in CTRLS,
+              f"ctrl={self.ctrl} is not for the head ({', '.join(CTRLS)})")
         check(0.0 <= self.threshold <= 1.0, "threshold must be in [0, 1]")
+        check(self.sl_max >= 0, "sl_max must be >= 0")
+        if self.ctrl != "disco" and (self.disco or self.sl_max):
+            raise InputError("disco and sl_max are ctrl=disco's settings")
         check_weights(self.weights)
+
+    def length_settings(self) -> LengthSettings:
+        """k, the threshold, and for ctrl=disco its artifact (the threshold is its tau)."""
+        from adaspec.control import DiscoSettings
+
+        settings = super().length_settings()
+        threshold = self.threshold or None
+        if self.ctrl != "disco":
+            return replace(settings, threshold=threshold)
+        return replace(settings, disco=DiscoSettings(self.disco, tau=threshold,
+                                                     sl_max=self.sl_max or None))
 
 
 def _artifact_path(params: HeadParams, target_name: str) -> Path:
@@ -70,23 +96,45 @@ def _check(params: HeadParams, models: Models, text: str) -> None:
     _artifact_path(params, target.name)
 
 
-def _build(params: HeadParams, models: Models, text: str):
-    from dataclasses import replace
-
+def _controller(params: HeadParams, target: str, head: Path) -> LengthController:
+    """The length controller; DISCO's classifier read for this head only (the one shipped
+    with the built-in head where disco= is not given)."""
     from adaspec.control import CONTROLLERS
+    from adaspec.control.builtin import head_disco_file
+    from adaspec.draft.head_artifact import fingerprint
+
+    settings = params.length_settings()
+    if params.ctrl != "disco":
+        return CONTROLLERS[params.ctrl].build(settings, None)
+    disco = settings.disco
+    assert disco is not None
+    shipped = head_disco_file(target)
+    make = (f"make one with `adaspec head disco --head {head} --out disco.pt` and pass "
+            f"head:ctrl=disco,disco=disco.pt")
+    if not disco.artifact:
+        if not shipped.is_file():
+            raise InputError(f"no DISCO classifier ships for the head of {target}: {make}")
+        disco = replace(disco, artifact=str(shipped))
+    controller = CONTROLLERS["disco"].build(replace(settings, disco=disco), None)
+    try:
+        controller.check_models(target, fingerprint(head))  # type: ignore[attr-defined]
+    except InputError:
+        raise InputError(f"the DISCO classifier {disco.artifact} was trained for another "
+                         f"head or target than {head} of {target}: {make}") from None
+    return controller
+
+
+def _build(params: HeadParams, models: Models, text: str):
     from adaspec.draft.head import HeadDrafter
     from adaspec.engine.loop import Engine
 
-    drafter = HeadDrafter.load(_artifact_path(params, models.target.name), models.target,
-                               params.weights)
-    settings = params.length_settings()
-    if params.threshold:
-        settings = replace(settings, threshold=params.threshold)
+    path = _artifact_path(params, models.target.name)
+    drafter = HeadDrafter.load(path, models.target, params.weights)
     return Engine(
         models.target,
         models.tokenizer,
         drafter=drafter,
-        controller=CONTROLLERS[params.ctrl].build(settings, None),
+        controller=_controller(params, models.target.name, path),
         verify=params.verify,
         eos_token_ids=models.eos_token_ids,
     )

@@ -8,6 +8,11 @@ draft's argmax equals the target's token i. The file keeps the distribution feat
 (`disco_features.distribution_features`), the labels, the tokens and the provenance; the
 position features are added when rows are assembled (`rows`), because the position in the
 current draft depends on the schedule being simulated.
+
+A draft head (`lab/disco/head_data.py`) feeds its own states back along a chain, so its
+distribution for a token depends on the token's position in the draft: its samples carry one
+row per position, `dist` [n, D, F] and `hits` [n, D] (token i drafted at draft position d),
+where a model draft's are [n, F] and [n] (the same at every position).
 """
 
 from __future__ import annotations
@@ -47,8 +52,17 @@ class Sample:
     split: str
     prompt_ids: list[int]
     output: list[int]
-    dist: torch.Tensor  # [n, TOP_K + 1] distribution features for output[i]
-    hits: torch.Tensor  # [n] bool: draft argmax == output[i]
+    dist: torch.Tensor  # [n, TOP_K + 1] (or [n, D, TOP_K + 1]) features for output[i]
+    hits: torch.Tensor  # [n] (or [n, D]) bool: draft argmax == output[i]
+
+    @property
+    def depths(self) -> int:
+        """Draft positions the sample describes apart (0: every position alike)."""
+        return int(self.hits.shape[1]) if self.hits.dim() == 2 else 0
+
+    def hit_table(self) -> list[bool] | list[list[bool]]:
+        """The hits as Python lists, what the simulation reads (`simulate.hit_reader`)."""
+        return self.hits.tolist()
 
     def to_dict(self) -> dict:
         return {**asdict(self), "dist": self.dist, "hits": self.hits}
@@ -162,6 +176,12 @@ def rows(
     those draft positions (for the static baselines)."""
     xs, ys, ps = [], [], []
     for s in samples:
+        if s.depths:
+            x, y, p = _depth_rows(s, spec)
+            xs.append(x)
+            ys.append(y)
+            ps.append(p)
+            continue
         pos = draft_positions(s.hits)
         gen = torch.arange(len(s.hits))
         xs.append(assemble(s.dist, pos, gen, spec)[1:])
@@ -170,3 +190,17 @@ def rows(
     if not xs:
         return torch.empty(0, spec.size), torch.empty(0, dtype=torch.bool), torch.empty(0)
     return torch.cat(xs), torch.cat(ys), torch.cat(ps)
+
+
+def _depth_rows(s: Sample, spec: FeatureSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of a per-position sample: token i at draft position d wherever a draft can
+    reach it (d = 0, or the d tokens before it accepted at positions 0 .. d - 1)."""
+    hits = s.hits.bool()
+    n, depth = hits.shape
+    reach = torch.zeros(n, depth, dtype=torch.bool)
+    reach[1:, 0] = True  # token 0 comes from the prefill
+    for d in range(1, depth):
+        reach[d + 1:, d] = reach[d:-1, d - 1] & hits[d:-1, d - 1]
+    rows_at, depth_at = reach.nonzero(as_tuple=True)
+    return (assemble(s.dist[rows_at, depth_at], depth_at, rows_at, spec),
+            hits[rows_at, depth_at], depth_at)

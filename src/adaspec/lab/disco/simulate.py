@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -176,8 +176,22 @@ class SimResult:
         return {**asdict(self), "ms_per_token": self.ms_per_token}
 
 
+HitTable = Sequence[bool] | Sequence[Sequence[bool]]
+
+
+def hit_reader(hits: HitTable) -> Callable[[int, int], bool]:
+    """hit(i, d): whether token i drafted at draft position d is the target's. Hits [n] are
+    the same at every position (a model draft); hits [n][D] differ by position (a draft
+    head feeding its own states back)."""
+    if len(hits) and isinstance(hits[0], Sequence):
+        table = [[bool(x) for x in row] for row in hits]  # type: ignore[union-attr]
+        return lambda i, d: table[i][d]
+    flat = [bool(x) for x in hits]
+    return lambda i, d: flat[i]
+
+
 def simulate(
-    hits: Sequence[bool],
+    hits: HitTable,
     scores: torch.Tensor | None,
     tau: float,
     sl_max: int,
@@ -186,7 +200,7 @@ def simulate(
     stop: str = "tau",
     guess: str = "last",
 ) -> SimResult:
-    """One greedy generation of len(hits) tokens under a policy.
+    """One greedy generation of len(hits) tokens under a policy (hits as `hit_reader`'s).
 
     scores[i, d]: the policy's score for token i drafted at position d of the current draft
     (DISCO's acceptance probability; the top draft probability for the confidence rule);
@@ -194,9 +208,12 @@ def simulate(
     cost rule on the scores instead of the threshold (tau unused; `guess` as the
     controller's). oracle=True drafts exactly the run of hits (up to sl_max), as
     `control.oracle.OracleLength` does."""
-    h = [bool(x) for x in hits]
+    if hits and isinstance(hits[0], Sequence) and sl_max > len(hits[0]):
+        raise InputError(f"the hits describe drafts of up to {len(hits[0])} tokens, not "
+                         f"SL_max {sl_max}")
+    hit = hit_reader(hits)
     sc = scores.tolist() if scores is not None else None  # Python floats: fast to index
-    n = len(h)
+    n = len(hits)
     res = SimResult()
     p = 1  # token 0 comes from the prefill
     cost_rule = stop == "cost"
@@ -209,7 +226,7 @@ def simulate(
         limit = min(sl_max, n - p - 1)  # the engine never drafts past the token budget
         if oracle:
             drafted = 0
-            while drafted < limit and h[p + drafted]:
+            while drafted < limit and hit(p + drafted, drafted):
                 drafted += 1
         else:
             drafted = 0
@@ -230,7 +247,7 @@ def simulate(
                 if not cost_keeps_drafting(step, g, prices, sl_max):
                     break
         accepted = 0
-        while accepted < drafted and h[p + accepted]:
+        while accepted < drafted and hit(p + accepted, accepted):
             accepted += 1
         res.add_step(costs, drafted, accepted, decide)
         p += accepted + 1
@@ -238,7 +255,7 @@ def simulate(
 
 
 def simulate_all(
-    hits_list: Sequence[Sequence[bool]],
+    hits_list: Sequence[HitTable],
     scores_list: Sequence[torch.Tensor | None],
     tau: float,
     sl_max: int,

@@ -36,14 +36,31 @@ def disco_scores(
 ) -> torch.Tensor:
     """[n, positions]: P(accepted) of token i if it were drafted at draft position d."""
     n = len(sample.hits)
-    dist = sample.dist.unsqueeze(1).expand(n, positions, sample.dist.shape[-1])
+    dist = (_by_position(sample, positions) if sample.depths else
+            sample.dist.unsqueeze(1).expand(n, positions, sample.dist.shape[-1]))
     x = assemble(dist, torch.arange(positions)[None, :], torch.arange(n)[:, None], spec)
     return classifier.accept_probability(x)
 
 
 def confidence_scores(sample: Sample, positions: int) -> torch.Tensor:
-    """[n, positions]: the draft's top probability, whatever the draft position."""
+    """[n, positions]: the draft's top probability (the same at every draft position for a
+    model draft)."""
+    if sample.depths:
+        return _by_position(sample, positions)[..., 0]
     return sample.dist[:, :1].expand(len(sample.hits), positions)
+
+
+def _within_depth(samples: Sequence[Sample], cap: int) -> int:
+    """The oracle's cap, within the draft lengths per-position samples describe."""
+    return min([cap, *(s.depths for s in samples if s.depths)])
+
+
+def _by_position(sample: Sample, positions: int) -> torch.Tensor:
+    """A per-position sample's features [n, positions, F]."""
+    if positions > sample.depths:
+        raise InputError(f"the data describes drafts of up to {sample.depths} tokens, not "
+                         f"{positions}: collect it deeper or tune a smaller SL_max")
+    return sample.dist[:, :positions]
 
 
 def _best(table: list[dict]) -> dict:
@@ -71,7 +88,8 @@ def tune(
 ) -> dict:
     """Simulated latency of every setting on `samples`; the best of each family."""
     positions = max(sl_maxes)
-    hits = [s.hits.tolist() for s in samples]
+    oracle_cap = _within_depth(samples, oracle_cap)
+    hits = [s.hit_table() for s in samples]
     d_scores = [disco_scores(s, classifier, spec, positions) for s in samples]
     c_scores = [confidence_scores(s, positions) for s in samples]
     nones = [None] * len(samples)
@@ -117,7 +135,8 @@ def evaluate(
     """Simulated latency of fixed settings (e.g. the tuned ones, on the test split):
     settings = {"disco": {"threshold", "sl_max"}, "static": {...}, "confidence": {...},
     "disco-cost": {"sl_max", "guess"}} (any subset)."""
-    hits = [s.hits.tolist() for s in samples]
+    oracle_cap = _within_depth(samples, oracle_cap)
+    hits = [s.hit_table() for s in samples]
     out: dict[str, dict] = {}
     for family, st in settings.items():
         k, t = int(st["sl_max"]), float(st.get("threshold", NEVER_STOP))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,8 +284,9 @@ def collect(scorer, tokenizer, examples: list[Example], out: Path, max_tokens: i
     return manifest
 
 
-def load_rows(root: Path) -> list[dict]:
-    """Every recorded example, each shard checked against the manifest's sha256."""
+def load_rows(root: Path, keep: Callable[[dict], bool] | None = None) -> list[dict]:
+    """Every recorded example (those `keep` keeps, one shard in memory at a time), each
+    shard checked against the manifest's sha256."""
     from adaspec.errors import InputError
 
     manifest = json.loads((root / "manifest.json").read_text())
@@ -294,8 +295,15 @@ def load_rows(root: Path) -> list[dict]:
         path = root / shard["file"]
         if _sha256(path) != shard["sha256"]:
             raise InputError(f"{path}: checksum differs from the manifest's")
-        rows += torch.load(path, weights_only=True)
+        rows += [r for r in torch.load(path, weights_only=True) if keep is None or keep(r)]
     return rows
+
+
+def is_held(row: dict, fraction: float) -> bool:
+    """Whether `split_held` holds the example out (by its id's hash)."""
+    import zlib
+
+    return zlib.crc32(str(row["id"]).encode()) / 2**32 < fraction
 
 
 def split_held(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
@@ -303,11 +311,6 @@ def split_held(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict
     (a resumed or longer recording) keeps its held-out examples held out, and a head
     warm-started on the smaller folder is validated on examples it never trained on; at
     least one held out."""
-    import zlib
-
-    def held(row: dict) -> bool:
-        return zlib.crc32(str(row["id"]).encode()) / 2**32 < fraction
-
-    out = [r for r in rows if held(r)] or rows[:1]
+    out = [r for r in rows if is_held(r, fraction)] or rows[:1]
     chosen = {id(r) for r in out}
     return out, [r for r in rows if id(r) not in chosen]
