@@ -177,3 +177,27 @@ def test_head_ctrl_disco_refuses_another_heads_classifier(tmp_path, tiny):
         build_generator(f"head:k=2,artifact={head_file},disco={tmp_path}/disco.pt",
                         TorchBackend(model), None, eos_token_ids=[])
 
+
+def test_the_shipped_head_has_its_own_classifier_with_provenance():
+    """The built-in head's DISCO classifier is of that head (its fingerprint), small, and
+    says how it was made; it decides on the head's kept-token logits."""
+    from adaspec.control.builtin import head_disco_file, provenance
+    from adaspec.control.disco import DiscoLength
+    from adaspec.draft.head_artifact import builtin_for, fingerprint
+    from adaspec.store.catalog import TARGET_DEFAULT
+
+    head, path = builtin_for(TARGET_DEFAULT), head_disco_file(TARGET_DEFAULT)
+    assert head is not None and path.is_file() and path.stat().st_size < 1_000_000
+    controller = DiscoLength.from_file(str(path))
+    controller.check_models(TARGET_DEFAULT, fingerprint(head))
+    record = provenance(path)
+    assert any("adaspec head disco" in c for c in record["commands"])
+    assert len(record["data_manifest_sha256"]) == 64 and record["date"] and record["machine"]
+    sure, flat = torch.full((8192,), -30.0), torch.zeros(8192)
+    sure[7] = 30.0
+    controller.begin()
+    controller.max_tokens()
+    controller.keep_drafting(0, sure)
+    p_sure = controller.last_probability
+    controller.keep_drafting(0, flat)
+    assert controller.last_probability < p_sure
