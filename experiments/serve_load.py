@@ -392,6 +392,8 @@ def summary_md(run: dict) -> str:
     ]
     if load["errors"]:
         lines += ["Errors seen: " + "; ".join(f"`{e}`" for e in load["errors"]), ""]
+    if over is None:  # --overhead-requests 0: the load phase only
+        return "\n".join(lines)
     lines += [
         f"## Overhead: {over['requests']} greedy requests one at a time, "
         f"max_tokens {cfg['max_tokens']}",
@@ -480,9 +482,12 @@ def main() -> int:
                           args.max_requests, args.max_tokens, args.stream_share, args.seed,
                           server)
         print(json.dumps(load), flush=True)
-        http = http_overhead_phase(server.url, "adaspec", overhead_prompts, args.max_tokens)
+        http = http_overhead_phase(server.url, "adaspec", overhead_prompts, args.max_tokens) \
+            if overhead_prompts else []
     finally:
         code = server.stop()
+    if not overhead_prompts:  # --overhead-requests 0: the load phase only
+        return _write(out, args, load, None, code, [])
     print(f"server stopped (exit {code}); the same requests through the library", flush=True)
     if args.tiny:
         os.environ["ADASPEC_HOME"] = env["ADASPEC_HOME"]
@@ -508,6 +513,10 @@ def main() -> int:
             [o.decode_tokens_per_s for o in http if not o.stream]),
         "http_failed": sum(not o.ok for o in http),
     }
+    return _write(out, args, load, overhead, code, http)
+
+
+def _write(out: Path, args, load: dict, overhead: dict | None, code, http: list) -> int:
     run = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _cpu_name(), "command": " ".join(["python", *sys.argv]),

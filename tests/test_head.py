@@ -402,14 +402,38 @@ def test_auto_with_use_head_and_no_head_says_how_to_make_one():
     with pytest.raises(InputError, match="adaspec head data"):
         build_generator("auto:use=ngram+head", TorchBackend(model, name="no-such-model"), None,
                      eos_token_ids=[], profile=flat_profile())
-    # the default does not use the head (it does not pay yet: docs/head.md)
+    # the default uses the head only where one ships for the target: none for this one,
+    # so it builds without (explicitly asked, the same is an error, above)
     draft = TorchBackend(tiny_model(vocab=40, hidden=32, seed=4, layers=1))
-    engine = build_generator("auto", TorchBackend(model), None, draft, eos_token_ids=[],
-                          profile=flat_profile())
+    engine = build_generator("auto", TorchBackend(model, name="no-such-model"), None, draft,
+                          eos_token_ids=[], profile=flat_profile())
     assert engine.drafter.head is None
     with pytest.raises(InputError, match="add head to use="):
         build_generator("auto:use=ngram,head=x.pt", TorchBackend(model), None, eos_token_ids=[],
                      profile=flat_profile())
+
+
+def test_auto_by_default_drafts_with_the_head_that_ships_for_its_target(tmp_path, monkeypatch):
+    """`auto` without use= takes the head shipped for the target where the runtime returns
+    the features, and its greedy output stays the target's."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_generator
+
+    from .test_auto import flat_profile
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    monkeypatch.setattr(head_artifact, "builtin_for", lambda name: path)
+    draft = TorchBackend(tiny_model(vocab=40, hidden=32, seed=4, layers=1))
+    engine = build_generator("auto", TorchBackend(model), None, draft, eos_token_ids=[],
+                             profile=flat_profile())
+    assert engine.drafter.head is not None
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    prompt = [5, 9, 11, 3]
+    assert engine.generate(prompt, max_new_tokens=16).token_ids == \
+        plain.generate(prompt, max_new_tokens=16).token_ids
 
 
 def test_a_fused_layer_computes_what_the_separate_products_compute():

@@ -51,8 +51,12 @@ def test_real_pair_default_method_is_exact_and_priced(engine):
     div = classify(engine.target, ref.prompt_ids, ref.token_ids, out.token_ids)
     assert div is None or div.kind == "tie", div
     choices = auto.drafter.choices  # one choice per step that could draft (not the last)
-    assert choices.plain + choices.ngram + choices.draft <= out.stats.target_calls - 1
-    assert len(out.stats.steps) <= choices.ngram + choices.draft
+    drafting = choices.ngram + choices.history + choices.draft + choices.head
+    assert choices.plain + drafting <= out.stats.target_calls - 1
+    assert len(out.stats.steps) <= drafting
+    # the default drafts with the head shipped for the built-in target wherever the runtime
+    # returns the target's features (ik_llama.cpp with its features patch)
+    assert (auto.drafter.head is not None) == engine.target.has_features
 
 
 def test_real_target_scores_a_blocks_rows_as_it_scores_them_alone(engine):
