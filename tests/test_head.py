@@ -217,6 +217,14 @@ def test_the_head_method_loads_an_artifact_and_decodes_what_plain_decoding_does(
     head_artifact.save(path, drafter.head, torch.arange(40), {"trained_on": ["tiny"]})
     engine = build_generator(f"head:k=3,artifact={path}", TorchBackend(model), None,
                           eos_token_ids=[])
+    assert_exact_and_drafting(engine, model)
+
+
+def assert_exact_and_drafting(engine, model) -> None:
+    """The engine's greedy output is plain decoding's on two prompts, and it drafted."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.methods.build import build_generator
+
     plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
     drafted = 0
     for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8]):

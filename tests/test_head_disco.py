@@ -15,7 +15,7 @@ from adaspec.lab.head import data as head_data
 from adaspec.lab.head import train as head_train
 
 from .conftest import tiny_model
-from .test_head import _trained_head_drafter
+from .test_head import _trained_head_drafter, assert_exact_and_drafting
 
 SPEC = FeatureSpec()
 
@@ -147,13 +147,7 @@ def test_head_ctrl_disco_decodes_what_plain_decoding_does(tmp_path, tiny):
                              "threshold=0.3,sl_max=3", TorchBackend(model), None,
                              eos_token_ids=[])
     assert engine.controller.name == "disco" and engine.controller.tau == 0.3
-    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
-    drafted = 0
-    for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8]):
-        got = engine.generate(prompt, max_new_tokens=16)
-        assert got.token_ids == plain.generate(prompt, max_new_tokens=16).token_ids
-        drafted += got.stats.drafted
-    assert drafted > 0
+    assert_exact_and_drafting(engine, model)
 
 
 def test_head_ctrl_disco_refuses_another_heads_classifier(tmp_path, tiny):
