@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -146,18 +147,11 @@ class HeadDrafter(Drafter):
         if known is not None:
             return known
 
-        cfg = self.head.cfg
-        dtype = self._dtype
-        kv = (torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype),
-              torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=dtype))
-        hidden = torch.zeros(1, 1, cfg.features * cfg.hidden, dtype=dtype)
-        chain = HeadChain(self, hidden[..., : cfg.hidden], kv, context)
+        step = self.probe_step(context)
         times = []
         for _ in range(reps + 3):
             t0 = time.perf_counter()
-            chain._kv = kv
-            chain.advance(0)
-            chain.draw(SamplingParams(0.0), None)
+            step()
             times.append(time.perf_counter() - t0)
         times = sorted(times[3:])
         ms = 1000 * times[len(times) // 2]
@@ -165,6 +159,21 @@ class HeadDrafter(Drafter):
             with _LOCK:
                 _STEP_MS[self.head] = ms
         return ms
+
+    def probe_step(self, context: int) -> Callable[[], None]:
+        """One draft step (a head forward over a zero cache of `context` positions, then the
+        next token's logits), as a callable to time: what a token drafted costs."""
+        cfg = self.head.cfg
+        kv = (torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=self._dtype),
+              torch.zeros(1, cfg.kv_heads, context, cfg.head_dim, dtype=self._dtype))
+        hidden = torch.zeros(1, 1, cfg.hidden, dtype=self._dtype)
+
+        def step() -> None:
+            chain = HeadChain(self, hidden, kv, context)
+            chain.advance(0)
+            chain.draw(SamplingParams(0.0), None)
+
+        return step
 
     def begin(self, req: RequestState) -> None:
         self._kv, self._fed, self._cached = None, 0, []

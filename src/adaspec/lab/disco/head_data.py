@@ -107,23 +107,14 @@ def cold_step_ms(drafter, target, context: list[int], reps: int = 12) -> float:
     `HeadDrafter.step_ms`, is about half of this on 2 vCPUs)."""
     import statistics
 
-    from adaspec.core.sampling import SamplingParams
-    from adaspec.draft.head import HeadChain
-
-    cfg = drafter.head.cfg
-    dtype = next(drafter.head.parameters()).dtype
-    kv = (torch.zeros(1, cfg.kv_heads, len(context), cfg.head_dim, dtype=dtype),
-          torch.zeros(1, cfg.kv_heads, len(context), cfg.head_dim, dtype=dtype))
-    hidden = torch.zeros(1, 1, cfg.hidden, dtype=dtype)
+    step = drafter.probe_step(len(context))
     target.prefill(torch.tensor(context))
     base = target.cache_len
     times = []
     for _ in range(reps + 2):  # two to warm up
         target.forward(torch.tensor(context[-1:]))
         t0 = time.perf_counter()
-        chain = HeadChain(drafter, hidden, kv, len(context))
-        chain.advance(0)
-        chain.draw(SamplingParams(0.0), None)
+        step()
         times.append(1000 * (time.perf_counter() - t0))
         target.truncate(base)
     target.reset()
