@@ -156,3 +156,22 @@ def test_the_least_recently_used_conversation_makes_room(static_dirs):
         assert cached(a2) == 0
         assert httpx.get(url + "/health").json()["prefix_cache"]["evicted"] == 2
     instance.close()
+
+
+def test_cache_prompt_false_prefills_the_whole_prompt_afresh(static_dirs):
+    """llama-server's `cache_prompt: false`: a repeated prompt reuses nothing its slot kept
+    (a benchmark's cold request) and answers the same; the default reuses it."""
+    instance = _instance(static_dirs)
+    with live_server(instance, max_batch=2, cache_slots=2) as url:
+        first = complete(url, OPENINGS[3])
+        warm = complete(url, OPENINGS[3])
+        cold = httpx.post(url + "/v1/completions", timeout=60, json={
+            "prompt": OPENINGS[3], "max_tokens": 12, "temperature": 0, "method": "ar",
+            "cache_prompt": False}).json()
+        assert cached(warm) > 0 and cached(cold) == 0
+        assert cold["choices"][0]["text"] == warm["choices"][0]["text"] \
+            == first["choices"][0]["text"]
+        bad = httpx.post(url + "/v1/completions", timeout=60, json={
+            "prompt": "x", "max_tokens": 2, "cache_prompt": "no"})
+        assert bad.status_code == 400 and "cache_prompt" in bad.text
+    instance.close()

@@ -311,7 +311,8 @@ async def prepare(state: ServeState, body: GenerationRequest, chat: bool
             f"{instance.max_context} tokens; shorten the prompt or lower max_tokens",
             param=field)
     job = Job(ids, budget, sampling, body.stop_list(), method, state.config.timeout,
-              token_sources=body.token_sources, stream=body.stream, domain=body.domain)
+              token_sources=body.token_sources, stream=body.stream, domain=body.domain,
+              cache_prompt=body.cache_prompt)
     return job, tools
 
 

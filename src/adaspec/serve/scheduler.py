@@ -76,7 +76,7 @@ class Job:
     def __init__(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: list[str], method: str, timeout: float,
                  token_sources: bool = False, stream: bool = True,
-                 domain: str | None = None) -> None:
+                 domain: str | None = None, cache_prompt: bool = True) -> None:
         self.id = uuid.uuid4().hex[:24]
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
@@ -85,6 +85,7 @@ class Job:
         self.method = method
         self.token_sources = token_sources
         self.domain = domain  # the request's own domain field (online distillation)
+        self.cache_prompt = cache_prompt  # False: reuse nothing a slot kept (prefill afresh)
         self.stream = stream  # False: no chunk events, only the result (less work per step)
         self.timeout = timeout
         self.arrived = time.monotonic()
@@ -100,7 +101,7 @@ class Job:
         """Another answer to the same prompt (`n` > 1), drawn with `sampling`."""
         return Job(self.prompt_ids, self.max_tokens, sampling, self.stop, self.method,
                    self.timeout, token_sources=self.token_sources, stream=self.stream,
-                   domain=self.domain)
+                   domain=self.domain, cache_prompt=self.cache_prompt)
 
     @property
     def cancelled(self) -> bool:
@@ -315,7 +316,8 @@ class Scheduler:
             # the slot holding the longest start of the prompt; ties (none: the least
             # recently used, first in `_free`)
             slot = max(self._free, key=lambda s: common_prefix(self._slot_ids(s),
-                                                               job.prompt_ids))
+                                                               job.prompt_ids)) \
+                if job.cache_prompt else self._free[0]
             need = len(job.prompt_ids) + job.max_tokens + DRAFT_ROOM
             held = sum(r.reserved for r in self._running.values()) if self.pooled else 0
             kept = {s: len(self._slot_ids(s)) for s in self._free if s != slot and self.pooled}
@@ -360,6 +362,8 @@ class Scheduler:
         if job.started > job.deadline:
             self._finish(running, error=errors.timed_out(job.timeout), outcome="timeout")
             return
+        if not job.cache_prompt:
+            self._reset_slot(slot)  # its kept prefix is not this request's to reuse
         try:
             running.engine = self.instance.request_engine(job.method, slot)
             running.recorder = self._recorder_for(running, slot)

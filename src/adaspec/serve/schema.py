@@ -3,6 +3,7 @@
 Requests accept the OpenAI fields plus adaspec's own: `top_k`, `method` (a method
 string, as on the command line), `domain` (which online-distilled draft serves it),
 `token_sources` (stream each token's text and how it was produced; the playground uses it),
+`cache_prompt` (llama-server's: false prefills the whole prompt, reusing nothing kept),
 and vLLM's names for a constraint beside `response_format`: `guided_json` (a JSON schema),
 `guided_regex` and `guided_grammar` (a Lark grammar, as llguidance reads it). An OpenAI
 field adaspec cannot honour (`echo`, `best_of`, ...) is refused with a message naming
@@ -101,6 +102,9 @@ class GenerationRequest(BaseModel):
     domain: Annotated[str, Field(min_length=1, max_length=80)] | None = None  # extra: the
     # request's domain, whose draft serves it under --online-distill --osd-domains field
     token_sources: bool = False  # extra: stream chunks carry each token's text and source
+    # extra (llama-server's name): false computes the whole prompt afresh, reusing no KV an
+    # idle slot kept of an earlier request (a benchmark's cold request)
+    cache_prompt: StrictBool = True
     # extras (vLLM's names): what the output must match; at most one, and not beside a
     # chat's response_format
     guided_json: dict[str, Any] | str | None = None
