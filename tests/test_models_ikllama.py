@@ -300,8 +300,8 @@ def test_sequences_share_a_prompt_prefix(smollm):
     want = owner.prefill(torch.tensor(q)).logits  # the owner's own sequence: no siblings
     want_next = owner.forward(torch.tensor([5])).logits
     a.prefill(torch.tensor(p))
-    assert b.available_prefix(q, 0) == len(system)
-    left = b.plan_prefill(q, 0)
+    assert b.available_prefix(q, len(q)) == len(system) and b.available_prefix(q, 0) == 0
+    left = b.plan_prefill(q, len(q))
     assert left == q[len(system):] and b.shared_tokens == len(system)
     got = b.prefill(torch.tensor(q), reuse=len(q)).logits  # scores the rest only
     assert (got - want).abs().max() < 1.0 and torch.equal(got.argmax(-1), want.argmax(-1))
@@ -319,7 +319,7 @@ def test_sequences_share_a_prompt_prefix(smollm):
     c.reset()
     a.prefill(torch.tensor(system[: MIN_SHARE - 1] + [9, 9, 9]))
     short = system[: MIN_SHARE - 1] + [5, 5, 5]
-    assert c.plan_prefill(short, 0) == short and c.shared_tokens == 0
+    assert c.plan_prefill(short, len(short)) == short and c.shared_tokens == 0
     owner.close()
 
 
@@ -345,7 +345,7 @@ def test_batch_prefills_a_shared_prefix_once(smollm):
     views = owner.sequences(3)
     for i, (view, p) in enumerate(zip(views, prompts, strict=True)):
         engine = build_generator("ar@ik", view, None, None, [2])
-        decoder.add(i, engine.steps(p, 8, SamplingParams(), []))
+        decoder.add(i, engine.steps(p, 8, SamplingParams(), [], reuse=len(p)))
     together: dict[int, list[int]] = {}
     while len(decoder):
         for key, item in decoder.round():
@@ -501,7 +501,7 @@ def test_each_sequence_keeps_to_its_region_and_overflows_past_the_regions(smollm
 
     shared = prompt(1, 60)
     a.prefill(torch.tensor(shared + prompt(2, 20)))
-    b.prefill(torch.tensor(shared + prompt(3, 250)))  # takes a's 60, then past its region
+    b.prefill(torch.tensor(shared + prompt(3, 250)), reuse=330)  # a's 60, then past its region
     assert b.shared_tokens == 60
     a.reset()  # a leaves: b's copy of the 60 is its own
     a.prefill(torch.tensor(prompt(4, 100)))
@@ -573,7 +573,7 @@ def test_a_row_scores_alike_in_any_call_any_slot_and_a_context_of_one(smollm):
     assert torch.equal(torch.cat(got), want_t)
     # the prompt copied into another slot's region, then a chain of the steps
     d.reset()
-    assert d.plan_prefill(p + steps[:1], 0) == steps[:1] and d.shared_tokens == len(p)
+    assert d.plan_prefill(p + steps[:1], len(p) + 1) == steps[:1] and d.shared_tokens == len(p)
     out = forward_together([(d, steps[:1] + steps[1:], ALL), (a, [3, 4], ALL)])[0]
     assert torch.equal(out, want_t[1:])
     owner.close()

@@ -63,7 +63,8 @@ def test_a_shared_prompt_prefix_is_copied_not_computed(graphs):
     system = list(range(1, 21))  # 20 tokens: above MIN_SHARE
     first, second = system + [40, 41], system + [42, 43, 44]
     views[0].prefill(torch.tensor(first))
-    out = views[1].prefill(torch.tensor(second))
+    assert views[1].plan_prefill(second, 0) == second  # reuse 0: nothing kept or shared
+    out = views[1].prefill(torch.tensor(second), reuse=len(second))
     assert views[1].shared_tokens == len(system)  # type: ignore[attr-defined]
     close(out.logits, static_backend(model, "alone").prefill(torch.tensor(second)).logits)
 

@@ -159,9 +159,9 @@ class SequenceView(ChainBackend):
 
     def available_prefix(self, ids: list[int], reuse: int) -> int:
         """How many leading tokens of prompt `ids` a prefill would not compute: kept in
-        this sequence (up to `reuse`) or taken from a sibling."""
+        this sequence or taken from a sibling, up to `reuse` either way."""
         own = reusable_prefix(self.held(), ids, reuse)
-        return max(own, self.shareable(ids))
+        return max(own, min(self.shareable(ids), reuse))
 
     def shareable(self, ids: list[int]) -> int:
         """How many leading tokens of prompt `ids` a sibling's cache holds (at least one
@@ -177,7 +177,7 @@ class SequenceView(ChainBackend):
         not computed again (ik_llama.cpp tags them with both sequence ids), when that
         saves at least MIN_SHARE tokens."""
         kept = reusable_prefix(self._token_ids(), ids, reuse)
-        best = self.shareable(ids)
+        best = min(self.shareable(ids), reuse)  # `reuse` bounds a sibling's share too
         if best - kept < MIN_SHARE:
             self.truncate(kept)
             return kept

@@ -312,7 +312,7 @@ class BatchDecoder:
                    and m.call.backend.owner is view.owner and m.call.backend is not view]
         if not filling:
             return False
-        coming = min(max(common_prefix(ids, p) for p in filling), len(ids) - 1)
+        coming = min(max(common_prefix(ids, p) for p in filling), len(ids) - 1, reuse)
         return coming - view.available_prefix(ids, reuse) >= MIN_SHARE
 
     def _price(self, steps: list[_Member], prefill: int, chunks: int, stats: RoundStats) -> None:

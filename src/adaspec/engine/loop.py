@@ -155,8 +155,9 @@ class TextGenerator(ABC):
         here, before any compute. `seat`: the request's place in a batch's round (its
         drafter prices against it); `recorder`: a hook that sees its verifications;
         `reuse`: how many leading prompt tokens the target's cache may keep of what it
-        holds (a server's slot: all of them), None: what this engine's last request left
-        there (a bench switching methods on one cache reuses nothing of another's)."""
+        holds or take from a sibling sequence's (a server's slot: all of them; 0: a cold
+        request, `cache_prompt: false`), None: what this engine's last request left there
+        (a bench switching methods on one cache reuses nothing of another's)."""
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):
             stop = [stop]

@@ -362,8 +362,6 @@ class Scheduler:
         if job.started > job.deadline:
             self._finish(running, error=errors.timed_out(job.timeout), outcome="timeout")
             return
-        if not job.cache_prompt:
-            self._reset_slot(slot)  # its kept prefix is not this request's to reuse
         try:
             running.engine = self.instance.request_engine(job.method, slot)
             running.recorder = self._recorder_for(running, slot)
@@ -373,7 +371,8 @@ class Scheduler:
             steps = running.engine.stream_steps(job.prompt_ids, job.max_tokens, job.sampling,
                                                 job.stop, chat=False, seat=seat,
                                                 recorder=running.recorder,
-                                                reuse=len(job.prompt_ids))
+                                                reuse=len(job.prompt_ids)
+                                                if job.cache_prompt else 0)
         except AdaspecError as exc:  # a method its parts cannot be built for, a bad input
             self._finish(running, error=errors.bad_request(str(exc), param="method"))
             return
