@@ -610,3 +610,82 @@ def test_a_steps_prices_are_asked_once_and_not_kept_past_it():
     seat.load.sequences = 5
     auto_propose(drafter, REPEATING, max_tokens=6, seat=seat, remaining=50)
     assert any(s == 5 for _, s in asked[first:])
+
+
+# ------------------------------------------------------------- learned prices
+def test_live_scale_learns_a_ratio_per_row_count_pulled_toward_the_pooled_one():
+    from adaspec.cost.live import LIMIT, LiveScale
+
+    live = LiveScale()
+    assert live.scale(1) == live.scale(5) == 1.0  # nothing seen: the profile as it is
+    for _ in range(40):
+        live.observe(1, 40.0, 50.0)  # one row: 0.8 of its price
+        live.observe(2, 78.0, 60.0)  # two rows: 1.3
+    assert live.scale(1) == pytest.approx(0.8, rel=0.1)
+    assert live.scale(2) == pytest.approx(1.3, rel=0.1)
+    # a count never run is priced at the pooled ratio, between the two
+    assert live.scale(1) < live.scale(3) < live.scale(2)
+    stalled = LiveScale()
+    stalled.observe(1, 1e6, 50.0)  # a stall of the host counts at most LIMIT
+    assert stalled.scale(1) <= LIMIT
+    live.observe(0, 10.0, 10.0)  # nothing learned from a call of no rows or no price
+    live.observe(2, 10.0, 0.0)
+    assert live.calls == pytest.approx(2 * 32.0)
+
+
+def _run_ngram_steps(drafter: AutoDrafter, steps: int, seen_ms) -> AutoDrafter:
+    """`steps` steps, each target call of n rows taking `seen_ms(n)` (the engine's call
+    time, `RequestState.stats`): a draft's first token is accepted and the correction is a
+    token never seen (so the next step has no n-gram to draft: a plain step, which emits a
+    token of the cycle, and the n-gram matches again)."""
+    cycle = REPEATING[:5]
+    req = RequestState.of(REPEATING)
+    drafter.begin(req)
+    for i in range(steps):
+        tokens = drafted(auto_propose_req(drafter, req))
+        req.stats.target_time += seen_ms(1 + len(tokens)) / 1000
+        if tokens:
+            req.accept([tokens[0], 100 + i])
+            drafter.commit(req, [1])
+        else:
+            req.accept([cycle[i % 5]])
+            drafter.commit(req, [])
+    return drafter
+
+
+def auto_propose_req(drafter: AutoDrafter, req: RequestState, max_tokens: int = 8):
+    return drafter.propose(req, max_tokens, StaticLength(max_tokens))
+
+
+def test_auto_prices_its_steps_by_what_the_targets_calls_took_here():
+    """The profile says a verified row costs almost nothing (40 ms + 0.1 a row); the calls
+    here cost 40 ms a row. Learning from them, `auto` stops drafting n-grams; priced by the
+    profile alone (the negative control), it keeps drafting at a loss."""
+    def steep(rows: int) -> float:
+        return 40.0 * rows
+
+    learned = _run_ngram_steps(AutoDrafter(flat_profile(), learn_prices=True), 80, steep)
+    fixed = _run_ngram_steps(AutoDrafter(flat_profile()), 80, steep)
+    assert fixed.choices.ngram == 40 and fixed.choices.plain == 40  # every step it could
+    assert learned.choices.ngram <= 20 and learned.choices.plain >= 60
+    learned._memo, learned._live = {}, True
+    prices = learned._prices(2, len(REPEATING))
+    assert prices[1] / prices[0] > 1.5  # a row more: priced at what it took here
+    # where the calls cost what the profile says, learning changes nothing
+    same = _run_ngram_steps(AutoDrafter(flat_profile(), learn_prices=True), 80,
+                            lambda rows: 40.0 + 0.1 * rows)
+    assert same.choices.ngram == 40
+
+
+def test_a_seeded_sampled_request_is_priced_by_the_profile_alone():
+    drafter = _run_ngram_steps(AutoDrafter(flat_profile(), learn_prices=True), 40,
+                               lambda rows: 40.0 * rows)
+    ctx = len(REPEATING)
+    seeded = RequestState.of(REPEATING, SamplingParams(temperature=1.0, seed=3),
+                             torch.Generator().manual_seed(3))
+    drafter.begin(seeded)
+    drafter.propose(seeded, 8, StaticLength(8))
+    assert not drafter._live and drafter._timed is None  # read nothing, learns nothing
+    drafter._memo = {}
+    assert drafter._prices(2, ctx)[1] == pytest.approx(40.2 + drafter.profile.overhead_ms)
+    assert drafter.memory.call_scale.scale(2) > 1.5  # learned, not read for it

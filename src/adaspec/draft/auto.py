@@ -38,6 +38,7 @@ from adaspec.core.proposal import Proposal
 from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams, draw
 from adaspec.cost.batch import Seat
+from adaspec.cost.live import LiveScale
 from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
@@ -89,6 +90,10 @@ def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Gener
     read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
                       .double()]).tolist()
     return int(read[0]), processed, _bucket_of(read[1])
+
+
+def _unscaled(rows: int) -> float:
+    return 1.0
 
 
 def _bucket_prior(i: int) -> float:
@@ -182,6 +187,9 @@ class AutoMemory:
     head_overall: RateEstimate = field(default_factory=lambda: RateEstimate(HEAD_PRIOR))
     head_seen: list[float] = field(  # peeks per bucket (fading)
         default_factory=lambda: [1.0] * (len(CONFIDENCE_EDGES) + 1))
+    # what the target's calls of each row count took against the profile's price, from the
+    # steps priced alone (`learn_prices`)
+    call_scale: LiveScale = field(default_factory=LiveScale)
 
 
 class AutoDrafter(Drafter):
@@ -204,6 +212,7 @@ class AutoDrafter(Drafter):
         head: HeadDrafter | None = None,
         head_ms: float = 0.0,
         learn_head_ms: bool = False,
+        learn_prices: bool = False,
     ) -> None:
         """disco: a trained DISCO artifact (`adaspec disco tune`); its classifier then
         estimates each draft token's acceptance instead of the confidence buckets.
@@ -214,7 +223,9 @@ class AutoDrafter(Drafter):
         learn_head_ms: from then on, price it at what its steps take here, in the engine
         (where the target's call has just evicted the head's weights from the caches: about
         twice the step timed alone, on the 2-vCPU Xeon), drifting back to `head_ms` while
-        no step is measured."""
+        no step is measured; learn_prices: price a step alone by the profile rescaled by
+        what this method's calls of as many rows took here (`cost.live`), learned from
+        every step priced alone (a seeded sampled request reads the profile as it is)."""
         self.profile = profile
         self.disco = disco
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
@@ -236,6 +247,10 @@ class AutoDrafter(Drafter):
         self.head = head
         self.head_floor_ms = head_ms
         self.learn_head_ms = learn_head_ms
+        self.learn_prices = learn_prices
+        self._live = False  # this step's prices read `memory.call_scale` (`propose`)
+        # (context, target time before) of a step priced alone, for `commit` to learn from
+        self._timed: tuple[int, float] | None = None
         self.needs_features = head is not None  # the engine records the target's features
         self._req: RequestState | None = None  # the request of the step being proposed
         self.k_max = k_max
@@ -280,6 +295,7 @@ class AutoDrafter(Drafter):
         self._model_started = False
         self._without_draft = [0, 0.0]
         self._priced = None
+        self._timed = None
         if self.ngram is not None:
             self.ngram.begin(req)
         if self.head is not None:
@@ -313,6 +329,11 @@ class AutoDrafter(Drafter):
             self._without_draft[0] += len(context) - priced[0]
             self._without_draft[1] += priced[1]
         last, self._last = self._last, None
+        timed, self._timed = self._timed, None
+        if timed is not None:  # what the step's call took against its profile price
+            rows = 1 + (len(last.tokens) if last is not None else 0)
+            self.memory.call_scale.observe(rows, 1000 * (req.stats.target_time - timed[1]),
+                                           self.profile.target(rows, timed[0]))
         if last is not None and last.tokens:
             self._credit(last, len(path))
         seen, self._history_seen = self._history_seen, None
@@ -400,8 +421,10 @@ class AutoDrafter(Drafter):
         if seat is not None:
             prices += [seat.load.call_ms(n) + over for n in range(len(prices), upto + 1)]
         else:  # a forward of n + 1 tokens verifies n
-            prices += [ms + over for ms in self.profile.target.row(upto + 1, context)
-                       [len(prices):]]
+            scale = self.memory.call_scale.scale if self._live else _unscaled
+            prices += [ms * scale(rows) + over for rows, ms in
+                       enumerate(self.profile.target.row(upto + 1, context), 1)
+                       if rows > len(prices)]
         return prices
 
     def _base(self, context: int) -> float:
@@ -552,9 +575,14 @@ class AutoDrafter(Drafter):
         self._remaining = req.remaining
         self._req = req
         self._peeked = False
+        params = req.sampling
+        # a seeded sampled request's proposals (hence its draws) never depend on a timing
+        self._live = self.learn_prices and (params.greedy or params.seed is None)
         try:
             proposal = self._propose(req.context, max_tokens, req.sampling, req.generator,
                                      req.seat)
+            self._timed = ((len(req.context), req.stats.target_time)
+                           if self._live and self._in_batch() is None else None)
             if self._peeked and not proposal.head_calls:  # a peek that lost: its step spent
                 proposal = replace(proposal, head_calls=1)
             return proposal

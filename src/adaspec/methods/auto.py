@@ -35,8 +35,9 @@ class AutoParams:
     n_min: int = param(1, "shortest n-gram to match")
     profile: str = param(
         "",
-        "cost profile: a JSON file, or 'flat' (simulated GPU-like costs); default: this "
-        "machine's, measured on first use and cached",
+        "cost profile: a JSON file, or 'flat' (simulated GPU-like costs), priced as it is; "
+        "default: this machine's, measured on first use and cached, its prices then "
+        "rescaled by what the target's calls take as the method runs (cost/live.py)",
     )
     disco: str = param(
         "",
@@ -102,6 +103,8 @@ def _build(params: AutoParams, models: Models, text: str):
     drafter = AutoDrafter(profile, model, disco=disco, n_max=params.n_max, n_min=params.n_min,
                           k_max=params.k_max, use_ngram="ngram" in use, history=history,
                           head=head, head_ms=head_ms, learn_head_ms=not params.head_ms,
+                          # the machine's own profile, not a file's or one handed in
+                          learn_prices=not params.profile and models.profile is None,
                           eos_token_ids=set(eos))  # what ends an output the history learns
     engine = Engine(
         models.target,
