@@ -210,15 +210,15 @@ def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_to
     for i, p in enumerate(prompts):
         k = (i + rotate) % len(labels)
         order = labels[k:] + labels[:k]
-        rounds = [(repeat, order)] + [(r + 1, pair if (i + r) % 2 else pair[::-1])
-                                 for r in range(pair_repeats)]
-        for repeat, systems in rounds:
+        rounds = [(repeat, order)] + [(repeat + r + 1, pair if (i + r) % 2 else pair[::-1])
+                                      for r in range(pair_repeats)]
+        for round_, systems in rounds:
             for label in systems:
                 port, method = peers[label]
                 rec, text = ask(port, [{"role": "user", "content": p["text"]}], max_tokens,
                                 method, label, timeout, cold=True)
                 rows.append({"prompt": p["id"], "category": p["category"], "system": label,
-                             "repeat": repeat, "outcome": rec.outcome, "error": rec.error,
+                             "repeat": round_, "outcome": rec.outcome, "error": rec.error,
                              "latency": rec.latency, "ttft": rec.ttft,
                              "tokens": rec.completion_tokens, "text": text,
                              "server": rec.server.get("speculation")})
@@ -518,7 +518,9 @@ def main() -> int:
     p.add_argument("--skip-single", action="store_true")
     p.add_argument("--pair-repeats", type=int, default=0,
                    help="more `auto`/`ar` pairs per prompt (their ratio: the median of pairs; "
-                        "each request cold, `cache_prompt: false`, the history off)")
+                        "each request cold, `cache_prompt: false`, but `auto` finds its own "
+                        "earlier answer in the cross-request history, which the server keeps "
+                        "in memory: for the texts, not the speed; --fresh-pairs for that)")
     p.add_argument("--fresh-pairs", type=int, default=0,
                    help="then this many rounds of one `auto`/`ar` pair per prompt, each round "
                         "on a fresh server (the fair repeat: empty cache and history)")
