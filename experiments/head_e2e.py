@@ -115,6 +115,16 @@ def main() -> int:
                                                     [r["ar"] for r in mine]) for m in methods}
     summary["all"] = {m: _aggregate([r[m] for r in rows], [r["ar"] for r in rows])
                       for m in methods}
+    learned = {}  # `auto`'s prices learned from its calls (cost/live.py): per row count, the
+    for m, e in engines.items():  # ratio of what a call took to the profile's price
+        memory = getattr(getattr(e, "drafter", None), "memory", None)
+        live = getattr(memory, "call_scale", None)
+        if live is not None and live.calls:
+            profile = e.drafter.profile.target  # type: ignore[union-attr]
+            learned[m] = {"calls": round(live.calls, 1),
+                          "scale": [round(live.scale(n), 3) for n in range(1, 9)],
+                          "profile_ms_at_256": [round(profile(n, 256), 1) for n in range(1, 9)]}
+    summary["learned_prices"] = learned
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

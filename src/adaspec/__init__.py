@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adaspec.core.grammar import Grammar
-from adaspec.core.sampling import SamplingParams
-from adaspec.errors import AdaspecError, InputError, ModelStoreError
+from adaspec.core.openmp import load_torch
+
+load_torch()  # before anything imports torch: how long its OpenMP threads spin (core/openmp)
+
+from adaspec.core.grammar import Grammar  # noqa: E402
+from adaspec.core.sampling import SamplingParams  # noqa: E402
+from adaspec.errors import AdaspecError, InputError, ModelStoreError  # noqa: E402
 
 if TYPE_CHECKING:
     from adaspec.engine.loop import Engine

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from adaspec.core.openmp import spin_settings
 from adaspec.errors import AdaspecError, InputError
 
 
@@ -60,22 +61,12 @@ def _serve(conn: Connection) -> None:
         trimmer.maybe()  # after the answer: the caller does not wait for it
 
 
-# Environment a child gets unless the user set the variable. The target and the draft run in
-# two children, each with its own OpenMP threads. After a forward, libgomp's threads
-# busy-wait (300,000 spins by default) on the cores the other child's next forward needs:
-# measured on a 2-vCPU EPYC, a target forward right after a draft forward took 43.5 ms
-# against 37.5 after a target forward, a draft forward 19.7 ms against 15. With 10,000 spins
-# (3,000 to 100,000 alike) both are gone and a process's own forwards are no slower;
-# OMP_WAIT_POLICY=passive slows every forward by a third.
-CHILD_ENV_DEFAULTS = {"GOMP_SPINCOUNT": "10000"}
-# What a user sets instead, and a child then keeps as given.
-_USER_OMP_WAIT = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
-
-
 def child_env() -> dict[str, str]:
+    """The child's environment: ours, with OpenMP's spin count cut where the user did not
+    set how its threads wait (`core/openmp.py`: two children's busy-waiting threads slow
+    each other's next forward)."""
     env = dict(os.environ)
-    if not any(name in env for name in _USER_OMP_WAIT):
-        env.update(CHILD_ENV_DEFAULTS)
+    env.update(spin_settings(env))
     return env
 
 
