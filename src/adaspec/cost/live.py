@@ -2,10 +2,9 @@
 curve rescaled per row count (`LiveScale`).
 
 A profile is measured once per configuration and cached; the machine it prices changes
-under it (another process, a slower hour of a shared host, the Python side of a served
-step), and not alike for every shape: on a 2-vCPU Xeon the profile put a 2-row call at
-1.18x a 1-row one while the engine's own calls ran at 1.3x, so `auto` drafted for
-translations at a loss it could not see. The ratio of what a call took to what the profile
+under it (another process, a slower or faster hour of a shared host, the Python side of a
+served step): on a 2-vCPU Xeon a profile cached hours earlier priced a 1-row call at 59 ms
+where the engine's took 43. The ratio of what a call took to what the profile
 priced it at is learned per row count, each count's estimate pulled toward the ratio pooled
 over all counts (a count seldom run is priced like the others, relative to the profile,
 until its own calls say otherwise).
