@@ -56,3 +56,12 @@ def test_arm_parameters():
     assert arm_parameters(parse_method("draft:k=2"), 1500, 500) == 500
     with pytest.raises(InputError, match="draft model"):
         arm_parameters(parse_method("draft:k=2"), 1500, None)
+    # the draft head: its own layer and the output rows it keeps (the shipped one here)
+    from adaspec.draft.head_artifact import builtin_for, load
+
+    target = "qwen2.5-coder-1.5b-instruct"
+    shipped = load(builtin_for(target))
+    n = arm_parameters(parse_method("head:k=1"), 1_500_000_000, None, target)
+    own = sum(t.numel() for t in shipped.state.values())
+    assert n == own + len(shipped.token_ids) * shipped.config.hidden
+    assert 10_000_000 < n < 50_000_000

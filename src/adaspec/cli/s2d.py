@@ -47,7 +47,7 @@ def add_s2d_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--method", default="auto",
                    help="the exact engine that decodes (greedy: the target's own output)")
     c.add_argument("--suite", default=DEFAULT_SUITES,
-                   help=f"training suites NAME:LIMIT (the second half of the bench's suites; "
+                   help=f"training suites NAME:LIMIT (the prompts DESIGN.md lets train; "
                    f"default {DEFAULT_SUITES})")
     c.add_argument("--max-new-tokens", type=int, default=96)
     c.add_argument("--val-fraction", type=float, default=0.1)

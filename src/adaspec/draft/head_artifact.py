@@ -37,6 +37,13 @@ class HeadArtifact:
         head.load_state_dict(self.state)
         return head.to(dtype).eval()
 
+    @property
+    def parameters(self) -> int:
+        """Parameters a drafted token runs through: the head's own and the rows of the
+        target's output head it keeps (the token embedding is a lookup)."""
+        own = sum(t.numel() for t in self.state.values())
+        return int(own + len(self.token_ids) * self.config.hidden)
+
 
 def save(path: Path, head: DraftHead, token_ids: torch.Tensor, provenance: dict) -> None:
     """Write atomically (a temporary file renamed into place)."""

@@ -64,14 +64,19 @@ def _read_config(path: Path) -> dict[str, str]:
     return dict(arms)
 
 
-def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | None) -> int:
+def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | None,
+                   target_name: str = "") -> int:
     """Parameters run to draft one token: the paper's cost input. Plain decoding "drafts"
-    with the target itself, n-gram lookup with no model at all."""
-    drafts_with = spec.method.drafts_with if spec.method is not None else ""
+    with the target itself, n-gram lookup with no model at all, the draft head with its own
+    layer and kept output rows (`target_name`: whose shipped head)."""
+    method = spec.method
+    drafts_with = method.drafts_with if method is not None else ""
     if drafts_with == "target":
         return target_params
     if drafts_with == "nothing":
         return 0
+    if drafts_with == "own" and method is not None and method.own_parameters is not None:
+        return method.own_parameters(spec.params, target_name)
     if spec.needs_draft_model():
         if draft_params is None:
             raise InputError(f"arm {spec.text!r} needs a draft model")

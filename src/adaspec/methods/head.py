@@ -140,6 +140,12 @@ def _build(params: HeadParams, models: Models, text: str):
     )
 
 
+def _parameters(params: HeadParams, target_name: str) -> int:
+    from adaspec.draft.head_artifact import load
+
+    return load(_artifact_path(params, target_name)).parameters
+
+
 METHOD = Method(
     "head",
     "a draft head over the target's own hidden states (EAGLE-style): a draft token for about "
@@ -147,6 +153,7 @@ METHOD = Method(
     HeadParams,
     _build,
     check_models=_check,
-    drafts_with="nothing",
+    drafts_with="own",
+    own_parameters=_parameters,
     doc="docs/head.md",
 )

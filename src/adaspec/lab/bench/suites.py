@@ -317,14 +317,18 @@ def _sharegpt_file(path: str | os.PathLike | None):
     return packaged
 
 
-def sharegpt(limit: int | None = None, path: str | os.PathLike | None = None) -> list[Prompt]:
-    """First human turn of ShareGPT conversations that start with a human turn."""
+def sharegpt(limit: int | None = None, path: str | os.PathLike | None = None,
+             stop: int | None = None) -> list[Prompt]:
+    """First human turn of ShareGPT conversations that start with a human turn (of file
+    index below `stop`, where given)."""
     file = _sharegpt_file(path)
     out: list[Prompt] = []
     if limit == 0:
         return out
     with file.open("r", encoding="utf-8") as f:
-        for item in iter_json_array(f):
+        for index, item in enumerate(iter_json_array(f)):
+            if stop is not None and index >= stop:
+                break
             if not isinstance(item, dict):
                 continue
             conv = item.get("conversations") or []
@@ -359,25 +363,37 @@ def load_suite(
     return SUITES[name](limit=limit, path=path)
 
 
-# Suites the bench tests on: training (router, S2D) takes each category's second half, so
-# the bench's first prompts of these suites stay held out.
-HELD_OUT_SUITES = ("humaneval", "wmt", "spec-bench")
+# The prompts DESIGN.md lets train (heads, classifiers, policies, S2D drafts): ShareGPT's
+# conversations of file index below 12,000, HumanEval 0-59, the WMT prompts, Spec-Bench's odd
+# question ids. The bench evaluates on the rest (HumanEval 60 on, ShareGPT past 12,000,
+# Spec-Bench's even ids, code edits of HumanEval problems 60 on).
+TRAIN_SHAREGPT = 12000  # conversations below this file index may train
+TRAIN_HUMANEVAL = 60  # HumanEval problems 0-59 may train
 
 
 def training_prompts(suites: list[tuple[str, int | None]]) -> list[Prompt]:
-    """Training prompts: the second half of each held-out suite's categories, the start of
-    any other suite (ShareGPT), `limit` per category."""
+    """DESIGN.md's training prompts of each suite, `limit` per category: the first ShareGPT
+    conversations (below file index 12,000), HumanEval 0-59, the first WMT prompts and the
+    first odd-id Spec-Bench questions of each category. A suite with no training share (the
+    code edits) is an error naming the ones that have one."""
     out: list[Prompt] = []
     for name, limit in suites:
-        if name not in HELD_OUT_SUITES:
-            out += load_suite(name, limit)
-            continue
-        by_cat: dict[str, list[Prompt]] = {}
-        for p in load_suite(name, None):
-            by_cat.setdefault(p.category, []).append(p)
-        for rows in by_cat.values():
-            half = rows[len(rows) // 2 :]
-            out += half if limit is None else half[:limit]
+        if name == "sharegpt":
+            out += sharegpt(limit, stop=TRAIN_SHAREGPT)
+        elif name == "humaneval":
+            out += humaneval(TRAIN_HUMANEVAL)[:limit]
+        elif name == "wmt":
+            out += wmt(limit)
+        elif name == "spec-bench":
+            by_cat: dict[str, list[Prompt]] = {}
+            for p in spec_bench(None):
+                if int(p.id.rsplit("/", 1)[1]) % 2 == 1:
+                    by_cat.setdefault(p.category, []).append(p)
+            for rows in by_cat.values():
+                out += rows[:limit]
+        else:
+            raise InputError(f"suite {name!r} has no prompts DESIGN.md lets train: use "
+                             "sharegpt, humaneval, wmt or spec-bench")
     return out
 
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-TRAIN_SHAREGPT = 12000  # conversations below this file index may train (DESIGN.md)
-TRAIN_HUMANEVAL = 60  # HumanEval problems 0-59 may train
+from adaspec.lab.bench.suites import TRAIN_HUMANEVAL, TRAIN_SHAREGPT
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,8 @@ def collect(
         "weights": list(config.weights) if config.weights != ("none", "none") else None,
         "max_new_tokens": config.max_new_tokens,
         "sample_temperature": config.sample_temperature,
-        "params": [arm_parameters(s, target_params, draft_params) for s in specs.values()],
+        "params": [arm_parameters(s, target_params, draft_params, target.name)
+                   for s in specs.values()],
         "target_params": target_params,
         "draft_params": draft_params,
     }

@@ -3,8 +3,8 @@
 One folder per target: `outputs.jsonl` (one row per prompt: id, suite, category, split,
 prompt ids, output ids), appended as each prompt finishes so a killed run resumes where it
 stopped, and `data.json` (the target, the generation settings, the sources and, once done,
-the sha256 of the rows). Training prompts are the second half of every suite the bench
-tests on (and the start of ShareGPT), never the bench's own test prompts.
+the sha256 of the rows). Training prompts are the ones DESIGN.md lets train
+(`suites.training_prompts`), never a prompt the bench reports a speedup for.
 """
 
 from __future__ import annotations
