@@ -617,18 +617,26 @@ def main() -> int:
         adaspec.close()
         for dec in llamas.values():
             dec.close()
+        _save(run, out)
     if args.fresh_pairs and not args.skip_single:
         run["single"] += fresh_pairs(prompts, args.fresh_pairs, args.pair_repeats + 1, out,
                                      target, args.max_tokens, args.request_timeout, say)
     if not args.skip_single:
+        _save(run, out)  # what the servers answered, whatever happens in process
         say("adaspec generate --method ar, in process")
         run["generate_ar"] = in_process_ar(prompts, target, args.max_tokens)
+    print(_save(run, out))
+    return 0
+
+
+def _save(run: dict, out: Path) -> str:
+    """Write the run so far (run.jsonl, texts.jsonl, summary.md); the summary's text."""
     small, texts = compact(run)  # row dumps (git ignores *.jsonl); summary.md is committed
     (out / "run.jsonl").write_text(json.dumps(small) + "\n")
     (out / "texts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in texts))
-    (out / "summary.md").write_text(summary(small) + "\n")
-    print(summary(small))
-    return 0
+    text = summary(small)
+    (out / "summary.md").write_text(text + "\n")
+    return text
 
 
 if __name__ == "__main__":
