@@ -13,7 +13,9 @@ from pathlib import Path
 from adaspec.errors import InputError
 from adaspec.methods.spec import MethodSpec, parse_method, split_method_list
 
-DEFAULT_ARMS = ("ar", "ngram", "draft:k=4", "draft:ctrl=heuristic,k=4")
+# genuinely different drafts (issue 66): none, the request's n-grams and earlier requests,
+# the draft head over the target's features, the 0.5B draft model
+DEFAULT_ARMS = ("ar", "auto:use=ngram+history", "head:k=1", "draft:k=4")
 
 
 def check_arms(arms: dict[str, str]) -> dict[str, MethodSpec]:
