@@ -65,3 +65,7 @@ def test_arm_parameters():
     own = sum(t.numel() for t in shipped.state.values())
     assert n == own + len(shipped.token_ids) * shipped.config.hidden
     assert 10_000_000 < n < 50_000_000
+    # auto: the most of its sources (n-grams and the history nothing)
+    assert arm_parameters(parse_method("auto:use=ngram+history"), 1500, None, target) == 0
+    assert arm_parameters(parse_method("auto:use=ngram+head"), 1500, None, target) == n
+    assert arm_parameters(parse_method("auto:use=ngram+draft"), 1500, 500, target) == 500

@@ -78,7 +78,7 @@ def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | Non
     if drafts_with == "nothing":
         return 0
     if drafts_with == "own" and method is not None and method.own_parameters is not None:
-        return method.own_parameters(spec.params, target_name)
+        return method.own_parameters(spec.params, target_name, draft_params)
     if spec.needs_draft_model():
         if draft_params is None:
             raise InputError(f"arm {spec.text!r} needs a draft model")

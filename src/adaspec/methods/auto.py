@@ -153,6 +153,21 @@ def _head(params: AutoParams, models: Models):
     return drafter, params.head_ms or drafter.step_ms()
 
 
+def _parameters(params: AutoParams, target_name: str, draft_params: int | None) -> int:
+    """The most a drafted token runs through among its sources (n-grams and the history:
+    none; the head: its own; the draft model: its)."""
+    from adaspec.methods.head import head_parameters
+
+    counts = [0]
+    if "head" in params.sources:
+        counts.append(head_parameters(params.head, target_name))
+    if "draft" in params.sources:
+        if draft_params is None:
+            raise InputError("auto with the draft model in use= needs a draft model")
+        counts.append(draft_params)
+    return max(counts)
+
+
 METHOD = Method(
     "auto",
     "cost-aware: each step proposes nothing, an n-gram, a history (earlier requests), a "
@@ -161,5 +176,7 @@ METHOD = Method(
     AutoParams,
     _build,
     needs_draft=lambda params: "draft" in params.sources,
+    drafts_with="own",
+    own_parameters=_parameters,
     doc="docs/auto.md",
 )

@@ -74,7 +74,8 @@ class Method:
     # target itself), "nothing" (a lookup), "own" (a drafter of its own, whose size
     # `own_parameters` gives), "" (the draft model, where the method reads one)
     drafts_with: str = ""
-    # (params, target name) -> parameters a token drafted with drafts_with="own" runs through
-    own_parameters: Callable[[Any, str], int] | None = None
+    # (params, target name, the draft model's parameters or None) -> parameters a token
+    # drafted with drafts_with="own" runs through (the most of its sources)
+    own_parameters: Callable[[Any, str, int | None], int] | None = None
     positional: str | None = None  # `name:VALUE` sets this parameter (router:PATH)
     doc: str = ""  # the docs page that explains it (relative to the repository root)

@@ -140,10 +140,16 @@ def _build(params: HeadParams, models: Models, text: str):
     )
 
 
-def _parameters(params: HeadParams, target_name: str) -> int:
+def head_parameters(artifact: str, target_name: str) -> int:
+    """Parameters a token drafted by the head runs through (`artifact`: its file, or the
+    shipped one for the target)."""
     from adaspec.draft.head_artifact import load
 
-    return load(_artifact_path(params, target_name)).parameters
+    return load(_artifact_path(HeadParams(artifact=artifact), target_name)).parameters
+
+
+def _parameters(params: HeadParams, target_name: str, draft_params: int | None) -> int:
+    return head_parameters(params.artifact, target_name)
 
 
 METHOD = Method(
