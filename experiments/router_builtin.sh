@@ -26,8 +26,11 @@ digest = hashlib.sha256()
 for f in sorted(p for p in Path(data).rglob("*") if p.is_file()):
     digest.update(f.relative_to(data).as_posix().encode())
     digest.update(f.read_bytes())
+prompts = sorted({json.loads(line)["prompt_id"]
+                  for line in open(Path(data) / "runs" / "results.jsonl")})
 json.dump({"what": "router policy for the built-in pair (method `router` without a path)",
            "commands": commands, "data_sha256": digest.hexdigest(),
+           "trained_on": prompts,
            "date": time.strftime("%Y-%m-%d"), "machine": describe_machine(),
            "regenerate": "bash experiments/router_builtin.sh"},
           open(out, "w"), indent=2)
