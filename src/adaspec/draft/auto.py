@@ -92,10 +92,6 @@ def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Gener
     return int(read[0]), processed, _bucket_of(read[1])
 
 
-def _unscaled(rows: int) -> float:
-    return 1.0
-
-
 def _bucket_prior(i: int) -> float:
     lo = 0.0 if i == 0 else CONFIDENCE_EDGES[i - 1]
     hi = 1.0 if i == len(CONFIDENCE_EDGES) else CONFIDENCE_EDGES[i]
@@ -421,10 +417,9 @@ class AutoDrafter(Drafter):
         if seat is not None:
             prices += [seat.load.call_ms(n) + over for n in range(len(prices), upto + 1)]
         else:  # a forward of n + 1 tokens verifies n
-            scale = self.memory.call_scale.scale if self._live else _unscaled
-            prices += [ms * scale(rows) + over for rows, ms in
-                       enumerate(self.profile.target.row(upto + 1, context), 1)
-                       if rows > len(prices)]
+            row, live = self.profile.target.row(upto + 1, context), self.memory.call_scale
+            prices += [row[n] * (live.scale(n + 1) if self._live else 1.0) + over
+                       for n in range(len(prices), upto + 1)]
         return prices
 
     def _base(self, context: int) -> float:

@@ -73,12 +73,12 @@ def arm_parameters(spec: MethodSpec, target_params: int, draft_params: int | Non
     layer and kept output rows (`target_name`: whose shipped head)."""
     method = spec.method
     drafts_with = method.drafts_with if method is not None else ""
+    if method is not None and method.own_parameters is not None:
+        return method.own_parameters(spec.params, target_name, draft_params)
     if drafts_with == "target":
         return target_params
     if drafts_with == "nothing":
         return 0
-    if drafts_with == "own" and method is not None and method.own_parameters is not None:
-        return method.own_parameters(spec.params, target_name, draft_params)
     if spec.needs_draft_model():
         if draft_params is None:
             raise InputError(f"arm {spec.text!r} needs a draft model")

@@ -176,7 +176,6 @@ METHOD = Method(
     AutoParams,
     _build,
     needs_draft=lambda params: "draft" in params.sources,
-    drafts_with="own",
     own_parameters=_parameters,
     doc="docs/auto.md",
 )

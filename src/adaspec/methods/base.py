@@ -71,11 +71,11 @@ class Method:
     # (its arms included) is built or read
     check_models: Callable[[Any, Models, str], None] = _fits
     # what runs to draft a token, for a router's cost input: "target" (plain decoding: the
-    # target itself), "nothing" (a lookup), "own" (a drafter of its own, whose size
-    # `own_parameters` gives), "" (the draft model, where the method reads one)
+    # target itself), "nothing" (a lookup), "" (the draft model, where the method reads one);
+    # `own_parameters` instead, where the method's parameters decide
     drafts_with: str = ""
-    # (params, target name, the draft model's parameters or None) -> parameters a token
-    # drafted with drafts_with="own" runs through (the most of its sources)
+    # (params, target name, the draft model's parameters or None) -> parameters a drafted
+    # token runs through (the head's own; auto's, the most of its sources)
     own_parameters: Callable[[Any, str, int | None], int] | None = None
     positional: str | None = None  # `name:VALUE` sets this parameter (router:PATH)
     doc: str = ""  # the docs page that explains it (relative to the repository root)

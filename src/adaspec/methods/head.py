@@ -159,7 +159,6 @@ METHOD = Method(
     HeadParams,
     _build,
     check_models=_check,
-    drafts_with="own",
     own_parameters=_parameters,
     doc="docs/head.md",
 )
