@@ -98,7 +98,11 @@ def main() -> int:
         donor, taker = view, others[0]
         donor.truncate(len(ids))
         taker.reset()
-        taker.plan_prefill(ids + cont[:1], 0)  # takes the prompt from the donor's region
+        # takes the prompt from the donor's region (`reuse` bounds a sibling's share too)
+        shared = taker.shared_tokens
+        rest = taker.plan_prefill(ids + cont[:1], len(ids))
+        assert rest == cont[:1] and taker.shared_tokens - shared == len(ids), \
+            f"the prompt was not taken from the donor ({len(rest)} tokens left to feed)"
         rows = [forward_together([(taker, cont[s:s + args.block], ALL)])[0]
                 for s in range(0, len(cont), args.block)]
         ways["blocks after a copied prefix"].append(compare(torch.cat(rows), ref))
