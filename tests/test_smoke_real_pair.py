@@ -16,6 +16,16 @@ pytestmark = pytest.mark.smoke
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _profiles_of_its_own(tmp_path_factory):
+    """This machine's costs measured here (beside the suite's other worker) are never
+    stored where adaspec's own runs read them."""
+    folder = tmp_path_factory.mktemp("profiles")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("adaspec.cost.cache.profiles_dir", lambda: folder)
+        yield
+
+
 @pytest.fixture(scope="module")
 def engine():
     need("models")

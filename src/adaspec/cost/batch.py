@@ -151,6 +151,7 @@ class BatchCost:
     curve: Curve
     key: dict
     measured_s: float = 0.0
+    others_share: float = 0.0  # of the machine's CPU, taken by other processes meanwhile
 
     def ms(self, tokens: int, sequences: int) -> float:
         return self.curve(tokens, sequences)
@@ -162,7 +163,8 @@ class BatchCost:
     def from_dict(cls, d: dict) -> BatchCost:
         if d.get("format") != FORMAT:
             raise InputError("not a batch cost file of this adaspec")
-        return cls(Curve(**d["curve"]), dict(d.get("key", {})), float(d.get("measured_s", 0)))
+        return cls(Curve(**d["curve"]), dict(d.get("key", {})), float(d.get("measured_s", 0)),
+                   float(d.get("others_share", 0.0)))
 
     def save(self, path: Path) -> Path:
         return write_json(path, self.to_dict(), indent=1)
@@ -244,26 +246,36 @@ def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend],
                    remeasure: bool = False) -> BatchCost:
     """This machine's batch cost of `target`'s runtime: read from the profiles folder, or
     measured now (about a minute with eight slots, said on stderr) and stored."""
+    from adaspec.cost import other_load
     from adaspec.cost.cache import profile_key, profile_path
 
     key = {**profile_key(target, None), "batch": FORMAT}
     base = profile_path(key)
     path = base.with_name(base.stem + "-batch.json")
+
+    def say(text: str) -> None:
+        print(f"adaspec: {text}", file=sys.stderr, flush=True)
+
     if path.is_file() and not remeasure:
         try:
             import json
 
             cost = BatchCost.from_dict(json.loads(path.read_text()))
             if cost.key == key and cost.curve.contexts[-1] >= _most_sequences(len(views)):
-                return cost  # (fewer sequences than these views: measured again, wider)
+                # (fewer sequences than these views: measured again, wider)
+                if not other_load.measure_again(cost.others_share):
+                    return cost
+                say(f"the stored batch cost was measured while other processes took "
+                    f"{cost.others_share:.0%} of the CPU; the machine is quiet now")
         except (OSError, ValueError, KeyError, TypeError, InputError):
             pass  # unreadable: measure again
 
-    def say(text: str) -> None:
-        print(f"adaspec: {text}", file=sys.stderr, flush=True)
-
     say(f"measuring the batch cost of {target.name} ({target.kind}) on this machine, once")
-    cost = measure_batch_cost(views, key, progress=say)
+    with other_load.OtherLoad() as load:
+        cost = measure_batch_cost(views, key, progress=say)
+    cost.others_share = round(load.share, 3)
     cost.save(path)
     say(f"batch cost measured in {cost.measured_s:.0f} s, saved to {path}")
+    if load.share > other_load.BUSY:
+        say(other_load.busy_note(load.share, "the batch cost"))
     return cost

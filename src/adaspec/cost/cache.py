@@ -110,12 +110,13 @@ def profile_for(
 ) -> CostProfile:
     """This configuration's profile: from the cache, or measured now (and cached);
     `loop_overhead` as `cost.measure.measure_profile` takes it."""
+    from adaspec.cost import other_load
     from adaspec.cost.measure import measure_profile
 
     key = profile_key(target, draft)
     if not remeasure:
         found = cached_profile(key)
-        if found is not None:
+        if found is not None and not other_load.measure_again(found.others_share):
             return found
     if not quiet:
         print(
@@ -123,6 +124,12 @@ def profile_for(
             f"{key['threads']} threads; once per configuration, cached in {profiles_dir()})",
             file=sys.stderr,
         )
-    profile = measure_profile(target, draft, tokenizer, key=key, loop_overhead=loop_overhead)
+    with other_load.OtherLoad() as load:
+        profile = measure_profile(target, draft, tokenizer, key=key,
+                                  loop_overhead=loop_overhead)
+    profile.others_share = round(load.share, 3)
     profile.save(profile_path(key))
+    if load.share > other_load.BUSY:  # said even when quiet: it decides every price
+        print(f"adaspec: {other_load.busy_note(load.share, 'the cost profile')}",
+              file=sys.stderr)
     return profile

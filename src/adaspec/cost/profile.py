@@ -122,6 +122,7 @@ class CostProfile:
     source: str = "measured"  # "measured" | "file" | "formula:..."
     simulated: bool = False
     notes: str = ""
+    others_share: float = 0.0  # of the machine's CPU, taken by other processes meanwhile
 
     # ---------------------------------------------------------------- prices
     def target_ms(self, n: int, context: int | None = None) -> float:
@@ -176,6 +177,7 @@ class CostProfile:
                 source=str(d.get("source", "file")),
                 simulated=bool(d.get("simulated", False)),
                 notes=str(d.get("notes", "")),
+                others_share=float(d.get("others_share", 0.0)),
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise InputError(f"malformed cost profile: {exc}") from None
