@@ -24,7 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from adaspec.draft.head import HeadDrafter  # noqa: E402
+from adaspec.draft.head import WEIGHTS, HeadDrafter, serving_head, weights_dtype  # noqa: E402
 from adaspec.draft.head_model import DraftHead, HeadConfig, TokenHead  # noqa: E402
 from adaspec.store.quant import quantize_model  # noqa: E402
 
@@ -40,7 +40,9 @@ def main() -> int:
     p.add_argument("--mlp", default="512,1024,2048")
     p.add_argument("--heads", default="4,12")
     p.add_argument("--vocab", default="8192,16384,32768")
-    p.add_argument("--formats", default="float32,bfloat16,int8-dyn")
+    p.add_argument("--formats", default=",".join(WEIGHTS),
+                   help="the drafter's run-time weights (`head:weights=`): "
+                   + ", ".join(WEIGHTS))
     p.add_argument("--target-ms", type=float, default=0.0,
                    help="the target's plain step (0: read this machine's cost profile)")
     p.add_argument("--out", default="")
@@ -52,12 +54,13 @@ def main() -> int:
             [int(x) for x in args.mlp.split(",")], [int(x) for x in args.heads.split(",")],
             [int(x) for x in args.vocab.split(",")], args.formats.split(",")):
         cfg = HeadConfig(hidden=1536, heads=heads, kv_heads=2, head_dim=128, intermediate=mlp)
-        dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
-        head = DraftHead(cfg).to(dtype).eval()
+        if fmt not in WEIGHTS:
+            p.error(f"--formats: {fmt} is not one of {', '.join(WEIGHTS)}")
+        dtype = weights_dtype(fmt)
+        head = serving_head(DraftHead(cfg), fmt)  # as the drafter runs it
         tokens = TokenHead(torch.randn(vocab, 1536, dtype=dtype) * 0.02,
                            torch.arange(vocab), 151936).eval()
-        if fmt not in ("float32", "bfloat16"):
-            quantize_model(head, fmt)
+        if fmt.startswith("int8"):
             quantize_model(tokens, fmt)
         ms = step_ms(head, tokens)
         params = sum(p.numel() for p in DraftHead(cfg).parameters())

@@ -49,14 +49,15 @@ _STEP_MS: weakref.WeakKeyDictionary[DraftHead, float] = weakref.WeakKeyDictionar
 _LOCK = threading.RLock()
 
 
-def _dtype_of(weights: str) -> torch.dtype:
+def weights_dtype(weights: str) -> torch.dtype:
+    """The float dtype a head runs in with `weights` (int8: bf16 activations)."""
     return torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
 
 
 def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch.Tensor]:
     from adaspec.draft.head_artifact import load_for_target
 
-    head, tokens, embed = load_for_target(path, target, _dtype_of(weights))
+    head, tokens, embed = load_for_target(path, target, weights_dtype(weights))
     if weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
@@ -69,7 +70,7 @@ def serving_head(head: DraftHead, weights: str) -> DraftHead:
     int8: weight-only rows (a quarter of fp32's bytes, which is what a head step waits on
     once the target's call has evicted it), bf16 activations; int8-dyn: int8 activations
     too (cheaper still, and it loses acceptance)."""
-    head = head.to(_dtype_of(weights)).eval()
+    head = head.to(weights_dtype(weights)).eval()
     if weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
