@@ -12,6 +12,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from adaspec.backends.torch.backend import TorchBackend
 
+from . import file_order
+
 # Tiny models gain nothing from threads, and spinning thread pools on a busy 2-core machine
 # made each forward 7x slower.
 torch.set_num_threads(1)
@@ -211,10 +213,27 @@ def need(*names: str) -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True)
+def _no_other_load(monkeypatch):
+    """Costs a test measures never count the other xdist worker as load, so whether a
+    stored one is measured again never depends on what ran beside it
+    (tests/test_other_load.py checks the counting)."""
+    monkeypatch.setattr("adaspec.cost.other_load.sample", lambda: None)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-file-seconds", metavar="PATH", default="",
+                     help="write each test file's seconds (the order files start in: "
+                          "tests/file_order.py) to PATH")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"needs(*names): skips unless these are installed ({', '.join(OPTIONAL)})"
     )
+    path = config.getoption("--record-file-seconds")
+    if path and not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        config.pluginmanager.register(file_order.Recorder(Path(path)), "file-seconds")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -223,6 +242,7 @@ def pytest_collection_modifyitems(config, items):
         reason = missing(*names) if names else None
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+    items[:] = file_order.longest_first(items, file_order.expected_seconds())
 
 
 def smollm_gguf() -> Path:
