@@ -44,7 +44,8 @@ def main() -> int:
                    help="the drafter's run-time weights (`head:weights=`): "
                    + ", ".join(WEIGHTS))
     p.add_argument("--target-ms", type=float, default=0.0,
-                   help="the target's plain step (0: read this machine's cost profile)")
+                   help="the target's one-token step in ms, for the ratio (the cost "
+                   "profile's first point: adaspec profile); 0 leaves it out")
     p.add_argument("--out", default="")
     args = p.parse_args()
     torch.manual_seed(0)
