@@ -51,8 +51,10 @@ print(next(r for r in extra if r.startswith("llama-cpp-python")))')
 
 build_llama_cpp_python() {
     # --no-deps: its dependencies come with the next phase (two pips never install one package);
-    # its multimodal library (mtmd, ~10% of its sources) is never loaded here
-    env CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" \
+    # neither its multimodal library (mtmd, ~10% of its sources) nor llama.cpp's common library
+    # (60% of its compile time; scripts/llama-cpp-python-no-common.cmake) is loaded here
+    local no_common="$PWD/scripts/llama-cpp-python-no-common.cmake"
+    env CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE='$no_common'" \
         "$PIP" install --no-deps "$LLAMA_CPP_PYTHON" > "$LOGS/llama-cpp-python.log" 2>&1
 }
 echo "== setup: building $LLAMA_CPP_PYTHON from source in the background" \
