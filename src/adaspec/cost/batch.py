@@ -271,11 +271,8 @@ def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend],
             pass  # unreadable: measure again
 
     say(f"measuring the batch cost of {target.name} ({target.kind}) on this machine, once")
-    with other_load.OtherLoad() as load:
-        cost = measure_batch_cost(views, key, progress=say)
-    cost.others_share = round(load.share, 3)
+    cost = other_load.measured(lambda: measure_batch_cost(views, key, progress=say),
+                               "the batch cost", say)
     cost.save(path)
     say(f"batch cost measured in {cost.measured_s:.0f} s, saved to {path}")
-    if load.share > other_load.BUSY:
-        say(other_load.busy_note(load.share, "the batch cost"))
     return cost

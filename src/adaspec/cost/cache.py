@@ -124,12 +124,8 @@ def profile_for(
             f"{key['threads']} threads; once per configuration, cached in {profiles_dir()})",
             file=sys.stderr,
         )
-    with other_load.OtherLoad() as load:
-        profile = measure_profile(target, draft, tokenizer, key=key,
-                                  loop_overhead=loop_overhead)
-    profile.others_share = round(load.share, 3)
+    profile = other_load.measured(  # its note said even when quiet: it decides every price
+        lambda: measure_profile(target, draft, tokenizer, key=key, loop_overhead=loop_overhead),
+        "the cost profile", lambda text: print(f"adaspec: {text}", file=sys.stderr))
     profile.save(profile_path(key))
-    if load.share > other_load.BUSY:  # said even when quiet: it decides every price
-        print(f"adaspec: {other_load.busy_note(load.share, 'the cost profile')}",
-              file=sys.stderr)
     return profile

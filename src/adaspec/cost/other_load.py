@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 BUSY = 0.25  # the share of the machine other processes may take while a cost is measured
 MIN_SECONDS = 1.0  # a window shorter than this says nothing (the counters tick at 100 Hz)
@@ -113,3 +115,21 @@ def busy_note(share: float, what: str) -> str:
     return (f"other processes took {share:.0%} of this machine's CPU while {what} was "
             "measured, so its prices may read dear; it is used now and measured again by "
             "the first run that finds the machine quiet (`adaspec profile --force` now)")
+
+
+class _Measured(Protocol):
+    others_share: float
+
+
+M = TypeVar("M", bound=_Measured)
+
+
+def measured(measure: Callable[[], M], what: str, say: Callable[[str], None]) -> M:
+    """`measure()`, with the share of the machine others took meanwhile set on its result
+    (`others_share`) and said (`busy_note`) when it is above BUSY."""
+    with OtherLoad() as load:
+        result = measure()
+    result.others_share = round(load.share, 3)
+    if load.share > BUSY:
+        say(busy_note(load.share, what))
+    return result
