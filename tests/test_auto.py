@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from adaspec.backends.torch.backend import TorchBackend
 from adaspec.control.static import StaticLength
 from adaspec.core.request import RequestState
 from adaspec.core.sampling import SamplingParams, process_logits, sample
@@ -135,12 +134,12 @@ def test_auto_sampling_matches_target_distribution():
     """T > 0: whatever auto proposes (n-gram one-hot or the draft's distribution), the
     emitted tokens follow the target's distribution (the same check a wrong verifier fails
     in test_engine_sampling)."""
-    from .conftest import tiny_model
+    from .conftest import sampling_backend, tiny_model
 
     target_model = tiny_model(vocab=V, seed=5, sharpen=6.0)
     draft_model = tiny_model(vocab=V, seed=6, layers=1, sharpen=6.0)
-    engine = build_generator("auto:k_max=2", TorchBackend(target_model), None,
-                          TorchBackend(draft_model), [], profile=flat_profile())
+    engine = build_generator("auto:k_max=2", sampling_backend(target_model), None,
+                          sampling_backend(draft_model), [], profile=flat_profile())
     params = SamplingParams(1.0)
     cells, _ = first_tokens(engine, params, max_new_tokens=4)
     assert engine.drafter.choices.draft + engine.drafter.choices.ngram > 0

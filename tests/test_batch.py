@@ -18,7 +18,7 @@ from adaspec.engine.batch import BatchDecoder, choose_lengths
 from adaspec.engine.steps import GenerationResult, StreamChunk
 from adaspec.methods.build import build_generator
 
-from .conftest import tiny_model
+from .conftest import sampling_backend, tiny_model
 from .stats_helpers import assert_caught, assert_exact
 from .test_engine_sampling import PROMPT, V, check
 
@@ -268,8 +268,9 @@ class SwappedRows(BatchDecoder):
 
 def sampled_cells(target_model, draft_model, decoder_type, runs: int, seeded: bool):
     """The first three tokens of `runs` requests for PROMPT, decoded 4 at a time beside 4
-    requests for another prompt, as cells a * V^2 + b * V + c."""
-    t, d = TorchBackend(target_model), TorchBackend(draft_model)
+    requests for another prompt, as cells a * V^2 + b * V + c; on the static decoder's
+    sequences (`sampling_backend`): one batched cache, every call scoring all of them."""
+    t, d = sampling_backend(target_model), sampling_backend(draft_model)
     methods = ["draft:k=3", "ngram:k=2", "draft:k=2", "ar"] * 2
     cells = []
     engines = slot_engines(t, d, methods)

@@ -27,7 +27,7 @@ from adaspec.methods.build import build_generator
 from adaspec.verify import MCSSWithoutReplacementVerifier, SpeculativeVerifier
 from adaspec.verify.base import Verdict
 
-from .conftest import tiny_model
+from .conftest import sampling_backend, tiny_model
 from .stats_helpers import Fit, assert_caught, assert_exact, fit
 from .test_verify import broken_chain
 from .test_verify_multi import broken_mcss
@@ -138,19 +138,20 @@ def test_plain_decoding_fits_its_exact_law(pair):
     assert_exact(check(cells, target_model, params), "ar")
 
 
+# the chain through transformers' cache (`TorchBackend`), the rest on the quicker static
+# decoder (`sampling_backend`): the same weights, the same law
 @pytest.mark.parametrize(
-    ("method", "params", "max_new", "broken"),
+    ("method", "params", "max_new", "broken", "runtime"),
     [
-        pytest.param(*CHAIN, None, id="chain"),
-        pytest.param(*CHAIN, CorrectionFromP, id="chain-correction-from-p"),
-        pytest.param(*TREE, None, id="tree"),
-        pytest.param(*TREE, NoResidualUpdate, id="tree-no-residual-update"),
+        pytest.param(*CHAIN, None, TorchBackend, id="chain"),
+        pytest.param(*CHAIN, CorrectionFromP, sampling_backend, id="chain-correction-from-p"),
+        pytest.param(*TREE, None, sampling_backend, id="tree"),
+        pytest.param(*TREE, NoResidualUpdate, sampling_backend, id="tree-no-residual-update"),
     ],
 )
-def test_sampling_matches_plain_decoding(pair, method, params, max_new, broken):
+def test_sampling_matches_plain_decoding(pair, method, params, max_new, broken, runtime):
     target_model, draft_model = pair
-    engine = build_generator(method, TorchBackend(target_model), None,
-                             TorchBackend(draft_model), [])
+    engine = build_generator(method, runtime(target_model), None, runtime(draft_model), [])
     spy = None
     if broken is not None:
         engine = Engine(engine.target, None, drafter=engine.drafter,

@@ -11,7 +11,7 @@ from adaspec.draft.head_model import DraftHead, HeadConfig
 from adaspec.lab.head import data as head_data
 from adaspec.lab.head import train as head_train
 
-from .conftest import tiny_model
+from .conftest import sampling_backend, tiny_model
 
 
 def _rows(model, n: int, length: int, seed: int) -> list[dict]:
@@ -110,16 +110,20 @@ def _trained_head_drafter(model, vocab_kept: int | None = None):
     return HeadDrafter(head.eval(), frozen.token_head, frozen.embed)
 
 
-def test_greedy_decoding_with_the_head_is_plain_decoding_and_drafts_get_accepted():
-    from adaspec.backends.torch.backend import TorchBackend
+@pytest.mark.parametrize("runtime", ["torch", "static", "static-fixed"])
+def test_greedy_decoding_with_the_head_is_plain_decoding_and_drafts_get_accepted(runtime):
+    """On each torch runtime (the static one returns its features from the pass, at exact
+    shapes and at the fixed ones a GPU replays)."""
     from adaspec.control.static import StaticLength
     from adaspec.engine.loop import Engine
 
+    from .conftest import runtime_backend
+
     model = tiny_model(vocab=40, hidden=32, seed=3)
     drafter = _trained_head_drafter(model)
-    plain = Engine(TorchBackend(model), None, eos_token_ids=[])
-    engine = Engine(TorchBackend(model), None, drafter=drafter, controller=StaticLength(3),
-                    eos_token_ids=[])
+    plain = Engine(runtime_backend(runtime, model, "plain"), None, eos_token_ids=[])
+    engine = Engine(runtime_backend(runtime, model, "head"), None, drafter=drafter,
+                    controller=StaticLength(3), eos_token_ids=[])
     accepted = drafted = 0
     for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30]):
         want = plain.generate(prompt, max_new_tokens=20).token_ids
@@ -178,7 +182,6 @@ def test_sampling_with_a_restricted_head_follows_the_target_law(broken):
     """At T > 0 the head's q is zero outside its kept tokens and renormalised over them:
     speculative sampling then emits the target's law exactly (chi-square on the first three
     tokens, `test_engine_sampling`); handing the verifier an unrenormalised q must fail."""
-    from adaspec.backends.torch.backend import TorchBackend
     from adaspec.control.static import StaticLength
     from adaspec.core.sampling import SamplingParams
     from adaspec.draft.head import HeadDrafter
@@ -192,7 +195,8 @@ def test_sampling_with_a_restricted_head_follows_the_target_law(broken):
     drafter = HeadDrafter(_head(model), frozen.token_head, frozen.embed)
     if broken:
         drafter = Unrenormalised(drafter)
-    engine = Engine(TorchBackend(model), None, drafter=drafter, controller=StaticLength(3),
+    # the static runtime's features (`sampling_backend`): the same law, in less time
+    engine = Engine(sampling_backend(model), None, drafter=drafter, controller=StaticLength(3),
                     eos_token_ids=[])
     params = SamplingParams(1.0, top_k=6)
     cells, acceptance = first_tokens(engine, params, 5)

@@ -18,7 +18,7 @@ from adaspec.core.sampling import SamplingParams, argmax, process_logits
 from adaspec.errors import InputError
 from adaspec.methods.build import build_generator
 
-from .conftest import tiny_model
+from .conftest import sampling_backend, tiny_model
 from .stats_helpers import assert_exact, fit
 from .test_engine import PROMPTS
 
@@ -95,8 +95,8 @@ def test_sampling_under_penalties_follows_plain_decodings_law():
     draft_model = tiny_model(vocab=V, seed=6, layers=1, sharpen=6.0)
     params = SamplingParams(1.0, logit_bias=((2, 1.5),), presence_penalty=0.8,
                             frequency_penalty=0.6)
-    engine = build_generator("draft:k=3", TorchBackend(target_model), None,
-                          TorchBackend(draft_model), eos_token_ids=[])
+    engine = build_generator("draft:k=3", sampling_backend(target_model), None,
+                          sampling_backend(draft_model), eos_token_ids=[])
     runs = 1000
     cells = torch.zeros(runs, dtype=torch.long)
     for seed in range(runs):

@@ -17,7 +17,7 @@ from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 from adaspec.store.token_set import TokenSet, save_token_set
 
-from .conftest import tiny_model
+from .conftest import sampling_backend, tiny_model
 from .stats_helpers import assert_exact
 from .test_engine_sampling import V, check, first_tokens
 
@@ -100,7 +100,7 @@ def test_restriction_is_exact_at_temperature_above_zero():
     keep = (0, 2, 3, 6)
     save_token_set(TokenSet("half", keep))
     engine = build_generator(
-        "draft:k=2,vocab=4", TorchBackend(target_model), None,
+        "draft:k=2,vocab=4", sampling_backend(target_model), None,
         TorchBackend(draft_model, name="half"), [],
     )
     params = SamplingParams(1.0)

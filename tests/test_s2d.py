@@ -25,7 +25,7 @@ from adaspec.methods.build import build_generator
 from adaspec.methods.spec import parse_method
 from adaspec.store.atomic import write_json
 
-from .conftest import tiny_model
+from .conftest import sampling_backend, tiny_model
 from .stats_helpers import assert_caught, assert_exact
 from .test_engine_sampling import V, check, first_tokens
 
@@ -197,7 +197,7 @@ PARAMS = SamplingParams(1.0, top_k=6)
 def test_sampling_with_exits_matches_plain_decoding(sampling_pair, broken):
     target, artifact = sampling_pair
     engine = build_generator(f"s2d:{artifact},k=3,thresholds=0.45,dtype=float32",
-                          TorchBackend(target), None, None, [])
+                          sampling_backend(target), None, None, [])
     drafter = engine.drafter
     assert isinstance(drafter, S2DDrafter)
     if broken is not None:

@@ -175,3 +175,38 @@ def test_seeded_sampling_is_the_same_whatever_shares_the_batch(graphs):
         alone = run(method, 11, [])
         assert run(method, 11, others) == alone, method
         assert run(method, 12, others) != alone, method  # the seed does draw them
+
+
+@GRAPHS
+def test_the_runtime_returns_the_final_norms_rows_as_features(graphs):
+    """A draft head reads the target's final-normed states from the pass that scored the
+    rows: the static runtime returns the rows transformers' final norm gives, alone and for
+    each of several sequences (at exact shapes and at the fixed ones a GPU replays), and
+    nothing while not asked."""
+    from adaspec.backends.torch.backend import TorchBackend
+
+    model = tiny_model(seed=32, random_norms=True)  # a norm's weights show in its output
+    ref = TorchBackend(model)
+    ref.record_features(True)
+    prompt, chain = torch.tensor([4, 5, 6, 7, 8]), torch.tensor([9, 10, 11])
+    want_prompt = ref.prefill(prompt).features
+    want_chain = ref.forward(chain).features
+    assert want_prompt is not None and want_chain is not None
+
+    alone = static_backend(model, "alone", graphs=graphs)
+    assert alone.prefill(prompt).features is None  # not recorded unless asked
+    alone.reset()
+    alone.record_features(True)
+    close(alone.prefill(prompt).features, want_prompt)
+    out = alone.forward(chain)
+    close(out.features, want_chain)
+    close(out.logits, ref.model(torch.cat([prompt, chain])[None]).logits[0, -3:])
+
+    views = static_backend(model, "tiny", graphs=graphs).sequences(2)
+    views[0].record_features(True)  # the owner's calls, for every sequence
+    views[1].prefill(torch.tensor([12, 13]))
+    got = views[0].prefill(prompt).features  # a prompt: its last row
+    close(got, want_prompt[-1:])
+    close(views[0].forward(chain).features, want_chain)
+    views[0].record_features(False)
+    assert views[0].forward(torch.tensor([3])).features is None

@@ -136,6 +136,9 @@ class DecoderLM(nn.Module):
         state = {k: v for k, v in hf_model.state_dict().items() if "rotary_emb" not in k}
         if "lm_head.weight" not in state:  # tied embeddings
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        if "lm_head.bias" in state:  # an output head with a bias (a replaced head)
+            with torch.device("meta"):
+                model.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=True)
         model.load_state_dict(state, strict=True, assign=True)
         return model.eval()
 
@@ -147,6 +150,7 @@ class StaticTorchBackend(ModelBackend):
     kind = "torch-static"
     supports_trees = True
     has_hidden_states = True
+    has_features = True  # the final norm's output rows, from the pass itself (a head's input)
 
     def __init__(self, model: DecoderLM, name: str = "model",
                  max_context: int = DEFAULT_CONTEXT, graphs: str = "auto",
@@ -196,10 +200,17 @@ class StaticTorchBackend(ModelBackend):
                        for _ in range(cfg.num_layers)]
         self._inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, weight.device)
         self._slot_ids = torch.arange(shape[2], device=weight.device)
-        self._fixed: dict[tuple[int, int], _FixedPass] = {}  # by (size, span)
+        self._fixed: dict[tuple[int, int, bool], _FixedPass] = {}  # by (size, span, features)
         self._pool: Any = None  # the captured graphs' shared memory pool
         self._len = 0
         self._ids = _CachedIds()  # the cached tokens (prefix reuse)
+        self._features = False  # `record_features`
+
+    def record_features(self, on: bool) -> None:
+        """Return every fed row's final-normed state beside the logits (`features`), a
+        prompt's rows too: the pass computes them anyway (a graph's output then carries
+        them beside the logits)."""
+        self._features = bool(on)
 
     @property
     def cache_len(self) -> int:
@@ -293,7 +304,7 @@ class StaticTorchBackend(ModelBackend):
                              f"{max(last + 1, start + n)} > {self.max_context} tokens")
         if hidden_layer is not None and not 0 <= hidden_layer <= self.num_layers:
             raise InputError(f"hidden_layer must be in [0, {self.num_layers}]")
-        hidden = None
+        hidden = feats = None
         band_start = None  # where a fixed pass's mask may start hiding cached slots
         if (self.graphs != "off" and not last_row_only and hidden_layer is None
                 and n <= GRAPH_SIZES[-1]):
@@ -301,19 +312,22 @@ class StaticTorchBackend(ModelBackend):
             if band_start is not None and start - band_start > BAND:
                 band_start = None
         if band_start is not None:
-            logits = self._fixed_run(ids, pos, tree_mask, band_start)
+            logits, feats = self._fixed_run(ids, pos, tree_mask, band_start)
         else:
-            logits, hidden = self._exact_run(ids, pos, tree_mask, hidden_layer, last_row_only)
+            logits, hidden, feats = self._exact_run(ids, pos, tree_mask, hidden_layer,
+                                                    last_row_only)
         self._len += n
         self._ids.cut(start)
         self._ids.add(ids)  # ids fed from the device stay there (a draft chain's own)
         # logits stay on the device: a step reads back ids and a few numbers only
-        return ForwardOutput(logits=logits, hidden=hidden.cpu() if hidden is not None else None)
+        return ForwardOutput(logits=logits, hidden=hidden.cpu() if hidden is not None else None,
+                             features=feats.float().cpu() if feats is not None else None)
 
     def _exact_run(self, ids: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor | None,
                    hidden_layer: int | None, last_row_only: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A pass at the fed tokens' own shapes (prompts, hidden states, long passes)."""
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """A pass at the fed tokens' own shapes (prompts, hidden states, long passes): the
+        logits, the asked layer's states, the final-normed states while recorded."""
         cfg, stack, dev = self.config, self.model.model, self._cache[0][0].device
         n, start = int(ids.numel()), self._len
         mask = self._mask(n, tree_mask).to(dev)
@@ -329,25 +343,27 @@ class StaticTorchBackend(ModelBackend):
         if hidden_layer == self.num_layers:
             hidden = x[0]
         rows = x[0, -1:] if last_row_only else x[0]
-        return self.model.lm_head(rows), hidden
+        return self.model.lm_head(rows), hidden, x[0] if self._features else None
 
-    def _fixed_run(self, ids: torch.Tensor, pos: torch.Tensor,
-                   tree_mask: torch.Tensor | None, band_start: int) -> torch.Tensor:
+    def _fixed_run(self, ids: torch.Tensor, pos: torch.Tensor, tree_mask: torch.Tensor | None,
+                   band_start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The pass padded to the next of `GRAPH_SIZES`, attending over the first `span`
         slots: its inputs copied into the (size, span)'s buffers (two host-to-device copies),
         then its graph replayed (or, eagerly, the fixed-shape pass run); the real rows'
-        logits [n, V]. Cached slots from `band_start` on are seen as `tree_mask` says, those
-        before it by every row."""
+        logits [n, V] (and final-normed states [n, hidden] while recorded). Cached slots from
+        `band_start` on are seen as `tree_mask` says, those before it by every row."""
         n, start = int(ids.numel()), self._len
         size = next(b for b in GRAPH_SIZES if b >= n)
         span = MIN_SPAN
         while span < start + size:
             span *= 2
         span = min(span, self._slot_ids.numel())
-        f = self._fixed.get((size, span))
+        key = (size, span, self._features)
+        f = self._fixed.get(key)
         if f is None:
-            f = self._fixed[(size, span)] = _FixedPass(
-                size, torch.arange(span, device=self._slot_ids.device), self._scratch)
+            f = self._fixed[key] = _FixedPass(
+                size, torch.arange(span, device=self._slot_ids.device), self._scratch,
+                self._features)
             if self.compiled:
                 torch._dynamo.mark_dynamic(f.at, 0)
             if self.graphs == "cuda":
@@ -364,8 +380,12 @@ class StaticTorchBackend(ModelBackend):
         f.load(ids, pos, torch.arange(start, start + n), sees, band_start)
         if f.graph is not None:
             f.graph.replay()
-            return f.out[:n].clone()  # the graph's output buffer is overwritten next replay
-        return self._run_pass(f)[:n]
+            out = f.out[:n].clone()  # the graph's output buffer is overwritten next replay
+        else:
+            out = self._run_pass(f)[:n]
+        if not f.features:
+            return out, None
+        return out[:, :self.vocab_size], out[:, self.vocab_size:]
 
     def _run_pass(self, f: _FixedPass) -> torch.Tensor:
         """The fixed pass, compiled where asked; a compiler that fails here (no C++ compiler,
@@ -382,8 +402,9 @@ class StaticTorchBackend(ModelBackend):
             return self._pass(f)
 
     def _fixed_pass(self, f: _FixedPass) -> torch.Tensor:
-        """Logits [size, V] of a fixed pass: every shape depends on the size and span alone,
-        and the cache length, slots and mask are read from tensors (what a captured graph
+        """Logits [size, V] of a fixed pass, the final-normed states after them [size, V +
+        hidden] where `f.features`: every shape depends on the size and span alone, and the
+        cache length, slots and mask are read from tensors (what a captured graph
         replays)."""
         cfg, stack = self.config, self.model.model
         size = f.ids.shape[0]
@@ -401,7 +422,9 @@ class StaticTorchBackend(ModelBackend):
         layer: Any
         for i, layer in enumerate(stack.layers):
             x = layer.step(x, cos, sin, self._cache[i], 0, mask, slots=f.slots[None])
-        return self.model.lm_head(stack.norm(x)[0])
+        normed = stack.norm(x)[0]
+        logits = self.model.lm_head(normed)
+        return torch.cat([logits, normed], -1) if f.features else logits
 
     def _capture(self, f: _FixedPass) -> None:
         """Record `f`'s pass as a CUDA graph; its buffers hold padding only, so neither the
@@ -454,11 +477,14 @@ class _FixedPass:
     cache slots [size] (padding: token 0 at position 0, in scratch slots), the first cached
     slot the mask may hide (`band_start`: every row sees the slots before it), and what each
     row sees [size, BAND + size] of the BAND slots from there and of the new tokens; a
-    captured graph reads them at each replay. `at` [span] numbers the slots attended to."""
+    captured graph reads them at each replay. `at` [span] numbers the slots attended to;
+    `features`: the pass returns the final-normed states beside the logits."""
 
-    def __init__(self, size: int, at: torch.Tensor, scratch: int) -> None:
+    def __init__(self, size: int, at: torch.Tensor, scratch: int,
+                 features: bool = False) -> None:
         self.size = size
         self.at = at
+        self.features = features
         device = at.device
         self._scratch = torch.arange(scratch, scratch + size)
         self.inputs = PassInputs({"ids": (size,), "positions": (size,), "slots": (size,),

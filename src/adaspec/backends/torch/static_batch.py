@@ -43,6 +43,7 @@ class StaticSequences:
 
     runtime = "the static torch runtime"
     has_hidden_states = True  # a sequence's final state (`final_state`, the router's input)
+    has_features = True  # each call's final-normed output rows (`record_features`)
 
     def __init__(self, base: StaticTorchBackend, max_sequences: int) -> None:
         self.model, self.config = base.model, base.config
@@ -61,9 +62,20 @@ class StaticSequences:
                         torch.zeros(shape, dtype=weight.dtype, device=weight.device))
                        for _ in range(cfg.num_layers)]
         self._slot_ids = torch.arange(shape[2], device=weight.device)
-        self._fixed: dict[tuple[int, int, int], _BatchPass] = {}  # by (rows, size, span)
+        # by (rows, size, span, features)
+        self._fixed: dict[tuple[int, int, int, bool], _BatchPass] = {}
         self._pool: Any = None
         self.calls = 0  # runtime calls made (each scores every feed given to it)
+        self._features = False
+        # the final-normed states of the last `feed_many`'s output rows, per feed, while
+        # `record_features(True)`; else None
+        self.last_features: list[torch.Tensor] | None = None
+
+    def record_features(self, on: bool) -> None:
+        """Return each call's output rows' final-normed states (`last_features`), for every
+        sequence: they share the calls."""
+        self._features = bool(on)
+        self.last_features = None
 
     @torch.inference_mode()
     def feed_many(self, feeds: list[Feed]) -> list[torch.Tensor]:
@@ -81,13 +93,18 @@ class StaticSequences:
             raise InputError("two feeds of one sequence in one call")
         n = max(len(f.ids) for f in feeds)
         self.calls += 1
-        if self.graphs != "off" and n <= ROW_TOKENS[-1]:
-            return self._fixed_feed(feeds, n)
-        x = self._rows_pass(feeds, n)
         wanted = _wanted(feeds)
-        picked = torch.cat([x[r, w] for r, w in enumerate(wanted)]) if any(wanted) else x[0, :0]
-        logits = self.model.lm_head(picked).float().cpu()
-        return list(logits.split([len(w) for w in wanted]))
+        sizes = [len(w) for w in wanted]
+        if self.graphs != "off" and n <= ROW_TOKENS[-1]:
+            logits, picked = self._fixed_feed(feeds, n, wanted)
+        else:
+            x = self._rows_pass(feeds, n)
+            picked = (torch.cat([x[r, w] for r, w in enumerate(wanted)]) if any(wanted)
+                      else x[0, :0])
+            logits = self.model.lm_head(picked)
+        self.last_features = (list(picked.float().cpu().split(sizes)) if self._features
+                              else None)
+        return list(logits.float().cpu().split(sizes))
 
     @torch.inference_mode()
     def final_state(self, seq: int, start: int, token: int) -> torch.Tensor:
@@ -119,9 +136,11 @@ class StaticSequences:
             x = layer.step_rows(x, cos, sin, self._cache[i], rows)
         return model.model.norm(x)
 
-    def _fixed_feed(self, feeds: list[Feed], n: int) -> list[torch.Tensor]:
+    def _fixed_feed(self, feeds: list[Feed], n: int, wanted: list[list[int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row in one fixed-shape pass (replayed as a graph on a GPU); the feeds'
-        rows picked from it."""
+        wanted rows picked from it: logits [rows, V], and their final-normed states [rows,
+        hidden] while recorded (else an empty tensor)."""
         size = next(t for t in ROW_TOKENS if t >= n)
         longest = max(f.start + len(f.ids) for f in feeds)
         span = MIN_SPAN
@@ -129,10 +148,11 @@ class StaticSequences:
             span *= 2
         span = min(span, self.max_context)
         rows = self.row_bucket(max(f.seq for f in feeds) + 1)
-        p = self._fixed.get((rows, size, span))
+        key = (rows, size, span, self._features)
+        p = self._fixed.get(key)
         if p is None:
-            p = self._fixed[(rows, size, span)] = _BatchPass(
-                rows, size, span, self.max_context, self._slot_ids.device)
+            p = self._fixed[key] = _BatchPass(
+                rows, size, span, self.max_context, self._slot_ids.device, self._features)
             if self.graphs == "cuda":
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
@@ -143,11 +163,11 @@ class StaticSequences:
             out = p.out
         else:
             out = self._batch_pass(p)
-        wanted = _wanted(feeds)
         index = torch.tensor([f.seq * size + t for f, w in zip(feeds, wanted, strict=True)
                               for t in w], dtype=torch.long, device=out.device)
-        logits = out.index_select(0, index).float().cpu()
-        return list(logits.split([len(w) for w in wanted]))
+        rows_out = out.index_select(0, index)
+        vocab = self.config.vocab_size
+        return rows_out[:, :vocab], rows_out[:, vocab:]
 
     def row_bucket(self, rows: int) -> int:
         """The rows a fixed pass runs for sequences 0 .. rows - 1: a power of two (or every
@@ -160,8 +180,9 @@ class StaticSequences:
 
     def _batch_pass(self, p: _BatchPass) -> torch.Tensor:
         """Logits [rows x size, V] of a fixed pass over the first `p.rows` rows of the
-        cache: shapes depend on the rows, size and span alone; lengths, slots and tokens
-        are read from `p`'s tensors."""
+        cache, the final-normed states after them [rows x size, V + hidden] where
+        `p.features`: shapes depend on the rows, size and span alone; lengths, slots and
+        tokens are read from `p`'s tensors."""
         cfg, model = self.config, self.model
         rows, size, span = p.rows, p.size, p.span
         at = self._slot_ids[:span][None, None, :]  # [1, 1, span] slot index
@@ -179,7 +200,9 @@ class StaticSequences:
             keys, values = self._cache[k]
             x = layer.step(x, cos, sin, (keys[:rows], values[:rows]), 0, mask[:, None],
                            slots=p.slots)
-        return model.lm_head(stack.norm(x)).view(rows * size, -1)
+        normed = stack.norm(x).view(rows * size, -1)
+        logits = model.lm_head(normed)
+        return torch.cat([logits, normed], -1) if p.features else logits
 
     def remove_seq(self, seq: int, start: int) -> None:
         """Nothing to free: a sequence's length is its view's, and a pass reads only up to
@@ -203,11 +226,12 @@ class _BatchPass:
     `span` slots per row): token ids, rotary positions and cache slots [rows, size], each
     row's cached length and real tokens [rows]. A row without a feed, and a feed's padding,
     is token 0 at position 0 written to scratch slots; a captured graph reads the buffers at
-    each replay."""
+    each replay. `features`: the pass returns the final-normed states beside the logits."""
 
     def __init__(self, rows: int, size: int, span: int, scratch: int,
-                 device: torch.device) -> None:
+                 device: torch.device, features: bool = False) -> None:
         self.rows, self.size, self.span = rows, size, span
+        self.features = features
         self.inputs = PassInputs({"ids": (rows, size), "positions": (rows, size),
                                   "slots": (rows, size), "starts": (rows,),
                                   "real": (rows,)}, device)
