@@ -104,13 +104,14 @@ def test_fixed_rounds_pad_every_row_and_write_only_their_own_slots():
                                   20], LAST)])  # 17 tokens: a prompt chunk, its own shape
     assert owner._fixed == {}
     forward_together([(views[0], [21, 22, 23], ALL)])  # 3 tokens: padded to 4
-    assert set(owner._fixed) == {(2, 4, 256)}  # rows 0-1: sequence 1 needs no more
+    assert set(owner._fixed) == {(2, 4, 256, False)}  # rows 0-1: sequence 1 needs no more
     keys, _ = owner._cache[0]
     assert bool(keys[1, :, :20].abs().sum(-1).gt(0).all())  # sequence 1's 20 tokens
     assert not bool(keys[1, :, 20:owner.max_context].any())  # nothing past them
     assert not bool(keys[[0, 2, 3], :, :owner.max_context].any())  # the rows without a feed
     forward_together([(views[2], [7], LAST)])
-    assert set(owner._fixed) == {(2, 4, 256), (4, 1, 256)}  # sequence 3: all 4 rows
+    # sequence 3: all 4 rows
+    assert set(owner._fixed) == {(2, 4, 256, False), (4, 1, 256, False)}
     assert owner.row_bucket(3) == 4 and owner.row_bucket(1) == 1 and owner.row_bucket(9) == 4
 
 

@@ -165,7 +165,7 @@ def test_fixed_shapes_score_what_exact_shapes_score():
         chain = torch.randint(1, 60, (n,), generator=torch.Generator().manual_seed(n))
         close(fixed.forward(chain).logits, exact.forward(chain).logits)
     # 65 tokens: the exact-shape pass
-    assert {size for size, _ in fixed._fixed} == {1, 4, 8, 16, 64}
+    assert {size for size, _, _ in fixed._fixed} == {1, 4, 8, 16, 64}
     for b in (exact, fixed):
         b.truncate(20)  # a chain's rollback
     tokens, parents = torch.tensor([11, 12, 13, 14, 15]), [-1, 0, 0, 1, 2]
@@ -209,7 +209,8 @@ def test_a_draft_trees_levels_run_as_fixed_passes():
     fixed._exact_run = lambda *a, **k: exact_runs.append(1) or real(*a, **k)
     level2 = fixed.forward(torch.tensor(levels[1][0]), pos2, full2).logits
     close(level2, exact.forward(torch.tensor(levels[1][0]), pos2, full2).logits)
-    assert not exact_runs and (4, 256) in fixed._fixed  # the fixed pass of 4, not the exact shape
+    # the fixed pass of 4 (no features recorded), not the exact shape
+    assert not exact_runs and (4, 256, False) in fixed._fixed
     # a sibling's key differs from the ancestor's: seeing it would change the logits
     wrong = full2.clone()
     wrong[:, base:base + 2] = True
@@ -320,10 +321,10 @@ def test_fixed_passes_attend_over_a_span_covering_the_cache_not_every_slot():
         want = exact.forward(chain).logits
         close(fixed.forward(chain).logits, want)
         close(compiled.forward(chain).logits, want)
-    spans = {span for _, span in fixed._fixed}
+    spans = {span for _, span, _ in fixed._fixed}
     assert {256, 512, 1024} <= spans and max(spans) < total
-    assert compiled.compiled and {s for _, s in compiled._fixed} == spans
-    sizes = {size for size, _ in compiled._fixed}
+    assert compiled.compiled and {s for _, s, _ in compiled._fixed} == spans
+    sizes = {size for size, _, _ in compiled._fixed}
     # a size compiles at most twice (its first span static, then the span dynamic), not
     # once per span
     assert counters["stats"]["unique_graphs"] - before <= 2 * len(sizes)
