@@ -10,7 +10,8 @@ runtime and on transformers. Writes small summaries (gpu_costs.json / gpu_costs.
 - one call carrying a token for each of 1, 2, 4, 8 requests (the static runtime's batched
   cache, continuous batching's slack on a GPU);
 - one step of the draft head of the shipped shape (random init) over the target, eager and
-  in a CUDA graph, against a target step;
+  in a CUDA graph, against a target step; and the target's pass of 1-8 tokens returning its
+  features (the head's input) beside the logits;
 - the target's concurrency sweep: 1, 4, 16, 64 requests decoded together in process on the
   static runtime (adaspec's batch driver), aggregate tokens/s, against transformers' batched
   `generate` on the same prompts;
@@ -144,6 +145,8 @@ def loop_step_ms(backend, tokens: int) -> dict[str, float]:
             "loop_ms_per_step": round(1000 * stats.loop_time / steps, 3),
             "ms_per_token": round(1000 * (stats.wall_time - stats.prefill_time) / steps, 3)}
 
+
+FEATURE_SIZES = (1, 2, 4, 8)  # passes timed with the target's features recorded
 
 # The shipped draft head's shape (src/adaspec/draft/builtin/head-*.json): one decoder layer
 # with 4 query heads and an MLP of 1024 over the target's hidden size, 8,192 kept tokens.
@@ -291,6 +294,12 @@ def main() -> None:
                "graphs": static.graphs,
                "static_ms": {n: round(v, 3) for n, v in
                              curve(static, device, args.reps, args.context).items()}}
+        if len(models) == 1:  # the target: what returning its features (a head's input)
+            # adds to a pass (read back to the host beside the logits, as the engine takes them)
+            static.record_features(True)
+            row["static_features_ms"] = {n: round(v, 3) for n, v in curve(
+                static, device, args.reps, args.context, FEATURE_SIZES).items()}
+            static.record_features(False)
         row["loop"] = loop_step_ms(static, args.generate_tokens)
         row["batch_ms"] = {b: round(v, 3) for b, v in
                            batch_curve(static, device, args.reps, args.context).items()}
@@ -385,6 +394,11 @@ def main() -> None:
             lines += ["", f"The draft head (shipped shape, random init) over {name}: "
                       f"{hs.get('graph_ms', '-')} ms a step in a graph, {hs['eager_ms']} "
                       f"eager; {r['head_over_step']} of a target step (n=1)."]
+        if "static_features_ms" in r:
+            fm, plain = r["static_features_ms"], r["static_ms"]
+            lines += ["", f"{name}'s pass returning its features (the head's input) beside "
+                      "the logits, ms (without them): " + ", ".join(
+                          f"n={n} {fm[n]} ({plain[n]})" for n in fm if n in plain) + "."]
         if r.get("sweep"):
             lines += ["", f"{name}, requests decoded together (prompts of 128, "
                       f"{args.sweep_tokens} new tokens each), aggregate tokens/s:", "",
