@@ -124,9 +124,7 @@ def sampling_backend(model, name: str = "model"):
     test keeps its samples, hence its power, in less time. Sampled checks through
     transformers' cache (`TorchBackend`) stay in test_engine_sampling (the chain) and
     test_grammar (the n-gram method)."""
-    from adaspec.backends.torch.static import static_backend
-
-    return static_backend(model, name, graphs="off")
+    return runtime_backend("static", model, name)
 
 
 @pytest.fixture

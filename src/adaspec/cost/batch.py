@@ -261,8 +261,9 @@ def batch_cost_for(target: ModelBackend, views: Sequence[ModelBackend],
             import json
 
             cost = BatchCost.from_dict(json.loads(path.read_text()))
+            # one for fewer sequences than these views is measured again, wider; one
+            # measured on a busy machine too, once it is quiet
             if cost.key == key and cost.curve.contexts[-1] >= _most_sequences(len(views)):
-                # (fewer sequences than these views: measured again, wider)
                 if not other_load.measure_again(cost.others_share):
                     return cost
                 say(f"the stored batch cost was measured while other processes took "
