@@ -152,6 +152,12 @@ FA_TEMPLATES = "struct FlashMS {};\n" + (
         }
     }
 }
+void iqk_flash_helper(int nq1) {
+    if (nq1 == 12) {
+        // Special case: TG for GLM-4.5/4.6
+        twelve();
+    }
+}
 void compute_helper_q() {
             int ik = nk1 - k_step;
             for (; ik >=0 && Mc[ik] != 0; ik -= k_step);
@@ -513,6 +519,8 @@ def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tm
     assert shared.index("bool adaspec_rows_apart") < shared.index("bool iqk_flash_attn_impl(")
     including = text.index('#include "iqk/iqk_flash_impl.h"')
     assert including < text.index("void compute_helper(") < text.index("adaspec_rows_apart(mask")
+    # 5-7 rows (a token's query heads) in one pass, before the helper's own row counts
+    assert text.index("nq1 > 4 && nq1 < 8") < text.index("if (nq1 == 12)")
     assert ik_flash_patch.apply(tmp_path) == 3 and path.read_text() == text  # resumed build
     assert impl.read_text() == shared
     impl.write_text(FA_IMPL.replace("#include <cstdint>", "#include <stdint.h>"))
@@ -525,6 +533,9 @@ def test_the_flash_attention_patch_skips_hidden_blocks_and_attends_rows_apart(tm
         ik_flash_patch.apply(tmp_path)
     path.write_text(FA_TEMPLATES.replace("Mc[ik] != 0", "Mc[ik] == 1"))
     with pytest.raises(ik_flash_patch.PatchError, match="block loops"):
+        ik_flash_patch.apply(tmp_path)
+    path.write_text(FA_TEMPLATES.replace("if (nq1 == 12)", "if (nq1 == 16)"))
+    with pytest.raises(ik_flash_patch.PatchError, match="row counts"):
         ik_flash_patch.apply(tmp_path)
 
 
@@ -544,11 +555,12 @@ def test_the_regions_patch_places_by_sequence_stores_by_rows_and_attends_every_r
     store = got["src/llama-build-context.cpp"]
     assert store.index("ggml_set_rows") < store.index("    if (k_cur) {")  # before the run copy
     # one path for every masked call, before the pinned kernel's shape-dependent ones (the
-    # lone row's cells split among threads, a prompt's trimmed blocks)
+    # lone row's cells split among threads, a prompt's trimmed blocks): a sequence's rows
+    # together a query head a thread, other rows a (row, key/value head) a thread
     fa = got["ggml/src/iqk/iqk_flash_attn.cpp"]
     one_path = fa.index("if (neq3 == 1 && rk2 > 1 && rk2 == rv2 && mask && !sinks) {")
     assert one_path < fa.index("    int first_k = 0, last_k = nek1;")
-    assert "t < neq1*nek2; t += nth" in fa[one_path:]  # a (row, key/value head) per thread
+    assert "together ? (long)neq2 : (long)n*nek2" in fa[one_path:]
     assert "static bool" not in fa and "uint64_t" not in fa
     assert ik_regions_patch.apply(tmp_path) == len(ik_regions_patch._EDITS) + 1  # resumed
     assert {path: (tmp_path / path).read_text() for path in texts} == got

@@ -533,11 +533,12 @@ def test_each_sequence_keeps_to_its_region_and_overflows_past_the_regions(smollm
 
 
 def test_a_row_scores_alike_in_any_call_any_slot_and_a_context_of_one(smollm):
-    """One attention path for every row (`kv-regions-3`): a sequence's logits are bit for bit
+    """One attention path for every row (`kv-regions-4`): a sequence's logits are bit for bit
     the same whether its context holds one sequence or several, whichever slot it has,
     fed alone, as a chain, beside other sequences or as a prompt chunk, and after its
     prefix was copied from another slot. Two threads, so the pinned kernel's split of a
-    lone row's cells among threads would show."""
+    lone row's cells among threads would show; the prompt (150 rows) and the block of 12 are
+    attended as rows together, the lone steps row by row."""
     from adaspec.backends.sequences import ALL, forward_together
 
     gguf, _ = smollm
