@@ -26,8 +26,8 @@ two mask readers live in `iqk_flash_impl.h` (`SHARED`), which both the kernel's 
 `iqk_flash_attn.cpp` include, so `ik_regions_patch` calls them instead of keeping a copy.
 Since `-5` a call of 5-7 rows runs as one group with rows left over (`_FEW_ROWS`): a decoding
 row of the built-in target (6 query heads per key/value head) read the cells twice, as 4
-rows and then 2; a lone row after 3,600 tokens took 55-58 ms against 62-66. A new NAME makes
-older builds rebuild.
+rows and then 2; attention's time on a lone row after 3,000 tokens fell by about 14%
+(`experiments/attention_share.py`). A new NAME makes older builds rebuild.
 
 Without flash attention (adaspec's setting for one sequence) the cache's whole length is
 scored for every row and masked after: with 8 requests of 512 cells, a prompt chunk of 256

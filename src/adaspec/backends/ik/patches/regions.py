@@ -33,9 +33,10 @@ calls it for a cache of several sequences with flash attention, `backends/ik/bac
   different blocks took it (`ik_flash_patch`'s `adaspec_rows_apart`). Since `-4` a
   sequence's consecutive rows (8 to 64: a prompt chunk, a long draft block) are attended
   together, a query head at a time, each block of cells read once for the group: the same
-  arithmetic per row (bit for bit, `tests/test_models_ikllama.py`), and 600 new tokens after
-  a 3,000-token history took 10.0-11.6 s against 12.2-13.1 s row by row on the AVX2 EPYC
-  (`experiments/long_prefill.py`);
+  arithmetic per row (bit for bit, `tests/test_models_ikllama.py`), and attention's time
+  on 600 new tokens after a 3,000-token history down by about 30% on the AVX2 EPYC
+  (`experiments/attention_share.py`,
+  `experiments/results/ik-rows-together-epyc-avx2/`);
 - `adaspec_kv_seq_copy`: a prefix taken from another sequence is copied into the taker's
   region (keys and values, layer by layer), where `llama_kv_cache_seq_cp` would tag the
   giver's cells with both ids: read from another region its blocks would be cut elsewhere.
