@@ -119,7 +119,7 @@ def main() -> int:
     if shutil.which("perf") is None:
         raise SystemExit("attention_share needs `perf` (Debian: linux-perf)")
     homes = [tuple(h.split("=", 1)) for h in args.home] or [("this build", "")]
-    from adaspec.lab.bench.machine import describe_machine
+    from report import write_report
 
     rows = []
     for workload in WORKLOADS:
@@ -130,11 +130,7 @@ def main() -> int:
                 print(f"{workload} {name} round {r + 1}: {got}", file=sys.stderr, flush=True)
     what = {"chunk": f"a prompt chunk of {args.chunk} tokens, twice",
             "rows1": "160 calls of 1 row (decoding)", "rows4": "40 calls of 4 rows (a draft)"}
-    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    lines = [f"# Attention's share of a call per build ({date})",
-             "", f"Machine: {describe_machine()}", "",
-             "Command: `python " + " ".join(sys.argv) + "`", "",
-             f"After a history of {args.history} tokens, the server's layout (5 sequences, a "
+    lines = [f"After a history of {args.history} tokens, the server's layout (5 sequences, a "
              "region each). Shares are of `perf` samples (299 Hz) in the child; attention: the "
              "flash-attention kernels (or the pinned kernels' products and softmax); products: "
              "the weights' quantized products. Wall seconds vary with the machine's minute; "
@@ -145,10 +141,7 @@ def main() -> int:
         ratio = got["attention"] / got["products"] if got["products"] else float("nan")
         lines.append(f"| {what[workload]} | {name} | {got['attention']:.1f}% | "
                      f"{got['products']:.1f}% | {ratio:.3f} | {got['seconds']:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report("Attention's share of a call per build", lines, args.out)
     return 0
 
 

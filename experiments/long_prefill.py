@@ -19,7 +19,6 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 LAYOUTS = {
     # what `adaspec serve` runs: 4 requests besides the context's own sequence
@@ -71,13 +70,9 @@ def main() -> int:
         rows = measure(LAYOUTS[args.layout][1], args.chunk, args.upto)
         print(repr(rows))
         return 0
-    from adaspec.lab.bench.machine import describe_machine
+    from report import write_report
 
-    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    lines = [f"# Prefill as a conversation grows ({date})",
-             "", f"Machine: {describe_machine()}", "",
-             "Command: `python " + " ".join(sys.argv) + "`", "",
-             f"{args.chunk} new tokens scored after a history of H cached tokens (one "
+    lines = [f"{args.chunk} new tokens scored after a history of H cached tokens (one "
              "sequence's), then one decode step; ik_llama.cpp, the built-in target.", ""]
     results = {}
     for name, (env, _) in LAYOUTS.items():
@@ -99,10 +94,7 @@ def main() -> int:
             _, s, ms = results[n][i]
             cells.append(f"{s:.2f} ({s / results[n][0][1]:.2f}x), {ms:.1f}")
         lines.append(f"| {start} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report("Prefill as a conversation grows", lines, args.out)
     return 0
 
 
