@@ -52,6 +52,7 @@ esac
 # kernel after it and the x86 kernel table (where the AMX kernel and its dispatch go).
 KQUANTS = """#include "iqk_gemm_kquants.h"
 #include <cstring>
+#ifdef IQK_IMPLEMENT
 template <int nrc_y> void before() { if constexpr (nrc_y == 1) { a(); } }
 static void mul_mat_q2_k_r4_q8_k(int n) {
     if constexpr (nrc_y == 1) { d4 = d4 * s; }
@@ -355,6 +356,12 @@ def test_the_wide_patch_takes_both_loops_on_avx512_and_leaves_the_rest_to_the_ke
     helpers = text[text.index(f"adaspec ({ik_wide_patch.NAME})"):kernel]
     assert helpers.count("#ifdef HAVE_FANCY_SIMD") == 3  # the 512-bit walks on AVX-512 only
     assert helpers.count("if constexpr (nrc_y <= 8)") == 2  # longer calls: the walk before
+    # and a switch per CPU: no more rows than the library was told (0: the kernels' own walk)
+    assert helpers.count("if (nrc_y <= adaspec_wide_rows) return adaspec_q") == 2
+    switch = text.index("int adaspec_wide_rows = 8;")
+    assert switch < text.index("#ifdef IQK_IMPLEMENT") < kernel  # file scope, C linkage
+    assert 'extern "C" {' in text[:switch]
+    assert f'visibility("default"))) void {ik_wide_patch.SETTER}(int rows)' in text
     assert "return adaspec_q4_k_r4_two_groups<nrc_y>(" in helpers
     assert helpers.count("return nrc_x8;") == 2  # a last group of 4 rows: the kernel's
     fetch = helpers[helpers.index("static inline void adaspec_wide_prefetch("):]
@@ -372,6 +379,8 @@ def test_the_wide_patch_takes_both_loops_on_avx512_and_leaves_the_rest_to_the_ke
     _refuses(ik_wide_patch.apply, tmp_path, path, ik_wide_patch.PatchError,
              two_groups.replace("const block_q6_k_r4 * iq6", "const block_q6_k_r8 * iq6"),
              "expected one `for \\(int ix = 0")
+    _refuses(ik_wide_patch.apply, tmp_path, path, ik_wide_patch.PatchError,
+             two_groups.replace("#ifdef IQK_IMPLEMENT\n", ""), "expected one `#ifdef IQK_IMPL")
 
 
 def test_the_amx_patch_adds_its_kernel_after_the_q4_k_one_and_a_path_for_every_16_rows(tmp_path):
@@ -692,6 +701,29 @@ def test_a_multi_sequence_kernel_change_needs_the_patched_library(monkeypatch, s
     monkeypatch.setenv(env, "yes")
     with pytest.raises(AdaspecError, match=f"{env} must be 'auto' or 'off'"):
         switch(Api())
+
+
+def test_the_wide_walk_runs_where_it_pays_and_the_user_can_say(monkeypatch):
+    """On for an Intel CPU, off for an AMD one (measured slower there), None for a build
+    without the switch; ADASPEC_IK_WIDE=on/off overrides, anything else is an error."""
+    from adaspec.errors import AdaspecError
+
+    class Api:
+        adaspec_patches = ik_build.PATCHES
+
+    monkeypatch.delenv(ikllama.WIDE_ENV, raising=False)
+    for vendor, wide in (("GenuineIntel", True), ("AuthenticAMD", False), ("", False)):
+        monkeypatch.setattr("adaspec.store.native_build.cpu_vendor", lambda v=vendor: v)
+        assert ikllama.wide_walk(Api()) is wide
+    for value, wide in (("on", True), ("off", False), ("ON ", True)):
+        monkeypatch.setenv(ikllama.WIDE_ENV, value)
+        assert ikllama.wide_walk(Api()) is wide
+    Api.adaspec_patches = tuple(p for p in ik_build.PATCHES if p != ik_wide_patch.NAME)
+    assert ikllama.wide_walk(Api()) is None  # an older build, or the wheel
+    Api.adaspec_patches = ik_build.PATCHES
+    monkeypatch.setenv(ikllama.WIDE_ENV, "fast")
+    with pytest.raises(AdaspecError, match=f"{ikllama.WIDE_ENV} must be 'auto', 'on' or 'off'"):
+        ikllama.wide_walk(Api())
 
 
 HARNESS = r"""

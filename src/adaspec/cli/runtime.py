@@ -67,4 +67,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("no native build (`adaspec runtime build` makes one)")
     api = ikllama.library()
     print(f"loaded: {getattr(api, 'adaspec_build', 'wheel')} ({api.adaspec_library})")
+    wide = getattr(api, "adaspec_wide", None)
+    if wide is not None:
+        print(f"512-bit k-quant walk: {'on' if wide else 'off'} (ADASPEC_IK_WIDE=on/off "
+              "overrides; on where it was measured to pay, Intel's AVX-512)")
     return 0

@@ -49,6 +49,19 @@ def cpu_flags() -> set[str]:
     return set(_cpuinfo()[1])
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; "" where
+    it does not say)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_signature() -> dict:
     """What a native build depends on: the architecture, the CPU model and a hash of its
     feature flags."""

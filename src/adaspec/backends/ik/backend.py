@@ -46,6 +46,8 @@ MIN_ROWS_ENV = "ADASPEC_MIN_ROWS"
 LIB_PATH_ENV = "IK_LLAMA_CPP_LIB_PATH"  # the binding's override of its library's path
 FLASH_ENV = "ADASPEC_IK_FLASH_ATTN"  # "off": no flash attention for several sequences either
 REGIONS_ENV = "ADASPEC_IK_KV_REGIONS"  # "off": several sequences share the cache's cells freely
+WIDE_ENV = "ADASPEC_IK_WIDE"  # "on" / "off": the 512-bit k-quant walk (`ik/patches/wide.py`)
+WIDE_ROWS = 8  # the most activation rows a call walks wide, where it does
 REGION_ALIGN = 256  # a region starts on a block boundary of the flash-attention kernel
 # the most cells a sequence's region holds: attention spans the cache up to the last cell
 # used, so long regions cost every call; what does not fit goes past the regions
@@ -125,6 +127,25 @@ def kv_regions(api: Any) -> bool:
     if value not in ("", "auto", "off"):
         raise AdaspecError(f"{REGIONS_ENV} must be 'auto' or 'off', got {value!r}")
     return value != "off" and ik_regions_patch.NAME in getattr(api, "adaspec_patches", ())
+
+
+def wide_walk(api: Any) -> bool | None:
+    """Whether the repacked Q4_K / Q6_K kernels walk 8 weight rows wide in 512-bit registers
+    (`ik/patches/wide.py`); None where the library has no such switch. ADASPEC_IK_WIDE
+    decides, else the CPU: on where it was measured to pay (Intel's AVX-512: a lone row
+    0.53-0.63 of the kernel's time), off elsewhere (an AMD EPYC with AVX-512 ran a lone row's
+    plain step in 45-49 ms with it against 22-39 ms without); the logits are the same."""
+    from adaspec.backends.ik.patches import wide as ik_wide_patch
+    from adaspec.store.native_build import cpu_vendor
+
+    if ik_wide_patch.NAME not in getattr(api, "adaspec_patches", ()):
+        return None
+    value = os.environ.get(WIDE_ENV, "").strip().lower()
+    if value not in ("", "auto", "on", "off"):
+        raise AdaspecError(f"{WIDE_ENV} must be 'auto', 'on' or 'off', got {value!r}")
+    if value in ("on", "off"):
+        return value == "on"
+    return cpu_vendor() == "GenuineIntel"
 
 
 def target_features(api: Any) -> bool:
@@ -209,10 +230,16 @@ def library() -> Any:
         signatures["adaspec_kv_regions"] = ([c.c_void_p, c.c_uint32], c.c_int)
         signatures["adaspec_kv_seq_copy"] = ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32],
                                              c.c_int)
+    wide = wide_walk(api)
+    if wide is not None:  # a native build's own switch (in libggml, which libllama loads)
+        signatures["adaspec_set_wide_rows"] = ([c.c_int], None)
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = restype
+    if wide is not None:
+        lib.adaspec_set_wide_rows(WIDE_ROWS if wide else 0)
+    api.adaspec_wide = wide
     lib.llama_log_set.argtypes = [_LOG_CALLBACK, c.c_void_p]
     lib.llama_log_set.restype = None
     lib.llama_log_set(_quiet_log, None)  # the library logs every load to stderr otherwise
@@ -335,6 +362,8 @@ class IkLlamaBackend(ChainBackend):
             self.kind = f"{self.kind}-fa"
         if self.region:  # another placement, another cost curve
             self.kind = f"{self.kind}-regions"
+        if getattr(api, "adaspec_wide", None) is False:  # the kernels' own walk: another curve
+            self.kind = f"{self.kind}-narrow"
         # the source changes a native build carries: other kernels, another cost curve
         self.patches = tuple(getattr(api, "adaspec_patches", ()))
         # and when it was built: a patch whose text changed under the same name rebuilds

@@ -1,4 +1,4 @@
-// adaspec (k-quant-wide-2): the repacked Q4_K and Q6_K kernels walk 8 weight rows at a time in
+// adaspec (k-quant-wide-3): the repacked Q4_K and Q6_K kernels walk 8 weight rows at a time in
 // 512-bit registers (two groups of 4, one per half) on a CPU with AVX-512, for calls of up to
 // 8 activation rows (a lone token, a round of requests, a draft block). Each shuffled
 // activation feeds both groups and each instruction does two groups' work. Every lane does
@@ -7,8 +7,9 @@
 // fetches ahead in its own walk's order (the kernel's prefetch, two blocks ahead in a group
 // of 4, would miss the second group's first blocks), for a lone row too: on a 2-vCPU Xeon a
 // lone row's walk without it streamed slower than a walk of two rows. Returns the rows it
-// left to the kernel (a last group of 4); without AVX-512, or for more rows, the walk before
-// it.
+// left to the kernel (a last group of 4); without AVX-512, for more rows, or for more rows
+// than `adaspec_wide_rows` (0 where the CPU walks 512 bits slower, set at load), the walk
+// before it.
 #ifdef HAVE_FANCY_SIMD
 // the block ADASPEC_WIDE_AHEAD steps ahead of block ibl of a group, in the walk's order:
 // further in the group, else in the same group of the next 8 rows (`next`)
@@ -207,7 +208,9 @@ static int adaspec_q6_k_r4_zmm(int n, const void * vx, size_t bx, const DataInfo
 template <int nrc_y>
 static int adaspec_q4_k_r4_wide(int n, const void * vx, size_t bx, const DataInfo& info, int nrc_x) {
 #ifdef HAVE_FANCY_SIMD
-    if constexpr (nrc_y <= 8) return adaspec_q4_k_r4_zmm<nrc_y>(n, vx, bx, info, nrc_x);
+    if constexpr (nrc_y <= 8) {
+        if (nrc_y <= adaspec_wide_rows) return adaspec_q4_k_r4_zmm<nrc_y>(n, vx, bx, info, nrc_x);
+    }
 #endif
     return adaspec_q4_k_r4_two_groups<nrc_y>(n, vx, bx, info, nrc_x);
 }
@@ -215,7 +218,9 @@ static int adaspec_q4_k_r4_wide(int n, const void * vx, size_t bx, const DataInf
 template <int nrc_y>
 static int adaspec_q6_k_r4_wide(int n, const void * vx, size_t bx, const DataInfo& info, int nrc_x) {
 #ifdef HAVE_FANCY_SIMD
-    if constexpr (nrc_y <= 8) return adaspec_q6_k_r4_zmm<nrc_y>(n, vx, bx, info, nrc_x);
+    if constexpr (nrc_y <= 8) {
+        if (nrc_y <= adaspec_wide_rows) return adaspec_q6_k_r4_zmm<nrc_y>(n, vx, bx, info, nrc_x);
+    }
 #endif
     (void)n; (void)vx; (void)bx; (void)info; (void)nrc_x;
     return 0;
