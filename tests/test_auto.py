@@ -72,6 +72,45 @@ def test_auto_takes_long_ngram_runs_when_verification_is_cheap(target, draft):
     assert res.stats.drafted >= res.stats.target_calls - 1 - drafter.choices.plain
 
 
+def dear_rows_profile() -> CostProfile:
+    """A verified row costs 0.8 of a plain step: n-gram drafts pay only where they are
+    accepted far more often than the priors say (0.95 pays for a token, 0.7 does not)."""
+    sizes = list(range(1, 17))
+    return CostProfile(target=Curve(sizes, [0], [[10.0 * (1 + 0.8 * (n - 1)) for n in sizes]]))
+
+
+@pytest.mark.parametrize("learns", [True, False], ids=["learns", "negative control"])
+def test_ngram_estimates_learn_from_continuations_not_proposed(target, draft, monkeypatch,
+                                                                learns):
+    """Where the priors do not pay for an n-gram draft, plain steps still tell how right the
+    n-gram's continuation would have been, so a request that repeats itself starts drafting
+    (without that it never proposes one, and never learns)."""
+    import adaspec.draft.auto as auto_mod
+
+    if not learns:
+        monkeypatch.setattr(auto_mod, "_shadow_outcome", lambda seen, context: (0, 0))
+    engine = build_generator("auto:use=ngram", target, None, draft, eos_token_ids=[],
+                             profile=dear_rows_profile())
+    res = engine.generate(REPEATING, max_new_tokens=60)
+    drafter = engine.drafter
+    assert isinstance(drafter, AutoDrafter)
+    if learns:
+        assert drafter.choices.ngram > 0 and res.stats.accepted > 0
+        assert max(r.rate for r in drafter.ngram_rates.values()) > 0.9
+    else:
+        assert drafter.choices.ngram == 0 and res.stats.drafted == 0
+
+
+def test_a_continuation_not_proposed_counts_up_to_its_first_miss():
+    from adaspec.draft.auto import Choice, _shadow_outcome
+
+    seen = Choice("ngram", [5, 6, 7], start=2, match=3)
+    assert _shadow_outcome(seen, [1, 2, 5]) == (1, 1)  # a plain step: one token to judge
+    assert _shadow_outcome(seen, [1, 2, 5, 6, 9]) == (3, 2)  # the third differs
+    assert _shadow_outcome(seen, [1, 2, 4, 6, 7]) == (1, 0)  # the first differs: no more
+    assert _shadow_outcome(seen, [1, 2]) == (0, 0)  # nothing emitted yet
+
+
 def test_auto_uses_the_draft_model_when_it_is_cheap_and_stops_when_it_is_not(target, draft):
     cheap = build_generator("auto:use=draft", target, None, draft, eos_token_ids=[],
                          profile=flat_profile(draft_ms=0.5))
