@@ -116,6 +116,34 @@ def test_greedy_together_equals_alone(target, draft, cost, arrive_every):
         assert cut == 0
 
 
+@pytest.mark.parametrize("waiting", [0, 1], ids=["alone", "one queued"])
+def test_a_request_alone_is_verified_as_its_drafter_proposed(target, draft, waiting):
+    """Alone in its rounds (none queued, no prompt beside it), a request's drafts are
+    verified as its drafter proposed them, as `run_alone` does: under costs where every
+    drafted token costs a whole call the batch's pricing would cut them all, and does with a
+    request queued behind it. Either way the output is the request's alone."""
+    engine, = slot_engines(target, draft, ["ngram:k=4"])
+    prompt = PROMPTS[5]
+    decoder = BatchDecoder(cost=steep_cost)
+    decoder.waiting = waiting
+    cut = 0
+    original = decoder._run_calls
+
+    def counting(events):
+        nonlocal cut
+        original(events)
+        cut += decoder.last.cut
+
+    decoder._run_calls = counting  # type: ignore[method-assign]
+    results, _ = run_together(decoder, {0: engine.stream_steps(prompt, max_new_tokens=30)})
+    want = alone(target, draft, "ngram:k=4", prompt, 30)
+    assert results[0].token_ids == want.token_ids
+    if waiting:
+        assert cut > 0 and results[0].stats.drafted == 0
+    else:
+        assert cut == 0 and results[0].stats.drafted == want.stats.drafted > 0
+
+
 def test_stop_strings_and_lengths_together(target, draft, tokenizer):
     engines = [build_generator(m, t, tokenizer, d, eos_token_ids=[])
                for m, t, d in zip(["ngram:k=4", "ar", "draft:k=3"], target.sequences(3),

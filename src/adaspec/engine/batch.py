@@ -334,10 +334,19 @@ class BatchDecoder:
                 fixed += depth
             else:
                 accepts.append(levels)
+        # A request alone in its round, with no prompt beside it and none queued: its
+        # drafter priced its step alone and it is verified as proposed, as `run_alone` does.
+        # (The batch's worth of its token, a call over the pace its own drafts promise,
+        # undervalued the drafts that make that pace: once a plain step got twice as cheap
+        # on a 2-vCPU AMD EPYC, a lone request's n-gram and history drafts were cut to
+        # nothing, 1.04x `ar` on code edits through the server.)
+        alone = len(steps) == 1 and not (prefill or chunks or self.waiting)
         if self.cost is not None and calls:
             cost = self.cost
             self.load.cost = cost
             self._note_budgets()  # this round's, each step's own included
+        if self.cost is not None and calls and not alone:
+            cost = self.cost
             worth = [self.load.token_ms(m.call.remaining, m.seat.pace) for m in steps
                      if m.call is not None]
             lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
