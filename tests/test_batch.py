@@ -73,6 +73,20 @@ def alone(target, draft, method, prompt, n, sampling=None, stop=()):
     return engine.generate(prompt, max_new_tokens=n, sampling=sampling, stop=stop)
 
 
+def count_cuts(decoder: BatchDecoder) -> list[int]:
+    """A one-item list that counts the drafted tokens the decoder's pricing cuts, round by
+    round, from now on."""
+    cuts = [0]
+    original = decoder._run_calls
+
+    def counting(events):
+        original(events)
+        cuts[0] += decoder.last.cut
+
+    decoder._run_calls = counting  # type: ignore[method-assign]
+    return cuts
+
+
 def steep_cost(tokens: int, sequences: int) -> float:
     """A call whose every token costs as much as the call itself: drafts never pay."""
     return 10.0 * tokens
@@ -94,16 +108,9 @@ def test_greedy_together_equals_alone(target, draft, cost, arrive_every):
                 for i, (e, p, n) in enumerate(zip(engines, PROMPTS, lengths, strict=True))}
     decoder = BatchDecoder(cost=cost)
     decoder.waiting = 1
-    cut = 0
-    original = decoder._run_calls
-
-    def counting(events):
-        nonlocal cut
-        original(events)
-        cut += decoder.last.cut
-
-    decoder._run_calls = counting  # type: ignore[method-assign]
+    cuts = count_cuts(decoder)
     results, chunks = run_together(decoder, requests, arrive_every)
+    cut = cuts[0]
     for i, (method, prompt, n) in enumerate(zip(METHODS, PROMPTS, lengths, strict=True)):
         want = alone(target, draft, method, prompt, n)
         assert isinstance(results[i], GenerationResult), results[i]
@@ -126,16 +133,9 @@ def test_a_request_alone_is_verified_as_its_drafter_proposed(target, draft, wait
     prompt = PROMPTS[5]
     decoder = BatchDecoder(cost=steep_cost)
     decoder.waiting = waiting
-    cut = 0
-    original = decoder._run_calls
-
-    def counting(events):
-        nonlocal cut
-        original(events)
-        cut += decoder.last.cut
-
-    decoder._run_calls = counting  # type: ignore[method-assign]
+    cuts = count_cuts(decoder)
     results, _ = run_together(decoder, {0: engine.stream_steps(prompt, max_new_tokens=30)})
+    cut = cuts[0]
     want = alone(target, draft, "ngram:k=4", prompt, 30)
     assert results[0].token_ids == want.token_ids
     if waiting:

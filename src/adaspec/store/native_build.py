@@ -49,17 +49,24 @@ def cpu_flags() -> set[str]:
     return set(_cpuinfo()[1])
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; "" where
-    it does not say)."""
+def cpuinfo_field(name: str) -> str:
+    """The value of the first CPU's `name` line in /proc/cpuinfo ("vendor_id", "model name";
+    "" where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
     return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; "" where
+    it does not say)."""
+    return cpuinfo_field("vendor_id")
 
 
 def cpu_signature() -> dict:

@@ -64,14 +64,9 @@ def measure_bandwidth(
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from adaspec.store.native_build import cpuinfo_field
+
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 # Instruction-set extensions that decide which kernels are fast (bf16 GEMM, int8 GEMM, AMX).
