@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import cache
 
 import torch
 from torch import nn
 
-from adaspec.backends.torch.decoder import RMSNorm
+from adaspec.backends.torch.decoder import RMSNorm, rope, rope_frequencies, rotate_half
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ class HeadConfig:
         """A head for a transformers Qwen2/Llama config (`config.json` of the target), with
         `heads` query heads of the target's size (0: as many as the target has; fewer cost
         less, a multiple of the target's key/value heads)."""
-        rope = getattr(config, "rope_parameters", None) or {}
-        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        rope_params = getattr(config, "rope_parameters", None) or {}
+        theta = float(rope_params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         own = int(config.num_attention_heads)
         kv = int(getattr(config, "num_key_value_heads", own))
         if heads and heads % kv:
@@ -59,16 +60,23 @@ class HeadConfig:
                    rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [B, heads, T, D] at positions [B, T] (halves rotated, as Qwen2)."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    angles = positions.to(torch.float32)[..., None] * inv  # [B, T, D/2]
-    cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None].to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None].to(x.dtype)
-    half = d // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
+@cache
+def _frequencies(head_dim: int, theta: float, device: str) -> torch.Tensor:
+    """`rope_frequencies` once per shape and device (a draft step is a few ms: its small ops
+    count)."""
+    return rope_frequencies(head_dim, theta, device)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, heads, T, D] and k [B, kv_heads, T, D] rotated for positions [B, T] (Qwen2's
+    rotate-half), the angles computed once for both."""
+    b, t = positions.shape
+    d = q.shape[-1]
+    cos, sin = rope(positions.reshape(-1), d, theta, q.dtype,
+                    _frequencies(d, theta, str(q.device)))
+    cos, sin = cos.view(b, 1, t, d), sin.view(b, 1, t, d)
+    return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -148,18 +156,15 @@ class HeadLayer(nn.Module):
         q = q_.reshape(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)
         k = k_.reshape(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         v = v_.reshape(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        q, k = rotary(q, k, positions, cfg.rope_theta)
         if past is not None:
             k = torch.cat([past[0], k], 2)
             v = torch.cat([past[1], v], 2)
-        groups = cfg.heads // cfg.kv_heads
-        kk = k.repeat_interleave(groups, 1)
-        vv = v.repeat_interleave(groups, 1)
         if mask is None and t > 1:  # one new position sees everything: no mask
-            s = kk.shape[2] - t
+            s = k.shape[2] - t
             mask = torch.ones(t, s + t, dtype=torch.bool, device=x.device).tril(s)
         att = torch.nn.functional.scaled_dot_product_attention(
-            q, kk, vv, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim))
+            q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim), enable_gqa=True)
         x = x + self.o(att.transpose(1, 2).reshape(b, t, cfg.heads * cfg.head_dim))
         y = self.post_norm(x)
         if self.fused:

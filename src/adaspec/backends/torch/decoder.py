@@ -61,7 +61,8 @@ def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtyp
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x rotated by the angles whose cos and sin are given (the rotate-half convention)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -106,7 +107,7 @@ class Attention(nn.Module):
         The new tokens see the whole past and each other causally."""
         b, n, _ = x.shape
         q, k, v = self._qkv(x)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
         if past is not None and past[0].shape[-2]:
             k = torch.cat((past[0], k), dim=-2)
             v = torch.cat((past[1], v), dim=-2)
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         if cos.dim() == 3:  # a rotary angle per row
             cos, sin = cos[:, None], sin[:, None]
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
         keys, values = cache
         if slots is None:
             keys[:, :, start : start + n] = k
@@ -165,7 +166,8 @@ class Attention(nn.Module):
         sequence's cache. Padding tokens' outputs are zeros (nothing reads them)."""
         b, n, _ = x.shape
         q, k, v = self._qkv(x)
-        q, k = _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
+        cos, sin = cos[:, None], sin[:, None]
+        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
         keys, values = cache
         out = q.new_zeros(b, self.heads, n, self.head_dim)
         for r, row in enumerate(rows):
