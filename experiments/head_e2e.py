@@ -61,6 +61,9 @@ def main() -> int:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample at this temperature (seed = --seed + the prompt's index)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--with-draft", action="store_true",
+                   help="load the built-in draft model too (for `draft:` methods and the "
+                   "router's default arms)")
     p.add_argument("--out", default="experiments/results/head-e2e")
     args = p.parse_args()
 
@@ -68,9 +71,13 @@ def main() -> int:
     from adaspec.core.sampling import SamplingParams
     from adaspec.methods.build import build_generator
 
-    target, tokenizer, _, eos = load_backends(draft=None)
+    if args.with_draft:
+        target, tokenizer, draft, eos = load_backends()
+    else:
+        (target, tokenizer, _, eos), draft = load_backends(draft=None), None
     methods = args.methods.split(";")
-    engines = {m: build_generator(m, target, tokenizer, None, eos_token_ids=eos) for m in methods}
+    engines = {m: build_generator(m, target, tokenizer, draft, eos_token_ids=eos)
+               for m in methods}
     wanted = set(args.categories.split(","))
     prompts = [x for x in held_out_prompts(args.per_category) if x[0] in wanted]
     engines["ar"].generate("Warm up.", max_new_tokens=8)
@@ -88,7 +95,8 @@ def main() -> int:
                          "decode_s": s.wall_time - s.prefill_time, "calls": s.target_calls,
                          "drafted": s.drafted, "accepted": s.accepted, "draft_s": s.draft_time,
                          "draft_calls": s.draft_calls + s.head_calls,
-                         "target_s": s.target_time, "n": len(r.token_ids)}
+                         "target_s": s.target_time, "n": len(r.token_ids),
+                         "route": s.route}
             # the bench's row shape, so `adaspec bench --replay` re-prices these steps
             replayable.append({
                 "prompt_id": pid, "category": cat, "method": name, "repeat": 0,
@@ -125,6 +133,7 @@ def main() -> int:
                           "scale": [round(live.scale(n), 3) for n in range(1, 9)],
                           "profile_ms_at_256": [round(profile(n, 256), 1) for n in range(1, 9)]}
     summary["learned_prices"] = learned
+    summary["router"] = _router_summary(rows, methods)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -133,6 +142,35 @@ def main() -> int:
     (out / "summary.md").write_text(_table(summary, methods))
     print(_table(summary, methods))
     return 0
+
+
+def _router_summary(rows: list[dict], methods: list[str]) -> dict:
+    """Each `router` method against the other methods (its possible arms) on these prompts:
+    the best single one (geomean of its speed over `ar`'s) and the per-prompt oracle (the
+    fastest of them on each prompt); the arms it picked. Empty without a router method."""
+    import math
+
+    routers = [m for m in methods if m.startswith("router")]
+    arms = [m for m in methods if m not in routers]
+    if not routers or not rows:
+        return {}
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    speed = {m: [r["ar"]["wall"] / r[m]["wall"] for r in rows] for m in methods}
+    best = max(arms, key=lambda m: geomean(speed[m]))
+    oracle = [max(speed[m][i] for m in arms) for i in range(len(rows))]
+    out = {"best_arm": best, "best_arm_vs_ar": geomean(speed[best]),
+           "oracle_vs_ar": geomean(oracle), "routers": {}}
+    for m in routers:
+        picks: dict[str, int] = {}
+        for r in rows:
+            picks[str(r[m]["route"])] = picks.get(str(r[m]["route"]), 0) + 1
+        out["routers"][m] = {"vs_ar": geomean(speed[m]),
+                             "vs_best_arm": geomean(speed[m]) / geomean(speed[best]),
+                             "vs_oracle": geomean(speed[m]) / geomean(oracle), "picks": picks}
+    return out
 
 
 def _aggregate(rs: list[dict], ar: list[dict]) -> dict:
@@ -165,6 +203,17 @@ def _table(summary: dict, methods: list[str]) -> str:
                          f"{a['min_vs_ar']:.2f}x | {a['tokens_per_call']:.2f} | "
                          f"{a['acceptance']:.2f} | {a['draft_ms_per_call']:.2f} | "
                          f"{a['target_ms_per_call']:.1f} | {a['equal_to_ar']}/{a['prompts']} |")
+    route = summary.get("router") or {}
+    if route:
+        lines += ["", f"Best single method: `{route['best_arm']}` "
+                  f"{route['best_arm_vs_ar']:.2f}x `ar`; the per-prompt oracle over the "
+                  f"non-router methods {route['oracle_vs_ar']:.2f}x.", "",
+                  "| router | vs `ar` | vs the best single method | vs the oracle | picks |",
+                  "| --- | ---: | ---: | ---: | --- |"]
+        for m, r in route["routers"].items():
+            picks = ", ".join(f"{k} {v}" for k, v in sorted(r["picks"].items()))
+            lines.append(f"| `{m}` | {r['vs_ar']:.2f}x | {r['vs_best_arm']:.3f} | "
+                         f"{r['vs_oracle']:.3f} | {picks} |")
     return "\n".join(lines) + "\n"
 
 

@@ -247,6 +247,36 @@ def test_a_router_routes_over_an_ik_llama_target(smollm):
     assert router.last_state is not None and router.last_state.shape == (target.hidden_size,)
 
 
+def test_a_router_keeps_what_the_cache_holds_of_its_next_prompt(smollm):
+    """A router's next request prefills only what its last request's prompt and answer do
+    not cover (a chat template's system turn, a conversation's earlier turns), as an Engine
+    does, and decodes what a fresh prefill decodes; `reuse=0` (a cold request) keeps none."""
+    from adaspec.core.sampling import SamplingParams
+    from adaspec.engine.batch import run_alone
+    from adaspec.engine.steps import GenerationResult
+    from adaspec.methods.build import build_generator
+    from adaspec.route.router import RoutedGenerator
+
+    _, target = smollm
+
+    def router() -> RoutedGenerator:
+        return RoutedGenerator({"ar": build_generator("ar@ik", target, None, None, [2])},
+                               force="ar")
+
+    first = [1604, 3987, 46477, 24, 94, 727] * 3
+    target.reset()
+    warm = router()
+    answer = warm.generate(first, 8).token_ids
+    turn = [*first, *answer, 300, 400, 500]
+    again = warm.generate(turn, 12)
+    assert again.stats.cached_tokens == len(first) + len(answer) - 1
+    target.reset()
+    fresh = router().generate(turn, 12)
+    assert fresh.stats.cached_tokens == 0 and again.token_ids == fresh.token_ids
+    cold = next(r for r in run_alone(warm.steps(turn, 4, SamplingParams(), [], reuse=0))
+                if isinstance(r, GenerationResult))
+    assert cold.stats.cached_tokens == 0 and cold.token_ids == fresh.token_ids[:4]
+
 def test_sequences_share_one_cache_and_keep_apart(smollm):
     """Several sequences of one ik_llama.cpp context: a view alone scores what the backend's
     own sequence scores (chunked prefill included), views fed in one call get their own

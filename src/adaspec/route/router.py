@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from adaspec.backends.base import ForwardOutput, ModelBackend
+from adaspec.backends.base import ForwardOutput, ModelBackend, common_prefix
 from adaspec.core.metrics import RequestStats
 from adaspec.core.request import StepHook
 from adaspec.core.sampling import SamplingParams
@@ -69,6 +69,9 @@ class RoutedGenerator(TextGenerator):
         self._generator = torch.Generator().manual_seed(seed)
         self.force = force
         self.last_state: torch.Tensor | None = None  # the last request's prompt state
+        # the last request's prompt and answer: what the target's cache may still hold of
+        # the next prompt (a chat template's system turn, a conversation's earlier turns)
+        self._last_context: list[int] = []
 
     def request_done(self) -> None:
         for arm in self.arms.values():
@@ -93,9 +96,10 @@ class RoutedGenerator(TextGenerator):
         stop: list[str], *, seat: Seat | None = None, recorder: StepHook | None = None,
         reuse: int | None = None,
     ) -> Iterator[StreamChunk | GenerationResult | TargetCall]:
-        """The prefill with the prompt's state (a call of its own, of the whole prompt:
-        `reuse` is not read), the policy's pick, then the arm's decode steps, whose target
-        calls a batch may share with other requests'."""
+        """The prefill with the prompt's state (a call of its own, keeping what the target's
+        cache holds of the prompt, up to `reuse` tokens; None: what this router's last
+        request left there, as an Engine keeps it), the policy's pick, then the arm's decode
+        steps, whose target calls a batch may share with other requests'."""
         if self.force is not None and self.force not in self.arms:
             raise InputError(f"no arm named {self.force!r}; arms: {', '.join(self.names)}")
         if self.force is None and self.policy is None:
@@ -103,19 +107,25 @@ class RoutedGenerator(TextGenerator):
         for arm in self.arms.values():  # any arm may be picked: each must take the settings
             arm.request_verifier(sampling)
         stats = RequestStats(prompt_tokens=len(prompt_ids))
+        if reuse is None:
+            reuse = common_prefix(prompt_ids, self._last_context)
         t0 = time.perf_counter()
         prefill = self.target.prefill(
-            torch.tensor(prompt_ids), hidden_layer=self.target.num_layers
+            torch.tensor(prompt_ids), hidden_layer=self.target.num_layers, reuse=reuse
         )
         t1 = time.perf_counter()
+        self._last_context = list(prompt_ids)
+        stats.cached_tokens = prefill.cached
         name = self._choose(prompt_ids, prefill, sampling)
         stats.prefill_time = t1 - t0
         stats.route = name
         stats.route_time = time.perf_counter() - t1
-        yield from self.arms[name].steps(
-            prompt_ids, max_new_tokens, sampling, stop, prefill=prefill, stats=stats,
-            seat=seat, recorder=recorder,
-        )
+        for item in self.arms[name].steps(prompt_ids, max_new_tokens, sampling, stop,
+                                          prefill=prefill, stats=stats, seat=seat,
+                                          recorder=recorder):
+            if isinstance(item, GenerationResult):
+                self._last_context = [*prompt_ids, *item.token_ids]
+            yield item
 
     def _choose(self, prompt_ids: list[int], prefill: ForwardOutput,
                 sampling: SamplingParams) -> str:
