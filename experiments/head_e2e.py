@@ -185,9 +185,14 @@ def _aggregate(rs: list[dict], ar: list[dict]) -> dict:
             "equal_to_ar": sum(r["equal_to_ar"] for r in rs), "prompts": len(rs),
             "end_to_end_vs_ar_geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
             "min_vs_ar": min(ratios),
+            # None: no model or head call drafted (n-gram and history drafts cost no call)
             "draft_ms_per_call": 1000 * sum(r["draft_s"] for r in rs)
-            / max(1, sum(r["draft_calls"] for r in rs)),
+            / sum(r["draft_calls"] for r in rs) if sum(r["draft_calls"] for r in rs) else None,
             "target_ms_per_call": 1000 * sum(r["target_s"] for r in rs) / max(1, calls)}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _table(summary: dict, methods: list[str]) -> str:
@@ -201,7 +206,7 @@ def _table(summary: dict, methods: list[str]) -> str:
             a = by[m]
             lines.append(f"| {cat} | `{m}` | {a['end_to_end_vs_ar_geomean']:.2f}x | "
                          f"{a['min_vs_ar']:.2f}x | {a['tokens_per_call']:.2f} | "
-                         f"{a['acceptance']:.2f} | {a['draft_ms_per_call']:.2f} | "
+                         f"{a['acceptance']:.2f} | {_ms(a['draft_ms_per_call'])} | "
                          f"{a['target_ms_per_call']:.1f} | {a['equal_to_ar']}/{a['prompts']} |")
     route = summary.get("router") or {}
     if route:
