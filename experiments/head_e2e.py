@@ -13,7 +13,9 @@ token for token; with `--temperature T` every method samples (seeded per prompt)
 run reports acceptance and tokens per call at T (the texts differ by design). Beside its
 summary it writes `results.jsonl` in the bench's row shape (every step's drafted and
 accepted tokens), so `adaspec bench --replay OUT --profile P --head-ms MS` re-prices the
-steps under another machine's costs (a prediction, labelled so).
+steps under another machine's costs (a prediction, labelled so). With a `router` method among
+the methods (`--with-draft` loads the 0.5B for its `draft:` arm) the summary adds the router
+against the best single other method and the per-prompt oracle over them.
 """
 
 from __future__ import annotations
