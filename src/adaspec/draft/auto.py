@@ -389,20 +389,13 @@ class AutoDrafter(Drafter):
 
     def _credit_history(self, seen: Choice, context: list[int]) -> None:
         """Credit the history's continuation of this step, whether or not it was proposed,
-        by the tokens the step emitted: token i counts as a trial when the tokens before it
-        were emitted, and as accepted when it equals the emitted one. For a proposed
-        continuation that is its verification's outcome (the token after an accepted prefix
-        is the correction, never the proposed one); for one not proposed it is what its
-        verification would have given (greedy: the target's token; sampling: the emitted
-        token equals a one-hot proposal's with the probability it is accepted), so the
-        estimates learn without paying for a verification."""
-        emitted = context[seen.start:]
-        for i, cell in enumerate(seen.buckets[: len(emitted)]):
-            right = seen.tokens[i] == emitted[i]
-            self.memory.history_rates[cell].add(1, int(right), window=HISTORY_WINDOW)
-            self._run = self._run + 1 if right else 0
-            if not right:
-                break
+        by the tokens the step emitted (`_shadow_outcome`; for a proposed continuation that
+        is its verification's outcome: the token after an accepted prefix is the
+        correction, never the proposed one)."""
+        trials, accepted = _shadow_outcome(seen, context)
+        for i, cell in enumerate(seen.buckets[:trials]):
+            self.memory.history_rates[cell].add(1, int(i < accepted), window=HISTORY_WINDOW)
+        self._run = self._run + accepted if accepted == trials else 0
 
     # ----------------------------------------------------------------- prices
     def _draft_rate(self, params: SamplingParams) -> float:
