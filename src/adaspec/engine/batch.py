@@ -341,12 +341,11 @@ class BatchDecoder:
         # on a 2-vCPU AMD EPYC, a lone request's n-gram and history drafts were cut to
         # nothing, 1.04x `ar` on code edits through the server.)
         alone = len(steps) == 1 and not (prefill or chunks or self.waiting)
-        if self.cost is not None and calls:
-            cost = self.cost
+        cost = self.cost
+        if cost is not None and calls:
             self.load.cost = cost
             self._note_budgets()  # this round's, each step's own included
-        if self.cost is not None and calls and not alone:
-            cost = self.cost
+        if cost is not None and calls and not alone:
             worth = [self.load.token_ms(m.call.remaining, m.seat.pace) for m in steps
                      if m.call is not None]
             lengths = choose_lengths(accepts, fixed, lambda n, s: cost(n, s + chunks), worth)
