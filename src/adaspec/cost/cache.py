@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import re
 import sys
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,17 +23,7 @@ from adaspec.cost.profile import CostProfile
 if TYPE_CHECKING:
     from adaspec.cost.measure import LoopOverhead
 from adaspec.errors import InputError
-
-
-@cache
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from adaspec.store.native_build import cpu_model
 
 
 def describe_backend(backend: ModelBackend) -> dict:

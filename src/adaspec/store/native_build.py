@@ -20,6 +20,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 
 from adaspec.errors import AdaspecError
@@ -29,26 +30,12 @@ class NativeBuildError(AdaspecError):
     """A native build cannot run or failed; the message names the missing piece and the fix."""
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
-    """The CPU's model name and feature flags (/proc/cpuinfo's first CPU; empty elsewhere)."""
-    model, flags = "", ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith(("flags", "Features")) and not flags:
-                    flags = line.split(":", 1)[1]
-    except OSError:
-        pass
-    return model, sorted(flags.split())
-
-
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux names them (e.g. "avx512f", "amx_int8")."""
-    return set(_cpuinfo()[1])
+    return set((cpuinfo_field("flags") or cpuinfo_field("Features")).split())
 
 
+@cache
 def cpuinfo_field(name: str) -> str:
     """The value of the first CPU's `name` line in /proc/cpuinfo ("vendor_id", "model name";
     "" where there is none)."""
@@ -63,6 +50,11 @@ def cpuinfo_field(name: str) -> str:
     return ""
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's, else what Python's platform says)."""
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; "" where
     it does not say)."""
@@ -72,11 +64,10 @@ def cpu_vendor() -> str:
 def cpu_signature() -> dict:
     """What a native build depends on: the architecture, the CPU model and a hash of its
     feature flags."""
-    model, names = _cpuinfo()
-    flags = " ".join(names)
+    flags = " ".join(sorted(cpu_flags()))
     return {
         "machine": platform.machine(),
-        "cpu": model or platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
     }
 

@@ -16,6 +16,9 @@ import time
 
 import torch
 
+from adaspec.store.native_build import cpu_flags as linux_flags
+from adaspec.store.native_build import cpu_model
+
 
 def _best_seconds(fn, repeats: int, device: str = "cpu") -> float:
     def drained() -> None:  # a GPU's work is asynchronous: time it to its end
@@ -63,12 +66,6 @@ def measure_bandwidth(
     }
 
 
-def cpu_name() -> str:
-    from adaspec.store.native_build import cpuinfo_field
-
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
-
-
 # Instruction-set extensions that decide which kernels are fast (bf16 GEMM, int8 GEMM, AMX).
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
@@ -77,15 +74,8 @@ def cpu_flags() -> list[str]:
     """The kernel-relevant ISA extensions this CPU reports: results from a machine without
     avx512_bf16 (bf16 emulated) or VNNI (no fast int8 GEMM) are not comparable with one that
     has them."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [flag for flag in _ISA_FLAGS if flag in have]
-    except OSError:
-        pass
-    return []
+    have = linux_flags()
+    return [flag for flag in _ISA_FLAGS if flag in have]
 
 
 def memory_gb() -> float | None:
@@ -105,7 +95,7 @@ def describe_machine(device: str = "cpu") -> dict:
 
     gpu = {"gpu": torch.cuda.get_device_name(0)} if device.startswith("cuda") else {}
     return {**gpu,
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "isa": " ".join(cpu_flags()),
         "cores": os.cpu_count(),
         "memory_gb": memory_gb(),
