@@ -33,8 +33,9 @@ from adaspec.draft.base import Drafter
 from adaspec.draft.head_model import DraftHead, TokenHead
 from adaspec.errors import InputError
 
-# a head's weights at run time: fp32 | bf16 | int8 (int8 rows, bf16 activations) | int8-dyn
-WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn")
+# a head's weights at run time: fp32 | bf16 | int8 (int8 rows, bf16 activations) | int8-dyn |
+# ggml (its layer and output head in ik_llama.cpp, Q8_0: `draft/head_ggml.py`)
+WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn", "ggml")
 
 
 # A server builds an engine for every request: the engines of one head share one copy of
@@ -51,13 +52,20 @@ _LOCK = threading.RLock()
 
 def weights_dtype(weights: str) -> torch.dtype:
     """The float dtype a head runs in with `weights` (int8: bf16 activations)."""
-    return torch.bfloat16 if weights in ("bf16", "int8") else torch.float32
+    return torch.bfloat16 if weights in ("bf16", "int8", "ggml") else torch.float32
 
 
 def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch.Tensor]:
     from adaspec.draft.head_artifact import load_for_target
 
     head, tokens, embed = load_for_target(path, target, weights_dtype(weights))
+    if weights == "ggml":  # torch runs only its fc (int8 rows); the rest is ik_llama.cpp's
+        from adaspec.store.quant import quantize_model
+
+        fc = nn.ModuleDict({"fc": head.fc})
+        quantize_model(fc, "int8")
+        head.fc = fc["fc"]  # type: ignore[assignment]
+        return head.eval(), tokens, embed
     if weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
@@ -98,11 +106,13 @@ def replace_head(old: DraftHead, new: DraftHead) -> int:
 class HeadDrafter(Drafter):
     name = "head"
     needs_features = True
+    fuses = True  # runs its layer in torch: q/k/v and gate/up as one product each
 
     def __init__(self, head: DraftHead, tokens: TokenHead, embed: torch.Tensor) -> None:
         """embed [V, H]: the target's token embeddings (read a row at a time)."""
         self.head = head.eval()
-        head.layer.fuse()
+        if self.fuses:
+            head.layer.fuse()
         self.tokens = tokens
         self.embed = embed
         self._dtype = next(head.parameters()).dtype
@@ -114,13 +124,12 @@ class HeadDrafter(Drafter):
         # starts from the artifact's float weights and publishes in these)
         self.origin: tuple[Path, str] | None = None
 
-    @classmethod
-    def load(cls, path, target, weights: str = "int8") -> HeadDrafter:
-        """The drafter of a saved head (`draft/head_artifact.py`) over `target`'s own
-        embeddings and output rows, its weights at run time in `weights` (`WEIGHTS`)."""
+    @staticmethod
+    def shared_parts(path, target, weights: str) -> tuple[Path, _Parts]:
+        """The head's file and its parts in `weights`, loaded once per file version, format
+        and target: each drafter keeps only its own request's cache (`_SHARED`)."""
         if weights not in WEIGHTS:
             raise InputError(f"weights must be one of {', '.join(WEIGHTS)}")
-        # each drafter keeps only its own request's cache (`_SHARED`)
         file = Path(path).resolve()
         stat = file.stat()
         key = (str(file), stat.st_mtime_ns, stat.st_size, weights, target.name)
@@ -131,6 +140,16 @@ class HeadDrafter(Drafter):
             parts = shared.get(key)
             if parts is None:
                 parts = shared[key] = _load_parts(file, target, weights)
+        return file, parts
+
+    @classmethod
+    def load(cls, path, target, weights: str = "int8") -> HeadDrafter:
+        """The drafter of a saved head (`draft/head_artifact.py`) over `target`'s own
+        embeddings and output rows, its weights at run time in `weights` (`WEIGHTS`; ggml:
+        `draft.head_ggml.load_drafter`)."""
+        if weights == "ggml":
+            raise InputError("weights=ggml: adaspec.draft.head_ggml.load_drafter")
+        file, parts = cls.shared_parts(path, target, weights)
         drafter = cls(*parts)
         drafter.origin = (file, weights)
         return drafter

@@ -145,11 +145,11 @@ def _head(params: AutoParams, models: Models):
                          f"adaspec head train, then head=PATH")
     from pathlib import Path
 
-    from adaspec.draft.head import HeadDrafter
+    from adaspec.draft.head_ggml import load_drafter
 
     if params.head and not Path(params.head).expanduser().is_file():
         raise InputError(f"draft head not found: {params.head}")
-    drafter = HeadDrafter.load(Path(path).expanduser(), target, params.head_weights)
+    drafter = load_drafter(Path(path).expanduser(), target, params.head_weights)
     return drafter, params.head_ms or drafter.step_ms()
 
 

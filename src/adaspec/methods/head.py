@@ -125,11 +125,11 @@ def _controller(params: HeadParams, target: str, head: Path) -> LengthController
 
 
 def _build(params: HeadParams, models: Models, text: str):
-    from adaspec.draft.head import HeadDrafter
+    from adaspec.draft.head_ggml import load_drafter
     from adaspec.engine.loop import Engine
 
     path = _artifact_path(params, models.target.name)
-    drafter = HeadDrafter.load(path, models.target, params.weights)
+    drafter = load_drafter(path, models.target, params.weights)
     return Engine(
         models.target,
         models.tokenizer,

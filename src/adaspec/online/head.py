@@ -189,6 +189,9 @@ class OnlineHead:
                              "from its file (--method head or auto:use=...+head)")
         self.cfg = cfg
         path, self.weights = drafter.origin
+        if self.weights == "ggml":  # what it publishes is a torch head
+            raise InputError("online learning of the draft head publishes torch heads: "
+                             "weights=ggml is not taught online (int8 is)")
         self.serving: DraftHead = drafter.head
         head, tokens, embed = load_for_target(path, target, torch.float32)
         frozen = Frozen(embed, tokens, kept_index(tokens.token_ids, tokens.vocab))

@@ -1,0 +1,128 @@
+"""The draft head's drafter with its layer in ik_llama.cpp (`head:weights=ggml`).
+
+Why: in torch a head step waits on its weights (int8 rows, bf16 activations: 2.2-2.9 ms a
+step on a 2-vCPU AMD EPYC, a tenth of the target's call); ik_llama.cpp's Q8_0 kernels run the
+same layer and output head in 0.6 ms cache-warm (`experiments/head_ggml.py`). `fc` over
+(feature, token embedding) stays in torch (it reads the target's embedding table, int8 rows);
+its output is the row the one-block model (`backends/ik/head_graph.py`) is fed. Exactness does
+not depend on it: q is this head's own distribution over its kept tokens, whatever the
+rounding of its weights.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from adaspec.backends.ik.head_graph import GgmlHead, head_model
+from adaspec.core.request import RequestState
+from adaspec.draft.head import HeadChain, HeadDrafter
+from adaspec.draft.head_model import DraftHead, TokenHead
+from adaspec.errors import AdaspecError
+
+
+class GgmlHeadDrafter(HeadDrafter):
+    """`HeadDrafter` with its layer and output head in ik_llama.cpp: the cache is the
+    context's (positions at and past the inputs fed are removed before the next feed, so a
+    chain's drafted positions never outlive it); `fc` runs in torch (int8 rows)."""
+
+    fuses = False
+
+    def __init__(self, head: DraftHead, tokens: TokenHead, embed: torch.Tensor,
+                 runner: GgmlHead) -> None:
+        super().__init__(head, tokens, embed)
+        self.runner = runner
+        self.cache = runner.acquire()
+        weakref.finalize(self, runner.release, self.cache)
+
+    def rows(self, features: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """fc's outputs [T, H] for features [T, H] and the tokens after them."""
+        with torch.no_grad():
+            return self.head.fc(torch.cat([features.to(self._dtype),
+                                           self._embeds(ids)[0]], -1))
+
+    def _catch_up(self, req: RequestState) -> torch.Tensor | None:
+        context = req.context
+        self._sync(context)
+        self.cache.remove_from(self._fed)  # and whatever a chain drafted past it
+        newest = len(context) - 2
+        first, feats = req.features_of(self._fed, newest + 1)
+        if feats is None or first + len(feats) - 1 != newest:
+            return None
+        out = self.cache.decode(self.rows(feats, context[first + 1 : newest + 2]),
+                                list(range(first, newest + 1)))
+        if out is None:
+            return None
+        self._fed = newest + 1
+        self._last_logits = out[1]
+        return out[0]
+
+    def open(self, req: RequestState) -> HeadChain | None:
+        hidden = self._catch_up(req)
+        if hidden is None:
+            return None
+        return GgmlChain(self, hidden, self._last_logits, len(req.context) - 1)
+
+    def probe_step(self, context: int) -> Callable[[], None]:
+        """One draft step over `context` cached positions (zeros), as a callable to time."""
+        ctx = self.runner.acquire()
+        zeros = torch.zeros(context, self.head.cfg.hidden)
+        ctx.decode(zeros, list(range(context)))
+        row = zeros[:1]
+
+        def step() -> None:
+            out = ctx.decode(self.rows(row, [0]), [context])
+            ctx.remove_from(context)
+            if out is not None:
+                self.tokens.token_ids[int(torch.argmax(out[1]))]
+
+        weakref.finalize(step, self.runner.release, ctx)
+        return step
+
+
+class GgmlChain(HeadChain):
+    """`HeadChain` over the drafter's context: each drafted token fed at the next position."""
+
+    def __init__(self, drafter: GgmlHeadDrafter, hidden: torch.Tensor, small: torch.Tensor,
+                 position: int) -> None:
+        super().__init__(drafter, hidden, None, position)
+        self._ggml = drafter
+        self._small = small
+
+    def small_logits(self) -> torch.Tensor:
+        return self._small
+
+    def advance(self, token: int) -> None:
+        d = self._ggml
+        out = d.cache.decode(d.rows(self._hidden[0], [token]), [self._position])
+        if out is None:
+            raise AdaspecError("the draft head's cache is full")
+        self._hidden, self._small = out
+        self._position += 1
+        self.steps += 1
+
+
+def drafter(file: Path, target: str, head: DraftHead, tokens: TokenHead, embed: torch.Tensor
+            ) -> GgmlHeadDrafter:
+    """The drafter over shared parts (`HeadDrafter.load`): the model of `file` over
+    `target`'s output rows, loaded once per process."""
+    from adaspec.draft.head_artifact import fingerprint
+
+    digest = fingerprint(file).split(":")[-1]  # hashed once per file version
+    runner = head_model(digest, target, head.cfg, head.state_dict(),
+                        tokens.proj.weight.detach())
+    return GgmlHeadDrafter(head, tokens, embed, runner)
+
+
+def load_drafter(path, target, weights: str = "int8") -> HeadDrafter:
+    """The drafter of a saved head in `weights` (`draft.head.WEIGHTS`): ggml here, the torch
+    formats by `HeadDrafter.load`."""
+    if weights != "ggml":
+        return HeadDrafter.load(path, target, weights)
+    file, parts = HeadDrafter.shared_parts(path, target, weights)
+    made = drafter(file, target.name, *parts)
+    made.origin = (file, weights)
+    return made
