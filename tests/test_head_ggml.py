@@ -109,10 +109,11 @@ def test_the_ggml_drafter_drafts_what_the_torch_head_drafts_and_stays_exact(
     assert (len(got) == len(want) and same >= len(want) - 1) == removes
 
 
-def test_online_learning_refuses_a_ggml_head(tmp_path):
+def test_online_learning_publishes_to_the_ggml_head(tmp_path):
+    """A head learned online reaches ggml drafters built afterwards: exported and loaded at
+    publication, its model scores what the published torch head scores."""
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import head_artifact
-    from adaspec.errors import InputError
     from adaspec.methods.build import build_generator
     from adaspec.online.head import OnlineHead
     from adaspec.online.service import OnlineConfig
@@ -120,7 +121,44 @@ def test_online_learning_refuses_a_ggml_head(tmp_path):
     model = tiny_model(vocab=40, hidden=64, seed=3)
     path = tmp_path / "head.pt"
     head_artifact.save(path, _head(model), torch.arange(40), {})
-    engine = build_generator(f"head:artifact={path},weights=ggml", TorchBackend(model), None,
-                             eos_token_ids=[])
-    with pytest.raises(InputError, match="weights=ggml"):
-        OnlineHead(OnlineConfig(root=str(tmp_path)), engine.drafter, engine.target, "tiny")
+    method = f"head:k=2,artifact={path},weights=ggml"
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=4, probe=2, tolerance=1.0, head_lr=1e-2, save=False, nice=0)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    g = torch.Generator().manual_seed(1)
+    try:
+        for _ in range(16):
+            engine = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+            recorder = online.new_recorder()
+            prompt = torch.randint(1, 40, (5,), generator=g).tolist()
+            got = engine.generate(prompt, 16, recorder=recorder)
+            online.after_request(recorder.take(got.token_ids))
+            online.collect(wait=True)
+        assert online.status()["published"] >= 1
+        later = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+        assert later.drafter.head is online.serving is not first.drafter.head
+        assert later.drafter.runner is not first.drafter.runner
+        feats = torch.randn(3, 64, generator=g)
+        rows = later.drafter.rows(feats, [4, 9, 17])
+        with torch.no_grad():
+            want, _ = online.serving(feats.to(torch.bfloat16)[None],
+                                     later.drafter._embeds([4, 9, 17]), torch.arange(3)[None])
+        ctx = later.drafter.runner.acquire()
+        try:
+            state, _ = ctx.decode(rows, [0, 1, 2])
+        finally:
+            ctx.close()
+        torch.testing.assert_close(state[0, 0], want[0, -1].float(), atol=0.08, rtol=0.05)
+    finally:
+        online.close()
+
+
+def test_the_default_weights_are_ggml_where_the_target_runs_in_ik_llama_cpp():
+    from adaspec.draft.head_ggml import default_weights
+
+    class Target:
+        kind = "ik_llama-native-fa-regions-narrow+child"
+
+    assert default_weights(Target()) == "ggml"
+    Target.kind = "torch"
+    assert default_weights(Target()) == "int8"

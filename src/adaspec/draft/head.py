@@ -34,7 +34,8 @@ from adaspec.draft.head_model import DraftHead, TokenHead
 from adaspec.errors import InputError
 
 # a head's weights at run time: fp32 | bf16 | int8 (int8 rows, bf16 activations) | int8-dyn |
-# ggml (its layer and output head in ik_llama.cpp, Q8_0: `draft/head_ggml.py`)
+# ggml (its layer and output head in ik_llama.cpp, Q8_0: `draft/head_ggml.py`); a method's
+# `default` is ggml where the target runs in ik_llama.cpp, int8 elsewhere (`head_ggml`)
 WEIGHTS = ("fp32", "bf16", "int8", "int8-dyn", "ggml")
 
 
@@ -59,13 +60,6 @@ def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch
     from adaspec.draft.head_artifact import load_for_target
 
     head, tokens, embed = load_for_target(path, target, weights_dtype(weights))
-    if weights == "ggml":  # torch runs only its fc (int8 rows); the rest is ik_llama.cpp's
-        from adaspec.store.quant import quantize_model
-
-        fc = nn.ModuleDict({"fc": head.fc})
-        quantize_model(fc, "int8")
-        head.fc = fc["fc"]  # type: ignore[assignment]
-        return head.eval(), tokens, embed
     if weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
@@ -77,9 +71,16 @@ def serving_head(head: DraftHead, weights: str) -> DraftHead:
     """`head` as the drafter runs it, converted in place (give a copy to keep a float one).
     int8: weight-only rows (a quarter of fp32's bytes, which is what a head step waits on
     once the target's call has evicted it), bf16 activations; int8-dyn: int8 activations
-    too (cheaper still, and it loses acceptance)."""
+    too (cheaper still, and it loses acceptance); ggml: torch runs only its fc (int8 rows),
+    the rest runs in ik_llama.cpp (`draft/head_ggml.py`), from these bf16 weights."""
     head = head.to(weights_dtype(weights)).eval()
-    if weights.startswith("int8"):
+    if weights == "ggml":
+        from adaspec.store.quant import quantize_model
+
+        fc = nn.ModuleDict({"fc": head.fc})
+        quantize_model(fc, "int8")
+        head.fc = fc["fc"]  # type: ignore[assignment]
+    elif weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
         head.layer.quantize_fused(lambda fused: quantize_model(fused, weights))

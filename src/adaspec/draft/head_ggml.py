@@ -11,9 +11,12 @@ rounding of its weights.
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,21 +108,57 @@ class GgmlChain(HeadChain):
         self.steps += 1
 
 
+# the model each served head runs on: the loaded artifact's, and each one online learning
+# published since (`attach`)
+_RUNNERS: weakref.WeakKeyDictionary[DraftHead, GgmlHead] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def attach(head: DraftHead, rows: torch.Tensor, target: str, digest: str | None = None
+           ) -> GgmlHead:
+    """The model `head` (in `serving_head(..., "ggml")`'s form) drafts with: its layer and
+    the output rows [N, H] exported (once, on disk under `digest`, by default a hash of its
+    weights) and loaded once per process."""
+    with _LOCK:
+        found = _RUNNERS.get(head)
+    if found is not None:
+        return found
+    state = {k: v for k, v in head.state_dict().items()
+             if k.startswith("layer.") or k == "norm.weight"}
+    if digest is None:
+        hashed = hashlib.sha256()
+        for name in sorted(state):
+            hashed.update(name.encode())
+            hashed.update(state[name].float().numpy().tobytes())
+        digest = hashed.hexdigest()[:12]
+    runner = head_model(digest, target, head.cfg, state, rows)
+    with _LOCK:
+        return _RUNNERS.setdefault(head, runner)
+
+
 def drafter(file: Path, target: str, head: DraftHead, tokens: TokenHead, embed: torch.Tensor
             ) -> GgmlHeadDrafter:
-    """The drafter over shared parts (`HeadDrafter.load`): the model of `file` over
-    `target`'s output rows, loaded once per process."""
+    """The drafter over shared parts (`HeadDrafter.shared_parts`), its model the one the
+    head was attached to (the file's, first)."""
     from adaspec.draft.head_artifact import fingerprint
 
     digest = fingerprint(file).split(":")[-1]  # hashed once per file version
-    runner = head_model(digest, target, head.cfg, head.state_dict(),
-                        tokens.proj.weight.detach())
+    runner = attach(head, tokens.proj.weight.detach(), target, digest)
     return GgmlHeadDrafter(head, tokens, embed, runner)
 
 
-def load_drafter(path, target, weights: str = "int8") -> HeadDrafter:
-    """The drafter of a saved head in `weights` (`draft.head.WEIGHTS`): ggml here, the torch
-    formats by `HeadDrafter.load`."""
+def default_weights(target: Any) -> str:
+    """ggml where the target runs in ik_llama.cpp (its library is loaded for it, and runs a
+    head step in half of int8 torch's time: experiments/results/head-ggml-epyc-avx512),
+    int8 elsewhere (torch targets, a GPU's included)."""
+    return "ggml" if str(getattr(target, "kind", "")).startswith("ik_llama") else "int8"
+
+
+def load_drafter(path, target, weights: str = "default") -> HeadDrafter:
+    """The drafter of a saved head in `weights` (`draft.head.WEIGHTS`, or `default`): ggml
+    here, the torch formats by `HeadDrafter.load`."""
+    if weights == "default":
+        weights = default_weights(target)
     if weights != "ggml":
         return HeadDrafter.load(path, target, weights)
     file, parts = HeadDrafter.shared_parts(path, target, weights)

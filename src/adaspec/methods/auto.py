@@ -26,8 +26,9 @@ class AutoParams:
         "runtime returns the features)",
     )
     head: str = param("", "the draft head's file (default: the one shipped for the target)")
-    head_weights: str = param("int8", "the head's weights at run time: fp32 | bf16 | int8 "
-                              "(int8 rows, bf16 activations) | int8-dyn")
+    head_weights: str = param("default", "the head's weights at run time: default (ggml "
+                              "where the target runs in ik_llama.cpp, else int8) | fp32 | bf16 "
+                              "| int8 (int8 rows, bf16 activations) | int8-dyn | ggml")
     head_ms: float = param(0.0, "ms a head step is priced at, fixed (0: timed when the engine "
                            "is built, then learned from the steps it runs)")
     k_max: int = param(16, "most tokens one step may propose")

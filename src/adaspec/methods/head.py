@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 def check_weights(weights: str) -> None:
     from adaspec.draft.head import WEIGHTS
 
-    check(weights in WEIGHTS, f"weights must be one of {', '.join(WEIGHTS)}")
+    check(weights in ("default", *WEIGHTS),
+          f"weights must be one of default, {', '.join(WEIGHTS)}")
 
 
 
@@ -44,8 +45,9 @@ class HeadParams(ChainParams):
                        "the one shipped with the built-in head)")
     sl_max: int = param(0, "ctrl=disco: most tokens per draft (0: the artifact's tuned one)")
     artifact: str = param("", "the head's file (default: the one shipped for the target)")
-    weights: str = param("int8", "the head's weights at run time: fp32 | bf16 | int8 (int8 "
-                         "rows, bf16 activations) | int8-dyn")
+    weights: str = param("default", "the head's weights at run time: default (ggml where the "
+                         "target runs in ik_llama.cpp, else int8) | fp32 | bf16 | int8 (int8 "
+                         "rows, bf16 activations) | int8-dyn | ggml (its layer in ik_llama.cpp)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -189,12 +189,11 @@ class OnlineHead:
                              "from its file (--method head or auto:use=...+head)")
         self.cfg = cfg
         path, self.weights = drafter.origin
-        if self.weights == "ggml":  # what it publishes is a torch head
-            raise InputError("online learning of the draft head publishes torch heads: "
-                             "weights=ggml is not taught online (int8 is)")
+        self.target_name = name
         self.serving: DraftHead = drafter.head
         head, tokens, embed = load_for_target(path, target, torch.float32)
         frozen = Frozen(embed, tokens, kept_index(tokens.token_ids, tokens.vocab))
+        self.rows = tokens.proj.weight.detach()  # the output rows a ggml head is exported with
         self.learner = HeadLearner(head, frozen, HeadLearnConfig(lr=cfg.head_lr))
         self.published_float = copy.deepcopy(self.learner.student).eval()
         self.file = (Path(cfg.root) if cfg.root else _heads_root()) / f"{name}-online.pt"
@@ -314,6 +313,10 @@ class OnlineHead:
 
         student = copy.deepcopy(self.learner.student).eval()
         new = serving_head(copy.deepcopy(student), self.weights)
+        if self.weights == "ggml":  # its layer exported and loaded before engines take it
+            from adaspec.draft.head_ggml import attach
+
+            attach(new, self.rows, self.target_name)
         replace_head(self.serving, new)
         self.serving, self.published_float = new, student
         return student
