@@ -38,8 +38,9 @@ class GgmlHeadDrafter(HeadDrafter):
                  runner: GgmlHead) -> None:
         super().__init__(head, tokens, embed)
         self.runner = runner
-        self.cache = runner.acquire()
+        self.cache = runner.acquire()  # this request's KV cache of the head, given back at GC
         weakref.finalize(self, runner.release, self.cache)
+        self._last_logits = torch.empty(0)  # the newest fed position's kept-token logits
 
     def rows(self, features: torch.Tensor, ids: list[int]) -> torch.Tensor:
         """fc's outputs [T, H] for features [T, H] and the tokens after them."""

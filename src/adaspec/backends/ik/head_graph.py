@@ -45,8 +45,6 @@ def export(cfg: Any, state: dict[str, torch.Tensor], rows: torch.Tensor, out: Pa
     output rows [N, H] as a one-block llama GGUF (atomically)."""
     import gguf
 
-    from adaspec.store.atomic import atomic_open
-
     if cfg.head_dim < 16:  # measured: head size 8 scores attention wrong, 16 to 128 right
         raise InputError(f"weights=ggml runs heads of head size 16 or more, not {cfg.head_dim}")
     if cfg.features != 1:
@@ -101,10 +99,7 @@ def export(cfg: Any, state: dict[str, torch.Tensor], rows: torch.Tensor, out: Pa
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with open(tmp, "rb") as src, atomic_open(out, "wb") as dst:
-        while block := src.read(1 << 22):
-            dst.write(block)
-    tmp.unlink()
+    os.replace(tmp, out)  # the same folder: whole or absent
 
 
 def _library() -> Any:
