@@ -23,6 +23,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--weights", default="int8", help="the head's run-time format (ggml: its "
+                   "layer in ik_llama.cpp, in this process)")
     p.add_argument("--out", default="")
     p.add_argument("--default-spin", action="store_true",
                    help="libgomp's own spin count in this process (torch imported before "
@@ -37,14 +39,14 @@ def main() -> int:
 
     from adaspec.backends.load import load_backends
     from adaspec.cost.measure import context_ids
-    from adaspec.draft.head import HeadDrafter
+    from adaspec.draft.head_ggml import load_drafter
     from adaspec.draft.head_artifact import builtin_for
     from adaspec.lab.bench.machine import describe_machine
 
     target, _, _, _ = load_backends(draft=None)
     path = builtin_for(target.name)
     assert path is not None, "no head ships for the target"
-    head = HeadDrafter.load(Path(path), target, "int8")
+    head = load_drafter(Path(path), target, args.weights)
     step = head.probe_step(args.context)
     ids = context_ids(args.context, target.vocab_size)
     target.prefill(torch.tensor(ids))
@@ -68,7 +70,7 @@ def main() -> int:
         step()
     head_ms = 1000 * (time.perf_counter() - t0) / 20
     out = {"machine": describe_machine(), "runtime": target.kind, "context": args.context,
-           "spin": "libgomp's default" if args.default_spin else "adaspec's (core/openmp.py)",
+           "weights": args.weights, "spin": "libgomp's default" if args.default_spin else "adaspec's (core/openmp.py)",
            "rounds": args.rounds, "head_step_ms_back_to_back": round(head_ms, 2),
            "median_ms": {k: round(statistics.median(v), 2) for k, v in times.items()},
            "mean_ms": {k: round(statistics.fmean(v), 2) for k, v in times.items()}}
