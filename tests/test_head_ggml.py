@@ -109,7 +109,7 @@ def test_the_ggml_drafter_drafts_what_the_torch_head_drafts_and_stays_exact(
     assert (len(got) == len(want) and same >= len(want) - 1) == removes
 
 
-def test_online_learning_publishes_to_the_ggml_head(tmp_path):
+def test_online_learning_publishes_to_the_ggml_head(tmp_path, monkeypatch):
     """A head learned online reaches ggml drafters built afterwards: exported and loaded at
     publication, its model scores what the published torch head scores."""
     from adaspec.backends.torch.backend import TorchBackend
@@ -118,6 +118,7 @@ def test_online_learning_publishes_to_the_ggml_head(tmp_path):
     from adaspec.online.head import OnlineHead
     from adaspec.online.service import OnlineConfig
 
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
     model = tiny_model(vocab=40, hidden=64, seed=3)
     path = tmp_path / "head.pt"
     head_artifact.save(path, _head(model), torch.arange(40), {})
