@@ -39,8 +39,8 @@ def main() -> int:
 
     from adaspec.backends.load import load_backends
     from adaspec.cost.measure import context_ids
-    from adaspec.draft.head_ggml import load_drafter
     from adaspec.draft.head_artifact import builtin_for
+    from adaspec.draft.head_ggml import load_drafter
     from adaspec.lab.bench.machine import describe_machine
 
     target, _, _, _ = load_backends(draft=None)
@@ -70,7 +70,8 @@ def main() -> int:
         step()
     head_ms = 1000 * (time.perf_counter() - t0) / 20
     out = {"machine": describe_machine(), "runtime": target.kind, "context": args.context,
-           "weights": args.weights, "spin": "libgomp's default" if args.default_spin else "adaspec's (core/openmp.py)",
+           "weights": args.weights,
+           "spin": "libgomp's default" if args.default_spin else "adaspec's (core/openmp.py)",
            "rounds": args.rounds, "head_step_ms_back_to_back": round(head_ms, 2),
            "median_ms": {k: round(statistics.median(v), 2) for k, v in times.items()},
            "mean_ms": {k: round(statistics.fmean(v), 2) for k, v in times.items()}}

@@ -281,7 +281,8 @@ def test_the_head_method_names_the_commands_where_no_head_ships(tmp_path):
                      eos_token_ids=[])
     with pytest.raises(InputError, match="unknown length controller 'nope'"):
         build_generator("head:ctrl=nope", TorchBackend(model), None, eos_token_ids=[])
-    with pytest.raises(InputError, match="weights must be one of default, fp32, bf16, int8, int8-dyn, ggml"):
+    with pytest.raises(InputError,
+                       match="weights must be one of default, fp32, bf16, int8, int8-dyn, ggml"):
         build_generator("head:weights=int4", TorchBackend(model), None, eos_token_ids=[])
 
 
