@@ -163,3 +163,25 @@ def test_the_default_weights_are_ggml_where_the_target_runs_in_ik_llama_cpp():
     assert default_weights(Target()) == "ggml"
     Target.kind = "torch"
     assert default_weights(Target()) == "int8"
+
+
+def test_a_full_head_cache_stops_the_head_not_the_request(tmp_path, monkeypatch):
+    """A context of 8 positions (32 cells, as ik_llama.cpp rounds it) fills within the
+    request: the head drafts no more (or repeats itself), the request goes on, its output
+    plain decoding's."""
+    from adaspec.backends.ik import head_graph
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_generator
+
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(head_graph, "CONTEXT", 8)
+    model = tiny_model(vocab=40, hidden=64, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    engine = build_generator(f"head:k=3,artifact={path},weights=ggml", TorchBackend(model),
+                             None, eos_token_ids=[])
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    prompt = [5, 9, 11, 3]
+    got = engine.generate(prompt, max_new_tokens=64)  # past the 32 cells the context rounds 8 to
+    assert got.token_ids == plain.generate(prompt, max_new_tokens=64).token_ids

@@ -24,7 +24,6 @@ from adaspec.backends.ik.head_graph import GgmlHead, head_model
 from adaspec.core.request import RequestState
 from adaspec.draft.head import HeadChain, HeadDrafter
 from adaspec.draft.head_model import DraftHead, TokenHead
-from adaspec.errors import AdaspecError
 
 
 class GgmlHeadDrafter(HeadDrafter):
@@ -102,9 +101,8 @@ class GgmlChain(HeadChain):
     def advance(self, token: int) -> None:
         d = self._ggml
         out = d.cache.decode(d.rows(self._hidden[0], [token]), [self._position])
-        if out is None:
-            raise AdaspecError("the draft head's cache is full")
-        self._hidden, self._small = out
+        if out is not None:  # else the head's cache is full: the chain repeats its last
+            self._hidden, self._small = out  # distribution (what it drafts is verified)
         self._position += 1
         self.steps += 1
 

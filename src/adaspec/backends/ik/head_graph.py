@@ -133,6 +133,7 @@ class HeadContext:
         if not self.ctx:
             raise AdaspecError("ik_llama.cpp could not create a context for the draft head")
         lib.adaspec_features(self.ctx, True)
+        self.rows = int(lib.llama_n_batch(self.ctx))  # at most BATCH: the context's own cap
         self.batch = lib.llama_batch_init(BATCH, hidden, 1)
         for i in range(BATCH):
             self.batch.n_seq_id[i] = 1
@@ -159,8 +160,8 @@ class HeadContext:
         [1, 1, H] and its kept-token logits [N], or None where the cache is full."""
         lib, batch = self._lib, self.batch
         data = np.ascontiguousarray(rows.float().numpy(), np.float32)
-        for start in range(0, len(positions), BATCH):
-            n = min(BATCH, len(positions) - start)
+        for start in range(0, len(positions), self.rows):
+            n = min(self.rows, len(positions) - start)
             ctypes.memmove(batch.embd, data[start:].ctypes.data, n * self.hidden * 4)
             for i in range(n):
                 batch.pos[i] = positions[start + i]
