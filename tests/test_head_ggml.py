@@ -34,11 +34,12 @@ def _outputs(head, rows: torch.Tensor, tmp_path):
     path = tmp_path / "head.gguf"
     out_rows = torch.randn(40, head.cfg.hidden, generator=torch.Generator().manual_seed(1))
     export(head.cfg, head.state_dict(), out_rows, path)
-    ctx = GgmlHead(path, head.cfg.hidden).acquire()
+    model = GgmlHead(path, head.cfg.hidden)
+    ctx = model.acquire()
     try:
         state, logits = ctx.decode(rows, list(range(len(rows))))
     finally:
-        ctx.close()
+        model.release(ctx)
     return state[0, 0], logits, out_rows
 
 
@@ -62,8 +63,8 @@ def test_the_gguf_head_computes_what_the_torch_head_computes(tmp_path, monkeypat
         torch.testing.assert_close(logits, out_rows @ want[0, -1], atol=0.1, rtol=0.02)
 
 
-def _drafts(engine, prompts) -> list[list[int]]:
-    """Every proposal's tokens over greedy generations of `prompts`."""
+def _spy(engine) -> list[list[int]]:
+    """The list every proposal's tokens of `engine`'s drafter are appended to from now on."""
     seen: list[list[int]] = []
     propose = engine.drafter.propose
 
@@ -73,6 +74,12 @@ def _drafts(engine, prompts) -> list[list[int]]:
         return proposal
 
     engine.drafter.propose = spy
+    return seen
+
+
+def _drafts(engine, prompts) -> list[list[int]]:
+    """Every proposal's tokens over greedy generations of `prompts`."""
+    seen = _spy(engine)
     for prompt in prompts:
         engine.generate(prompt, max_new_tokens=16)
     return seen
@@ -148,7 +155,7 @@ def test_online_learning_publishes_to_the_ggml_head(tmp_path, monkeypatch):
         try:
             state, _ = ctx.decode(rows, [0, 1, 2])
         finally:
-            ctx.close()
+            later.drafter.runner.release(ctx)
         torch.testing.assert_close(state[0, 0], want[0, -1].float(), atol=0.08, rtol=0.05)
     finally:
         online.close()
@@ -185,3 +192,51 @@ def test_a_full_head_cache_stops_the_head_not_the_request(tmp_path, monkeypatch)
     prompt = [5, 9, 11, 3]
     got = engine.generate(prompt, max_new_tokens=64)  # past the 32 cells the context rounds 8 to
     assert got.token_ids == plain.generate(prompt, max_new_tokens=64).token_ids
+
+
+@pytest.mark.parametrize("apart", [True, False], ids=["sequences", "one-sequence-for-all"])
+def test_drafters_sharing_a_context_keep_their_caches_apart(tmp_path, monkeypatch, apart):
+    """Two requests' drafters hold two sequences of one context; decoded together (their
+    steps interleaved round by round, as a server runs them), each proposes what the fp32
+    torch head proposes alone (negative control: both handed the same sequence, each reads
+    and removes the other's positions)."""
+    from adaspec.backends.ik import head_graph
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_generator
+
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    if not apart:
+        real = head_graph.GgmlHead.acquire
+
+        def same_sequence(self):
+            ctx = real(self)
+            ctx.seq = 0
+            return ctx
+
+        monkeypatch.setattr(head_graph.GgmlHead, "acquire", same_sequence)
+    model = tiny_model(vocab=40, hidden=64, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+
+    def engine(weights: str):
+        return build_generator(f"head:k=3,artifact={path},weights={weights}",
+                               TorchBackend(model), None, eos_token_ids=[])
+
+    from adaspec.engine.batch import BatchDecoder
+
+    from .test_batch import run_together
+
+    targets = TorchBackend(model).sequences(2)
+    engines = [build_generator(f"head:k=3,artifact={path},weights=ggml", t, None,
+                               eos_token_ids=[]) for t in targets]
+    assert engines[0].drafter.cache._shared is engines[1].drafter.cache._shared
+    seen = [_spy(e) for e in engines]
+    prompts = ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8])
+    requests = {i: e.stream_steps(p, max_new_tokens=16)
+                for i, (e, p) in enumerate(zip(engines, prompts, strict=True))}
+    run_together(BatchDecoder(cost=None), requests)  # their steps interleaved, round by round
+    want = [_drafts(engine("fp32"), [p]) for p in prompts]
+    assert all(len(w) > 4 for w in want)
+    same = seen == want
+    assert same == apart

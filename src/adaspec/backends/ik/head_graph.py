@@ -21,7 +21,8 @@ import torch
 from adaspec.errors import AdaspecError, InputError
 
 QUANT = "Q8_0"  # the weights' format in the GGUF (Q4_0 measured no faster after a target call)
-CONTEXT = 16384  # head positions a context holds (1 KB of cache each)
+CONTEXT = 32768  # head positions a context holds (1 KB of cache each), its sequences together
+SEQUENCES = 8  # requests' caches one context holds
 BATCH = 512  # rows a decode takes
 
 
@@ -117,15 +118,16 @@ def _library() -> Any:
             os.environ.pop(name, None)
 
 
-class HeadContext:
-    """One KV cache of the head (one request's), with its batch of embedding rows."""
+class _Shared:
+    """One llama context of the head holding `SEQUENCES` sequences (the requests' caches):
+    its buffers (31-44 MB with a context of its own each) are shared; calls are serialized."""
 
-    def __init__(self, lib: Any, model: int, hidden: int, vocab: int) -> None:
-        self._lib, self.hidden, self.vocab = lib, hidden, vocab
+    def __init__(self, lib: Any, model: int, hidden: int) -> None:
+        self.lib = lib
         cp = lib.llama_context_default_params()
         cp.n_ctx = CONTEXT
         cp.n_batch = cp.n_ubatch = BATCH
-        cp.n_seq_max = 1
+        cp.n_seq_max = SEQUENCES
         cp.n_threads = cp.n_threads_batch = torch.get_num_threads()
         cp.flash_attn = False
         cp.logits_all = False
@@ -137,7 +139,8 @@ class HeadContext:
         self.batch = lib.llama_batch_init(BATCH, hidden, 1)
         for i in range(BATCH):
             self.batch.n_seq_id[i] = 1
-            self.batch.seq_id[i][0] = 0
+        self.lock = threading.Lock()
+        self.free = list(range(SEQUENCES - 1, -1, -1))  # sequence ids not handed out
         # ik_llama.cpp reads the token of a context's first lone row (its warm-up check):
         # a token row first, its logits read (which counts it), then removed
         tok = lib.llama_batch_init(1, 0, 1)
@@ -149,39 +152,44 @@ class HeadContext:
             lib.llama_get_logits(self.ctx)
         finally:
             lib.llama_batch_free(tok)
-        self.remove_from(0)
+        lib.llama_kv_cache_seq_rm(self.ctx, 0, 0, -1)
+
+
+class HeadContext:
+    """One request's KV cache of the head: a sequence of a shared context."""
+
+    def __init__(self, shared: _Shared, seq: int, hidden: int, vocab: int) -> None:
+        self._shared, self.seq, self.hidden, self.vocab = shared, seq, hidden, vocab
 
     def remove_from(self, position: int) -> None:
-        self._lib.llama_kv_cache_seq_rm(self.ctx, 0, position, -1)
+        sh = self._shared
+        with sh.lock:
+            sh.lib.llama_kv_cache_seq_rm(sh.ctx, self.seq, position, -1)
 
     def decode(self, rows: torch.Tensor, positions: list[int]
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Feed rows [T, H] (fc's outputs) at `positions`; the last row's final-normed state
         [1, 1, H] and its kept-token logits [N], or None where the cache is full."""
-        lib, batch = self._lib, self.batch
+        sh = self._shared
+        lib, batch = sh.lib, sh.batch
         data = np.ascontiguousarray(rows.float().numpy(), np.float32)
-        for start in range(0, len(positions), self.rows):
-            n = min(self.rows, len(positions) - start)
-            ctypes.memmove(batch.embd, data[start:].ctypes.data, n * self.hidden * 4)
-            for i in range(n):
-                batch.pos[i] = positions[start + i]
-                batch.logits[i] = start + i == len(positions) - 1
-            batch.n_tokens = n
-            code = lib.llama_decode(self.ctx, batch)
-            if code != 0:
-                self.remove_from(positions[0])
-                return None
-        logits = np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(self.vocab,))
-        state = np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), shape=(self.hidden,))
-        return torch.from_numpy(state.copy()).view(1, 1, -1), torch.from_numpy(logits.copy())
-
-    def close(self) -> None:
-        if self.batch is not None:
-            self._lib.llama_batch_free(self.batch)
-            self.batch = None
-        if self.ctx:
-            self._lib.llama_free(self.ctx)
-            self.ctx = None
+        with sh.lock:
+            for start in range(0, len(positions), sh.rows):
+                n = min(sh.rows, len(positions) - start)
+                ctypes.memmove(batch.embd, data[start:].ctypes.data, n * self.hidden * 4)
+                for i in range(n):
+                    batch.pos[i] = positions[start + i]
+                    batch.seq_id[i][0] = self.seq
+                    batch.logits[i] = start + i == len(positions) - 1
+                batch.n_tokens = n
+                if lib.llama_decode(sh.ctx, batch) != 0:
+                    lib.llama_kv_cache_seq_rm(sh.ctx, self.seq, positions[0], -1)
+                    return None
+            logits = np.ctypeslib.as_array(lib.llama_get_logits(sh.ctx), shape=(self.vocab,))
+            state = np.ctypeslib.as_array(lib.llama_get_embeddings(sh.ctx),
+                                          shape=(self.hidden,))
+            return (torch.from_numpy(state.copy()).view(1, 1, -1),
+                    torch.from_numpy(logits.copy()))
 
 
 class GgmlHead:
@@ -205,19 +213,22 @@ class GgmlHead:
             raise AdaspecError(f"ik_llama.cpp could not load the draft head {path}")
         self.hidden = hidden
         self.vocab = int(lib.llama_n_vocab(self.model))
-        self._free: list[HeadContext] = []
+        self._shared: list[_Shared] = []
         self._lock = threading.Lock()
 
     def acquire(self) -> HeadContext:
+        """A sequence nobody holds, of a context with room (a new context when all are)."""
         with self._lock:
-            if self._free:
-                return self._free.pop()
-        return HeadContext(self._lib, self.model, self.hidden, self.vocab)
+            room = next((sh for sh in self._shared if sh.free), None)
+            if room is None:
+                room = _Shared(self._lib, self.model, self.hidden)
+                self._shared.append(room)
+            return HeadContext(room, room.free.pop(), self.hidden, self.vocab)
 
     def release(self, ctx: HeadContext) -> None:
         ctx.remove_from(0)
         with self._lock:
-            self._free.append(ctx)
+            ctx._shared.free.append(ctx.seq)
 
 
 _MODELS: dict[str, GgmlHead] = {}
