@@ -248,6 +248,17 @@ def library() -> Any:
     return api
 
 
+def load_model(lib: Any, gguf: str | Path, repack: bool = True) -> Any:
+    """A GGUF model loaded on the CPU, memory-mapped, its weights repacked for the multi-row
+    kernels (where `repack`); a null handle where the library refuses it."""
+    params = lib.llama_model_default_params()
+    params.n_gpu_layers = 0
+    params.use_mmap = True
+    params.repack_tensors = repack
+    params.flash_attn = False
+    return lib.llama_model_load_from_file(str(gguf).encode(), params)
+
+
 def available() -> bool:
     try:
         library()
@@ -297,12 +308,7 @@ class IkLlamaBackend(ChainBackend):
         # the final-normed states of the last `feed_many`'s output rows, per feed, while
         # `record_features(True)`; else None
         self.last_features: list[torch.Tensor] | None = None
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        params.use_mmap = True
-        params.repack_tensors = repack
-        params.flash_attn = False
-        self._model = lib.llama_model_load_from_file(str(gguf).encode(), params)
+        self._model = load_model(lib, gguf, repack)
         if not self._model:
             raise IkLlamaUnavailable(f"ik_llama.cpp could not load {gguf}")
         self._ctx = None

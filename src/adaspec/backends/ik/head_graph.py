@@ -197,18 +197,14 @@ class GgmlHead:
     per request; each takes a context and gives it back when it goes)."""
 
     def __init__(self, path: Path, hidden: int) -> None:
-        from adaspec.backends.ik.backend import target_features
+        from adaspec.backends.ik.backend import load_model, target_features
 
         api = _library()
         if not target_features(api):
             raise InputError("weights=ggml needs the ik_llama.cpp library `adaspec runtime "
                              "build` makes (its target-features patch)")
         lib = self._lib = api.adaspec_lib
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        params.use_mmap = True
-        params.repack_tensors = True
-        self.model = lib.llama_model_load_from_file(str(path).encode(), params)
+        self.model = load_model(lib, path)
         if not self.model:
             raise AdaspecError(f"ik_llama.cpp could not load the draft head {path}")
         self.hidden = hidden
