@@ -228,14 +228,24 @@ class HeadDrafter(Drafter):
         first, feats = req.features_of(self._fed, newest + 1)
         if feats is None or first + len(feats) - 1 != newest:
             return None
-        positions = torch.arange(first, newest + 1)
+        out = self._feed(feats, context[first + 1 : newest + 2], list(range(first, newest + 1)))
+        if out is not None:
+            self._fed = newest + 1
+        return out
+
+    def _feed(self, feats: torch.Tensor, ids: list[int], positions: list[int]
+              ) -> torch.Tensor | None:
+        """Run the head over inputs (features [T, H], the tokens after them) at `positions`
+        into its cache; the last one's output [1, 1, H] (None: not fed)."""
+        at = torch.tensor(positions)
         with torch.no_grad():
-            out, self._kv = self.head(feats.to(self._dtype)[None],
-                                      self._embeds(context[first + 1 : newest + 2]),
-                                      positions[None], self._kv)
-        self._positions = torch.cat([self._positions, positions])
-        self._fed = newest + 1
+            out, self._kv = self.head(feats.to(self._dtype)[None], self._embeds(ids),
+                                      at[None], self._kv)
+        self._positions = torch.cat([self._positions, at])
         return out[:, -1:]
+
+    def _chain(self, hidden: torch.Tensor, position: int) -> HeadChain:
+        return HeadChain(self, hidden, self._kv, position)
 
     def open(self, req: RequestState) -> HeadChain | None:
         """A chain from the request's newest accepted position (None: the target gave no
@@ -243,7 +253,7 @@ class HeadDrafter(Drafter):
         hidden = self._catch_up(req)
         if hidden is None:
             return None
-        return HeadChain(self, hidden, self._kv, len(req.context) - 1)
+        return self._chain(hidden, len(req.context) - 1)
 
     def propose(self, req: RequestState, max_tokens: int,
                 controller: LengthController) -> Proposal:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from adaspec.backends.ik.head_graph import GgmlHead, head_model
-from adaspec.core.request import RequestState
+from adaspec.core.sampling import SamplingParams
 from adaspec.draft.head import HeadChain, HeadDrafter
 from adaspec.draft.head_model import DraftHead, TokenHead
 
@@ -47,27 +47,20 @@ class GgmlHeadDrafter(HeadDrafter):
             return self.head.fc(torch.cat([features.to(self._dtype),
                                            self._embeds(ids)[0]], -1))
 
-    def _catch_up(self, req: RequestState) -> torch.Tensor | None:
-        context = req.context
-        self._sync(context)
+    def _sync(self, context: list[int]) -> None:
+        super()._sync(context)
         self.cache.remove_from(self._fed)  # and whatever a chain drafted past it
-        newest = len(context) - 2
-        first, feats = req.features_of(self._fed, newest + 1)
-        if feats is None or first + len(feats) - 1 != newest:
+
+    def _feed(self, feats: torch.Tensor, ids: list[int], positions: list[int]
+              ) -> torch.Tensor | None:
+        out = self.cache.decode(self.rows(feats, ids), positions)
+        if out is None:  # the head's cache is full: it drafts no more
             return None
-        out = self.cache.decode(self.rows(feats, context[first + 1 : newest + 2]),
-                                list(range(first, newest + 1)))
-        if out is None:
-            return None
-        self._fed = newest + 1
         self._last_logits = out[1]
         return out[0]
 
-    def open(self, req: RequestState) -> HeadChain | None:
-        hidden = self._catch_up(req)
-        if hidden is None:
-            return None
-        return GgmlChain(self, hidden, self._last_logits, len(req.context) - 1)
+    def _chain(self, hidden: torch.Tensor, position: int) -> HeadChain:
+        return GgmlChain(self, hidden, self._last_logits, position)
 
     def probe_step(self, context: int) -> Callable[[], None]:
         """One draft step over `context` cached positions (zeros), as a callable to time."""
@@ -80,7 +73,7 @@ class GgmlHeadDrafter(HeadDrafter):
             out = ctx.decode(self.rows(row, [0]), [context])
             ctx.remove_from(context)
             if out is not None:
-                self.tokens.token_ids[int(torch.argmax(out[1]))]
+                GgmlChain(self, *out, context + 1).draw(SamplingParams(0.0), None)
 
         weakref.finalize(step, self.runner.release, ctx)
         return step
