@@ -599,3 +599,47 @@ def test_auto_engines_with_a_head_learn_together(tmp_path):
     assert plain.drafter.memory is not first.drafter.memory
     first.generate([5, 9, 11, 3], max_new_tokens=12)
     assert second.drafter.memory.head_overall.trials > 0
+
+
+@pytest.mark.parametrize("head,weight", [("wrong", None), ("trained", None),
+                                         ("wrong", 1e12)],
+                         ids=["wrong-head", "trained-head", "wrong-head-request-ignored"])
+def test_auto_stops_drafting_from_a_head_its_request_finds_wrong(tmp_path, monkeypatch, head,
+                                                                 weight):
+    """The head's rates span requests; a request whose own head tokens keep missing scales
+    them down and stops drafting from it, while a head that keeps landing keeps drafting.
+    Negative control: with the request's own outcomes outweighed (a huge
+    HEAD_REQUEST_WEIGHT), the wrong head keeps drafting on the cross-request rates."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.cost.profile import CostProfile, Curve
+    from adaspec.draft import auto, head_artifact
+    from adaspec.draft.rates import RateEstimate
+    from adaspec.methods.build import build_generator
+
+    if weight is not None:
+        monkeypatch.setattr(auto, "HEAD_REQUEST_WEIGHT", weight)
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    module = _trained_head_drafter(model).head if head == "trained" else _head(model)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, module, torch.arange(40), {})
+    sizes = list(range(1, 17))  # a verified row costs 30% of a step, as on a 2-vCPU CPU
+    costs = CostProfile(target=Curve(sizes, [0], [[40.0 + 12.0 * (n - 1) for n in sizes]]))
+    engine = build_generator(f"auto:use=head,head={path},head_ms=1,k_max=4",
+                             TorchBackend(model), None, eos_token_ids=[], profile=costs)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    drafter = engine.drafter
+    n = len(drafter.memory.head_rates)  # earlier requests found the head right 90% of the time
+    drafter.memory.head_rates = [RateEstimate(0.9) for _ in range(n)]
+    for r in drafter.memory.head_rates + [drafter.memory.head_overall]:
+        r.trials, r.successes = 200.0, 180.0
+    prompt = [5, 9, 11, 3, 17, 22]
+    got = engine.generate(prompt, max_new_tokens=48)
+    assert got.token_ids == plain.generate(prompt, max_new_tokens=48).token_ids
+    steps, by_head = got.stats.target_calls, drafter.choices.head
+    accepted, expected = drafter._head_outcomes
+    if head == "trained":
+        assert accepted / expected > 0.6 and by_head > steps / 2
+    elif weight is None:
+        assert accepted / expected < 0.2 and by_head <= 12
+    else:
+        assert by_head > steps / 2

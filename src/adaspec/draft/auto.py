@@ -54,6 +54,13 @@ DRAFT_PRIOR = 0.6  # the draft model's per-token acceptance before any evidence
 HEAD_PRIOR = 0.4  # the draft head's, before any evidence
 HEAD_WINDOW = 200.0  # trials a head estimate remembers across requests
 HEAD_MS_WINDOW = 8.0  # head steps the learned price of a step remembers (`learn_head_ms`)
+# The head's rates span requests, but a request can suit it worse (or better) than the ones
+# before: each request scales them by (accepted + w) / (expected + w) over its own head
+# tokens (those verified, and at greedy the peeked first tokens a step did not propose,
+# checked against the token the step emitted there), with w this many expected tokens. On a
+# ShareGPT prompt where the head's tokens landed 0.33 of the time, `auto` took 0.94x `ar`'s
+# time through the server (session 44): the cross-request rates kept it drafting.
+HEAD_REQUEST_WEIGHT = 4.0
 clock = time.perf_counter  # times a head step (`learn_head_ms`); tests set a fake one
 # Tokens a request must have emitted in steps alone before the rate those steps were priced
 # at says whether starting the draft model pays (`_rate_without_draft`).
@@ -298,6 +305,9 @@ class AutoDrafter(Drafter):
         self.draft_overall = RateEstimate(DRAFT_PRIOR)  # this request's, from the fixed prior
         # from recent requests
         self.draft_learned = RateEstimate(self.memory.draft_memory.rate)
+        # this request's head tokens: (accepted, what the cross-request rates expected)
+        self._head_outcomes = [0.0, 0.0]
+        self._peek_seen: tuple[int, int, int] | None = None  # (context, token, bucket)
 
     # --------------------------------------------------------------- lifecycle
     def begin(self, req: RequestState) -> None:
@@ -353,6 +363,13 @@ class AutoDrafter(Drafter):
                                            self.profile.target(rows, timed[0]))
         if last is not None and last.tokens:
             self._credit(last, len(path))
+        peeked, self._peek_seen = self._peek_seen, None
+        proposed = last is not None and last.kind == "head" and bool(last.tokens)
+        if peeked is not None and not proposed and req.sampling.greedy \
+                and len(context) > peeked[0]:
+            # greedy: the peeked token was right iff the step emitted it there
+            self._head_outcomes[0] += int(context[peeked[0]] == peeked[1])
+            self._head_outcomes[1] += self.memory.head_rates[peeked[2]].rate
         unproposed, self._ngram_seen = self._ngram_seen, None
         if unproposed is not None:
             trials, accepted = _shadow_outcome(unproposed, context)
@@ -384,6 +401,8 @@ class AutoDrafter(Drafter):
             self.memory.draft_memory.add(trials, accepted, window=DRAFT_MEMORY)
         elif choice.kind == "head":
             for i, bucket in enumerate(choice.buckets[:trials]):
+                self._head_outcomes[0] += int(i < accepted)
+                self._head_outcomes[1] += self.memory.head_rates[bucket].rate
                 self.memory.head_rates[bucket].add(1, int(i < accepted), window=HEAD_WINDOW)
             self.memory.head_overall.add(trials, accepted, window=HEAD_WINDOW)
 
@@ -405,6 +424,20 @@ class AutoDrafter(Drafter):
         if not params.greedy and params.seed is not None:
             return self.draft_overall.rate
         return self.draft_learned.rate
+
+    def _head_scale(self) -> float:
+        """This request's own head outcomes against the cross-request rates
+        (`HEAD_REQUEST_WEIGHT`)."""
+        accepted, expected = self._head_outcomes
+        return (accepted + HEAD_REQUEST_WEIGHT) / (expected + HEAD_REQUEST_WEIGHT)
+
+    def _head_rate(self, bucket: int | None) -> float:
+        """A head token's acceptance as this request prices it: its confidence bucket's rate
+        across requests (None: the head's overall rate, a later token's before it is
+        drafted) scaled by the request's own outcomes."""
+        mem = self.memory
+        rate = (mem.head_overall if bucket is None else mem.head_rates[bucket]).rate
+        return min(0.99, rate * self._head_scale())
 
     def _in_batch(self) -> Seat | None:
         """The seat this step is priced in, where the round's call carries more than this
@@ -710,8 +743,9 @@ class AutoDrafter(Drafter):
         total = sum(self.memory.head_seen)
         if total > HEAD_WINDOW:
             self.memory.head_seen = [c * HEAD_WINDOW / total for c in self.memory.head_seen]
-        n, tokens, ms = self._head_length(self.memory.head_rates[bucket].rate,
-                                          self.memory.head_overall.rate, limit, ctx)
+        self._peek_seen = (ctx, token, bucket)  # credited in `commit` unless proposed
+        n, tokens, ms = self._head_length(self._head_rate(bucket), self._head_rate(None),
+                                          limit, ctx)
         return _Peek(chain, token, processed, bucket, n, tokens / ms)
 
     def _peek_pays(self, best: float, limit: int, ctx: int) -> bool:
@@ -726,8 +760,7 @@ class AutoDrafter(Drafter):
         total = sum(self.memory.head_seen)
         tokens = ms = 0.0
         for bucket, seen in enumerate(self.memory.head_seen):
-            n, t, m = self._head_length(self.memory.head_rates[bucket].rate,
-                                        self.memory.head_overall.rate,
+            n, t, m = self._head_length(self._head_rate(bucket), self._head_rate(None),
                                         limit, ctx)
             t, m = (t, m) if n > 0 and t / m > best else other
             tokens += seen / total * t
@@ -751,11 +784,11 @@ class AutoDrafter(Drafter):
         d1 = self.memory.head_ms
         step_ms = [n * d1 + ms for n, ms in enumerate(self._prices(limit, ctx)[: limit + 1])]
         base = self._base(ctx)
-        a_next = self.memory.head_overall.rate
+        a_next = self._head_rate(None)
         tokens = [peek.token]
         rows = [peek.probs] if peek.probs is not None else []
         buckets = [peek.bucket]
-        accept = [self.memory.head_rates[peek.bucket].rate]
+        accept = [self._head_rate(peek.bucket)]
         while len(tokens) < limit and cost_keeps_drafting(accept, a_next, step_ms, limit, base):
             chain.advance(tokens[-1])
             token, processed, bucket = _head_token(chain, params, generator)
@@ -763,7 +796,7 @@ class AutoDrafter(Drafter):
                 rows.append(processed)
             tokens.append(token)
             buckets.append(bucket)
-            accept.append(self.memory.head_rates[bucket].rate)
+            accept.append(self._head_rate(bucket))
         # the peek's step is sunk
         return self._verified_prefix("head", context, tokens, rows, buckets, accept,
                                      (chain.steps - 1) * d1, chain.steps)
