@@ -56,6 +56,7 @@ from adaspec.lab.bench.llama_server import LlamaServerDecoder, amx_free_build  #
 from adaspec.lab.bench.peer_build import PeerUnavailable  # noqa: E402
 
 CATEGORIES = ("code", "code editing", "translation", "chat")
+CONTROL = "adaspec ar again"  # `ar` once more beside each pair: the noise floor (--control)
 SHAREGPT_TRAIN = 12_000  # conversations the project may train on (DESIGN.md)
 EDITS = (
     "Add type hints to every function and a docstring that explains the arguments.",
@@ -206,7 +207,7 @@ def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_to
     was decided by which method went first. llama-server sees each prompt once, stock."""
     rows = []
     labels = list(peers)
-    pair = ["adaspec auto", "adaspec ar"]
+    pair = ["adaspec auto", "adaspec ar"] + ([CONTROL] if CONTROL in peers else [])
     for i, p in enumerate(prompts):
         k = (i + rotate) % len(labels)
         order = labels[k:] + labels[:k]
@@ -228,7 +229,8 @@ def single(prompts: list[dict], peers: dict[str, tuple[int, str | None]], max_to
 
 
 def fresh_pairs(prompts: list[dict], rounds: int, first_repeat: int, out: Path, target: str,
-                max_tokens: int, timeout: float, say: Any) -> list[dict]:
+                max_tokens: int, timeout: float, say: Any, control: bool = False
+                ) -> list[dict]:
     """`rounds` more `auto`/`ar` pairs per prompt, each round on a fresh `adaspec serve` (the
     order alternating by prompt and round): a repeat on the same server would find its prompt
     in the cache and, for `auto`, its own earlier answer there, so only a fresh server's pair
@@ -242,6 +244,8 @@ def fresh_pairs(prompts: list[dict], rounds: int, first_repeat: int, out: Path, 
             for m in ("auto", "ar"):
                 ask(peer.port, [{"role": "user", "content": warm}], 16, m, m, timeout)
             pair = {"adaspec auto": (peer.port, "auto"), "adaspec ar": (peer.port, "ar")}
+            if control:
+                pair[CONTROL] = (peer.port, "ar")
             rows += single(prompts, pair, max_tokens, timeout, say, rotate=r + 1,
                            repeat=first_repeat + r)
         finally:
@@ -387,7 +391,7 @@ def _single_md(run: dict) -> list[str]:
                 (r["tokens"] / r["latency"]) / (mate["tokens"] / mate["latency"]))
     for p_ in dict.fromkeys(r["prompt"] for r in rows):
         seen = {r["text"] for r in rows if r["prompt"] == p_ and r["system"] in
-                ("adaspec auto", "adaspec ar")}
+                ("adaspec auto", "adaspec ar", CONTROL)}
         texts_ok[p_] = len(seen) == 1
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
     cat = {r["prompt"]: r["category"] for r in rows}
@@ -440,18 +444,38 @@ def _single_md(run: dict) -> list[str]:
               "adaspec request cold, `cache_prompt: false`"
               + (f"; {run['fresh_pairs']} of them each on a fresh server"
                  if run.get("fresh_pairs") else "") + "); the lowest prompt's pairs in "
-              "brackets.", "",
-              "| category | geomean | lowest prompt | prompts with the same text |",
-              "| --- | ---: | ---: | ---: |"]
+              "brackets. The noise floor: `ar` sent once more beside each pair (the order "
+              "rotating) against the pair's `ar`, the median per prompt: the same "
+              "measurement where nothing differs but the minute.", "",
+              "| category | geomean | lowest prompt | prompts with the same text | "
+              "noise floor: `ar` / `ar`, lowest prompt |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    floor = _control_pairs(rows)
     for c in CATEGORIES:
         med = {p: statistics.median(pairs[p]) for p in prompts if cat[p] == c and pairs.get(p)}
         low = min(med, key=lambda k: med[k]) if med else None
         spread = (" (" + ", ".join(f"{x:.2f}" for x in pairs[low]) + ")") if low else ""
         n_same = sum(1 for p in same if cat[p] == c)
+        own = [floor[p] for p in prompts if cat[p] == c and p in floor]
         lines.append(f"| {c} | {_f(_geo(list(med.values())))} | "
-                     f"{_f(med[low] if low else None)}{spread} | {n_same} |")
+                     f"{_f(med[low] if low else None)}{spread} | {n_same} | "
+                     f"{_f(min(own) if own else None)} |")
     lines.append("")
     return lines
+
+
+def _control_pairs(rows: list[dict]) -> dict[str, float]:
+    """Per prompt, the median over repeats of `ar` sent again right after (or before) its
+    pair (CONTROL) against `ar`: the same measurement where nothing differs but the minute,
+    so the spread that `auto` / `ar` medians would show with no difference at all."""
+    rates = {(r["prompt"], r["system"], r.get("repeat", 0)): r["tokens"] / r["latency"]
+             for r in rows if r.get("outcome") == "ok" and r.get("latency") and r["tokens"]}
+    per: dict[str, list[float]] = {}
+    for (prompt, system, repeat), x in rates.items():
+        mate = rates.get((prompt, "adaspec ar", repeat))
+        if system == CONTROL and mate:
+            per.setdefault(prompt, []).append(x / mate)
+    return {p: statistics.median(v) for p, v in per.items()}
 
 
 def summary(run: dict) -> str:
@@ -524,6 +548,9 @@ def main() -> int:
     p.add_argument("--fresh-pairs", type=int, default=0,
                    help="then this many rounds of one `auto`/`ar` pair per prompt, each round "
                         "on a fresh server (the fair repeat: empty cache and history)")
+    p.add_argument("--control", action="store_true",
+                   help="send `ar` once more beside each `auto`/`ar` pair: the noise floor "
+                        "the per-prompt `auto`/`ar` medians are read against")
     p.add_argument("--together", type=int, default=4,
                    help="then the single prompts with `auto`, this many clients at once "
                         "(0: not): each answer against `ar`'s alone")
@@ -569,6 +596,8 @@ def main() -> int:
                 run["notes"].append(f"llama-server {spec} unavailable: {exc}")
         peers: dict[str, tuple[int, str | None]] = {
             "adaspec auto": (adaspec.port, "auto"), "adaspec ar": (adaspec.port, "ar")}
+        if args.control:
+            peers[CONTROL] = (adaspec.port, "ar")
         for spec, dec in llamas.items():
             peers[f"llama-server {'plain' if spec == 'none' else spec}"] = (_llama_port(dec),
                                                                              None)
@@ -620,7 +649,8 @@ def main() -> int:
         _save(run, out)
     if args.fresh_pairs and not args.skip_single:
         run["single"] += fresh_pairs(prompts, args.fresh_pairs, args.pair_repeats + 1, out,
-                                     target, args.max_tokens, args.request_timeout, say)
+                                     target, args.max_tokens, args.request_timeout, say,
+                                     args.control)
     if not args.skip_single:
         _save(run, out)  # what the servers answered, whatever happens in process
         say("adaspec generate --method ar, in process")
