@@ -643,3 +643,26 @@ def test_auto_stops_drafting_from_a_head_its_request_finds_wrong(tmp_path, monke
         assert accepted / expected < 0.2 and by_head <= 12
     else:
         assert by_head > steps / 2
+
+
+def test_sharegpt_prompts_the_target_answers_start_where_asked(tmp_path, monkeypatch):
+    """`head data --sharegpt-own N --sharegpt-own-from I`: ShareGPT prompts from file index I
+    on, without their answers (the target writes its own), under ids of their own; the
+    teacher-forced ones keep theirs. Past the 12,000 conversations that may train: refused."""
+    import json
+
+    from adaspec.cli import main
+    from adaspec.lab.bench import suites
+
+    convs = [{"conversations": [{"from": "human", "value": f"q{i}"},
+                                {"from": "gpt", "value": f"a{i}"}]} for i in range(6)]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(convs))
+    monkeypatch.setattr(suites, "_sharegpt_file", lambda _: path)
+    got = head_data.training_examples(sharegpt=2, sharegpt_own=2, sharegpt_own_from=3)
+    assert [(e.id, e.prompt, e.answer) for e in got] == [
+        ("sharegpt/0", "q0", "a0"), ("sharegpt/1", "q1", "a1"),
+        ("sharegpt-own/3", "q3", ""), ("sharegpt-own/4", "q4", "")]
+    code = main(["head", "data", "--out", str(tmp_path / "d"), "--sharegpt-own", "5",
+                 "--sharegpt-own-from", "12000"])
+    assert code == 2

@@ -32,6 +32,11 @@ def add_head_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--out", required=True, help="folder; an interrupted run resumes")
     c.add_argument("--sharegpt", type=int, default=1200,
                    help="ShareGPT conversations (file index < 12,000), their own answers")
+    c.add_argument("--sharegpt-own", type=int, default=0,
+                   help="ShareGPT prompts the target answers itself (its greedy answer: the "
+                   "text the head drafts at inference), from file index --sharegpt-own-from")
+    c.add_argument("--sharegpt-own-from", type=int, default=0,
+                   help="the first file index of --sharegpt-own (below 12,000)")
     c.add_argument("--wmt", type=int, default=200, help="WMT prompts, the target answers")
     c.add_argument("--humaneval", type=int, default=60, help="HumanEval problems (<= 60)")
     c.add_argument("--spec-bench", type=int, default=240,
@@ -109,8 +114,12 @@ def run_data(args: argparse.Namespace) -> int:
     from adaspec.lab.head import data as head_data
 
     out = Path(args.out)
+    if not 0 <= args.sharegpt_own_from < head_data.TRAIN_SHAREGPT:
+        raise InputError(f"--sharegpt-own-from {args.sharegpt_own_from}: ShareGPT may train "
+                         f"below file index {head_data.TRAIN_SHAREGPT} only")
     examples = head_data.training_examples(args.sharegpt, args.wmt, args.humaneval,
-                                           args.spec_bench)
+                                           args.spec_bench, args.sharegpt_own,
+                                           args.sharegpt_own_from)
     print(f"{len(examples)} training examples", file=sys.stderr)
     t0 = time.perf_counter()
     model: Any = None  # the target in transformers (own answers, the torch scorer)

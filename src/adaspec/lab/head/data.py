@@ -35,12 +35,15 @@ class Example:
 
 
 def training_examples(sharegpt: int = 0, wmt: int = 0, humaneval: int = 0,
-                      spec_bench: int = 0) -> list[Example]:
+                      spec_bench: int = 0, sharegpt_own: int = 0,
+                      sharegpt_own_from: int = 0) -> list[Example]:
     """Prompts DESIGN.md lets train, and nothing else: the first `sharegpt` ShareGPT
-    conversations of file index below 12,000 (with their answers), the first `wmt` WMT
-    prompts, HumanEval problems 0 .. min(humaneval, 60) - 1 and the first `spec_bench`
-    Spec-Bench questions with an odd question_id (these three without answers: the target
-    writes its own, `own_answers`)."""
+    conversations of file index below 12,000 (with their answers), the first `sharegpt_own`
+    of them from file index `sharegpt_own_from` on without their answers (ids
+    `sharegpt-own/INDEX`), the first `wmt` WMT prompts, HumanEval problems
+    0 .. min(humaneval, 60) - 1 and the first `spec_bench` Spec-Bench questions with an odd
+    question_id (all but the first without answers: the target writes its own,
+    `own_answers`, the text a head drafts at inference)."""
     from adaspec.lab.bench import suites
 
     out: list[Example] = []
@@ -49,6 +52,13 @@ def training_examples(sharegpt: int = 0, wmt: int = 0, humaneval: int = 0,
             if len(out) >= sharegpt:
                 break
             out.append(ex)
+    if sharegpt_own:
+        own: list[Example] = []
+        for ex in sharegpt_pairs(sharegpt_own_from, TRAIN_SHAREGPT):
+            if len(own) >= sharegpt_own:
+                break
+            own.append(Example(ex.id.replace("sharegpt/", "sharegpt-own/"), ex.prompt))
+        out += own
     if wmt:
         out += [Example(p.id, p.text) for p in suites.wmt(wmt)]
     if humaneval:
