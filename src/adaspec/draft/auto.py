@@ -58,8 +58,8 @@ HEAD_MS_WINDOW = 8.0  # head steps the learned price of a step remembers (`learn
 # before: each request scales them by (accepted + w) / (expected + w) over its own head
 # tokens (those verified, and at greedy the peeked first tokens a step did not propose,
 # checked against the token the step emitted there), with w this many expected tokens. On a
-# ShareGPT prompt where the head's tokens landed 0.33 of the time, `auto` took 0.94x `ar`'s
-# time through the server (session 44): the cross-request rates kept it drafting.
+# ShareGPT prompt where the head's tokens landed 0.33 of the time, `auto` ran at 0.94x `ar`'s
+# speed through the server (session 44): the cross-request rates kept it drafting.
 HEAD_REQUEST_WEIGHT = 4.0
 clock = time.perf_counter  # times a head step (`learn_head_ms`); tests set a fake one
 # Tokens a request must have emitted in steps alone before the rate those steps were priced
@@ -368,8 +368,7 @@ class AutoDrafter(Drafter):
         if peeked is not None and not proposed and req.sampling.greedy \
                 and len(context) > peeked[0]:
             # greedy: the peeked token was right iff the step emitted it there
-            self._head_outcomes[0] += int(context[peeked[0]] == peeked[1])
-            self._head_outcomes[1] += self.memory.head_rates[peeked[2]].rate
+            self._head_outcome(peeked[2], context[peeked[0]] == peeked[1])
         unproposed, self._ngram_seen = self._ngram_seen, None
         if unproposed is not None:
             trials, accepted = _shadow_outcome(unproposed, context)
@@ -401,10 +400,15 @@ class AutoDrafter(Drafter):
             self.memory.draft_memory.add(trials, accepted, window=DRAFT_MEMORY)
         elif choice.kind == "head":
             for i, bucket in enumerate(choice.buckets[:trials]):
-                self._head_outcomes[0] += int(i < accepted)
-                self._head_outcomes[1] += self.memory.head_rates[bucket].rate
+                self._head_outcome(bucket, i < accepted)
                 self.memory.head_rates[bucket].add(1, int(i < accepted), window=HEAD_WINDOW)
             self.memory.head_overall.add(trials, accepted, window=HEAD_WINDOW)
+
+    def _head_outcome(self, bucket: int, right: bool) -> None:
+        """Count one of this request's head tokens against what its bucket's cross-request
+        rate expected (before that rate learns from it)."""
+        self._head_outcomes[0] += int(right)
+        self._head_outcomes[1] += self.memory.head_rates[bucket].rate
 
     def _credit_history(self, seen: Choice, context: list[int]) -> None:
         """Credit the history's continuation of this step, whether or not it was proposed,
@@ -759,9 +763,9 @@ class AutoDrafter(Drafter):
         other = (best * plain_ms, plain_ms)  # (tokens, ms) of not drafting from the head
         total = sum(self.memory.head_seen)
         tokens = ms = 0.0
+        later = self._head_rate(None)
         for bucket, seen in enumerate(self.memory.head_seen):
-            n, t, m = self._head_length(self._head_rate(bucket), self._head_rate(None),
-                                        limit, ctx)
+            n, t, m = self._head_length(self._head_rate(bucket), later, limit, ctx)
             t, m = (t, m) if n > 0 and t / m > best else other
             tokens += seen / total * t
             ms += seen / total * m

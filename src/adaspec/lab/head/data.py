@@ -53,12 +53,10 @@ def training_examples(sharegpt: int = 0, wmt: int = 0, humaneval: int = 0,
                 break
             out.append(ex)
     if sharegpt_own:
-        own: list[Example] = []
-        for ex in sharegpt_pairs(sharegpt_own_from, TRAIN_SHAREGPT):
-            if len(own) >= sharegpt_own:
+        for n, ex in enumerate(sharegpt_pairs(sharegpt_own_from, TRAIN_SHAREGPT)):
+            if n >= sharegpt_own:
                 break
-            own.append(Example(ex.id.replace("sharegpt/", "sharegpt-own/"), ex.prompt))
-        out += own
+            out.append(Example(ex.id.replace("sharegpt/", "sharegpt-own/"), ex.prompt))
     if wmt:
         out += [Example(p.id, p.text) for p in suites.wmt(wmt)]
     if humaneval:
