@@ -20,6 +20,7 @@ from adaspec.backends.ik.patches import head_sizes as ik_head_sizes_patch
 from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
 from adaspec.backends.ik.patches import regions as ik_regions_patch
+from adaspec.backends.ik.patches import tree as ik_tree_patch
 from adaspec.backends.ik.patches import two_groups as ik_two_groups_patch
 from adaspec.backends.ik.patches import wide as ik_wide_patch
 from adaspec.cli import main
@@ -127,7 +128,7 @@ bool MulMat::prepare(int typeA, int typeB, int ne00, MulMat& m, int /*Ny*/) {
 
 # The shape of the flash-attention kernels the second patch edits: compute_helper (its group
 # loop cut at the last row's last cell, then the rows left over) and another kernel's loop.
-FA_TEMPLATES = "struct FlashMS {};\n" + (
+FA_TEMPLATES = "struct FlashMS {};\n" + ik_tree_patch._EDITS[-1][1] + (
     "template <int Dk, int Dv, int q_step, int k_step, typename KHelper, typename VHelper, "
     "typename KQHelper>\n") + """void compute_helper(KHelper& kh, int nq1, int nk1) {
     for (int i1 = 0; i1 < nq1/q_step; ++i1) {
@@ -180,11 +181,14 @@ BACKEND = (ik_hugepages_patch.INCLUDE_AFTER + '#include "ggml-alloc.h"\n\n'
 
 
 def _regions_sources() -> dict[str, str]:
-    """The files the regions and the features patches edit, each holding the anchors of both
-    among other lines (an anchor both use, once)."""
+    """The files the regions, features and tree patches edit, each holding their anchors
+    among other lines (an anchor two use, once; the tree patch's in the regions patch's text
+    come with it, its kernel anchor with `FA_TEMPLATES`)."""
     out: dict[str, str] = {}
+    placed = "".join(text for *_, text, _ in ik_regions_patch._EDITS)
     anchors = [(path, anchor) for path, anchor, *_ in
-               (*ik_regions_patch._EDITS, *ik_features_patch._EDITS)]
+               (*ik_regions_patch._EDITS, *ik_features_patch._EDITS, *ik_tree_patch._EDITS)
+               if path != ik_tree_patch.FILES[0] and anchor not in placed]
     for path, anchor in anchors:
         if anchor not in out.get(path, ""):
             out[path] = out.get(path, "// other code\n") + anchor + "// more code\n"
@@ -598,6 +602,34 @@ def test_the_features_patch_copies_the_final_states_beside_the_logits_when_asked
     texts["src/llama.cpp"] = "// another version\n"
     with pytest.raises(ik_features_patch.PatchError, match="src/llama.cpp: the anchor"):
         ik_features_patch.patch_files(texts)
+
+
+def test_the_tree_patch_places_a_tree_after_its_root_and_hides_what_is_no_ancestor(tmp_path):
+    texts = _regions_sources()
+    texts[ik_tree_patch.FILES[0]] = FA_TEMPLATES
+    for path, text in texts.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    with pytest.raises(ik_tree_patch.PatchError, match="the anchor"):  # regions first
+        ik_tree_patch.apply(tmp_path)
+    ik_regions_patch.apply(tmp_path)
+    assert ik_tree_patch.apply(tmp_path) == len(ik_tree_patch._EDITS) + 1
+    got = {path: (tmp_path / path).read_text() for path in texts}
+    llama = got["src/llama.cpp"]
+    # a tree's token i in the root's cell + i, never in a spare cell
+    assert "const llama_pos at = tree ? batch.pos[0] + (llama_pos)i : pos;" in llama
+    assert "cell < 0 && !tree && tested < cache.size" in llama
+    # the mask hides the call's cells of non-ancestors, after the usual mask is built
+    assert llama.index("for (int64_t a = j; a >= 0; a = parent[a]) seen[a] = 1;") > \
+        llama.index('printf("set_inputs(mask1)')
+    assert "int adaspec_tree(" in llama and "int adaspec_kv_tree_keep(" in llama
+    assert "adaspec_copy_cell(ctx, base + keep[d], base + 1 + d);" in llama
+    # a block hiding cells sums the weights cell by cell; a full one as the kernel does
+    fa = got[ik_tree_patch.FILES[0]]
+    assert "for (int l = 0; l < k_step; ++l) s += cache[k_step*j + l];" in fa
+    assert "update_S(j, vk);\n            }" in fa
+    assert ik_tree_patch.apply(tmp_path) == len(ik_tree_patch._EDITS) + 1  # resumed
+    assert {path: (tmp_path / path).read_text() for path in texts} == got
 
 
 def test_a_build_made_without_the_patch_is_built_again(fake_tools):

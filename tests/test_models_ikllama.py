@@ -564,7 +564,7 @@ def test_each_sequence_keeps_to_its_region_and_overflows_past_the_regions(smollm
 
 
 def test_a_row_scores_alike_in_any_call_any_slot_and_a_context_of_one(smollm):
-    """One attention path for every row (`kv-regions-4`): a sequence's logits are bit for bit
+    """One attention path for every row (`kv-regions`): a sequence's logits are bit for bit
     the same whether its context holds one sequence or several, whichever slot it has,
     fed alone, as a chain, beside other sequences or as a prompt chunk, and after its
     prefix was copied from another slot. Two threads, so the pinned kernel's split of a
@@ -682,3 +682,111 @@ def test_the_target_features_come_with_the_logits_from_one_pass(smollm):
         assert rest.features is not None and torch.equal(rest.features, feats[0][3:])
     finally:
         child.close()
+
+
+def _tree_or_skip(backend) -> None:
+    if not backend.supports_trees:
+        backend.close()
+        pytest.skip("this ik_llama.cpp library lacks the kv-tree patch: adaspec runtime build "
+                    "--force")
+
+
+def test_a_tree_scores_each_node_as_its_chain_and_keeps_its_path_bit_for_bit(smollm):
+    """`ik/patches/tree.py`: every node of a token tree scored in one call gets bit for bit
+    the logits of the chain root -> ... -> node (siblings hidden, its cells summed in the
+    chain's order), and after keeping a path through side nodes the cache decodes on
+    exactly as plain decoding of that path does. Two threads; trees as rows together (9
+    rows) and apart (3)."""
+    from adaspec.core.token_tree import TokenTree
+    from adaspec.errors import InputError
+
+    gguf, _ = smollm
+    b = IkLlamaBackend(gguf, n_threads=2, name="smollm", n_ctx=1024)
+    _tree_or_skip(b)
+    prompt = [(7919 * 3 + 104729 * i) % 40000 + 100 for i in range(160)]
+    root = len(prompt) - 1
+
+    def chain(tokens: list[int]) -> torch.Tensor:
+        b.truncate(root)
+        return b.forward(torch.tensor([prompt[-1], *tokens])).logits
+
+    b.prefill(torch.tensor(prompt))
+    small = TokenTree.root(prompt[-1])
+    small.add_level([0, 0], [311, 4242])
+    big = TokenTree.root(prompt[-1])
+    one = big.add_level([0, 0, 0], [501, 502, 503])
+    two = big.add_level([one[0], one[0], one[1]], [601, 602, 603])
+    big.add_level([two[0], two[2]], [701, 702])
+    for tree in (small, big):
+        b.truncate(root)
+        toks, pos, mask = tree.flatten(root)
+        rows = b.forward(toks, pos, mask).logits.clone()
+        for node in range(len(tree)):
+            path, a = [], node
+            while a:
+                path.append(tree.tokens[a])
+                a = tree.parents[a]
+            assert torch.equal(rows[node], chain(path[::-1])[-1]), f"node {node}"
+    # keep a path through side nodes (502 -> 603 -> 702), then decode on
+    b.truncate(root)
+    toks, pos, mask = big.flatten(root)
+    b.forward(toks, pos, mask)
+    b.keep(torch.tensor([*range(root + 1), root + 2, root + 6, root + 8]))
+    assert b.cache_len == root + 4 and b.held()[-3:] == [502, 603, 702]
+    after = b.forward(torch.tensor([42, 43])).logits
+    assert torch.equal(after, chain([502, 603, 702, 42, 43])[-2:])
+    # a tree that would cross a block of the attention kernel's cells is refused
+    b.truncate(127)
+    assert b.tree_room(127) == 1
+    with pytest.raises(InputError, match="at most 1 tokens"):
+        b.forward(*small.flatten(127))
+    b.close()
+
+
+def test_greedy_trees_through_a_child_decode_what_plain_decoding_does(smollm):
+    """The engine's tree steps on the default runtime's child process: a drafter whose every
+    level puts plain decoding's token second among wrong ones, so accepted paths run through
+    side nodes; the output is plain decoding's, the verification calls fewer than the
+    tokens, and a step whose tree would cross a block of cells drafts a chain."""
+    from adaspec.backends.process_backend import ProcessBackend
+    from adaspec.control.static import StaticLength
+    from adaspec.core.proposal import Proposal
+    from adaspec.core.token_tree import TokenTree
+    from adaspec.draft.base import Drafter
+    from adaspec.engine.loop import Engine
+
+    gguf, _ = smollm
+    target = ProcessBackend(IkLlamaBackend, gguf, 2, "smollm", 1024, True, None)  # a target
+    if not target.supports_trees:
+        target.close()
+        pytest.skip("this ik_llama.cpp library lacks the kv-tree patch: adaspec runtime build "
+                    "--force")
+    plain = Engine(target, None, eos_token_ids=[])
+    prompt = [(7919 * 5 + 104729 * i) % 40000 + 100 for i in range(110)]
+    want = plain.generate(prompt, max_new_tokens=40).token_ids
+    reference = prompt + want
+
+    class SecondIsRight(Drafter):
+        drafts_trees = True
+        rooms: list[int | None] = []
+
+        def propose(self, req, max_tokens, controller):
+            n = len(req.context)
+            self.rooms.append(req.tree_nodes)
+            tree = TokenTree.root(req.context[-1])
+            parent = 0
+            for d in range(max_tokens):
+                if req.tree_nodes is not None and len(tree) + 2 > req.tree_nodes:
+                    break
+                right = reference[n + d] if n + d < len(reference) else 5
+                new = tree.add_level([parent, parent], [(right + 17) % 40000 + 100, right])
+                parent = new[1]
+            return Proposal(tree)
+
+    drafter = SecondIsRight()
+    engine = Engine(target, None, drafter=drafter, controller=StaticLength(3), eos_token_ids=[])
+    got = engine.generate(prompt, max_new_tokens=40)
+    assert got.token_ids == want
+    assert got.stats.accepted > 20 and got.stats.target_calls < 20
+    assert any(r is not None and r < 7 for r in drafter.rooms)  # near cell 128: less room
+    target.close()

@@ -80,6 +80,19 @@ class ModelBackend(ABC):
     # `record_features`: its passes return the scored rows' final-normed states beside the
     # logits (`ForwardOutput.features`, a draft head's input)
     has_features: bool = False
+    # a tree pass's nodes lie in one block of this many cache cells, its root's (0: any
+    # tree); `tree_span`: the cells a sequence's cache holds (`tree_room`)
+    tree_block: int = 0
+    tree_span: int = 0
+
+    def tree_room(self, root: int) -> int | None:
+        """The most tokens (root included) one tree pass may hold with its root at cache
+        position `root`: None where any tree fits, 1 where the runtime scores chains only."""
+        if not self.supports_trees:
+            return 1
+        if not self.tree_block:
+            return None
+        return max(1, min(self.tree_block - root % self.tree_block, self.tree_span - root))
 
     def record_features(self, on: bool) -> None:
         """Return the scored rows' final-normed states beside their logits from now on."""
@@ -157,6 +170,29 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def tree_parents(tree_mask: torch.Tensor) -> list[int]:
+    """Each node's parent (-1 for node 0, the root) from a tree pass's mask [n, n] (True
+    where node i sees node j: its ancestors and itself); InputError where it is no tree."""
+    mask = tree_mask.to(torch.bool)
+    n = int(mask.shape[0])
+    if mask.dim() != 2 or mask.shape[1] != n or n == 0:
+        raise InputError(f"a tree mask is [n, n], got {list(mask.shape)}")
+    parents = [-1]
+    for i in range(1, n):
+        seen = mask[i, :i].nonzero().reshape(-1)
+        if not len(seen):
+            raise InputError(f"tree node {i} sees no earlier node (the root is node 0)")
+        par = int(seen[-1])
+        want = mask[par].clone()
+        want[i] = True
+        if not torch.equal(mask[i], want):
+            raise InputError(f"tree node {i} does not see exactly its ancestors and itself")
+        parents.append(par)
+    if not bool(mask[0, 0]) or bool(mask[0, 1:].any()):
+        raise InputError("the tree's root (node 0) sees itself only")
+    return parents
 
 
 def chain_ids(

@@ -24,9 +24,11 @@ from adaspec.backends.base import (
     ModelBackend,
     chain_ids,
     eos_ids_of,
+    tree_parents,
 )
 from adaspec.backends.child_process import ChildProcess
 from adaspec.backends.sequences import Feed, SequenceView, views
+from adaspec.core.token_tree import TokenTree
 from adaspec.errors import InputError
 
 # what the parent mirrors of the child's model; `patches` and `built_at` (a native build's
@@ -34,7 +36,8 @@ from adaspec.errors import InputError
 # kernels gets its curves measured again
 _ATTRIBUTES = ("name", "vocab_size", "max_context", "num_layers", "hidden_size",
                "bytes_per_forward", "kind", "batch_noise", "has_hidden_states", "n_params",
-               "max_sequences", "patches", "built_at", "pooled_cache", "has_features")
+               "max_sequences", "patches", "built_at", "pooled_cache", "has_features",
+               "supports_trees", "tree_block", "tree_span")
 
 
 class _SharedRows:
@@ -95,6 +98,12 @@ class _BackendServer:
     def forward(self, ids: list[int]) -> tuple[tuple[int, int], int]:
         return self._write(self.backend.forward(torch.tensor(ids))), self.backend.cache_len
 
+    def forward_tree(self, ids: list[int], positions: list[int], parents: list[int]
+                     ) -> tuple[tuple[int, int], int]:
+        mask = TokenTree(list(ids), list(parents)).ancestor_mask()
+        out = self.backend.forward(torch.tensor(ids), torch.tensor(positions), mask)
+        return self._write(out), self.backend.cache_len
+
     def prefill(self, ids: list[int], reuse: int = 0, hidden_layer: int | None = None
                 ) -> tuple[tuple[int, int], int, list[float] | None, int]:
         out = self.backend.prefill(torch.tensor(ids), hidden_layer=hidden_layer, reuse=reuse)
@@ -142,8 +151,9 @@ class _BackendServer:
 
 
 class ProcessBackend(ModelBackend):
-    """`factory(*args)`'s backend, run in a child process; chains only (no tree masks);
-    the final layer's state of a prompt where the child's backend gives it."""
+    """`factory(*args)`'s backend, run in a child process; token trees where the child's
+    backend scores them (`supports_trees`); the final layer's state of a prompt where the
+    child's backend gives it."""
 
     supports_trees = False
     has_hidden_states = False  # until the child says
@@ -205,6 +215,13 @@ class ProcessBackend(ModelBackend):
         tree_mask: torch.Tensor | None = None,
         hidden_layer: int | None = None,
     ) -> ForwardOutput:
+        if tree_mask is not None and self.supports_trees and hidden_layer is None:
+            ids = [int(t) for t in tokens.reshape(-1)]
+            at = (list(range(self._len, self._len + len(ids))) if positions is None
+                  else [int(p) for p in positions.reshape(-1)])
+            rows, self._len = self._child.call("forward_tree", ids, at, tree_parents(tree_mask))
+            logits, features = self._read(rows)
+            return ForwardOutput(logits=logits, features=features)
         ids = chain_ids("a model in a child process", self._len, tokens, positions, tree_mask,
                         hidden_layer)
         return self._logits("forward", ids)

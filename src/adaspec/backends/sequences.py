@@ -47,6 +47,9 @@ class Feed:
     start: int  # position of ids[0]: the sequence's cache length
     ids: list[int]
     rows: str = ALL  # ALL | LAST | NONE
+    # each token's position where they are not start, start + 1, ... (a token tree's: its
+    # root's plus each node's depth)
+    positions: list[int] | None = None
 
 
 class SequenceOwner(Protocol):

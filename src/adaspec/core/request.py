@@ -60,6 +60,10 @@ class RequestState:
     # what the output must match (`sampling.grammar` compiled for this request), advanced by
     # the engine with the accepted tokens; None: unconstrained
     constraint: Constraint | None = None
+    # the most tokens (root included) the target scores as one tree at this step (its
+    # cache's layout, `ModelBackend.tree_room`), told by the engine before each proposal;
+    # None: any tree
+    tree_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.context:

@@ -93,6 +93,16 @@ def parse_branching(text: str, max_nodes: int = DEFAULT_MAX_NODES) -> tuple[int,
     return tuple(factors)
 
 
+def fit_shape(factors: Sequence[int], tokens: int | None) -> tuple[int, ...]:
+    """`factors`, or where its nodes and root exceed `tokens` (what the target scores as one
+    tree at this step, `RequestState.tree_nodes`; None: any) the chain of as many levels as
+    fit."""
+    shape = tuple(factors)
+    if tokens is None or tree_node_count(shape) + 1 <= tokens:
+        return shape
+    return (1,) * min(len(shape), max(0, tokens - 1))
+
+
 def tree_node_count(factors: Sequence[int]) -> int:
     """Drafted nodes (root excluded) of a regular tree with these branching factors."""
     total, width = 0, 1

@@ -31,6 +31,7 @@ from adaspec.core.token_tree import (
     DEFAULT_MAX_NODES,
     PricedBranching,
     TokenTree,
+    fit_shape,
     tree_node_count,
 )
 from adaspec.cost.profile import CostProfile
@@ -203,7 +204,7 @@ class ModelTreeDrafter(Drafter):
         tree = TokenTree.root(context[-1])
         frontier = [0]
         rows: list[torch.Tensor] = []
-        levels = self.branching[: max(0, max_tokens)]
+        levels = fit_shape(self.branching[: max(0, max_tokens)], req.tree_nodes)
         # every parent gets `count` children (the top k, or draws with replacement): the
         # levels' tokens stay where the draft ran, fed back from there, read once at the end
         on_device = params.greedy or replacement

@@ -429,6 +429,8 @@ class Engine(TextGenerator):
             proposal = Proposal.chain(context[-1], forced, drafted_by={"grammar": len(forced)},
                                       accept=[1.0] * len(forced))
         elif self.drafter is not None and k > 0:
+            if self.drafter.drafts_trees:
+                req.tree_nodes = self.target.tree_room(root)
             t0 = time.perf_counter()
             proposal = self.drafter.propose(req, k, self.controller)
             stats.draft_time += time.perf_counter() - t0

@@ -48,6 +48,9 @@ class HeadParams(ChainParams):
     weights: str = param("default", "the head's weights at run time: default (ggml where the "
                          "target runs in ik_llama.cpp, else int8) | fp32 | bf16 | int8 (int8 "
                          "rows, bf16 activations) | int8-dyn | ggml (its layer in ik_llama.cpp)")
+    tree: str = param("", "a token tree along the chain: candidates per level, e.g. 3x2 (3 "
+                      "at depth 1, 2 at depth 2, one deeper, up to k); verified in one target "
+                      "pass (MCSS above temperature 0)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,6 +61,19 @@ class HeadParams(ChainParams):
         if self.ctrl != "disco" and (self.disco or self.sl_max):
             raise InputError("disco and sl_max are ctrl=disco's settings")
         check_weights(self.weights)
+        self.widths()
+
+    def widths(self) -> tuple[int, ...]:
+        """tree=AxB...: the candidates per level (empty: a chain)."""
+        if not self.tree:
+            return ()
+        try:
+            widths = tuple(int(w) for w in self.tree.lower().split("x"))
+        except ValueError:
+            raise InputError(f"tree={self.tree}: candidates per level, e.g. tree=3x2") from None
+        check(all(1 <= w <= 16 for w in widths) and sum(widths) <= 63,
+              f"tree={self.tree}: 1 to 16 candidates per level, at most 63 in all")
+        return widths
 
     def length_settings(self) -> LengthSettings:
         """k, the threshold, and for ctrl=disco its artifact (the threshold is its tau)."""
@@ -96,6 +112,11 @@ def _check(params: HeadParams, models: Models, text: str) -> None:
             f"return (use the torch runtime, or ik_llama.cpp built with its features patch: "
             f"adaspec runtime build)")
     _artifact_path(params, target.name)
+    if params.tree and not target.supports_trees:
+        raise InputError(
+            f"head:tree needs a target runtime that scores token trees, which {target.kind} "
+            f"does not (torch, or ik_llama.cpp built with its tree patch: adaspec runtime "
+            f"build --force)")
 
 
 def _controller(params: HeadParams, target: str, head: Path) -> LengthController:
@@ -132,6 +153,10 @@ def _build(params: HeadParams, models: Models, text: str):
 
     path = _artifact_path(params, models.target.name)
     drafter = load_drafter(path, models.target, params.weights)
+    if params.tree:
+        from adaspec.draft.head_tree import HeadTreeDrafter
+
+        drafter = HeadTreeDrafter(drafter, params.widths())
     return Engine(
         models.target,
         models.tokenizer,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaspec.backends.base import ChainBackend, batch_noise_setting
+from adaspec.backends.base import ChainBackend, ForwardOutput, batch_noise_setting, tree_parents
 from adaspec.backends.sequences import ALL, LAST, NONE, Feed, SequenceView, views
 from adaspec.errors import AdaspecError, InputError
 
@@ -156,6 +156,14 @@ def target_features(api: Any) -> bool:
     return ik_features_patch.NAME in getattr(api, "adaspec_patches", ())
 
 
+def token_trees(api: Any) -> bool:
+    """Whether the library scores a token tree in one call, each node's row the chain's bit
+    for bit, and keeps its accepted path in the chain's cells (`ik/patches/tree.py`)."""
+    from adaspec.backends.ik.patches import tree as ik_tree_patch
+
+    return ik_tree_patch.NAME in getattr(api, "adaspec_patches", ())
+
+
 @cache
 def library() -> Any:
     """The ik_llama.cpp binding module (structures and the loaded library), with adaspec's
@@ -226,6 +234,10 @@ def library() -> Any:
     if target_features(api):  # a native build's own function
         signatures["adaspec_features"] = ([c.c_void_p, c.c_bool], None)
         signatures["llama_get_embeddings"] = ([c.c_void_p], c.POINTER(c.c_float))
+    if token_trees(api):  # a native build's own functions
+        signatures["adaspec_tree"] = ([c.c_void_p, c.POINTER(c.c_int32), c.c_int32], c.c_int)
+        signatures["adaspec_kv_tree_keep"] = ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32,
+                                               c.POINTER(c.c_int32), c.c_int32], c.c_int)
     if kv_regions(api):  # a native build's own function
         signatures["adaspec_kv_regions"] = ([c.c_void_p, c.c_uint32], c.c_int)
         signatures["adaspec_kv_seq_copy"] = ([c.c_void_p, c.c_int32, c.c_int32, c.c_int32],
@@ -384,6 +396,15 @@ class IkLlamaBackend(ChainBackend):
         self.sequences_match = self.max_sequences == 1 or self.sequences_alike()
         alike = alike and self.sequences_match
         self.batch_noise = batch_noise_setting(0.0 if alike else type(self).batch_noise)
+        # token trees on its own sequence (`ik/patches/tree.py`): in the root's block of the
+        # attention kernel's cells, inside its region
+        self.supports_trees = bool(self.region) and token_trees(api)
+        if self.supports_trees:
+            from adaspec.backends.ik.patches import tree as ik_tree_patch
+
+            self.tree_block, self.tree_span = ik_tree_patch.BLOCK, self.region
+        # the tree scored last, until the verdict keeps its path: (root position, parents)
+        self._tree: tuple[int, list[int]] | None = None
         self.hidden_size = int(lib.llama_model_n_embd(self._model))
         self.num_layers = int(lib.llama_n_layer(self._model))
         self.bytes_per_forward = int(lib.llama_model_size(self._model))
@@ -392,6 +413,96 @@ class IkLlamaBackend(ChainBackend):
 
     def _fed_features(self) -> torch.Tensor | None:
         return self.last_features[0] if self.last_features else None
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layer: int | None = None,
+    ) -> ForwardOutput:
+        """A chain as every chain backend scores it; a token tree (`tree_mask`, node 0 the
+        root fed right after the cache) in one call, its nodes in the cells after the root's,
+        until `keep` or `truncate` moves the accepted path where a chain puts it."""
+        parents = None if tree_mask is None else tree_parents(tree_mask)
+        if parents is None or parents == list(range(-1, len(parents) - 1)):  # a chain
+            return super().forward(tokens, positions, None, hidden_layer)
+        if hidden_layer is not None:
+            raise InputError("the ik_llama.cpp backend gives no hidden states of a tree")
+        ids = [int(t) for t in tokens.reshape(-1)]
+        if len(parents) != len(ids):
+            raise InputError(f"a tree of {len(ids)} tokens needs a mask of as many rows")
+        depths = [0] * len(ids)
+        for i in range(1, len(ids)):
+            depths[i] = depths[parents[i]] + 1
+        at = [self._len + d for d in depths]
+        if positions is not None and positions.reshape(-1).tolist() != at:
+            raise InputError("a tree's nodes sit at their root's position plus their depth, "
+                             "the root right after the cache")
+        room = self.tree_room(self._len) or len(ids)
+        if not self.supports_trees or len(ids) > room:
+            raise InputError(f"this ik_llama.cpp context scores a tree of at most {room} "
+                             f"tokens at position {self._len}, not {len(ids)}")
+        if self._len + len(ids) > self.max_context:
+            raise InputError(f"context too long for {self.runtime}: "
+                             f"{self._len + len(ids)} > {self.max_context} tokens")
+        arms = (ctypes.c_int32 * len(ids))(*parents)
+        if self._lib.adaspec_tree(self._ctx, arms, len(ids)) != 0:
+            raise AdaspecError("ik_llama.cpp refused a token tree")
+        cached = self._token_ids()
+        del cached[self._len :]
+        try:
+            logits = self.feed_many([Feed(0, self._len, ids, ALL, positions=at)], pad=False)[0]
+        except BaseException:
+            del cached[:]
+            raise
+        finally:
+            self._lib.adaspec_tree(self._ctx, None, 0)
+        self._tree = (self._len, parents)
+        cached.extend(ids)
+        self._len += len(ids)
+        return ForwardOutput(logits=logits, features=self._fed_features())
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """After a tree: the context and one accepted path below its root, moved to the
+        cells a chain puts them in; else a prefix of the cache."""
+        kept = [int(i) for i in indices.reshape(-1)]
+        if self._tree is None:
+            return super().keep(indices)
+        root = self._tree[0]
+        if kept[: root + 1] != list(range(root + 1)):
+            raise InputError("after a tree the cache keeps its context and a path below the root")
+        self._keep_path([i - root for i in kept[root + 1 :]])
+
+    def truncate(self, length: int) -> None:
+        if self._tree is not None:
+            root, parents = self._tree
+            if length > root + 1:  # the first nodes, a chain below the root
+                self._keep_path(list(range(1, min(length - root, len(parents)))))
+            else:
+                self._tree = None  # the cut frees every node
+        super().truncate(length)
+
+    def _keep_path(self, path: list[int]) -> None:
+        """Keep tree nodes `path` (one per depth from 1, each the previous one's child)."""
+        assert self._tree is not None
+        root, parents = self._tree
+        self._tree = None
+        if any(not 0 < node < len(parents) or parents[node] != (path[d - 1] if d else 0)
+               for d, node in enumerate(path)):
+            self.truncate(root + 1)
+            raise InputError(f"tree nodes {path} are no path below the root")
+        keep = (ctypes.c_int32 * max(1, len(path)))(*path)
+        code = self._lib.adaspec_kv_tree_keep(self._ctx, 0, root, len(parents), keep, len(path))
+        ids = self._token_ids()
+        nodes = ids[root : root + len(parents)]
+        del ids[root + 1 :]
+        if code != 0:
+            self._remove_from(root + 1)
+            self._len = root + 1
+            raise AdaspecError(f"ik_llama.cpp could not keep a tree's path (code {code})")
+        ids.extend(nodes[i] for i in path)
+        self._len = root + 1 + len(path)
 
     def record_features(self, on: bool) -> None:
         """Return the output rows' final-normed hidden states beside their logits (read from
@@ -485,7 +596,7 @@ class IkLlamaBackend(ChainBackend):
             if extra > 0:
                 padded = last
                 feeds[-1] = Feed(last.seq, last.start, last.ids + last.ids[-1:] * extra, ALL)
-        flat = [(k, f.seq, f.start + j, tok,
+        flat = [(k, f.seq, f.start + j if f.positions is None else f.positions[j], tok,
                  f.rows == ALL or (f.rows == LAST and j == len(f.ids) - 1))
                 for k, f in enumerate(feeds) for j, tok in enumerate(f.ids)]
         got: list[list[np.ndarray]] = [[] for _ in feeds]

@@ -8,11 +8,12 @@ libraries with an `$ORIGIN` run path (the two libraries sit side by side), only 
 target, with the flash-attention kernels for the default cache types only (adaspec turns
 flash attention on for a cache of several sequences only, see `backends/ik/backend.py`).
 
-Ten source changes before compiling (`patches()`, recorded in `build.json`). The
+Eleven source changes before compiling (`patches()`, recorded in `build.json`). The
 flash-attention kernels compiled for the head sizes of adaspec's models only (64 and 128:
 `ik/patches/head_sizes.py`, a third of the build's time). Flash attention for
 several sequences in one cache (`ik/patches/flash.py`). A region of the cache per sequence, with
-attention that reads a row's own region (`ik/patches/regions.py`). Weights fetched ahead in the
+attention that reads a row's own region (`ik/patches/regions.py`). A token tree scored in one
+call, each node's row the chain's bit for bit (`ik/patches/tree.py`). Weights fetched ahead in the
 repacked Q4_K and Q6_K kernels for calls of several rows (`ik/patches/prefetch.py`), and the
 Q4_K one taking them 8 rows at a time (`ik/patches/two_groups.py`); on a CPU with AVX-512,
 both walking 8 rows at a time in 512-bit registers for calls of up to 8 rows
@@ -62,6 +63,7 @@ from adaspec.backends.ik.patches import head_sizes as ik_head_sizes_patch
 from adaspec.backends.ik.patches import hugepages as ik_hugepages_patch
 from adaspec.backends.ik.patches import prefetch as ik_prefetch_patch
 from adaspec.backends.ik.patches import regions as ik_regions_patch
+from adaspec.backends.ik.patches import tree as ik_tree_patch
 from adaspec.backends.ik.patches import two_groups as ik_two_groups_patch
 from adaspec.backends.ik.patches import wide as ik_wide_patch
 from adaspec.store import native_build
@@ -94,7 +96,7 @@ ONE_ROW_REGION = ("static void mul_mat_q2_k_r4_q8_k(",
 ONE_ROW_SHORTCUT = "if constexpr (nrc_y == 1)"
 ONE_ROW_GUARDED = "if constexpr (ADASPEC_ONE_ROW_SHORTCUTS && nrc_y == 1)"
 ONE_ROW_MACRO = "#ifndef ADASPEC_ONE_ROW_SHORTCUTS\n#define ADASPEC_ONE_ROW_SHORTCUTS 0\n#endif\n"
-PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME,
+PATCHES = ("k-quant-rows-alike", ik_flash_patch.NAME, ik_regions_patch.NAME, ik_tree_patch.NAME,
            ik_prefetch_patch.NAME, ik_two_groups_patch.NAME, ik_wide_patch.NAME,
            ik_hugepages_patch.NAME, ik_amx_patch.NAME, ik_features_patch.NAME)
 
@@ -175,6 +177,7 @@ def apply_patches(src: Path) -> dict[str, int]:
     try:
         fa_loops = ik_flash_patch.apply(src)
         ik_regions_patch.apply(src)
+        ik_tree_patch.apply(src)  # after the regions patch: it places a tree in a region
         prefetching = ik_prefetch_patch.apply(src)
         ik_two_groups_patch.apply(src)  # after the prefetch patch: it fetches ahead too
         ik_wide_patch.apply(src)  # after the two-group patch: it takes over that loop start
@@ -187,7 +190,7 @@ def apply_patches(src: Path) -> dict[str, int]:
             raise IkBuildError(f"the unfinished build in {src.parent} left {left_out} "
                                f"flash-attention kernels out; remove that folder to build "
                                f"them all ({ik_head_sizes_patch.ENV}=all)")
-    except (ik_flash_patch.PatchError, ik_regions_patch.PatchError,
+    except (ik_flash_patch.PatchError, ik_regions_patch.PatchError, ik_tree_patch.PatchError,
             ik_source.PatchError) as exc:  # the one-file patches' error
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     return {"one_row_shortcuts_guarded": patched, "flash_attention_loops_patched": fa_loops,

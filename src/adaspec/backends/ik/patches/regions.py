@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-NAME = "kv-regions-4"
+NAME = "kv-regions-5"
 MARK = "adaspec (kv-regions)"
 
 
@@ -225,6 +225,25 @@ int adaspec_kv_regions(struct llama_context * ctx, uint32_t stride) {
     return 0;
 }
 
+// adaspec (kv-regions): cell `to` gets cell `from`'s keys and values, layer by layer (its
+// position and sequences are the caller's to set)
+static void adaspec_copy_cell(struct llama_context * ctx, int64_t from, int64_t to) {
+    auto & cache = ctx->kv_self;
+    const auto & hparams = ctx->model.hparams;
+    std::vector<uint8_t> row;
+    for (size_t il = 0; il < cache.k_l.size(); ++il) {
+        for (int which = 0; which < 2; ++which) {
+            ggml_tensor * t = which == 0 ? cache.k_l[il] : cache.v_l[il];
+            if (t == nullptr) continue;
+            const size_t width = which == 0 ? hparams.n_embd_k_gqa(il) : hparams.n_embd_v_gqa(il);
+            const size_t bytes = ggml_row_size(t->type, width);
+            row.resize(bytes);
+            ggml_backend_tensor_get(t, row.data(), from*bytes, bytes);
+            ggml_backend_tensor_set(t, row.data(), to*bytes, bytes);
+        }
+    }
+}
+
 // adaspec (kv-regions): sequence `dst` (its cells free) gets copies of sequence `src`'s
 // positions 0 .. length - 1, keys and values, in its own region's cells, where a shared
 // entry (llama_kv_cache_seq_cp) would stay in src's region: a row then reads its cells in
@@ -246,20 +265,8 @@ int adaspec_kv_seq_copy(struct llama_context * ctx, int32_t src, int32_t dst, in
     for (int32_t p = 0; p < length; ++p) {
         if (from[p] < 0 || cache.cells[dst*stride + p].pos >= 0) return 4;
     }
-    const auto & hparams = ctx->model.hparams;
-    std::vector<uint8_t> row;
-    for (size_t il = 0; il < cache.k_l.size(); ++il) {
-        for (int which = 0; which < 2; ++which) {
-            ggml_tensor * t = which == 0 ? cache.k_l[il] : cache.v_l[il];
-            if (t == nullptr) continue;
-            const size_t width = which == 0 ? hparams.n_embd_k_gqa(il) : hparams.n_embd_v_gqa(il);
-            const size_t bytes = ggml_row_size(t->type, width);
-            row.resize(bytes);
-            for (int32_t p = 0; p < length; ++p) {
-                ggml_backend_tensor_get(t, row.data(), from[p]*bytes, bytes);
-                ggml_backend_tensor_set(t, row.data(), (dst*stride + p)*bytes, bytes);
-            }
-        }
+    for (int32_t p = 0; p < length; ++p) {
+        adaspec_copy_cell(ctx, from[p], dst*stride + p);
     }
     for (int32_t p = 0; p < length; ++p) {
         auto & cell = cache.cells[dst*stride + p];

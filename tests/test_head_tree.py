@@ -1,0 +1,154 @@
+"""The draft head's token trees (issue 66, part 2): the head's chain with its next candidates
+beside each drafted token, verified in one target pass. Greedy output is plain decoding's and
+the siblings catch tokens the chain misses; sampling follows the target's law (MCSS, with
+and without replacement); a tree the target's cache cannot hold this step becomes a chain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.backends.torch.backend import TorchBackend
+from adaspec.control.static import StaticLength
+from adaspec.core.sampling import SamplingParams
+from adaspec.draft.head_tree import HeadTreeDrafter, fit_widths
+from adaspec.engine.loop import Engine
+from adaspec.errors import InputError
+
+from .conftest import runtime_backend, sampling_backend, tiny_model
+from .test_head import _head, _trained_head_drafter
+
+
+def test_a_tree_is_cut_to_what_the_target_holds_this_step():
+    assert fit_widths((3, 2), None) == (3, 2)
+    assert fit_widths((3, 2), 6) == (3, 2)  # 5 nodes and the root
+    assert fit_widths((3, 2), 5) == (3,)
+    assert fit_widths((3, 2), 3) == (1, 1)  # not even the first level: a chain
+    assert fit_widths((3, 2), 1) == ()
+
+
+def _steps_through_siblings(engine, prompts) -> tuple[int, int]:
+    """(steps whose accepted path ran through a candidate other than the first, accepted
+    tokens) over greedy runs of `prompts`, with each step's verdict read off the engine."""
+    through = accepted = 0
+    original = engine._verify
+
+    def spy(proposal, out, *args, **kwargs):
+        nonlocal through
+        verdict = original(proposal, out, *args, **kwargs)
+        node = 0
+        for child in verdict.path:
+            if proposal.tree.children[node][0] != child:
+                through += 1
+                break
+            node = child
+        return verdict
+
+    engine._verify = spy
+    for prompt in prompts:
+        accepted += engine.generate(prompt, max_new_tokens=20).stats.accepted
+    return through, accepted
+
+
+@pytest.mark.parametrize("runtime", ["torch", "static"])
+def test_greedy_head_trees_decode_what_plain_decoding_does_and_siblings_get_accepted(runtime):
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    head = _trained_head_drafter(model)
+    plain = Engine(runtime_backend(runtime, model, "plain"), None, eos_token_ids=[])
+    prompts = ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30], [12, 13, 14])
+    chain = Engine(runtime_backend(runtime, model, "chain"), None, drafter=head,
+                   controller=StaticLength(2), eos_token_ids=[])
+    tree = Engine(runtime_backend(runtime, model, "tree"), None,
+                  drafter=HeadTreeDrafter(_trained_head_drafter(model), (3, 2)),
+                  controller=StaticLength(2), eos_token_ids=[])
+    for prompt in prompts:
+        want = plain.generate(prompt, max_new_tokens=20).token_ids
+        assert chain.generate(prompt, max_new_tokens=20).token_ids == want
+        assert tree.generate(prompt, max_new_tokens=20).token_ids == want
+    through, accepted = _steps_through_siblings(tree, prompts)
+    _, chain_accepted = _steps_through_siblings(chain, prompts)
+    # the siblings are what a tree adds: paths through them, more tokens a step
+    assert through > 0 and accepted > chain_accepted
+
+
+@pytest.mark.parametrize("verify", ["mcss-wor", "mcss", "broken"])
+def test_sampled_head_trees_follow_the_target_law(verify):
+    """Candidates drawn from the head's q (without replacement for MCSS-wor, i.i.d. for
+    MCSS): the emitted tokens follow plain decoding's law (chi-square on the first three,
+    `test_engine_sampling`). Negative control: candidates that are the head's top tokens
+    while the verifier is told they were drawn must fail."""
+    from .stats_helpers import assert_caught, assert_exact
+    from .test_engine_sampling import check, first_tokens
+
+    model = tiny_model(vocab=8, seed=5, sharpen=6.0)
+    base = _trained_head_drafter(model, vocab_kept=None)
+    drafter = (TopTokensClaimedDrawn if verify == "broken" else HeadTreeDrafter)(base, (2, 2))
+    engine = Engine(sampling_backend(model), None, drafter=drafter, controller=StaticLength(2),
+                    verify="mcss-wor" if verify == "broken" else verify, eos_token_ids=[])
+    params = SamplingParams(1.0, top_k=6)
+    cells, acceptance = first_tokens(engine, params, 5)
+    fits = check(cells, model, params)
+    if verify == "broken":
+        assert_caught(fits, "top tokens verified as draws")
+        return
+    assert 0.05 < acceptance < 0.98
+    assert_exact(fits, f"head tree, {verify}")
+
+
+class TopTokensClaimedDrawn(HeadTreeDrafter):
+    """Above temperature 0, the head's top tokens as the candidates (what greedy takes),
+    with q as if they had been drawn from it: biased, so the law must break."""
+
+    def _candidates(self, small, width, req):
+        _, row = super()._candidates(small, width, req)
+        top = torch.topk(small, min(width, small.shape[-1])).indices
+        return self.head.tokens.token_ids[top].tolist(), row
+
+
+def test_a_target_that_holds_no_tree_this_step_gets_the_chain():
+    """`RequestState.tree_nodes` (the target's room this step): the drafter's tree becomes a
+    chain of the levels that fit, and the output stays plain decoding's."""
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    drafter = HeadTreeDrafter(_trained_head_drafter(model), (3, 2))
+
+    class OneRowShort(TorchBackend):
+        def tree_room(self, root: int) -> int | None:
+            return 3  # root + 2: no level of 3 candidates
+
+    target = OneRowShort(model, name="short")
+    seen = []
+    original = target.forward
+
+    def forward(tokens, positions=None, tree_mask=None, hidden_layer=None):
+        seen.append(len(tokens.reshape(-1)))
+        return original(tokens, positions, tree_mask, hidden_layer)
+
+    target.forward = forward
+    engine = Engine(target, None, drafter=drafter, controller=StaticLength(2),
+                    eos_token_ids=[])
+    plain = Engine(runtime_backend("torch", model, "plain"), None, eos_token_ids=[])
+    prompt = [5, 9, 11, 3]
+    assert engine.generate(prompt, max_new_tokens=12).token_ids == \
+        plain.generate(prompt, max_new_tokens=12).token_ids
+    assert seen and max(seen) <= 3
+
+
+def test_head_tree_settings_are_checked():
+    from adaspec.methods.head import HeadParams
+
+    assert HeadParams(tree="3x2").widths() == (3, 2)
+    assert HeadParams().widths() == ()
+    for bad in ("3x", "0x2", "17", "a"):
+        with pytest.raises(InputError, match="tree="):
+            HeadParams(tree=bad)
+    with pytest.raises(ValueError):
+        HeadTreeDrafter(_head_drafter(), ())
+
+
+def _head_drafter():
+    from adaspec.draft.head import HeadDrafter
+    from adaspec.lab.head import train as head_train
+
+    model = tiny_model(vocab=40, hidden=32)
+    frozen = head_train.frozen_parts(model, torch.arange(40))
+    return HeadDrafter(_head(model), frozen.token_head, frozen.embed)
