@@ -100,9 +100,10 @@ class TopTokensClaimedDrawn(HeadTreeDrafter):
     with q as if they had been drawn from it: biased, so the law must break."""
 
     def _candidates(self, small, width, req):
-        _, row = super()._candidates(small, width, req)
+        _, _, row = super()._candidates(small, width, req)
         top = torch.topk(small, min(width, small.shape[-1])).indices
-        return self.head.tokens.token_ids[top].tolist(), row
+        picks = self.head.tokens.token_ids[top].tolist()
+        return picks, row[picks].tolist(), row
 
 
 def test_a_target_that_holds_no_tree_this_step_gets_the_chain():
@@ -137,7 +138,9 @@ def test_head_tree_settings_are_checked():
     from adaspec.methods.head import HeadParams
 
     assert HeadParams(tree="3x2").widths() == (3, 2)
-    assert HeadParams().widths() == ()
+    assert HeadParams().widths() == () and HeadParams(tree="priced").widths() == ()
+    with pytest.raises(InputError, match="profile prices tree=priced only"):
+        HeadParams(tree="2", profile="flat")
     for bad in ("3x", "0x2", "17", "a"):
         with pytest.raises(InputError, match="tree="):
             HeadParams(tree=bad)
@@ -152,3 +155,39 @@ def _head_drafter():
     model = tiny_model(vocab=40, hidden=32)
     frozen = head_train.frozen_parts(model, torch.arange(40))
     return HeadDrafter(_head(model), frozen.token_head, frozen.embed)
+
+
+def test_the_priced_plan_keeps_what_pays_under_the_profile():
+    """tree=priced: where rows are nearly free (a GPU's profile) the step keeps every
+    candidate worth anything; where each row costs a whole step, none; in between, the
+    likely chain before the unlikely siblings; a level only below its parent level's
+    first candidate, and each level's candidates a prefix of its order."""
+    from adaspec.cost.profile import CostProfile
+    from adaspec.draft.head_tree import plan
+
+    levels = [[0.6, 0.3, 0.05], [0.8, 0.1], [0.5, 0.2]]
+    free = CostProfile.from_formula("linear:target_ms=10,per_token_ms=0.01")
+    assert plan(levels, free, 16) == [3, 2, 2]
+    assert plan(levels, free, 4) == [2, 1, 1]  # 0.6, 0.48, 0.3 (sibling), 0.24
+    dear = CostProfile.from_formula("linear:target_ms=10,per_token_ms=10")
+    assert plan(levels, dear, 16) == [0, 0, 0]
+    cpu = CostProfile.from_formula("linear:target_ms=25,per_token_ms=5")
+    kept = plan(levels, cpu, 16)
+    assert kept[0] >= 1 and sum(kept) < 7
+    assert plan([[0.9, 0.05], [0.0]], free, 16) == [2, 0]  # a worthless node is left out
+
+
+def test_a_priced_head_tree_decodes_what_plain_decoding_does():
+    from adaspec.cost.profile import CostProfile
+    from adaspec.draft.head_tree import PricedHeadTree
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    plain = Engine(runtime_backend("torch", model, "plain"), None, eos_token_ids=[])
+    free = CostProfile.from_formula("linear:target_ms=10,per_token_ms=0.1")
+    drafter = PricedHeadTree(_trained_head_drafter(model), free)
+    engine = Engine(runtime_backend("torch", model, "tree"), None, drafter=drafter,
+                    controller=StaticLength(3), eos_token_ids=[])
+    for prompt in ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8]):
+        assert engine.generate(prompt, max_new_tokens=16).token_ids == \
+            plain.generate(prompt, max_new_tokens=16).token_ids
+    assert max(drafter.kept) > 3  # wide trees where rows are cheap

@@ -32,6 +32,7 @@ def check_weights(weights: str) -> None:
 
 
 CTRLS = ("static", "heuristic", "confidence", "disco")
+PRICED_TREE = "priced"  # head:tree=priced
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,11 @@ class HeadParams(ChainParams):
                          "target runs in ik_llama.cpp, else int8) | fp32 | bf16 | int8 (int8 "
                          "rows, bf16 activations) | int8-dyn | ggml (its layer in ik_llama.cpp)")
     tree: str = param("", "a token tree along the chain: candidates per level, e.g. 3x2 (3 "
-                      "at depth 1, 2 at depth 2, one deeper, up to k); verified in one target "
-                      "pass (MCSS above temperature 0)")
+                      "at depth 1, 2 at depth 2, one deeper, up to k), or priced (each step "
+                      "the nodes with the most expected tokens per ms under the cost "
+                      "profile); verified in one target pass (MCSS above temperature 0)")
+    profile: str = param("", "tree=priced: the cost profile (a JSON file, 'flat' or "
+                         "'linear:...'; default: this machine's, measured once and cached)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,8 +68,9 @@ class HeadParams(ChainParams):
         self.widths()
 
     def widths(self) -> tuple[int, ...]:
-        """tree=AxB...: the candidates per level (empty: a chain)."""
-        if not self.tree:
+        """tree=AxB...: the candidates per level (empty: a chain, or tree=priced)."""
+        check(not self.profile or self.tree == PRICED_TREE, "profile prices tree=priced only")
+        if not self.tree or self.tree == PRICED_TREE:
             return ()
         try:
             widths = tuple(int(w) for w in self.tree.lower().split("x"))
@@ -153,7 +158,11 @@ def _build(params: HeadParams, models: Models, text: str):
 
     path = _artifact_path(params, models.target.name)
     drafter = load_drafter(path, models.target, params.weights)
-    if params.tree:
+    if params.tree == PRICED_TREE:
+        from adaspec.draft.head_tree import PricedHeadTree
+
+        drafter = PricedHeadTree(drafter, models.cost_profile(params.profile, with_draft=False))
+    elif params.tree:
         from adaspec.draft.head_tree import HeadTreeDrafter
 
         drafter = HeadTreeDrafter(drafter, params.widths())
