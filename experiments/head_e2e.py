@@ -102,7 +102,7 @@ def main() -> int:
             # the bench's row shape, so `adaspec bench --replay` re-prices these steps
             replayable.append({
                 "prompt_id": pid, "category": cat, "method": name, "repeat": 0,
-                "steps": [[int(d), int(a)] for d, a in s.steps],
+                "steps": [[int(d), int(a)] for d, a in s.steps], "nodes": list(s.nodes),
                 "target_calls": s.target_calls, "draft_calls": s.draft_calls,
                 "head_calls": s.head_calls, "new_tokens": len(r.token_ids),
                 "prompt_tokens": s.prompt_tokens, "turn_tokens": [len(r.token_ids)],

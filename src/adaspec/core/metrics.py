@@ -21,6 +21,8 @@ class RequestStats:
     verify_time: float = 0.0  # target forward + verification (prefill excluded)
     target_time: float = 0.0  # the target's passes alone (device drained): verify_time's share
     steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
+    # drafted nodes per step (a tree's; a chain's is its length): what its call verified
+    nodes: list[int] = field(default_factory=list)
     route: str | None = None  # the drafter a router picked, if any
     route_time: float = 0.0
     # greedy rows of a multi-token pass re-scored alone: their top-2 gap was within the

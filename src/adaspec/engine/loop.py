@@ -492,6 +492,7 @@ class Engine(TextGenerator):
             stats.drafted += proposal.depth
             stats.accepted += verdict.accepted
             stats.steps.append((proposal.depth, verdict.accepted))
+            stats.nodes.append(len(proposal.tree) - 1)
             if drafter is not None:  # the length rule learns from its drafter's steps only
                 self.controller.update(proposal.depth, verdict.accepted)
         accepted = [*proposal.tokens_on(verdict.path), verdict.next_token]

@@ -21,6 +21,7 @@ from adaspec.methods.params import ChainParams, check, param
 if TYPE_CHECKING:
     from adaspec.control import LengthSettings
     from adaspec.control.base import LengthController
+    from adaspec.draft.base import Drafter
 
 
 def check_weights(weights: str) -> None:
@@ -157,15 +158,16 @@ def _build(params: HeadParams, models: Models, text: str):
     from adaspec.engine.loop import Engine
 
     path = _artifact_path(params, models.target.name)
-    drafter = load_drafter(path, models.target, params.weights)
+    head = load_drafter(path, models.target, params.weights)
+    drafter: Drafter = head
     if params.tree == PRICED_TREE:
         from adaspec.draft.head_tree import PricedHeadTree
 
-        drafter = PricedHeadTree(drafter, models.cost_profile(params.profile, with_draft=False))
+        drafter = PricedHeadTree(head, models.cost_profile(params.profile, with_draft=False))
     elif params.tree:
         from adaspec.draft.head_tree import HeadTreeDrafter
 
-        drafter = HeadTreeDrafter(drafter, params.widths())
+        drafter = HeadTreeDrafter(head, params.widths())
     return Engine(
         models.target,
         models.tokenizer,

@@ -57,8 +57,10 @@ def price_row(row: dict, profile: CostProfile, head_ms: float | None = None) -> 
     new_tokens = int(row["new_tokens"])
     context = row.get("prompt_tokens", 0) / turns + new_tokens / (2 * turns)
     decode = 0.0
-    for drafted, _accepted in steps:
-        decode += profile.target_ms(int(drafted) + 1, int(context)) + profile.overhead_ms
+    # a tree's call verifies all its nodes (rows recorded before trees: chains, depth = rows)
+    nodes = row.get("nodes") or [drafted for drafted, _ in steps]
+    for n in nodes:
+        decode += profile.target_ms(int(n) + 1, int(context)) + profile.overhead_ms
     plain = max(0, int(row["target_calls"]) - turns - len(steps))
     decode += plain * (profile.target_ms(1, int(context)) + profile.overhead_ms)
     draft_calls = int(row.get("draft_calls", 0))

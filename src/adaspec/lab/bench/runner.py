@@ -471,6 +471,7 @@ class BenchRunner:
         answers: list[list[int]] = []
         total: dict = {k: 0 for k in _SUM_FIELDS}
         steps: list[list[int]] = []
+        nodes: list[int] = []  # per step, what its call verified (a tree: all its nodes)
         finish: list[str] = []
         routes: list[str] = []  # the arm a router picked, per turn
         drafted_by: dict[str, int] = {}  # drafted tokens per part of the drafter (S2D exits)
@@ -488,6 +489,7 @@ class BenchRunner:
             for k in _SUM_FIELDS:
                 total[k] += getattr(stats, k)
             steps += [[int(d), int(a)] for d, a in stats.steps]
+            nodes += [int(n) for n in stats.nodes or [d for d, _ in stats.steps]]
             for part, n in stats.drafted_by.items():
                 drafted_by[part] = drafted_by.get(part, 0) + n
             timings = getattr(stats, "timings", None)  # a peer's own figures, per turn
@@ -523,6 +525,7 @@ class BenchRunner:
             "ttft_s": total["prefill_time"] / turns if turns else 0.0,
             "decode_tokens_per_s": (tokens - turns) / decode_s if decode_s > 0 else None,
             "steps": steps,
+            "nodes": nodes,
             "drafted_by": drafted_by,
         }
         decode_calls = total["target_calls"] - turns
