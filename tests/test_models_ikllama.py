@@ -747,7 +747,8 @@ def test_greedy_trees_through_a_child_decode_what_plain_decoding_does(smollm):
     """The engine's tree steps on the default runtime's child process: a drafter whose every
     level puts plain decoding's token second among wrong ones, so accepted paths run through
     side nodes; the output is plain decoding's, the verification calls fewer than the
-    tokens, and a step whose tree would cross a block of cells drafts a chain."""
+    tokens, and a step whose tree would cross a block of cells drafts a chain. The same on a
+    server's slot (a sequence of a context of several)."""
     from adaspec.backends.process_backend import ProcessBackend
     from adaspec.control.static import StaticLength
     from adaspec.core.proposal import Proposal
@@ -790,3 +791,14 @@ def test_greedy_trees_through_a_child_decode_what_plain_decoding_does(smollm):
     assert got.stats.accepted > 20 and got.stats.target_calls < 20
     assert any(r is not None and r < 7 for r in drafter.rooms)  # near cell 128: less room
     target.close()
+    # a server's slot: a sequence of a context of several, in its own region, others beside
+    server = ProcessBackend(IkLlamaBackend, gguf, 2, "smollm", 1024, True, None, 3)
+    try:
+        busy, slot = server.sequences(2)
+        assert slot.supports_trees and slot.tree_room(40) == 88
+        busy.prefill(torch.tensor(prompt[:70]))
+        got = Engine(slot, None, drafter=SecondIsRight(), controller=StaticLength(3),
+                     eos_token_ids=[]).generate(prompt, max_new_tokens=40)
+        assert got.token_ids == want and got.stats.accepted > 20
+    finally:
+        server.close()

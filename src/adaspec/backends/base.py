@@ -220,10 +220,12 @@ class ChainBackend(ModelBackend):
     logits for every fed token, a prompt prefill with the last row's logits only, and a KV
     cache that rolls back by position. Subclasses give `_feed` and `_remove_from`."""
 
-    supports_trees = False
+    supports_trees = False  # a runtime of trees gives `_feed_tree` and `_keep_tree`
     has_hidden_states = False
     runtime = "this runtime"  # for error messages, e.g. "llama.cpp"
     _len = 0
+    # the tree scored last, until the verdict keeps its path: (root position, parents)
+    _tree: tuple[int, list[int]] | None = None
 
     @property
     def cache_len(self) -> int:
@@ -239,10 +241,79 @@ class ChainBackend(ModelBackend):
         tree_mask: torch.Tensor | None = None,
         hidden_layer: int | None = None,
     ) -> ForwardOutput:
+        if tree_mask is not None and self.supports_trees and hidden_layer is None:
+            parents = tree_parents(tree_mask)
+            if parents != list(range(-1, len(parents) - 1)):  # else a chain
+                return self._forward_tree([int(t) for t in tokens.reshape(-1)], positions,
+                                          parents)
+            tree_mask = None
         ids = chain_ids(f"the {self.runtime} backend", self._len, tokens, positions, tree_mask,
                         hidden_layer)
         logits = self._checked_feed(ids, every_row=True)
         return ForwardOutput(logits=logits, features=self._fed_features())
+
+    def _forward_tree(self, ids: list[int], positions: torch.Tensor | None,
+                      parents: list[int]) -> ForwardOutput:
+        """A token tree (node 0 the root, fed right after the cache) in one call, its nodes
+        cached until `keep` or `truncate` keeps the accepted path where a chain puts it."""
+        if len(parents) != len(ids):
+            raise InputError(f"a tree of {len(ids)} tokens needs a mask of as many rows")
+        depths = [0] * len(ids)
+        for i in range(1, len(ids)):
+            depths[i] = depths[parents[i]] + 1
+        at = [self._len + d for d in depths]
+        if positions is not None and positions.reshape(-1).tolist() != at:
+            raise InputError("a tree's nodes sit at their root's position plus their depth, "
+                             "the root right after the cache")
+        room = self.tree_room(self._len) or len(ids)
+        if len(ids) > room:
+            raise InputError(f"this {self.runtime} context scores a tree of at most {room} "
+                             f"tokens at position {self._len}, not {len(ids)}")
+        if self._len + len(ids) > self.max_context:
+            raise InputError(f"context too long for {self.runtime}: "
+                             f"{self._len + len(ids)} > {self.max_context} tokens")
+        cached = self._token_ids()
+        del cached[self._len :]
+        try:
+            logits = self._feed_tree(ids, at, parents)
+        except BaseException:
+            del cached[:]
+            raise
+        self._tree = (self._len, parents)
+        cached.extend(ids)
+        self._len += len(ids)
+        return ForwardOutput(logits=logits, features=self._fed_features())
+
+    def _feed_tree(self, ids: list[int], positions: list[int], parents: list[int]
+                   ) -> torch.Tensor:
+        """Score the tree (ids[0] its root at positions[0] = the cache length; parents[i]
+        < i) in one call, its nodes cached; their logits [n, V]."""
+        raise InputError(f"the {self.runtime} backend scores chains only (no token trees)")
+
+    def _keep_tree(self, root: int, n: int, path: list[int]) -> None:
+        """After `_feed_tree` (root at position `root`, n tokens): keep nodes `path`, one a
+        depth, in the cache where a chain puts them; free the others."""
+        raise InputError(f"the {self.runtime} backend scores chains only (no token trees)")
+
+    def _keep_path(self, path: list[int]) -> None:
+        """Keep tree nodes `path` (one per depth from 1, each the previous one's child)."""
+        assert self._tree is not None
+        root, parents = self._tree
+        self._tree = None
+        if any(not 0 < node < len(parents) or parents[node] != (path[d - 1] if d else 0)
+               for d, node in enumerate(path)):
+            self.truncate(root + 1)
+            raise InputError(f"tree nodes {path} are no path below the root")
+        ids = self._token_ids()
+        nodes = ids[root : root + len(parents)]
+        del ids[root + 1 :]
+        try:
+            self._keep_tree(root, len(parents), path)
+        except BaseException:
+            self._len = root + 1
+            raise
+        ids.extend(nodes[i] for i in path)
+        self._len = root + 1 + len(path)
 
     def _fed_features(self) -> torch.Tensor | None:
         """The last feed's rows' final-normed states, where the runtime records them."""
@@ -317,13 +388,27 @@ class ChainBackend(ModelBackend):
         """Drop the cached positions from `length` on."""
 
     def truncate(self, length: int) -> None:
+        if self._tree is not None:
+            root, parents = self._tree
+            if length > root + 1:  # the tree's first nodes, a chain below its root
+                self._keep_path(list(range(1, min(length - root, len(parents)))))
+            else:
+                self._tree = None  # the cut frees every node
         if length < self._len:
             self._remove_from(length)
             self._len = length
             del self._token_ids()[length:]
 
     def keep(self, indices: torch.Tensor) -> None:
-        kept = indices.reshape(-1).tolist()
+        """A prefix of the cache; after a tree, the context and one path below its root."""
+        kept = [int(i) for i in indices.reshape(-1)]
+        if self._tree is not None:
+            root = self._tree[0]
+            if kept[: root + 1] != list(range(root + 1)):
+                raise InputError("after a tree the cache keeps its context and a path below "
+                                 "the root")
+            self._keep_path([i - root for i in kept[root + 1 :]])
+            return
         if kept != list(range(len(kept))):
             raise InputError(f"the {self.runtime} backend keeps cache prefixes only "
                              "(no token trees)")

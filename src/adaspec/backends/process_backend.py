@@ -133,6 +133,17 @@ class _BackendServer:
         run: Any = self.backend
         run.record_features(on)
 
+    def feed_tree(self, seq: int, ids: list[int], positions: list[int], parents: list[int]
+                  ) -> tuple[int, int]:
+        run: Any = self.backend
+        logits = run.feed_tree(seq, ids, positions, parents)
+        feats = getattr(run, "last_features", None)
+        return self._write(ForwardOutput(logits, features=feats[0] if feats else None))
+
+    def keep_tree(self, seq: int, root: int, n: int, path: list[int]) -> None:
+        run: Any = self.backend
+        run.keep_tree(seq, root, n, path)
+
     def remove_seq(self, seq: int, start: int) -> None:
         run: Any = self.backend
         run.remove_seq(seq, start)
@@ -269,6 +280,18 @@ class ProcessBackend(ModelBackend):
             at += n
         self.last_features = states if self._features else None
         return out
+
+    def feed_tree(self, seq: int, ids: list[int], positions: list[int], parents: list[int]
+                  ) -> torch.Tensor:
+        """A token tree of sequence `seq` scored in one call of the child's runtime
+        (`sequences.TreeOwner`); its features in `last_features` where recorded."""
+        logits, features = self._read(self._child.call("feed_tree", seq, ids, positions,
+                                                       parents))
+        self.last_features = [features] if features is not None else None
+        return logits
+
+    def keep_tree(self, seq: int, root: int, n: int, path: list[int]) -> None:
+        self._child.call("keep_tree", seq, root, n, path)
 
     def record_features(self, on: bool) -> None:
         """The child's backend returns the output rows' final-normed states beside their

@@ -38,7 +38,7 @@ MIN_SHARE = 16
 # the attributes a view copies from its owner (what engines, profiles and routers read)
 _SHARED = ("name", "vocab_size", "num_layers", "hidden_size", "bytes_per_forward", "kind",
            "batch_noise", "n_params", "model",  # model: a torch owner's (online distillation)
-           "pooled_cache", "has_features")
+           "pooled_cache", "has_features", "supports_trees", "tree_block", "tree_span")
 
 
 @dataclass
@@ -73,6 +73,19 @@ class SharingOwner(SequenceOwner, Protocol):
 
     def copy_seq(self, src: int, dst: int, length: int) -> None:
         """Sequence `dst` holds `src`'s first `length` positions and nothing else."""
+        ...
+
+
+class TreeOwner(SequenceOwner, Protocol):
+    """An owner that scores a token tree of one sequence in one call (`supports_trees`)."""
+
+    def feed_tree(self, seq: int, ids: list[int], positions: list[int], parents: list[int]
+                  ) -> torch.Tensor:
+        """Every node's logits [n, V]; ids[0] the root right after the sequence's cache."""
+        ...
+
+    def keep_tree(self, seq: int, root: int, n: int, path: list[int]) -> None:
+        """Keep nodes `path` of the last tree where a chain puts them; free the others."""
         ...
 
 
@@ -132,6 +145,15 @@ class SequenceView(ChainBackend):
 
     def _remove_from(self, length: int) -> None:
         self.owner.remove_seq(self.seq, length)
+
+    def _feed_tree(self, ids: list[int], positions: list[int], parents: list[int]
+                   ) -> torch.Tensor:
+        owner: TreeOwner = self.owner  # type: ignore[assignment]  # supports_trees
+        return owner.feed_tree(self.seq, ids, positions, parents)
+
+    def _keep_tree(self, root: int, n: int, path: list[int]) -> None:
+        owner: TreeOwner = self.owner  # type: ignore[assignment]  # supports_trees
+        owner.keep_tree(self.seq, root, n, path)
 
     def _fed_features(self) -> torch.Tensor | None:
         feats = getattr(self.owner, "last_features", None)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaspec.backends.base import ChainBackend, ForwardOutput, batch_noise_setting, tree_parents
+from adaspec.backends.base import ChainBackend, batch_noise_setting
 from adaspec.backends.sequences import ALL, LAST, NONE, Feed, SequenceView, views
 from adaspec.errors import AdaspecError, InputError
 
@@ -403,8 +403,6 @@ class IkLlamaBackend(ChainBackend):
             from adaspec.backends.ik.patches import tree as ik_tree_patch
 
             self.tree_block, self.tree_span = ik_tree_patch.BLOCK, self.region
-        # the tree scored last, until the verdict keeps its path: (root position, parents)
-        self._tree: tuple[int, list[int]] | None = None
         self.hidden_size = int(lib.llama_model_n_embd(self._model))
         self.num_layers = int(lib.llama_n_layer(self._model))
         self.bytes_per_forward = int(lib.llama_model_size(self._model))
@@ -414,95 +412,36 @@ class IkLlamaBackend(ChainBackend):
     def _fed_features(self) -> torch.Tensor | None:
         return self.last_features[0] if self.last_features else None
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
-        hidden_layer: int | None = None,
-    ) -> ForwardOutput:
-        """A chain as every chain backend scores it; a token tree (`tree_mask`, node 0 the
-        root fed right after the cache) in one call, its nodes in the cells after the root's,
-        until `keep` or `truncate` moves the accepted path where a chain puts it."""
-        parents = None if tree_mask is None else tree_parents(tree_mask)
-        if parents is None or parents == list(range(-1, len(parents) - 1)):  # a chain
-            return super().forward(tokens, positions, None, hidden_layer)
-        if hidden_layer is not None:
-            raise InputError("the ik_llama.cpp backend gives no hidden states of a tree")
-        ids = [int(t) for t in tokens.reshape(-1)]
-        if len(parents) != len(ids):
-            raise InputError(f"a tree of {len(ids)} tokens needs a mask of as many rows")
-        depths = [0] * len(ids)
-        for i in range(1, len(ids)):
-            depths[i] = depths[parents[i]] + 1
-        at = [self._len + d for d in depths]
-        if positions is not None and positions.reshape(-1).tolist() != at:
-            raise InputError("a tree's nodes sit at their root's position plus their depth, "
-                             "the root right after the cache")
-        room = self.tree_room(self._len) or len(ids)
-        if not self.supports_trees or len(ids) > room:
-            raise InputError(f"this ik_llama.cpp context scores a tree of at most {room} "
-                             f"tokens at position {self._len}, not {len(ids)}")
-        if self._len + len(ids) > self.max_context:
-            raise InputError(f"context too long for {self.runtime}: "
-                             f"{self._len + len(ids)} > {self.max_context} tokens")
+    def feed_tree(self, seq: int, ids: list[int], positions: list[int], parents: list[int]
+                  ) -> torch.Tensor:
+        """Score a token tree of sequence `seq` in one call (`ik/patches/tree.py`): ids[0]
+        its root right after the sequence's cache, parents[i] < i, positions the root's plus
+        each node's depth; its nodes in the cells after the root's until `keep_tree`. The
+        logits of every node [n, V], each bit for bit its chain's."""
         arms = (ctypes.c_int32 * len(ids))(*parents)
         if self._lib.adaspec_tree(self._ctx, arms, len(ids)) != 0:
             raise AdaspecError("ik_llama.cpp refused a token tree")
-        cached = self._token_ids()
-        del cached[self._len :]
         try:
-            logits = self.feed_many([Feed(0, self._len, ids, ALL, positions=at)], pad=False)[0]
-        except BaseException:
-            del cached[:]
-            raise
+            return self.feed_many([Feed(seq, positions[0], ids, ALL, positions=positions)],
+                                  pad=False)[0]
         finally:
             self._lib.adaspec_tree(self._ctx, None, 0)
-        self._tree = (self._len, parents)
-        cached.extend(ids)
-        self._len += len(ids)
-        return ForwardOutput(logits=logits, features=self._fed_features())
 
-    def keep(self, indices: torch.Tensor) -> None:
-        """After a tree: the context and one accepted path below its root, moved to the
-        cells a chain puts them in; else a prefix of the cache."""
-        kept = [int(i) for i in indices.reshape(-1)]
-        if self._tree is None:
-            return super().keep(indices)
-        root = self._tree[0]
-        if kept[: root + 1] != list(range(root + 1)):
-            raise InputError("after a tree the cache keeps its context and a path below the root")
-        self._keep_path([i - root for i in kept[root + 1 :]])
-
-    def truncate(self, length: int) -> None:
-        if self._tree is not None:
-            root, parents = self._tree
-            if length > root + 1:  # the first nodes, a chain below the root
-                self._keep_path(list(range(1, min(length - root, len(parents)))))
-            else:
-                self._tree = None  # the cut frees every node
-        super().truncate(length)
-
-    def _keep_path(self, path: list[int]) -> None:
-        """Keep tree nodes `path` (one per depth from 1, each the previous one's child)."""
-        assert self._tree is not None
-        root, parents = self._tree
-        self._tree = None
-        if any(not 0 < node < len(parents) or parents[node] != (path[d - 1] if d else 0)
-               for d, node in enumerate(path)):
-            self.truncate(root + 1)
-            raise InputError(f"tree nodes {path} are no path below the root")
+    def keep_tree(self, seq: int, root: int, n: int, path: list[int]) -> None:
+        """After `feed_tree`: keep nodes `path` (one a depth) where a chain puts them, free
+        the tree's other cells."""
         keep = (ctypes.c_int32 * max(1, len(path)))(*path)
-        code = self._lib.adaspec_kv_tree_keep(self._ctx, 0, root, len(parents), keep, len(path))
-        ids = self._token_ids()
-        nodes = ids[root : root + len(parents)]
-        del ids[root + 1 :]
+        code = self._lib.adaspec_kv_tree_keep(self._ctx, seq, root, n, keep, len(path))
         if code != 0:
-            self._remove_from(root + 1)
-            self._len = root + 1
+            self.remove_seq(seq, root + 1)
             raise AdaspecError(f"ik_llama.cpp could not keep a tree's path (code {code})")
-        ids.extend(nodes[i] for i in path)
-        self._len = root + 1 + len(path)
+
+    def _feed_tree(self, ids: list[int], positions: list[int], parents: list[int]
+                   ) -> torch.Tensor:
+        return self.feed_tree(0, ids, positions, parents)
+
+    def _keep_tree(self, root: int, n: int, path: list[int]) -> None:
+        self.keep_tree(0, root, n, path)
 
     def record_features(self, on: bool) -> None:
         """Return the output rows' final-normed hidden states beside their logits (read from
