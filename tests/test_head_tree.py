@@ -191,3 +191,31 @@ def test_a_priced_head_tree_decodes_what_plain_decoding_does():
         assert engine.generate(prompt, max_new_tokens=16).token_ids == \
             plain.generate(prompt, max_new_tokens=16).token_ids
     assert max(drafter.kept) > 3  # wide trees where rows are cheap
+
+
+def test_the_priced_tree_learns_how_far_the_heads_probabilities_hold():
+    """A head trained on another target is confident and wrong: tree=priced measures its
+    kept nodes' hits against its probabilities per depth and keeps fewer nodes as the
+    evidence comes in; the head trained on this target keeps its probabilities' worth. The
+    output is plain decoding's either way."""
+    from adaspec.cost.profile import CostProfile
+    from adaspec.draft.head_tree import PricedHeadTree
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    cpu = CostProfile.from_formula("linear:target_ms=25,per_token_ms=3")
+    plain = Engine(runtime_backend("torch", model, "plain"), None, eos_token_ids=[])
+    prompts = [[5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30, 1], [12, 13, 14], [3, 3, 9]] * 2
+    scales = {}
+    for name, trained_on in (("own", model), ("other", tiny_model(vocab=40, hidden=32,
+                                                                 seed=11))):
+        drafter = PricedHeadTree(_trained_head_drafter(trained_on), cpu)
+        engine = Engine(runtime_backend("torch", model, name), None, drafter=drafter,
+                        controller=StaticLength(3), eos_token_ids=[])
+        for prompt in prompts:
+            assert engine.generate(prompt, max_new_tokens=12).token_ids == \
+                plain.generate(prompt, max_new_tokens=12).token_ids
+        scales[name] = drafter._scale(0)
+        if name == "other":
+            steps = len(drafter.kept)
+            assert sum(drafter.kept[-steps // 3:]) < sum(drafter.kept[: steps // 3])
+    assert scales["other"] < 0.6 < scales["own"]

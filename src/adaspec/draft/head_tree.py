@@ -28,8 +28,12 @@ from adaspec.core.sampling import process_logits
 from adaspec.core.token_tree import TokenTree
 from adaspec.cost.profile import CostProfile
 from adaspec.draft.base import Drafter
-from adaspec.draft.head import HeadDrafter
+from adaspec.draft.head import HeadChain, HeadDrafter
 from adaspec.draft.model_tree import draw_children
+
+# a drafted level: its candidates, the head's probability of each, and (sampled) the
+# distribution they were drawn from [V]
+Level = tuple[list[int], list[float], "torch.Tensor | None"]
 
 
 def fit_widths(widths: tuple[int, ...], tokens: int | None) -> tuple[int, ...]:
@@ -82,33 +86,53 @@ class HeadTreeDrafter(Drafter):
 
     def propose(self, req: RequestState, max_tokens: int,
                 controller: LengthController) -> Proposal:
-        context, params = req.context, req.sampling
         wanted = (*self.widths, *(1,) * max(0, max_tokens - len(self.widths)))[:max_tokens]
-        levels = fit_widths(wanted, req.tree_nodes)
-        chain = self.head.open(req) if levels else None
-        tree = TokenTree.root(context[-1])
+        widths = fit_widths(wanted, req.tree_nodes)
+        chain = self.head.open(req) if widths else None
         if chain is None:
-            return Proposal(tree)
+            return Proposal(TokenTree.root(req.context[-1]))
+        levels = self._draft(req, chain, widths, controller)
+        return self._proposal(req, levels, [len(picks) for picks, _, _ in levels], chain.steps)
+
+    def _draft(self, req: RequestState, chain: HeadChain, widths: tuple[int, ...],
+               controller: LengthController, floor: float = 0.0) -> list[Level]:
+        """The chain's levels, `widths[d]` candidates at depth d + 1, the first one fed on;
+        it stops where the controller says, or where the path to its next token is less
+        likely than `floor` by the head's own probabilities."""
+        levels: list[Level] = []
+        reach = 1.0
+        for depth, width in enumerate(widths, start=1):
+            small = chain.small_logits()
+            levels.append(self._candidates(small, width, req))
+            reach *= levels[-1][1][0] if levels[-1][1] else 0.0
+            numbers = controller.draft_numbers(small).double().tolist()
+            if depth == len(widths) or reach < floor or \
+                    not controller.decide(depth - 1, numbers):
+                break
+            chain.advance(levels[-1][0][0])
+        return levels
+
+    def _proposal(self, req: RequestState, levels: list[Level], counts: list[int],
+                  steps: int) -> Proposal:
+        """The tree of each level's first `counts[d]` candidates, a level below the one
+        before's first; the distributions they were drawn from on their parents' rows."""
+        tree = TokenTree.root(req.context[-1])
         rows: dict[int, torch.Tensor] = {}  # node -> the distribution its children came from
         parent = 0
-        for depth, width in enumerate(levels, start=1):
-            small = chain.small_logits()
-            picks, _, row = self._candidates(small, width, req)
+        for (picks, _, row), count in zip(levels, counts, strict=False):
+            if not count:
+                break
+            new = tree.add_level([parent] * count, picks[:count])
             if row is not None:
                 rows[parent] = row
-            new = tree.add_level([parent] * len(picks), picks)
-            numbers = controller.draft_numbers(small).double().tolist()
-            if depth == len(levels) or not controller.decide(depth - 1, numbers):
-                break
-            chain.advance(picks[0])
             parent = new[0]
         probs = None
         if rows:
             probs = torch.zeros(max(rows) + 1, self.head.tokens.vocab)
             for node, row in rows.items():
                 probs[node] = row
-        return Proposal(tree, probs, head_calls=chain.steps,
-                        replacement=None if params.greedy else req.replacement)
+        return Proposal(tree, probs, head_calls=steps,
+                        replacement=None if req.sampling.greedy else req.replacement)
 
 
 # tree=priced: the candidates a level offers and the most nodes a step keeps
@@ -116,6 +140,8 @@ PRICED_WIDTH = 4
 PRICED_NODES = 16
 # a chain stops drafting once the path to its next token is this unlikely
 PRICED_REACH = 0.02
+# the weight of the head's own probabilities against its measured hits (`_scale`)
+CALIBRATION_PRIOR = 4.0
 
 
 class PricedHeadTree(HeadTreeDrafter):
@@ -129,45 +155,48 @@ class PricedHeadTree(HeadTreeDrafter):
         self.profile = profile
         self.max_nodes = max_nodes
         self.kept: list[int] = []  # nodes kept per step (for reports)
+        # per depth, over the requests this drafter served: the head's probabilities of its
+        # kept nodes whose parent was accepted, summed, and how many of them were accepted
+        self.calibration: list[tuple[float, int]] = []
+        # the last step's kept nodes: (node, parent, depth - 1, the head's probability)
+        self._last: list[tuple[int, int, int, float]] = []
 
     def propose(self, req: RequestState, max_tokens: int,
                 controller: LengthController) -> Proposal:
-        context = req.context
         chain = self.head.open(req) if max_tokens > 0 else None
-        tree = TokenTree.root(context[-1])
+        self._last = []
         if chain is None:
-            return Proposal(tree)
-        levels: list[tuple[list[int], list[float], torch.Tensor | None]] = []
-        reach = 1.0
-        for depth in range(1, max_tokens + 1):
-            small = chain.small_logits()
-            picks, probs, row = self._candidates(small, self.widths[0], req)
-            levels.append((picks, probs, row))
-            reach *= probs[0] if probs else 0.0
-            numbers = controller.draft_numbers(small).double().tolist()
-            if depth == max_tokens or reach < PRICED_REACH or \
-                    not controller.decide(depth - 1, numbers):
-                break
-            chain.advance(picks[0])
+            return Proposal(TokenTree.root(req.context[-1]))
+        levels = self._draft(req, chain, self.widths * max_tokens, controller, PRICED_REACH)
+        probs = [[min(0.99, q * self._scale(d)) for q in level[1]]
+                 for d, level in enumerate(levels)]
         room = min(self.max_nodes + 1, req.tree_nodes or self.max_nodes + 1)
-        keep = plan([probs for _, probs, _ in levels], self.profile, room - 1, len(context))
-        self.kept.append(sum(keep))
-        rows: dict[int, torch.Tensor] = {}
-        parent = 0
-        for (picks, _, row), count in zip(levels, keep, strict=False):
-            if not count:
-                break
-            new = tree.add_level([parent] * count, picks[:count])
-            if row is not None:
-                rows[parent] = row
-            parent = new[0]
-        probs_t = None
-        if rows:
-            probs_t = torch.zeros(max(rows) + 1, self.head.tokens.vocab)
-            for node, r in rows.items():
-                probs_t[node] = r
-        return Proposal(tree, probs_t, head_calls=chain.steps,
-                        replacement=None if req.sampling.greedy else req.replacement)
+        counts = plan(probs, self.profile, room - 1, len(req.context))
+        self.kept.append(sum(counts))
+        node, parent = 0, 0
+        for d, ((_, qs, _), count) in enumerate(zip(levels, counts, strict=False)):
+            for j in range(count):
+                self._last.append((node + 1 + j, parent, d, qs[j]))
+            parent, node = node + 1, node + count
+        return self._proposal(req, levels, counts, chain.steps)
+
+    def _scale(self, depth: int) -> float:
+        """How far the head's probabilities at depth `depth` + 1 held so far: accepted over
+        expected among the kept nodes whose parent was accepted (1 with no evidence)."""
+        pred, hits = self.calibration[depth] if depth < len(self.calibration) else (0.0, 0)
+        return (hits + CALIBRATION_PRIOR) / (pred + CALIBRATION_PRIOR)
+
+    def commit(self, req: RequestState, path: list[int]) -> None:
+        accepted = set(path)
+        for node, parent, depth, q in self._last:
+            if parent and parent not in accepted:
+                continue  # its parent was rejected: no evidence on it
+            while len(self.calibration) <= depth:
+                self.calibration.append((0.0, 0))
+            pred, hits = self.calibration[depth]
+            self.calibration[depth] = (pred + q, hits + (node in accepted))
+        self._last = []
+        super().commit(req, path)
 
 
 def plan(levels: list[list[float]], profile: CostProfile, max_nodes: int,
