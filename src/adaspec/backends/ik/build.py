@@ -190,8 +190,7 @@ def apply_patches(src: Path) -> dict[str, int]:
             raise IkBuildError(f"the unfinished build in {src.parent} left {left_out} "
                                f"flash-attention kernels out; remove that folder to build "
                                f"them all ({ik_head_sizes_patch.ENV}=all)")
-    except (ik_flash_patch.PatchError, ik_regions_patch.PatchError, ik_tree_patch.PatchError,
-            ik_source.PatchError) as exc:  # the one-file patches' error
+    except (ik_flash_patch.PatchError, ik_source.PatchError) as exc:  # the one-file patches' error
         raise IkBuildError(f"cannot patch {WHAT}: {exc}") from None
     return {"one_row_shortcuts_guarded": patched, "flash_attention_loops_patched": fa_loops,
             "prefetching_kernels": prefetching, "head_size_kernels_left_out": left_out}

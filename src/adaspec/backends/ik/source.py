@@ -42,3 +42,47 @@ def apply_edits(src: Path, files: list[str],
         if patched[f] != texts[f]:
             write_text(src / f, patched[f])
     return edits
+
+
+# an edit: (file, anchor, text, where): the text goes "before" or "after" the anchor, or
+# "replace"s it; the anchor found exactly once
+Edit = tuple[str, str, str, str]
+
+
+def edit_texts(texts: dict[str, str], edits: list[Edit], mark: str, export: str
+               ) -> dict[str, str]:
+    """The files (path -> text) with `edits` applied and `export` appended to
+    src/llama.cpp; files already carrying `mark` (a resumed build) come back unchanged.
+    PatchError where an anchor is missing or not there once."""
+    out = dict(texts)
+    if any(mark in t for t in out.values()):
+        return out
+    for path, anchor, text, where in edits:
+        body = out.get(path)
+        if body is None:
+            raise PatchError(f"{path}: missing")
+        if body.count(anchor) != 1:
+            raise PatchError(f"{path}: the anchor {anchor.strip()[:60]!r} is not there once")
+        at = body.index(anchor) + (len(anchor) if where == "after" else 0)
+        rest = at + len(anchor) if where == "replace" else at
+        out[path] = body[:at] + text + body[rest:]
+    out["src/llama.cpp"] += export
+    return out
+
+
+class SourcePatch:
+    """A patch of several files given as `Edit`s and a C export appended to src/llama.cpp,
+    recognised as applied by `mark` (`ik/patches/regions.py`, `ik/patches/tree.py`)."""
+
+    def __init__(self, edits: list[Edit], mark: str, export: str) -> None:
+        self.edits, self.mark, self.export = edits, mark, export
+        self.files = sorted({path for path, *_ in edits})
+
+    def patch_files(self, texts: dict[str, str]) -> dict[str, str]:
+        """The files (path -> text) with the patch applied; files already patched come back
+        unchanged. PatchError where an anchor is missing or not unique."""
+        return edit_texts(texts, self.edits, self.mark, self.export)
+
+    def apply(self, src: Path) -> int:
+        """Patch the unpacked source in place (atomically, file by file); the edits made."""
+        return apply_edits(src, self.files, self.patch_files, len(self.edits) + 1)

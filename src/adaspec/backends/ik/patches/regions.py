@@ -44,19 +44,19 @@ calls it for a cache of several sequences with flash attention, `backends/ik/bac
 
 from __future__ import annotations
 
-from pathlib import Path
+from adaspec.backends.ik.source import Edit, PatchError, SourcePatch
+
+__all__ = ["FILES", "MARK", "NAME", "PatchError", "apply", "patch_files"]
 
 NAME = "kv-regions-5"
 MARK = "adaspec (kv-regions)"
 
 
-class PatchError(Exception):
-    """The source lacks what this patch expects (another ik_llama.cpp version)."""
 
 
 # (file, anchor, text, where): the text goes before or after the anchor, or replaces it (the
 # anchor found exactly once)
-_EDITS: list[tuple[str, str, str, str]] = [
+_EDITS: list[Edit] = [
     ("src/llama-context.h", "    // computed before each graph build\n", """\
     // adaspec (kv-regions): sequence s's token at position p goes to cell s*adaspec_stride + p
     // (0: the usual consecutive placement); the cells of the last placed batch
@@ -280,38 +280,7 @@ int adaspec_kv_seq_copy(struct llama_context * ctx, int32_t src, int32_t dst, in
 """
 
 
-def patch_files(texts: dict[str, str]) -> dict[str, str]:
-    """The files (path -> text) with the patch applied; files already patched come back
-    unchanged. PatchError where an anchor is missing or not unique."""
-    out = dict(texts)
-    if any(MARK in t for t in out.values()):
-        return out
-    for path, anchor, text, where in _EDITS:
-        body = out.get(path)
-        if body is None:
-            raise PatchError(f"{path}: missing")
-        if body.count(anchor) != 1:
-            raise PatchError(f"{path}: the anchor {anchor.strip()[:60]!r} is not there once")
-        at = body.index(anchor) + (len(anchor) if where == "after" else 0)
-        rest = at + len(anchor) if where == "replace" else at
-        out[path] = body[:at] + text + body[rest:]
-    out["src/llama.cpp"] += _EXPORT
-    return out
-
-
-FILES = sorted({path for path, *_ in _EDITS})
-
-
-def apply(src: Path) -> int:
-    """Patch the unpacked source in place (atomically, file by file); returns the edits."""
-    from adaspec.store.atomic import write_text
-
-    try:
-        texts = {f: (src / f).read_text() for f in FILES}
-    except OSError as exc:
-        raise PatchError(f"unreadable source ({exc})") from None
-    patched = patch_files(texts)
-    for f in FILES:
-        if patched[f] != texts[f]:
-            write_text(src / f, patched[f])
-    return len(_EDITS) + 1
+_PATCH = SourcePatch(_EDITS, MARK, _EXPORT)
+patch_files = _PATCH.patch_files
+apply = _PATCH.apply
+FILES = _PATCH.files

@@ -30,7 +30,9 @@ row by row):
 
 from __future__ import annotations
 
-from pathlib import Path
+from adaspec.backends.ik.source import Edit, PatchError, SourcePatch
+
+__all__ = ["FILES", "MARK", "NAME", "PatchError", "apply", "patch_files"]
 
 NAME = "kv-tree-1"
 MARK = "adaspec (kv-tree)"
@@ -38,12 +40,9 @@ MARK = "adaspec (kv-tree)"
 BLOCK = 128
 
 
-class PatchError(Exception):
-    """The source lacks what this patch expects (another ik_llama.cpp version, or the
-    `kv-regions` patch not applied first)."""
 
 
-_EDITS: list[tuple[str, str, str, str]] = [
+_EDITS: list[Edit] = [
     ("src/llama-context.h", "    std::vector<int64_t> adaspec_cells;\n", """\
     // adaspec (kv-tree): the parent of each token of the next call, a token tree (empty: none)
     std::vector<int32_t> adaspec_tree;
@@ -171,33 +170,7 @@ int adaspec_kv_tree_keep(struct llama_context * ctx, int32_t seq, int32_t root_p
 """
 
 
-def patch_files(texts: dict[str, str]) -> dict[str, str]:
-    """The files (path -> text) with the patch applied; files already patched come back
-    unchanged. PatchError where an anchor is missing or not unique."""
-    out = dict(texts)
-    if any(MARK in t for t in out.values()):
-        return out
-    for path, anchor, text, where in _EDITS:
-        body = out.get(path)
-        if body is None:
-            raise PatchError(f"{path}: missing")
-        if body.count(anchor) != 1:
-            raise PatchError(f"{path}: the anchor {anchor.strip()[:60]!r} is not there once")
-        at = body.index(anchor) + (len(anchor) if where == "after" else 0)
-        rest = at + len(anchor) if where == "replace" else at
-        out[path] = body[:at] + text + body[rest:]
-    out["src/llama.cpp"] += _EXPORT
-    return out
-
-
-FILES = sorted({path for path, *_ in _EDITS})
-
-
-def apply(src: Path) -> int:
-    """Patch the unpacked source in place (atomically, file by file); returns the edits."""
-    from adaspec.backends.ik import source as ik_source
-
-    try:
-        return ik_source.apply_edits(src, FILES, patch_files, len(_EDITS) + 1)
-    except ik_source.PatchError as exc:
-        raise PatchError(str(exc)) from None
+_PATCH = SourcePatch(_EDITS, MARK, _EXPORT)
+patch_files = _PATCH.patch_files
+apply = _PATCH.apply
+FILES = _PATCH.files
