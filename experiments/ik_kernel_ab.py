@@ -15,8 +15,9 @@ bit for bit.
     .venv/bin/python experiments/ik_kernel_ab.py --lib base=/path/libllama.so \\
         --lib new=/other/libllama.so --repeats 3 --out results.json
 
-`--env NAME:VAR=VALUE` sets an environment variable for one library's processes, so one
-build can be timed against itself with a kernel switched off (`--lib amx=LIB --lib
+The 512-bit k-quant walk is set as adaspec sets it on this CPU (`ADASPEC_IK_WIDE` decides
+where given). `--env NAME:VAR=VALUE` sets an environment variable for one library's
+processes, so one build can be timed against itself with a kernel switched off (`--lib amx=LIB --lib
 pinned=LIB --env pinned:ADASPEC_IK_AMX=off`).
 """
 
@@ -48,6 +49,14 @@ def child(out: str, shapes: tuple[str, ...] = SHAPES) -> None:
 
     rng = random.Random(0)
     api, lib, model = load_model(TARGET_DEFAULT)
+    if hasattr(lib, "adaspec_set_wide_rows"):  # the 512-bit walk as adaspec sets it here
+        from adaspec.backends.ik.backend import WIDE_ENV, WIDE_ROWS
+        from adaspec.store.native_build import cpu_vendor
+
+        wide = os.environ.get(WIDE_ENV, "").strip().lower()
+        on = wide == "on" or (wide in ("", "auto") and cpu_vendor() == "GenuineIntel")
+        lib.adaspec_set_wide_rows.argtypes = [ctypes.c_int]
+        lib.adaspec_set_wide_rows(WIDE_ROWS if on else 0)
     ctx = Context(lib, model, True, 9, n_ctx=9 * 2048)
     lib.adaspec_kv_regions.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
     if lib.adaspec_kv_regions(ctx.ctx, REGION_TOKENS) != 0:
