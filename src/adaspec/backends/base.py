@@ -216,9 +216,10 @@ def chain_ids(
 
 
 class ChainBackend(ModelBackend):
-    """A runtime that scores chains only (llama.cpp and its forks): tokens after the cache,
-    logits for every fed token, a prompt prefill with the last row's logits only, and a KV
-    cache that rolls back by position. Subclasses give `_feed` and `_remove_from`."""
+    """A llama.cpp-like runtime (llama.cpp and its forks): tokens after the cache, logits for
+    every fed token, a prompt prefill with the last row's logits only, and a KV cache that
+    rolls back by position. Subclasses give `_feed` and `_remove_from`; one that scores token
+    trees (`supports_trees`) also `_feed_tree` and `_keep_tree`."""
 
     supports_trees = False  # a runtime of trees gives `_feed_tree` and `_keep_tree`
     has_hidden_states = False

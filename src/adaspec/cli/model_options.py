@@ -18,7 +18,7 @@ WEIGHTS_HELP = (
     "on a GPU), none (bf16 torch), static (bf16, adaspec's static-KV-cache torch runtime), "
     "int8 / int4 weight-only, int8-dyn (int8 weights and per-token int8 activations), gguf "
     "(the model's GGUF run by llama.cpp, chains only; the llamacpp extra) or ik (the GGUF run "
-    "by ik_llama.cpp with repacked weights, chains only)"
+    "by ik_llama.cpp with repacked weights; token trees on its native build)"
 )
 # The options' names before issue 32 (they named the runtime too, not only a quantization):
 # still accepted, hidden from --help, with a one-line note.

@@ -280,8 +280,9 @@ def available() -> bool:
 
 
 class IkLlamaBackend(ChainBackend):
-    """A GGUF model run by ik_llama.cpp with repacked weights: chains only, logits for every
-    fed token (verification) or for the last one (prompt prefill)."""
+    """A GGUF model run by ik_llama.cpp with repacked weights: logits for every fed token
+    (verification) or for the last one (prompt prefill); token trees on a native build with
+    the tree patch (`feed_tree`)."""
 
     kind = "ik_llama"
     runtime = "ik_llama.cpp"
