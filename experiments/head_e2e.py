@@ -67,7 +67,11 @@ def main() -> int:
                    help="load the built-in draft model too (for `draft:` methods and the "
                    "router's default arms)")
     p.add_argument("--out", default="experiments/results/head-e2e")
+    p.add_argument("--summarize", default="",
+                   help="run nothing: write a folder's summary again from its rows.jsonl")
     args = p.parse_args()
+    if args.summarize:
+        return _summarize_again(Path(args.summarize))
 
     from adaspec.backends.load import load_backends
     from adaspec.core.sampling import SamplingParams
@@ -117,14 +121,8 @@ def main() -> int:
                                         for m in methods}}), flush=True)
     summary = {"machine": platform.processor() or platform.machine(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
-               "runtime": target.kind, "temperature": args.temperature, "prompts": len(rows),
-               "categories": {}}
-    for cat in sorted({r["category"] for r in rows}):
-        mine = [r for r in rows if r["category"] == cat]
-        summary["categories"][cat] = {m: _aggregate([r[m] for r in mine],
-                                                    [r["ar"] for r in mine]) for m in methods}
-    summary["all"] = {m: _aggregate([r[m] for r in rows], [r["ar"] for r in rows])
-                      for m in methods}
+               "runtime": target.kind, "temperature": args.temperature, "prompts": len(rows)}
+    summary.update(_categories(rows, methods))
     learned = {}  # `auto`'s prices learned from its calls (cost/live.py): per row count, the
     for m, e in engines.items():  # ratio of what a call took to the profile's price
         memory = getattr(getattr(e, "drafter", None), "memory", None)
@@ -140,6 +138,33 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in replayable))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(_table(summary, methods))
+    print(_table(summary, methods))
+    return 0
+
+
+def _categories(rows: list[dict], methods: list[str]) -> dict:
+    """Each method's aggregates per category and over all prompts."""
+    out: dict = {"categories": {}}
+    for cat in sorted({r["category"] for r in rows}):
+        mine = [r for r in rows if r["category"] == cat]
+        out["categories"][cat] = {m: _aggregate([r[m] for r in mine], [r["ar"] for r in mine])
+                                  for m in methods}
+    out["all"] = {m: _aggregate([r[m] for r in rows], [r["ar"] for r in rows])
+                  for m in methods}
+    return out
+
+
+def _summarize_again(out: Path) -> int:
+    """summary.json / summary.md of a finished run written again from its rows.jsonl (the
+    run's own facts kept: machine, date, command, runtime, temperature)."""
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()
+            if line.strip()]
+    summary = json.loads((out / "summary.json").read_text())
+    methods = [k for k in rows[0] if k not in ("category", "id")]
+    summary.update(_categories(rows, methods))
+    summary["router"] = _router_summary(rows, methods)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(_table(summary, methods))
     print(_table(summary, methods))
@@ -187,6 +212,9 @@ def _aggregate(rs: list[dict], ar: list[dict]) -> dict:
             "equal_to_ar": sum(r["equal_to_ar"] for r in rs), "prompts": len(rs),
             "end_to_end_vs_ar_geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
             "min_vs_ar": min(ratios),
+            # over all its tokens (at T > 0 each method samples texts of its own lengths, so
+            # per-prompt wall ratios swing with them)
+            "ms_per_token": 1000 * sum(r["wall"] for r in rs) / max(1, n),
             # None: no model or head call drafted (n-gram and history drafts cost no call)
             "draft_ms_per_call": 1000 * sum(r["draft_s"] for r in rs)
             / sum(r["draft_calls"] for r in rs) if sum(r["draft_calls"] for r in rs) else None,
@@ -200,14 +228,17 @@ def _ms(value: float | None) -> str:
 def _table(summary: dict, methods: list[str]) -> str:
     lines = [f"{summary['date']}, {summary['machine']}, runtime {summary['runtime']}, "
              f"temperature {summary.get('temperature', 0.0)}, `{summary['command']}`", "",
-             "| category | method | end to end vs `ar` (geomean) | lowest prompt | tokens per "
-             "target call | acceptance | draft ms a call | target ms a call | same text as "
-             "`ar` |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| category | method | end to end vs `ar` (geomean) | lowest prompt | per token vs "
+             "`ar` (all tokens) | tokens per target call | acceptance | draft ms a call | "
+             "target ms a call | same text as `ar` |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for cat, by in [*summary["categories"].items(), ("all", summary["all"])]:
         for m in methods:
             a = by[m]
+            per_token = by["ar"]["ms_per_token"] / a["ms_per_token"] if a["tokens"] else 0.0
             lines.append(f"| {cat} | `{m}` | {a['end_to_end_vs_ar_geomean']:.2f}x | "
-                         f"{a['min_vs_ar']:.2f}x | {a['tokens_per_call']:.2f} | "
+                         f"{a['min_vs_ar']:.2f}x | {per_token:.2f}x | "
+                         f"{a['tokens_per_call']:.2f} | "
                          f"{a['acceptance']:.2f} | {_ms(a['draft_ms_per_call'])} | "
                          f"{a['target_ms_per_call']:.1f} | {a['equal_to_ar']}/{a['prompts']} |")
     route = summary.get("router") or {}
