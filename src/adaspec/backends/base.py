@@ -245,25 +245,26 @@ class ChainBackend(ModelBackend):
         if tree_mask is not None and self.supports_trees and hidden_layer is None:
             parents = tree_parents(tree_mask)
             if parents != list(range(-1, len(parents) - 1)):  # else a chain
-                return self._forward_tree([int(t) for t in tokens.reshape(-1)], positions,
-                                          parents)
+                at = None if positions is None else positions.reshape(-1).tolist()
+                return self.forward_tree([int(t) for t in tokens.reshape(-1)], at, parents)
             tree_mask = None
         ids = chain_ids(f"the {self.runtime} backend", self._len, tokens, positions, tree_mask,
                         hidden_layer)
         logits = self._checked_feed(ids, every_row=True)
         return ForwardOutput(logits=logits, features=self._fed_features())
 
-    def _forward_tree(self, ids: list[int], positions: torch.Tensor | None,
-                      parents: list[int]) -> ForwardOutput:
-        """A token tree (node 0 the root, fed right after the cache) in one call, its nodes
-        cached until `keep` or `truncate` keeps the accepted path where a chain puts it."""
+    def forward_tree(self, ids: list[int], positions: list[int] | None,
+                     parents: list[int]) -> ForwardOutput:
+        """A token tree (node 0 the root, fed right after the cache; parents[i] < i) in one
+        call, its nodes cached until `keep` or `truncate` keeps the accepted path where a
+        chain puts it. `forward` with the tree's mask comes here."""
         if len(parents) != len(ids):
             raise InputError(f"a tree of {len(ids)} tokens needs a mask of as many rows")
         depths = [0] * len(ids)
         for i in range(1, len(ids)):
             depths[i] = depths[parents[i]] + 1
         at = [self._len + d for d in depths]
-        if positions is not None and positions.reshape(-1).tolist() != at:
+        if positions is not None and list(positions) != at:
             raise InputError("a tree's nodes sit at their root's position plus their depth, "
                              "the root right after the cache")
         room = self.tree_room(self._len) or len(ids)

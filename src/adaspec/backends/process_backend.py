@@ -28,7 +28,6 @@ from adaspec.backends.base import (
 )
 from adaspec.backends.child_process import ChildProcess
 from adaspec.backends.sequences import Feed, SequenceView, views
-from adaspec.core.token_tree import TokenTree
 from adaspec.errors import InputError
 
 # what the parent mirrors of the child's model; `patches` and `built_at` (a native build's
@@ -100,9 +99,8 @@ class _BackendServer:
 
     def forward_tree(self, ids: list[int], positions: list[int], parents: list[int]
                      ) -> tuple[tuple[int, int], int]:
-        mask = TokenTree(list(ids), list(parents)).ancestor_mask()
-        out = self.backend.forward(torch.tensor(ids), torch.tensor(positions), mask)
-        return self._write(out), self.backend.cache_len
+        run: Any = self.backend  # a runtime of trees (the parent checked `supports_trees`)
+        return self._write(run.forward_tree(ids, positions, parents)), self.backend.cache_len
 
     def prefill(self, ids: list[int], reuse: int = 0, hidden_layer: int | None = None
                 ) -> tuple[tuple[int, int], int, list[float] | None, int]:
