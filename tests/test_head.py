@@ -666,3 +666,60 @@ def test_sharegpt_prompts_the_target_answers_start_where_asked(tmp_path, monkeyp
     code = main(["head", "data", "--out", str(tmp_path / "d"), "--sharegpt-own", "5",
                  "--sharegpt-own-from", "12000"])
     assert code == 2
+
+
+def test_a_users_own_prompts_are_read_and_bad_files_named(tmp_path):
+    """`head data --prompts FILE`: a JSON list of strings, or JSON lines of strings or
+    objects with "prompt" (and an "id"); anything else one line naming the file."""
+    from adaspec.errors import InputError
+
+    listed = tmp_path / "mine.json"
+    listed.write_text('["Translate: one", "Translate: two"]')
+    assert [(e.id, e.prompt, e.answer) for e in head_data.read_prompts(listed)] == [
+        ("prompts/mine/0", "Translate: one", ""), ("prompts/mine/1", "Translate: two", "")]
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"id": "fr/1", "prompt": "Bonjour"}\n\n"plain"\n')
+    assert [(e.id, e.prompt) for e in head_data.read_prompts(lines)] == [
+        ("fr/1", "Bonjour"), ("prompts/lines/1", "plain")]
+    for text, says in (('{"text": "x"}\n', "item 0 has no prompt"), ("[1, 2", "not JSON"),
+                       ('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n',
+                        "share an id")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text)
+        with pytest.raises(InputError, match=says):
+            head_data.read_prompts(bad)
+    with pytest.raises(InputError, match="no such file"):
+        head_data.read_prompts(tmp_path / "missing.json")
+
+
+def test_the_engine_writes_the_targets_own_answers_and_a_run_resumes(tmp_path):
+    """`head data` answers through adaspec's engine (greedy: plain decoding's tokens, the
+    end token kept where the answer ended), appended one row a prompt, and a second run
+    answers only what the first left."""
+    import json
+
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.methods.build import build_generator
+
+    from .conftest import CharTokenizer
+
+    class ChatTokenizer(CharTokenizer):
+        def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+            return [3] + self.encode(messages[0]["content"]) + [4]
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    tokenizer = ChatTokenizer(40)
+    engine = build_generator("ngram:k=3", TorchBackend(model), tokenizer, eos_token_ids=[7])
+    plain = build_generator("ar", TorchBackend(model), tokenizer, eos_token_ids=[7])
+    examples = [head_data.Example(f"p/{i}", "ab" + "cdef"[i] + "gh") for i in range(4)]
+    out = tmp_path / "answers.jsonl"
+    head_data.engine_answers(engine, examples[:2], out, 12, eos=7, progress=False)
+    got = head_data.engine_answers(engine, examples, out, 12, eos=7, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["p/0", "p/1", "p/2", "p/3"]  # none answered twice
+    for ex, row in zip(got, rows, strict=True):
+        ids = head_data._prompt_ids(tokenizer, ex.prompt)
+        want = plain.generate(ids, 12, chat=False)
+        expected = list(want.token_ids) + ([7] if want.finish_reason == "eos" and
+                                           want.token_ids[-1:] != [7] else [])
+        assert list(ex.answer_ids) == row["answer_ids"] == expected

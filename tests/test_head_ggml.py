@@ -122,7 +122,7 @@ def test_online_learning_publishes_to_the_ggml_head(tmp_path, monkeypatch):
     from adaspec.backends.torch.backend import TorchBackend
     from adaspec.draft import head_artifact
     from adaspec.methods.build import build_generator
-    from adaspec.online.head import OnlineHead
+    from adaspec.online.head_service import OnlineHead
     from adaspec.online.service import OnlineConfig
 
     monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
@@ -157,6 +157,18 @@ def test_online_learning_publishes_to_the_ggml_head(tmp_path, monkeypatch):
         finally:
             later.drafter.runner.release(ctx)
         torch.testing.assert_close(state[0, 0], want[0, -1].float(), atol=0.08, rtol=0.05)
+        # a published head's export is loaded, not kept: on disk only the file's head's
+        # (a server publishing every few requests wrote 21 MB each time, for good)
+        assert len(list((tmp_path / "home" / "heads" / "ggml").glob("*.gguf"))) == 1
+        # a head nothing drafts with any more is freed with its model (weakly held)
+        import gc
+
+        from adaspec.backends.ik import head_graph
+
+        del later, engine
+        gc.collect()
+        mine = [k for k in head_graph._MODELS if k.startswith(str(tmp_path))]
+        assert online.status()["published"] >= 3 and len(mine) <= 2  # the file's, the last
     finally:
         online.close()
 

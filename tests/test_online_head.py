@@ -13,7 +13,8 @@ from adaspec.draft import head_artifact
 from adaspec.draft.head_model import DraftHead, HeadConfig
 from adaspec.lab.head import data as head_data
 from adaspec.methods.build import build_generator
-from adaspec.online.head import HeadLearner, HeadRecorder, OnlineHead
+from adaspec.online.head import HeadLearner, HeadRecorder
+from adaspec.online.head_service import OnlineHead
 from adaspec.online.service import OnlineConfig
 
 from .conftest import tiny_model
@@ -186,3 +187,186 @@ def test_serve_learns_the_head_between_requests_and_answers_stay_exact(model_dir
             assert status["kind"] == "draft head" and status["learned"] >= 2
     finally:
         inst.close()
+
+
+def _row(model, tokens: list[int]) -> dict:
+    """A served request's record over `tokens` (greedy: each label the target's choice)."""
+    tap = head_data.FeatureTap(model, ())
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens])).logits[0]
+        final = tap.outputs["final"][0].float()
+    finally:
+        tap.close()
+    probs, ids = torch.softmax(logits.float(), -1).topk(4, -1)
+    return {"tokens": torch.tensor(tokens), "final": final, "top_ids": ids, "top_probs": probs,
+            "prompt_len": 0}
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids
+
+
+def test_the_kept_tokens_grow_with_what_the_target_chooses_and_the_head_learns_them():
+    from adaspec.draft.head_loss import Frozen, kept_index
+    from adaspec.online.head import HeadLearnConfig
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.from_target(model.config, 48))
+    out = model.get_output_embeddings().weight.detach().float()
+    rows = [_row(model, _greedy(model, p, 24)) for p in _prompts(40, seed=5)]
+    chosen = torch.cat([r["top_ids"][:, 0] for r in rows])
+    # the shipped set: the target's tokens it chooses least, so most of its choices lie out
+    counts = torch.bincount(chosen, minlength=40)
+    shipped = torch.sort(torch.argsort(counts)[:20]).values
+    outside = int((kept_index(shipped, 40)[chosen] < 0).sum())
+    assert outside > len(chosen) / 2
+
+    def frozen_for(ids: torch.Tensor) -> Frozen:
+        from adaspec.draft.head_model import TokenHead
+
+        return Frozen(model.get_input_embeddings().weight.detach().float(),
+                      TokenHead(out[ids].clone(), ids, 40), kept_index(ids, 40))
+
+    def stream(grow: int) -> tuple[HeadLearner, float]:
+        learner = HeadLearner(head, frozen_for(shipped), HeadLearnConfig(
+            lr=1e-2, grow=grow, grow_min=2, bf16=False), rows=lambda ids: out[ids])
+        for r in rows[:32]:
+            learner.learn(r)
+        hits = [learner.agreement(r)[0] for r in rows[32:]]  # never learned from
+        return learner, sum(a for a, _ in hits) / sum(b for _, b in hits)
+
+    grown, with_growth = stream(grow=12)
+    ids = grown.frozen.token_head.token_ids
+    assert 20 < len(ids) <= 32 and torch.equal(ids, torch.sort(ids).values)
+    assert set(shipped.tolist()) <= set(ids.tolist())
+    # a joined token's row is the target's own output row, its index where the loss reads
+    torch.testing.assert_close(grown.frozen.token_head.proj.weight, out[ids])
+    assert torch.equal(grown.frozen.index[ids], torch.arange(len(ids)))
+    # the negative control: the shipped set, learned the same way, cannot reach the tokens
+    # outside it
+    fixed, without = stream(grow=0)
+    assert len(fixed.frozen.token_head.token_ids) == 20
+    assert with_growth > without + 0.2, (with_growth, without)
+
+
+def test_a_server_publishes_the_grown_kept_set_and_reads_it_back(tmp_path):
+    from adaspec.draft.head import HeadDrafter
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    torch.manual_seed(0)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    served = _prompts(24, seed=1)
+    chosen = torch.tensor([t for p in served for t in plain.generate(p, 16).token_ids])
+    shipped = torch.sort(torch.argsort(torch.bincount(chosen, minlength=40))[:20]).values
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, DraftHead(HeadConfig.from_target(model.config, 48)), shipped,
+                       {"trained_on": ["nothing"]})
+    method = f"head:k=2,artifact={path},weights=fp32"
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=4, probe=2, head_lr=1e-2, head_grow=12,
+                       root=str(tmp_path / "heads"), nice=0, tolerance=1.0)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    out = model.get_output_embeddings().weight.detach().float()
+    try:
+        _serve(online, method, model, served, plain)  # answers stay the target's
+        assert online.status()["published"] >= 1
+        later = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+        drafter = later.drafter
+        assert isinstance(drafter, HeadDrafter) and drafter.head is online.serving
+        ids = drafter.tokens.token_ids
+        assert 20 < len(ids) <= 32 and set(shipped.tolist()) <= set(ids.tolist())
+        torch.testing.assert_close(drafter.tokens.proj.weight.float(), out[ids])
+        assert torch.equal(head_artifact.load(online.file).token_ids, ids)
+    finally:
+        online.close()
+    again = OnlineHead(cfg, first.drafter, first.target, "tiny")  # the next start
+    try:
+        assert torch.equal(again.learner.frozen.token_head.token_ids, ids)
+        engine = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+        assert torch.equal(engine.drafter.tokens.token_ids, ids)
+    finally:
+        again.close()
+
+
+def test_each_domain_learns_its_own_head_and_its_requests_draft_with_it(tmp_path):
+    """`--osd-domains field`: a domain's requests teach its own head, which its later
+    requests draft with; another domain keeps the shipped head; a restart reads each
+    domain's head back. Answers stay the target's throughout."""
+    from adaspec.online.head_service import head_drafter
+
+    model, method = _untrained(tmp_path)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=4, probe=2, head_lr=1e-2, domains="field",
+                       root=str(tmp_path / "heads"), nice=0)
+
+    def served(online: OnlineHead, domain: str, prompts: list[list[int]],
+               learn: bool = True) -> float:
+        accepted = drafted = 0
+        for p in prompts:
+            engine = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+            online.prepare(engine, online.domain(domain, p))
+            recorder = online.new_recorder()
+            got = engine.generate(p, 16, recorder=recorder)
+            assert got.token_ids == plain.generate(p, 16).token_ids
+            accepted, drafted = accepted + got.stats.accepted, drafted + got.stats.drafted
+            if learn:
+                online.after_request(recorder.take(got.token_ids, domain))
+                online.collect(wait=True)
+        return accepted / max(1, drafted)
+
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    held = _prompts(6, seed=99)  # never learned from
+    try:
+        served(online, "fr", _prompts(40, seed=1))
+        status = online.status()["domains"]
+        assert status["fr"]["learned"] == 40 and status["fr"]["published"] >= 1
+        assert status["default"]["learned"] == 0 and status["default"]["published"] == 0
+        fr, other = (build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+                     for _ in range(2))
+        online.prepare(fr, "fr")
+        online.prepare(other, "code")
+        assert head_drafter(fr).head is online.domains["fr"].serving
+        assert head_drafter(other).head is online.shipped_head  # a domain never served
+        learned = served(online, "fr", held, learn=False)
+        shipped = served(online, "code", held, learn=False)
+        assert learned > shipped + 0.15, (shipped, learned)
+    finally:
+        online.close()
+    again = OnlineHead(cfg, first.drafter, first.target, "tiny")  # the next start
+    try:
+        assert again.domains["fr"].serving is not None
+        restored = again.domains["fr"].published_float.state_dict()
+        saved = head_artifact.load(online.domains["fr"].file).state
+        for name, value in saved.items():
+            torch.testing.assert_close(restored[name].float(), value.float())
+    finally:
+        again.close()
+
+
+def test_a_learned_head_worse_than_the_shipped_one_is_not_published(tmp_path):
+    """The probe bounds what is served by the shipped head too: a learned head ahead of the
+    serving one (itself drifted) but behind the shipped one stays unpublished."""
+    model, method = _untrained(tmp_path)
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=4, probe=2, head_lr=1e-2, save=False, nice=0)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    try:
+        domain = online.domains["default"]
+        # per request: (learned, serving, shipped, positions) agreements
+        domain.probe.extend([(30, 20, 40, 100)] * 4)
+        online._publish(domain)
+        assert domain.rejected == 1 and domain.published == 0
+        assert online.serving is online.shipped_head
+        domain.probe.clear()
+        domain.probe.extend([(30, 20, 25, 100)] * 4)  # ahead of both: published
+        online._publish(domain)
+        assert domain.published == 1 and online.serving is not online.shipped_head
+    finally:
+        online.close()

@@ -41,10 +41,18 @@ def add_head_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--humaneval", type=int, default=60, help="HumanEval problems (<= 60)")
     c.add_argument("--spec-bench", type=int, default=240,
                    help="Spec-Bench questions with odd ids, the target answers")
+    c.add_argument("--prompts", default="", metavar="FILE",
+                   help="your own prompts, the target answers: a JSON list of strings, or "
+                   'JSON lines (strings or objects with "prompt" and optionally "id")')
     c.add_argument("--max-tokens", type=int, default=384, help="tokens per example (cut)")
     c.add_argument("--answer-tokens", type=int, default=160,
                    help="longest answer the target writes")
-    c.add_argument("--batch", type=int, default=16, help="prompts answered together")
+    c.add_argument("--answers-by", choices=["engine", "torch"], default="engine",
+                   help="what writes the target's own answers: adaspec's engine on the "
+                   "fastest runtime, one prompt at a time (greedy: plain decoding's text), or "
+                   "torch's batched generate (--batch)")
+    c.add_argument("--batch", type=int, default=16,
+                   help="prompts answered together (--answers-by torch)")
     c.add_argument("--scorer", choices=["runtime", "torch"], default="runtime",
                    help="what scores the examples: the fastest runtime (its features are "
                    "what the head reads at inference) or torch")
@@ -120,10 +128,26 @@ def run_data(args: argparse.Namespace) -> int:
     examples = head_data.training_examples(args.sharegpt, args.wmt, args.humaneval,
                                            args.spec_bench, args.sharegpt_own,
                                            args.sharegpt_own_from)
+    if args.prompts:
+        examples += head_data.read_prompts(Path(args.prompts))
     print(f"{len(examples)} training examples", file=sys.stderr)
     t0 = time.perf_counter()
+    if args.answers_by == "engine" and any(not e.answer for e in examples):
+        from adaspec.draft.head_artifact import builtin_for
+        from adaspec.methods.build import load_generator
+
+        # greedy: plain decoding's text whatever drafts it; no draft model to load
+        method = "auto:use=ngram+history" + ("+head" if builtin_for(_target(args)) else "")
+        generator = load_generator(method, target=_target(args), draft=None)
+        end = getattr(generator.tokenizer, "eos_token_id", None)  # a chat turn's end
+        examples = head_data.engine_answers(
+            generator, examples, out / "answers.jsonl", args.answer_tokens,
+            int(end) if end is not None else min(generator.eos_token_ids),
+            progress=not args.no_progress)
+        del generator  # its runtime is not needed past the answers
     model: Any = None  # the target in transformers (own answers, the torch scorer)
-    if args.scorer == "torch" or args.layers or any(not e.answer for e in examples):
+    if args.scorer == "torch" or args.layers or any(not e.answer and not e.answer_ids
+                                                    for e in examples):
         torch_target, tokenizer, _, eos = load_backends(_target(args), draft=None,
                                                         weights="none")
         model = cast(Any, torch_target).model.eval()

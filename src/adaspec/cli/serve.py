@@ -101,8 +101,11 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
     g.add_argument("--osd-steps", type=int, default=8, help="optimizer steps per update")
     g.add_argument("--osd-lr", type=float, default=1e-5,
                    help="the draft model's learning rate (default 1e-5)")
-    g.add_argument("--osd-head-lr", type=float, default=5e-5,
-                   help="the draft head's learning rate, where the head learns (default 5e-5)")
+    g.add_argument("--osd-head-lr", type=float, default=3e-4,
+                   help="the draft head's learning rate, where the head learns (default 3e-4)")
+    g.add_argument("--osd-head-grow", type=int, default=2048,
+                   help="tokens the head's kept set may gain from what the target writes, "
+                        "each once written 3 times (default 2048; 0: the shipped set)")
     g.add_argument("--osd-top-k", type=int, default=32,
                    help="target probabilities kept per recorded position (default 32)")
     g.add_argument("--osd-record", default="rejected", choices=["rejected", "all"],

@@ -60,11 +60,18 @@ def _load_parts(path, target, weights: str) -> tuple[DraftHead, TokenHead, torch
     from adaspec.draft.head_artifact import load_for_target
 
     head, tokens, embed = load_for_target(path, target, weights_dtype(weights))
+    return serving_head(head, weights), serving_tokens(tokens, weights), embed
+
+
+def serving_tokens(tokens: TokenHead, weights: str) -> TokenHead:
+    """The kept tokens' output rows as the drafter runs them (converted in place): in the
+    head's float dtype, int8 rows for the int8 formats."""
+    tokens = tokens.to(weights_dtype(weights)).eval()
     if weights.startswith("int8"):
         from adaspec.store.quant import quantize_model
 
         quantize_model(tokens, weights)
-    return serving_head(head, weights), tokens, embed
+    return tokens
 
 
 def serving_head(head: DraftHead, weights: str) -> DraftHead:
@@ -88,16 +95,16 @@ def serving_head(head: DraftHead, weights: str) -> DraftHead:
     return head
 
 
-def replace_head(old: DraftHead, new: DraftHead) -> int:
-    """Engines built from now on draft with `new` wherever they drafted with `old` (what
-    online learning publishes); engines already drafting finish their request with `old`.
-    The number of shared copies replaced."""
+def replace_head(old: DraftHead, new: DraftHead, tokens: TokenHead | None = None) -> int:
+    """Engines built from now on draft with `new` (and, given, the kept tokens `tokens`)
+    wherever they drafted with `old` (what online learning publishes); engines already
+    drafting finish their request with `old`. The number of shared copies replaced."""
     replaced = 0
     with _LOCK:
         for shared in (_SHARED, *_SHARED_WITH_MODEL.values()):
-            for key, (head, tokens, embed) in list(shared.items()):
+            for key, (head, kept, embed) in list(shared.items()):
                 if head is old:
-                    shared[key] = (new, tokens, embed)
+                    shared[key] = (new, tokens if tokens is not None else kept, embed)
                     replaced += 1
         if old in _STEP_MS:  # the same shapes and format: the same step time
             _STEP_MS[new] = _STEP_MS[old]
@@ -195,6 +202,17 @@ class HeadDrafter(Drafter):
             chain.draw(SamplingParams(0.0), None)
 
         return step
+
+    def use(self, head: DraftHead, tokens: TokenHead) -> None:
+        """Draft with `head` over the kept tokens `tokens` from the next request on (online
+        learning's head of a request's domain, `online/head_service.py`)."""
+        if head is self.head and tokens is self.tokens:
+            return
+        self.head, self.tokens = head.eval(), tokens
+        if self.fuses:
+            head.layer.fuse()
+        self._dtype = next(head.parameters()).dtype
+        self._kv, self._fed, self._cached = None, 0, []
 
     def begin(self, req: RequestState) -> None:
         self._kv, self._fed, self._cached = None, 0, []

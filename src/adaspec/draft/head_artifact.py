@@ -10,6 +10,7 @@ the loaded torch model or, for a GGUF runtime, from the target's bf16 copy that
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,27 @@ def target_parts(model: Any | None, weights_file: Path | None, token_ids: torch.
     return embed, TokenHead(rows.to(dtype).clone(), token_ids, vocab)
 
 
+def target_rows(model: Any | None, weights_file: Path | None
+                ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The target's output rows [n, H] of token ids [n], read on demand (the full output
+    matrix is 0.5 GB in bf16 for a 150k vocabulary: a grown kept set reads its few rows)."""
+    if model is not None:
+        out = model.get_output_embeddings().weight
+        return lambda ids: out.detach()[ids].float()
+    if weights_file is None:
+        raise InputError("the target's output rows need a torch model or its bf16 copy")
+
+    def read(ids: torch.Tensor) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(weights_file), framework="pt") as f:
+            name = OUTPUT if OUTPUT in set(f.keys()) else EMBED  # tied embeddings
+            table = f.get_slice(name)
+            return torch.stack([table[int(i) : int(i) + 1][0] for i in ids]).float()
+
+    return read
+
+
 def target_config(folder: Path) -> Any:
     """The target's transformers config (its `config.json` in the bf16 copy's folder)."""
     from transformers import AutoConfig
@@ -132,22 +154,33 @@ def load_for_target(path: Path, target: Any, dtype: torch.dtype = torch.float32
     `adaspec models prepare` made (only the kept output rows are read). fp32 by default:
     at batch 1 torch's fp32 products read weights faster than its bf16 ones on the CPUs
     measured (experiments/head_cost.py: a step 4-6 ms either way on 2 vCPUs, fp32 ahead)."""
-    from adaspec.store.loading import cache_dir_for
-
     art = load(path)
-    model = getattr(target, "model", None)
-    weights = None
-    if model is None or not hasattr(model, "get_input_embeddings"):
-        model = None
-        weights = cache_dir_for(target.name) / "model.safetensors"
-        if not weights.is_file():
-            raise InputError(f"the draft head reads the target's embeddings from {weights}, "
-                             f"which is missing: adaspec models prepare")
+    model, weights = _target_source(target)
     embed, tokens = target_parts(model, weights, art.token_ids, dtype)
     if art.config.hidden != int(embed.shape[1]):
         raise InputError(f"{path} is a head for hidden size {art.config.hidden}, the target "
                          f"has {int(embed.shape[1])}")
     return art.head(dtype), tokens.eval(), embed
+
+
+def _target_source(target: Any) -> tuple[Any | None, Path | None]:
+    """Where a head reads the target's embeddings and output rows: its torch model where it
+    runs in torch, else the bf16 copy `adaspec models prepare` made."""
+    from adaspec.store.loading import cache_dir_for
+
+    model = getattr(target, "model", None)
+    if model is not None and hasattr(model, "get_input_embeddings"):
+        return model, None
+    weights = cache_dir_for(target.name) / "model.safetensors"
+    if not weights.is_file():
+        raise InputError(f"the draft head reads the target's embeddings from {weights}, "
+                         f"which is missing: adaspec models prepare")
+    return None, weights
+
+
+def rows_for_target(target: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`target_rows` from where `load_for_target` reads `target`'s parts."""
+    return target_rows(*_target_source(target))
 
 
 _FINGERPRINTS: dict[tuple[str, int, int], str] = {}

@@ -24,6 +24,7 @@ from adaspec.backends.ik.head_graph import GgmlHead, head_model
 from adaspec.core.sampling import SamplingParams
 from adaspec.draft.head import HeadChain, HeadDrafter
 from adaspec.draft.head_model import DraftHead, TokenHead
+from adaspec.errors import InputError
 
 
 class GgmlHeadDrafter(HeadDrafter):
@@ -36,10 +37,27 @@ class GgmlHeadDrafter(HeadDrafter):
     def __init__(self, head: DraftHead, tokens: TokenHead, embed: torch.Tensor,
                  runner: GgmlHead) -> None:
         super().__init__(head, tokens, embed)
+        self._run_on(runner)
+        self._last_logits = torch.empty(0)  # the newest fed position's kept-token logits
+
+    def _run_on(self, runner: GgmlHead) -> None:
         self.runner = runner
         self.cache = runner.acquire()  # this request's KV cache of the head, given back at GC
-        weakref.finalize(self, runner.release, self.cache)
-        self._last_logits = torch.empty(0)  # the newest fed position's kept-token logits
+        self._release = weakref.finalize(self, runner.release, self.cache)
+
+    def use(self, head: DraftHead, tokens: TokenHead) -> None:
+        """`HeadDrafter.use`, on the model `head` was attached to (`attach`: online learning
+        attaches each head it publishes; the shipped one is its file's)."""
+        if head is self.head and tokens is self.tokens:
+            return
+        with _LOCK:
+            runner = _RUNNERS.get(head)
+        if runner is None:
+            raise InputError("a draft head runs in ik_llama.cpp once attached (head_ggml.attach)")
+        super().use(head, tokens)
+        if runner is not self.runner:
+            self._release()  # the other model's cache goes back now
+            self._run_on(runner)
 
     def rows(self, features: torch.Tensor, ids: list[int]) -> torch.Tensor:
         """fc's outputs [T, H] for features [T, H] and the tokens after them."""
@@ -109,21 +127,24 @@ _LOCK = threading.Lock()
 def attach(head: DraftHead, rows: torch.Tensor, target: str, digest: str | None = None
            ) -> GgmlHead:
     """The model `head` (in `serving_head(..., "ggml")`'s form) drafts with: its layer and
-    the output rows [N, H] exported (once, on disk under `digest`, by default a hash of its
-    weights) and loaded once per process."""
+    the output rows [N, H] exported and loaded once per process: cached on disk under
+    `digest` (a head file's), or, with none (a head online learning made), named by a hash
+    of its weights and rows and not kept on disk."""
     with _LOCK:
         found = _RUNNERS.get(head)
     if found is not None:
         return found
     state = {k: v for k, v in head.state_dict().items()
              if k.startswith("layer.") or k == "norm.weight"}
+    keep = digest is not None  # a file's head: its export cached on disk
     if digest is None:
         hashed = hashlib.sha256()
         for name in sorted(state):
             hashed.update(name.encode())
             hashed.update(state[name].float().numpy().tobytes())
+        hashed.update(rows.float().numpy().tobytes())  # a grown kept set: other rows
         digest = hashed.hexdigest()[:12]
-    runner = head_model(digest, target, head.cfg, state, rows)
+    runner = head_model(digest, target, head.cfg, state, rows, keep)
     with _LOCK:
         return _RUNNERS.setdefault(head, runner)
 

@@ -14,32 +14,22 @@ the root and the accepted nodes and its distributions there (top-k), so a finish
 is a training row as `adaspec head data` records them. `HeadLearner` keeps a float copy of
 the head (the serving head may be bf16 or int8), trains it with the loss the head was
 trained with (`draft/head_loss.py`) on each finished request and a few earlier ones
-(replay, against forgetting). `OnlineHead` is the server's side (`adaspec serve
---online-distill` where the default method drafts with the head): requests are learned from
-in a background thread at the lowest priority, and every `interval` requests the learned
-head, if a probe of the latest requests finds it no worse than the serving one, is published
-(engines built from then on draft with it; `draft/head.py` `replace_head`) and saved
-atomically (read back at the next start).
+(replay, against forgetting). The server's side is `online/head_service.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import os
-import queue
 import random
-import threading
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from adaspec.draft.head_loss import Frozen, head_losses, kept_index, row_agreement, unrolled
-from adaspec.draft.head_model import DraftHead
+from adaspec.draft.head_model import DraftHead, TokenHead
 from adaspec.errors import InputError
 
 log = logging.getLogger("adaspec.online")
@@ -58,12 +48,71 @@ class HeadLearnConfig:
     feature_weight: float = 1.0
     bf16: bool = True  # autocast the products to bf16 (AMX / AVX-512 bf16: about 3x)
     seed: int = 0
+    # the kept tokens grow by up to `grow` of the tokens the target chose outside them, each
+    # once it chose it `grow_min` times (0: the shipped set stays; `KeptGrowth`)
+    grow: int = 0
+    grow_min: int = 3
 
     def __post_init__(self) -> None:
         if not self.lr > 0 or self.steps < 1 or self.replay < 0 or self.buffer < 1 \
-                or self.depth < 1:
+                or self.depth < 1 or self.grow < 0 or self.grow_min < 1:
             raise InputError("head learning needs lr > 0, steps >= 1, replay >= 0, "
-                             "buffer >= 1 and depth >= 1")
+                             "buffer >= 1, depth >= 1, grow >= 0 and grow_min >= 1")
+
+
+# the target's output rows [n, H] of token ids [n]
+RowSource = Callable[[torch.Tensor], torch.Tensor]
+
+
+class KeptGrowth:
+    """The head's kept tokens following what it serves. The head drafts from the target's
+    output rows of a fixed set of frequent tokens (FR-Spec's cut, chosen on its training
+    text), so a token outside it is never drafted and never learned: a third of the target's
+    tokens in German answers and half in French ones lie outside the shipped set. Tokens
+    the target chose outside the set are counted over the requests learned from; one chosen
+    `grow_min` times joins it (its row read from the target), up to `grow` tokens. The head's
+    own weights do not depend on the set: the learned rows of `fc` and its layer stay."""
+
+    def __init__(self, frozen: Frozen, rows: RowSource, budget: int, min_count: int) -> None:
+        self.frozen = frozen
+        self.rows = rows
+        self.budget = budget
+        self.min_count = min_count
+        self.shipped = len(frozen.token_head.token_ids)
+        self.counts: Counter[int] = Counter()
+
+    @property
+    def added(self) -> int:
+        return len(self.frozen.token_head.token_ids) - self.shipped
+
+    def count(self, row: dict) -> bool:
+        """Counts the target's choices in `row` outside the kept set; True where tokens
+        joined it (`self.frozen` is then a new set's)."""
+        if self.added >= self.budget:
+            return False
+        chosen = row["top_ids"][:, 0].long()
+        known = row["top_probs"][:, 0] > 0
+        outside = chosen[known & (self.frozen.index[chosen] < 0)]
+        self.counts.update(outside.tolist())
+        ready = [t for t, c in self.counts.most_common() if c >= self.min_count]
+        ready = ready[: self.budget - self.added]
+        if not ready:
+            return False
+        for t in ready:
+            del self.counts[t]
+        self.frozen = grown(self.frozen, torch.tensor(ready, dtype=torch.long), self.rows)
+        return True
+
+
+def grown(frozen: Frozen, new: torch.Tensor, rows: RowSource) -> Frozen:
+    """`frozen` with the tokens `new` [n] (outside its kept set) kept too, their output rows
+    read by `rows`; the kept ids stay sorted."""
+    old = frozen.token_head
+    ids = torch.cat([old.token_ids, new])
+    weight = torch.cat([old.proj.weight.detach(), rows(new).to(old.proj.weight.dtype)])
+    order = torch.argsort(ids)
+    tokens = TokenHead(weight[order].contiguous(), ids[order], old.vocab).eval()
+    return Frozen(frozen.embed, tokens, kept_index(tokens.token_ids, old.vocab))
 
 
 class HeadRecorder:
@@ -117,10 +166,15 @@ class HeadRecorder:
 class HeadLearner:
     """Trains a float copy of a draft head on served requests; `publish` hands it over."""
 
-    def __init__(self, head: DraftHead, frozen: Frozen,
-                 cfg: HeadLearnConfig | None = None) -> None:
+    def __init__(self, head: DraftHead, frozen: Frozen, cfg: HeadLearnConfig | None = None,
+                 rows: RowSource | None = None) -> None:
+        """rows: the target's output rows by token id (needed where `cfg.grow` > 0)."""
         self.cfg = cfg or HeadLearnConfig()
-        self.frozen = frozen
+        self._frozen = frozen
+        if self.cfg.grow and rows is None:
+            raise InputError("growing the head's kept tokens needs the target's output rows")
+        self.growth = KeptGrowth(frozen, rows, self.cfg.grow, self.cfg.grow_min) \
+            if self.cfg.grow and rows is not None else None
         self.student = copy.deepcopy(head).float().train()
         for p in self.student.parameters():
             p.requires_grad_(True)
@@ -130,6 +184,23 @@ class HeadLearner:
         self.random = random.Random(self.cfg.seed)
         self.steps = 0  # optimizer steps taken
         self.learned = 0  # requests learned from
+
+    @property
+    def frozen(self) -> Frozen:
+        """The target's parts the head reads, its kept tokens as they stand."""
+        return self.growth.frozen if self.growth is not None else self._frozen
+
+    def keep(self, token_ids: torch.Tensor) -> None:
+        """Keep `token_ids` [n] too (a saved learned head's set, read back at a start):
+        those outside the set join it, within the growth budget."""
+        growth = self.growth
+        new = token_ids[self.frozen.index[token_ids] < 0]
+        if not len(new):
+            return
+        if growth is None or len(new) > growth.budget - growth.added:
+            raise InputError(f"the saved head keeps {len(new)} tokens beyond the shipped "
+                             "set, more than growing allows (--osd-head-grow)")
+        growth.frozen = grown(growth.frozen, new, growth.rows)
 
     def learn(self, row: dict) -> float | None:
         """A few optimizer steps on `row` (and `replay` earlier rows); the mean loss, or
@@ -142,6 +213,8 @@ class HeadLearner:
             row = {k: v[n - cfg.max_tokens:] if torch.is_tensor(v) else v
                    for k, v in row.items()}
             row["prompt_len"] = max(0, int(row["prompt_len"]) - (n - cfg.max_tokens))
+        if self.growth is not None:
+            self.growth.count(row)
         earlier = self.random.sample(list(self.buffer), min(cfg.replay, len(self.buffer)))
         total = 0.0
         count = 0
@@ -161,196 +234,10 @@ class HeadLearner:
         self.learned += 1
         return total / count
 
-    def agreement(self, row: dict, depth: int = 1,
-                  head: DraftHead | None = None) -> list[tuple[int, int]]:
+    def agreement(self, row: dict, depth: int = 1, head: DraftHead | None = None,
+                  frozen: Frozen | None = None) -> list[tuple[int, int]]:
         """Per depth, (answer positions where the head's top token is the target's top
-        token, answer positions): how the student (or `head`) as it stands would have
-        drafted `row`."""
-        return row_agreement(self.student if head is None else head, self.frozen, row,
-                             self.cfg, depth)
-
-
-class OnlineHead:
-    """Online learning of the default method's draft head while serving (the server's
-    `--online-distill` where that method drafts with the head): `OnlineDistiller`'s
-    interface, one domain."""
-
-    def __init__(self, cfg: Any, drafter: Any, target: Any, name: str) -> None:
-        """cfg: the server's `OnlineConfig` (interval: requests between publications;
-        head_lr; top_k; nice; root; save; probe; tolerance); drafter: the default engine's
-        head drafter (`draft/head.py`, loaded from an artifact)."""
-        from adaspec.draft.head_artifact import load_for_target
-
-        if cfg.domains != "shared":
-            raise InputError("online learning of the draft head keeps one head: "
-                             "--osd-domains shared")
-        if getattr(drafter, "origin", None) is None:
-            raise InputError("online learning of the draft head needs the head loaded "
-                             "from its file (--method head or auto:use=...+head)")
-        self.cfg = cfg
-        path, self.weights = drafter.origin
-        self.target_name = name
-        self.serving: DraftHead = drafter.head
-        head, tokens, embed = load_for_target(path, target, torch.float32)
-        frozen = Frozen(embed, tokens, kept_index(tokens.token_ids, tokens.vocab))
-        self.rows = tokens.proj.weight.detach()  # the output rows a ggml head is exported with
-        self.learner = HeadLearner(head, frozen, HeadLearnConfig(lr=cfg.head_lr))
-        self.published_float = copy.deepcopy(self.learner.student).eval()
-        self.file = (Path(cfg.root) if cfg.root else _heads_root()) / f"{name}-online.pt"
-        self.token_ids = tokens.token_ids
-        self.recorder = HeadRecorder(min(cfg.top_k, 8))
-        self._queue: queue.Queue[dict | None] = queue.Queue(maxsize=64)
-        self._lock = threading.Lock()
-        self.seen = self.learned = self.published = self.rejected = self.dropped = 0
-        self._probe: deque[tuple[int, int, int]] = deque(maxlen=max(1, cfg.probe) * 4)
-        self._since = 0
-        if cfg.save and self.file.is_file():
-            self._resume()
-        self._thread = threading.Thread(target=self._run, name="adaspec-head-learner",
-                                        daemon=True)
-        self._thread.start()
-
-    def new_recorder(self) -> HeadRecorder:
-        return HeadRecorder(self.recorder.top_k)
-
-    def check_engine(self, engine: Any) -> None:
-        """InputError unless `engine` drafts with the head learned here."""
-        if head_drafter(engine) is None:
-            raise InputError("online learning of the draft head needs the default method to "
-                             "draft with it (--method head or auto:use=...+head)")
-
-    def domain(self, requested: str | None, prompt_ids: list[int]) -> str:
-        return "default"
-
-    def before_request(self, domain: str) -> None:
-        """Nothing to swap: publication replaces the head engines are built with."""
-
-    def after_request(self, record: dict | None) -> None:
-        if record is None:
-            return
-        self.seen += 1
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:  # learning lags serving: the newest requests wait, the rest go
-            self.dropped += 1
-
-    def collect(self, wait: bool = False) -> list:
-        if wait:
-            self._queue.join()
-        return []
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=30)
-
-    def status(self) -> dict:
-        with self._lock:
-            probe = list(self._probe)
-        pos = sum(n for _, _, n in probe)
-        return {"kind": "draft head", "requests": self.seen, "learned": self.learned,
-                "dropped": self.dropped, "steps": self.learner.steps,
-                "published": self.published, "rejected": self.rejected,
-                "probe_agreement": {
-                    "learned": round(sum(a for a, _, _ in probe) / pos, 4) if pos else None,
-                    "serving": round(sum(b for _, b, _ in probe) / pos, 4) if pos else None,
-                    "positions": pos},
-                "file": str(self.file)}
-
-    # ------------------------------------------------------------ the learner's thread
-    def _run(self) -> None:
-        # the lowest priority: learning takes what serving leaves (the threads it starts for
-        # its products inherit it)
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.cfg.nice)
-        while True:
-            row = self._queue.get()
-            try:
-                if row is None:
-                    return
-                self._learn(row)
-            except Exception:  # learning never stops serving
-                log.exception("online learning of the draft head failed on a request")
-            finally:
-                self._queue.task_done()
-
-    def _learn(self, row: dict) -> None:
-        learner = self.learner
-        # the probe: how the learned head and the serving one draft this request, before
-        # either learned from it
-        mine = learner.agreement(row)[0]
-        theirs = learner.agreement(row, head=self.published_float)[0][0]
-        with self._lock:
-            self._probe.append((mine[0], theirs, mine[1]))
-        if learner.learn(row) is None:
-            return
-        self.learned += 1
-        self._since += 1
-        if self._since >= self.cfg.interval:
-            self._since = 0
-            self._publish()
-
-    def _publish(self) -> None:
-        """The learned head replaces the serving one, unless the probe (the latest
-        requests, each scored by both before either learned from it) finds it worse."""
-        with self._lock:
-            probe = list(self._probe)
-        mine = sum(a for a, _, _ in probe)
-        theirs = sum(b for _, b, _ in probe)
-        if mine + self.cfg.tolerance * sum(n for _, _, n in probe) < theirs:
-            self.rejected += 1
-            log.info("online head not published: the probe agreed %d times against the "
-                     "serving head's %d", mine, theirs)
-            return
-        student = self._publish_now()
-        with self._lock:
-            self._probe.clear()
-        self.published += 1
-        if self.cfg.save:
-            self._save(student)
-
-    def _publish_now(self) -> DraftHead:
-        from adaspec.draft.head import replace_head, serving_head
-
-        student = copy.deepcopy(self.learner.student).eval()
-        new = serving_head(copy.deepcopy(student), self.weights)
-        if self.weights == "ggml":  # its layer exported and loaded before engines take it
-            from adaspec.draft.head_ggml import attach
-
-            attach(new, self.rows, self.target_name)
-        replace_head(self.serving, new)
-        self.serving, self.published_float = new, student
-        return student
-
-    def _save(self, student: DraftHead) -> None:
-        from adaspec.draft import head_artifact
-
-        head_artifact.save(self.file, student, self.token_ids, {
-            "what": "a draft head learned online while serving (adaspec serve "
-                    "--online-distill)", "published": self.published,
-            "learned_requests": self.learned, "optimizer_steps": self.learner.steps})
-
-    def _resume(self) -> None:
-        from adaspec.draft import head_artifact
-
-        try:
-            art = head_artifact.load(self.file)
-            self.learner.student.load_state_dict({k: v.float() for k, v in art.state.items()})
-        except (InputError, RuntimeError, KeyError) as exc:
-            log.warning("online head at %s not resumed: %s", self.file, exc)
-            return
-        self._publish_now()
-
-
-def head_drafter(engine: Any) -> Any:
-    """The draft head drafter `engine` drafts with (the head method's, or auto's head
-    source); None for other drafters."""
-    drafter = getattr(engine, "drafter", None)
-    if getattr(drafter, "name", None) == "head":
-        return drafter
-    return getattr(drafter, "head", None)
-
-
-def _heads_root() -> Path:
-    from adaspec.store.assembly import adaspec_home
-
-    return adaspec_home() / "heads"
+        token, answer positions): how the student (or `head`, with the kept tokens of
+        `frozen`) as it stands would have drafted `row`."""
+        return row_agreement(self.student if head is None else head, frozen or self.frozen,
+                             row, self.cfg, depth)

@@ -18,4 +18,5 @@ def online_config(args: Any) -> OnlineConfig:
                         buffer=args.osd_buffer, top_k=args.osd_top_k, record=args.osd_record,
                         layers=args.osd_layers,
                         domains=args.osd_domains, distill=distill, root=args.osd_dir,
-                        nice=args.osd_nice, head_lr=args.osd_head_lr)
+                        nice=args.osd_nice, head_lr=args.osd_head_lr,
+                        head_grow=args.osd_head_grow)

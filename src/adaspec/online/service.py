@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,7 +54,8 @@ class OnlineConfig:
     root: str = ""  # adapters folder ("": $ADASPEC_HOME/osd/<draft>-last<layers>)
     save: bool = True
     nice: int = 19  # the worker process's nice value (0: the same priority as serving)
-    head_lr: float = 5e-5  # the draft head's learning rate, where the head learns
+    head_lr: float = 3e-4  # the draft head's learning rate, where the head learns
+    head_grow: int = 2048  # tokens the head's kept set may gain from its traffic (0: none)
 
     def __post_init__(self) -> None:
         if self.record not in RECORD_MODES:
@@ -62,6 +64,9 @@ class OnlineConfig:
             raise InputError(f"domains must be one of {DOMAIN_SOURCES}, got {self.domains!r}")
         if not self.head_lr > 0:
             raise InputError(f"head_lr must be > 0, got {self.head_lr}")
+        if self.head_grow < 0:
+            raise InputError(f"head_grow must be >= 0 (0: the shipped set), got "
+                             f"{self.head_grow}")
         if self.positions < 0:
             raise InputError(f"positions must be >= 0 (0: off), got {self.positions}")
         for name in ("interval", "buffer", "top_k", "layers", "probe_every", "probe"):
@@ -143,6 +148,9 @@ class OnlineDistiller:
     # ------------------------------------------------------------ per request
     def domain(self, requested: str | None, prompt_ids: list[int]) -> str:
         return self.chooser.choose(requested, prompt_ids)
+
+    def prepare(self, engine: Any, domain: str) -> None:
+        """Nothing per engine: `before_request` switches the shared draft."""
 
     def before_request(self, domain: str) -> None:
         """Collect finished updates, then give the serving draft this domain's tensors."""

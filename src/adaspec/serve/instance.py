@@ -25,7 +25,7 @@ from adaspec.serve.config import ServeConfig
 from adaspec.serve.history import ServedHistory
 
 if TYPE_CHECKING:
-    from adaspec.online.head import OnlineHead
+    from adaspec.online.head_service import OnlineHead
     from adaspec.online.service import OnlineDistiller
 
 # method parameters that name files on the server's disk: a request may not set them (it
@@ -101,7 +101,7 @@ class ModelInstance:
         head where that method drafts with it, else the draft model."""
         from torch import nn
 
-        from adaspec.online.head import OnlineHead, head_drafter
+        from adaspec.online.head_service import OnlineHead, head_drafter
         from adaspec.online.service import OnlineDistiller
 
         head = head_drafter(self.default_engine)

@@ -393,6 +393,7 @@ class Scheduler:
             if recorder is None:
                 recorder = self._recorders[slot] = online.new_recorder()
             running.domain = online.domain(running.job.domain, running.job.prompt_ids)
+            online.prepare(running.engine, running.domain)  # a head per domain: its own
             others = {r.domain for r in self._running.values()
                       if r is not running and r.domain is not None}
             if others <= {running.domain}:

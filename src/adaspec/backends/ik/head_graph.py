@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,11 @@ class _Shared:
             lib.llama_batch_free(tok)
         lib.llama_kv_cache_seq_rm(self.ctx, 0, 0, -1)
 
+    def close(self) -> None:
+        """Free the context and its batch (its model's `GgmlHead` is going)."""
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
+
 
 class HeadContext:
     """One request's KV cache of the head: a sequence of a shared context."""
@@ -211,6 +217,14 @@ class GgmlHead:
         self.vocab = int(lib.llama_n_vocab(self.model))
         self._shared: list[_Shared] = []
         self._lock = threading.Lock()
+        # a head nothing drafts with any more (online learning published another) frees its
+        # contexts and model (at exit the process goes anyway)
+        weakref.finalize(self, _free, lib, self.model, self._shared).atexit = False
+
+    def prewarm(self) -> None:
+        """Make its first context now (30-45 MB, a warm-up call), so the first request that
+        drafts with this head does not wait for it."""
+        self.release(self.acquire())
 
     def acquire(self) -> HeadContext:
         """A sequence nobody holds, of a context with room (a new context when all are)."""
@@ -227,19 +241,31 @@ class GgmlHead:
             ctx._shared.free.append(ctx.seq)
 
 
-_MODELS: dict[str, GgmlHead] = {}
+def _free(lib: Any, model: Any, shared: list[_Shared]) -> None:
+    for sh in shared:
+        sh.close()
+    lib.llama_free_model(model)
+
+
+# each loaded while something drafts with it (a drafter holds its head's `GgmlHead`)
+_MODELS: weakref.WeakValueDictionary[str, GgmlHead] = weakref.WeakValueDictionary()
 _MODELS_LOCK = threading.Lock()
 
 
 def head_model(digest: str, target: str, cfg: Any, state: dict[str, torch.Tensor],
-               rows: torch.Tensor) -> GgmlHead:
-    """The GGUF of the head whose file hashes to `digest` (exported once, then cached on
-    disk), loaded once per process."""
+               rows: torch.Tensor, keep: bool = True) -> GgmlHead:
+    """The GGUF of the head whose file hashes to `digest`, loaded once per process: exported
+    once and cached on disk (`keep`), or, for a head made in this process (online learning
+    publishes one every few requests), exported, loaded and deleted (the model is read)."""
     path = gguf_file(digest, target)
     with _MODELS_LOCK:
         found = _MODELS.get(str(path))
         if found is None:
             if not path.is_file():
                 export(cfg, state, rows, path)
-            found = _MODELS[str(path)] = GgmlHead(path, int(cfg.hidden))
+            try:
+                found = _MODELS[str(path)] = GgmlHead(path, int(cfg.hidden))
+            finally:
+                if not keep:
+                    path.unlink(missing_ok=True)
         return found
