@@ -6,6 +6,7 @@ head out, and a saved head is read back at the next start."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaspec.backends.torch.backend import TorchBackend
@@ -144,11 +145,12 @@ def test_a_head_the_probe_finds_worse_is_not_published(tmp_path, monkeypatch):
         online.close()
 
 
-def test_serve_learns_the_head_between_requests_and_answers_stay_exact(model_dirs, tmp_path):
+@pytest.mark.parametrize("domains", ["shared", "field"])
+def test_serve_learns_the_head_between_requests_and_answers_stay_exact(model_dirs, tmp_path,
+                                                                       domains):
     """`adaspec serve --online-distill` with a head method: the server records its requests,
-    learns and publishes in the background (/health says so), and answers stay the
-    target's."""
-    import pytest
+    learns and publishes in the background (/health says so; with `--osd-domains field`,
+    per request domain), and answers stay the target's."""
 
     pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
     import httpx
@@ -171,20 +173,25 @@ def test_serve_learns_the_head_between_requests_and_answers_stay_exact(model_dir
     prompts = ["def add(a, b):", "class Point:", "The weather today is", "Once upon a time"]
     plain = {p: inst.engine("ar").generate(p, 10, chat=False).text for p in prompts}
     cfg = OnlineConfig(interval=2, head_lr=1e-2, root=str(tmp_path / "h"),
-                       tolerance=1.0, nice=0)
+                       tolerance=1.0, nice=0, domains=domains)
     inst.start_online(ServeConfig(method=method, target=target_dir, online=cfg))
     try:
         with live_server(inst) as base:
             for _ in range(3):
                 for p in prompts:
                     r = httpx.post(base + "/v1/completions", json={
-                        "model": "tiny", "prompt": p, "max_tokens": 10, "temperature": 0},
-                        timeout=60)
+                        "model": "tiny", "prompt": p, "max_tokens": 10, "temperature": 0,
+                        "domain": "code" if p[:1] in "cd" else "story"}, timeout=60)
                     assert r.status_code == 200, r.text
                     assert r.json()["choices"][0]["text"] == plain[p]
             wait_until(lambda: health(base)["online_distillation"]["published"] >= 1, 120)
             status = health(base)["online_distillation"]
             assert status["kind"] == "draft head" and status["learned"] >= 2
+            if domains == "field":  # each domain learned from its own requests
+                learned = {d: v["learned"] for d, v in status["domains"].items()}
+                wait_until(lambda: sum(health(base)["online_distillation"]["domains"][d]
+                                       ["learned"] for d in ("code", "story")) == 12, 120)
+                assert set(learned) >= {"code", "story"} and learned.get("default", 0) == 0
     finally:
         inst.close()
 

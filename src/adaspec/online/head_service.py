@@ -34,9 +34,12 @@ from adaspec.online.head import HeadLearnConfig, HeadLearner, HeadRecorder
 
 log = logging.getLogger("adaspec.online")
 
-# domains learned at once beyond the default one (each holds a float head, its optimizer
-# state and a replay buffer: about 150 MB for the built-in head)
+# domains learned at once beyond the default one (each holds a float head, its published
+# copy, its optimizer state and a replay buffer: about 250 MB for the built-in head)
 MAX_DOMAINS = 8
+# requests a domain's head keeps for replay (one head for all keeps HeadLearnConfig's 256:
+# a 300-token request's states are 1.8 MB)
+DOMAIN_BUFFER = 64
 
 
 class DomainHead:
@@ -127,9 +130,10 @@ class OnlineHead:
         from adaspec.online.adapters import safe_name
 
         head, frozen = self._start
-        learner = HeadLearner(head, frozen, HeadLearnConfig(lr=self.cfg.head_lr,
-                                                            grow=self.cfg.head_grow),
-                              rows=self._rows)
+        settings = HeadLearnConfig(lr=self.cfg.head_lr, grow=self.cfg.head_grow)
+        if not self.shared:
+            settings.buffer = DOMAIN_BUFFER
+        learner = HeadLearner(head, frozen, settings, rows=self._rows)
         suffix = "" if domain == DEFAULT and self.shared else f"-{safe_name(domain)}"
         made = DomainHead(learner, self.root / f"{self.target_name}-online{suffix}.pt",
                           self.cfg.probe)
