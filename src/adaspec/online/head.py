@@ -164,7 +164,8 @@ class HeadRecorder:
 
 
 class HeadLearner:
-    """Trains a float copy of a draft head on served requests; `publish` hands it over."""
+    """Trains a float copy of a draft head on served requests (`online/head_service.py`
+    publishes it)."""
 
     def __init__(self, head: DraftHead, frozen: Frozen, cfg: HeadLearnConfig | None = None,
                  rows: RowSource | None = None) -> None:
