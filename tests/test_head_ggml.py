@@ -252,3 +252,50 @@ def test_drafters_sharing_a_context_keep_their_caches_apart(tmp_path, monkeypatc
     assert all(len(w) > 4 for w in want)
     same = seen == want
     assert same == apart
+
+
+def test_a_domains_ggml_head_serves_its_requests_and_the_shipped_one_the_others(tmp_path,
+                                                                                  monkeypatch):
+    """`--osd-domains field` on the ggml head: a domain's published head reaches the
+    requests of that domain (the drafter switches model and cache), another domain's
+    requests keep the shipped head's model, and every answer is plain decoding's."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_generator
+    from adaspec.online.head_service import OnlineHead, head_drafter
+    from adaspec.online.service import OnlineConfig
+
+    monkeypatch.setenv("ADASPEC_HOME", str(tmp_path / "home"))
+    model = tiny_model(vocab=40, hidden=64, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _head(model), torch.arange(40), {})
+    method = f"head:k=2,artifact={path},weights=ggml"
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=4, probe=2, tolerance=1.0, head_lr=1e-2, save=False, nice=0,
+                       domains="field")
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    g = torch.Generator().manual_seed(1)
+
+    def serve(domain: str) -> object:
+        engine = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+        online.prepare(engine, online.domain(domain, []))
+        recorder = online.new_recorder()
+        prompt = torch.randint(1, 40, (5,), generator=g).tolist()
+        got = engine.generate(prompt, 16, recorder=recorder)
+        assert got.token_ids == plain.generate(prompt, 16).token_ids
+        online.after_request(recorder.take(got.token_ids, domain))
+        online.collect(wait=True)
+        return engine
+
+    try:
+        for _ in range(12):
+            serve("fr")
+        assert online.status()["domains"]["fr"]["published"] >= 1
+        fr = head_drafter(serve("fr"))
+        assert fr.head is online.domains["fr"].serving
+        assert fr.runner is not first.drafter.runner
+        other = head_drafter(serve("code"))  # a domain not published yet: the shipped head
+        assert other.head is online.shipped_head and other.runner is first.drafter.runner
+    finally:
+        online.close()
