@@ -85,9 +85,8 @@ def target_parts(model: Any | None, weights_file: Path | None, token_ids: torch.
         from safetensors import safe_open
 
         with safe_open(str(weights_file), framework="pt") as f:
-            names = set(f.keys())
             embed = f.get_tensor(EMBED)
-            out_name = OUTPUT if OUTPUT in names else EMBED  # tied embeddings
+            out_name = _output_name(f)
             out_slice = f.get_slice(out_name)
             vocab = int(out_slice.get_shape()[0])
             rows = f.get_tensor(out_name)[token_ids]
@@ -96,6 +95,11 @@ def target_parts(model: Any | None, weights_file: Path | None, token_ids: torch.
                          "bf16 copy `adaspec models prepare` makes)")
     # the embeddings stay in the file's dtype (a row is read per token)
     return embed, TokenHead(rows.to(dtype).clone(), token_ids, vocab)
+
+
+def _output_name(f: Any) -> str:
+    """The output matrix's name in an open safetensors file (the embeddings where tied)."""
+    return OUTPUT if OUTPUT in set(f.keys()) else EMBED
 
 
 def target_rows(model: Any | None, weights_file: Path | None
@@ -112,8 +116,7 @@ def target_rows(model: Any | None, weights_file: Path | None
         from safetensors import safe_open
 
         with safe_open(str(weights_file), framework="pt") as f:
-            name = OUTPUT if OUTPUT in set(f.keys()) else EMBED  # tied embeddings
-            table = f.get_slice(name)
+            table = f.get_slice(_output_name(f))
             return torch.stack([table[int(i) : int(i) + 1][0] for i in ids]).float()
 
     return read

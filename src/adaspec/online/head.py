@@ -73,7 +73,11 @@ class KeptGrowth:
     `grow_min` times joins it (its row read from the target), up to `grow` tokens. The head's
     own weights do not depend on the set: the learned rows of `fc` and its layer stay."""
 
-    def __init__(self, frozen: Frozen, rows: RowSource, budget: int, min_count: int) -> None:
+    def __init__(self, frozen: Frozen, rows: RowSource | None, budget: int,
+                 min_count: int) -> None:
+        """budget 0: the set stays (rows may then be None)."""
+        if budget and rows is None:
+            raise InputError("growing the head's kept tokens needs the target's output rows")
         self.frozen = frozen
         self.rows = rows
         self.budget = budget
@@ -85,11 +89,11 @@ class KeptGrowth:
     def added(self) -> int:
         return len(self.frozen.token_head.token_ids) - self.shipped
 
-    def count(self, row: dict) -> bool:
-        """Counts the target's choices in `row` outside the kept set; True where tokens
-        joined it (`self.frozen` is then a new set's)."""
+    def count(self, row: dict) -> None:
+        """Counts the target's choices in `row` outside the kept set; those chosen often
+        enough join it (`self.frozen` is then a new set's)."""
         if self.added >= self.budget:
-            return False
+            return
         chosen = row["top_ids"][:, 0].long()
         known = row["top_probs"][:, 0] > 0
         outside = chosen[known & (self.frozen.index[chosen] < 0)]
@@ -97,11 +101,11 @@ class KeptGrowth:
         ready = [t for t, c in self.counts.most_common() if c >= self.min_count]
         ready = ready[: self.budget - self.added]
         if not ready:
-            return False
+            return
         for t in ready:
             del self.counts[t]
+        assert self.rows is not None  # a budget needs them (__init__)
         self.frozen = grown(self.frozen, torch.tensor(ready, dtype=torch.long), self.rows)
-        return True
 
 
 def grown(frozen: Frozen, new: torch.Tensor, rows: RowSource) -> Frozen:
@@ -171,11 +175,7 @@ class HeadLearner:
                  rows: RowSource | None = None) -> None:
         """rows: the target's output rows by token id (needed where `cfg.grow` > 0)."""
         self.cfg = cfg or HeadLearnConfig()
-        self._frozen = frozen
-        if self.cfg.grow and rows is None:
-            raise InputError("growing the head's kept tokens needs the target's output rows")
-        self.growth = KeptGrowth(frozen, rows, self.cfg.grow, self.cfg.grow_min) \
-            if self.cfg.grow and rows is not None else None
+        self.growth = KeptGrowth(frozen, rows, self.cfg.grow, self.cfg.grow_min)
         self.student = copy.deepcopy(head).float().train()
         for p in self.student.parameters():
             p.requires_grad_(True)
@@ -189,7 +189,7 @@ class HeadLearner:
     @property
     def frozen(self) -> Frozen:
         """The target's parts the head reads, its kept tokens as they stand."""
-        return self.growth.frozen if self.growth is not None else self._frozen
+        return self.growth.frozen
 
     def keep(self, token_ids: torch.Tensor) -> None:
         """Keep `token_ids` [n] too (a saved learned head's set, read back at a start):
@@ -198,7 +198,7 @@ class HeadLearner:
         new = token_ids[self.frozen.index[token_ids] < 0]
         if not len(new):
             return
-        if growth is None or len(new) > growth.budget - growth.added:
+        if len(new) > growth.budget - growth.added or growth.rows is None:
             raise InputError(f"the saved head keeps {len(new)} tokens beyond the shipped "
                              "set, more than growing allows (--osd-head-grow)")
         growth.frozen = grown(growth.frozen, new, growth.rows)
@@ -214,8 +214,7 @@ class HeadLearner:
             row = {k: v[n - cfg.max_tokens:] if torch.is_tensor(v) else v
                    for k, v in row.items()}
             row["prompt_len"] = max(0, int(row["prompt_len"]) - (n - cfg.max_tokens))
-        if self.growth is not None:
-            self.growth.count(row)
+        self.growth.count(row)
         earlier = self.random.sample(list(self.buffer), min(cfg.replay, len(self.buffer)))
         total = 0.0
         count = 0

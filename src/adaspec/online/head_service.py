@@ -65,7 +65,7 @@ class DomainHead:
                  for i, name in enumerate(("learned", "serving", "shipped"))}
         return {"learned": self.learned, "published": self.published,
                 "rejected": self.rejected, "steps": self.learner.steps,
-                "kept_added": self.learner.growth.added if self.learner.growth else 0,
+                "kept_added": self.learner.growth.added,
                 "probe_agreement": agree | {"positions": pos},
                 "file": str(self.file)}
 
