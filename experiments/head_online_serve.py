@@ -57,6 +57,8 @@ def main() -> int:
     p.add_argument("--translation", type=int, default=32)
     p.add_argument("--chat", type=int, default=16)
     p.add_argument("--interval", type=int, default=8)
+    p.add_argument("--backoff", type=int, default=4,
+                   help="the learning server's --osd-head-backoff (1: learn from every request)")
     p.add_argument("--pause", type=float, default=2.0, help="seconds between requests")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--block", type=int, default=8, help="requests per reported block")
@@ -83,7 +85,7 @@ def main() -> int:
         "frozen": Server(common, out / "frozen.log", env),
         "learning": Server(common if args.control else [
             *common, "--online-distill", "--interval", str(args.interval), "--osd-dir",
-            str(home)], out / "learning.log", env),
+            str(home), "--osd-head-backoff", str(args.backoff)], out / "learning.log", env),
     }
     todo = (stream(args.translation, args.chat) if not args.prompts else
             [(r["id"].split("/")[0], r["id"], r["prompt"])
@@ -165,8 +167,8 @@ def summarise(rows: list[dict], args, status: dict | None) -> dict:
                          "over_1.10": sum(x > 1.10 for x in slow)},
             "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor(),
             "command": " ".join(sys.argv), "method": args.method, "interval": args.interval,
-            "pause_s": args.pause, "requests": n, "same_text": same, "blocks": blocks,
-            "control": args.control,
+            "backoff": args.backoff, "pause_s": args.pause, "requests": n, "same_text": same,
+            "blocks": blocks, "control": args.control,
             "learner": status}
 
 

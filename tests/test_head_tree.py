@@ -219,3 +219,68 @@ def test_the_priced_tree_learns_how_far_the_heads_probabilities_hold():
             steps = len(drafter.kept)
             assert sum(drafter.kept[-steps // 3:]) < sum(drafter.kept[: steps // 3])
     assert scales["other"] < 0.6 < scales["own"]
+
+
+def test_auto_drafts_the_heads_trees_where_rows_are_nearly_free(tmp_path):
+    """`auto:tree=priced`: where verified rows cost almost nothing (a GPU's profile) a greedy
+    step drafting from the head proposes its next candidates beside the chain, paths run
+    through them, and the output is plain decoding's; the same method where every row
+    costs a whole pass proposes no tree, and without tree= auto drafts chains only (the
+    control)."""
+    from adaspec.draft import head_artifact
+    from adaspec.methods.build import build_generator
+
+    from .test_auto import flat_profile, steep_profile
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    plain = Engine(runtime_backend("torch", model, "plain"), None, eos_token_ids=[])
+    prompts = ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [30], [12, 13, 14])
+
+    def run(tree: str, profile) -> tuple[int, int, int]:
+        engine = build_generator(f"auto:use=head,head={path},head_ms=1,k_max=4{tree}",
+                                 runtime_backend("torch", model, "auto"), None,
+                                 eos_token_ids=[], profile=profile)
+        trees = 0
+        propose = engine.drafter.propose
+
+        def spy(req, k, controller):
+            nonlocal trees
+            proposal = propose(req, k, controller)
+            trees += not proposal.is_chain
+            return proposal
+
+        engine.drafter.propose = spy
+        for prompt in prompts:
+            got = engine.generate(prompt, max_new_tokens=20)
+            assert got.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
+        through, accepted = _steps_through_siblings(engine, prompts)
+        return trees, through, engine.drafter.choices.head
+
+    trees, through, by_head = run(",tree=priced", flat_profile())
+    assert by_head > 0 and trees > 0 and through > 0
+    assert run(",tree=priced", steep_profile())[0] == 0  # rows dear: chains (or nothing)
+    assert run("", flat_profile())[:2] == (0, 0)
+
+
+def test_auto_tree_settings_are_checked():
+    from adaspec.methods.auto import AutoParams
+
+    with pytest.raises(InputError, match="tree must be priced"):
+        AutoParams(tree="3x2")
+    with pytest.raises(InputError, match="needs head in use="):
+        AutoParams(use="ngram+history", tree="priced")
+
+
+def test_auto_credits_the_heads_chain_by_the_path_through_its_tree():
+    """A verdict whose path leaves the chain for a sibling kept the chain's tokens only up to
+    there: that many head tokens were right, the next one wrong."""
+    from adaspec.draft.auto import Choice
+
+    tree = Choice("head", [11, 12, 13], nodes=[1, 4, 6], rows=7)
+    assert tree.accepted([1, 4, 6]) == 3
+    assert tree.accepted([1, 5]) == 1  # through the second level's sibling
+    assert tree.accepted([2]) == 0
+    assert tree.accepted([]) == 0
+    assert Choice("head", [11, 12]).accepted([1, 2]) == 2  # a chain: its nodes in order

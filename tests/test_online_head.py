@@ -377,3 +377,63 @@ def test_a_learned_head_worse_than_the_shipped_one_is_not_published(tmp_path):
         assert domain.published == 1 and online.serving is not online.shipped_head
     finally:
         online.close()
+
+
+@pytest.mark.parametrize("backoff", [4, 1])
+def test_learning_that_gains_nothing_backs_off(tmp_path, monkeypatch, backoff):
+    """Publications refused while the learned head is no better than the shipped one
+    (traffic it already knows) make the learner take one request in 2, then 4; backoff=1
+    (the control) learns from every request."""
+    model, method = _untrained(tmp_path)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    monkeypatch.setattr(HeadLearner, "learn", lambda self, row: 0.0)  # learns nothing
+    # a tolerance below any agreement: every publication is refused
+    cfg = OnlineConfig(interval=2, probe=2, head_lr=1e-2, save=False, nice=0,
+                       tolerance=-2.0, head_backoff=backoff)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    try:
+        _serve(online, method, model, _prompts(24, seed=1), plain)
+        status = online.status()
+        assert status["published"] == 0 and status["rejected"] >= 1
+        assert status["learned"] + status["skipped"] == 24
+        if backoff == 1:
+            assert status["skipped"] == 0
+        else:  # 2 learned, refused; 1 in 2 for 4, refused again; then 1 in 4
+            assert status["learned"] <= 10 and status["skipped"] >= 14, status
+    finally:
+        online.close()
+
+
+def test_learning_that_gains_is_not_backed_off_when_refused(tmp_path):
+    """A learned head far ahead of the shipped one, refused (here by the tolerance), is
+    still learning the traffic: it keeps learning from every request."""
+    model, method = _untrained(tmp_path)
+    plain = build_generator("ar", TorchBackend(model), None, eos_token_ids=[])
+    first = build_generator(method, TorchBackend(model), None, eos_token_ids=[])
+    cfg = OnlineConfig(interval=2, probe=2, head_lr=1e-2, save=False, nice=0,
+                       tolerance=-2.0, head_backoff=4)
+    online = OnlineHead(cfg, first.drafter, first.target, "tiny")
+    try:
+        _serve(online, method, model, _prompts(24, seed=1), plain)
+        status = online.status()
+        # (at most a request let go after the first refusal, while the head had learned
+        # from 2 requests only: against 14 or more where learning gains nothing, above)
+        assert status["rejected"] >= 4 and status["skipped"] <= 2 and status["learned"] >= 22
+        assert status["probe_agreement"]["learned"] > status["probe_agreement"]["shipped"]
+    finally:
+        online.close()
+
+
+def test_a_publication_made_again_ends_the_back_off():
+    from adaspec.online.head_service import DomainHead
+
+    domain = DomainHead.__new__(DomainHead)
+    domain.arrived = domain.skipped = domain.stale = 0
+    assert all(domain.learns_from_next(4) for _ in range(8))
+    domain.stale = 1
+    assert [domain.learns_from_next(4) for _ in range(4)] == [False, True, False, True]
+    domain.stale = 5
+    assert sum(domain.learns_from_next(4) for _ in range(16)) == 4  # capped at 1 in 4
+    domain.stale = 0  # published again
+    assert all(domain.learns_from_next(4) for _ in range(8))

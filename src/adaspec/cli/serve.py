@@ -106,6 +106,10 @@ def add_online_options(p: argparse.ArgumentParser, switch: bool = True) -> None:
     g.add_argument("--osd-head-grow", type=int, default=2048,
                    help="tokens the head's kept set may gain from what the target writes, "
                         "each once written 3 times (default 2048; 0: the shipped set)")
+    g.add_argument("--osd-head-backoff", type=int, default=4,
+                   help="while the probe keeps refusing a learned head no better than the "
+                        "shipped one (traffic it already knows), learn from one request in 2, "
+                        "4, ... up to one in this many (default 4; 1: every request)")
     g.add_argument("--osd-top-k", type=int, default=32,
                    help="target probabilities kept per recorded position (default 32)")
     g.add_argument("--osd-record", default="rejected", choices=["rejected", "all"],

@@ -89,14 +89,31 @@ def _bucket_of(confidence: float) -> int:
     return len(CONFIDENCE_EDGES)
 
 
-def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Generator | None
-                ) -> tuple[int, torch.Tensor | None, int]:
-    """The head's next drafted token, its processed distribution (None: greedy) and its
-    confidence bucket, read back in one transfer."""
+def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Generator | None,
+                siblings: int = 0) -> tuple[int, torch.Tensor | None, int, Candidates]:
+    """The head's next drafted token, its processed distribution (None: greedy), its
+    confidence bucket and (`siblings` > 0) its next candidates after the drafted one with
+    the head's probability of each, read back in one transfer."""
     drawn, processed, small = chain.draw(params, generator)
-    read = torch.cat([drawn.double(), torch.softmax(small, dim=-1).max().reshape(1)
-                      .double()]).tolist()
-    return int(read[0]), processed, _bucket_of(read[1])
+    probs = torch.softmax(small, dim=-1)
+    if not siblings:
+        read = torch.cat([drawn.double(), probs.max().reshape(1).double()]).tolist()
+        return int(read[0]), processed, _bucket_of(read[1]), ([], [])
+    top = torch.topk(probs, min(siblings + 1, probs.shape[-1]))
+    ids = chain.token_ids[top.indices]
+    read = torch.cat([drawn.double(), top.values.double(), ids.double()]).tolist()
+    token, width = int(read[0]), len(top.values)
+    others = [(int(t), q) for q, t in zip(read[1 : 1 + width], read[1 + width :], strict=True)
+              if int(t) != token][:siblings]
+    return token, processed, _bucket_of(read[1]), ([t for t, _ in others],
+                                                   [q for _, q in others])
+
+
+# a drafted token's next candidates: their tokens and the head's probability of each
+Candidates = tuple[list[int], list[float]]
+# auto:tree=priced: candidates a level offers beside the chain's token, most nodes a step
+TREE_SIBLINGS = 3
+TREE_NODES = 16
 
 
 def _bucket_prior(i: int) -> float:
@@ -163,6 +180,19 @@ class Choice:
     start: int = 0  # context length when proposed
     match: int = 0  # n-gram match length
     buckets: list = field(default_factory=list)  # per token: draft bucket | history cell
+    # a head tree: the nodes of `tokens` (its chain) and every node it verified (None: a
+    # chain, its tokens the nodes)
+    nodes: list[int] | None = None
+    rows: int = 0
+
+    def accepted(self, path: list[int]) -> int:
+        """Of `tokens`, how many the verdict's `path` (accepted nodes) kept."""
+        if self.nodes is None:
+            return len(path)
+        n = 0
+        while n < min(len(path), len(self.nodes)) and path[n] == self.nodes[n]:
+            n += 1
+        return n
 
 
 @dataclass
@@ -175,6 +205,7 @@ class _Peek:
     bucket: int
     n: int  # the best chain length its bucket's rate gives
     value: float  # that chain's expected tokens per ms
+    siblings: Candidates  # the head's next candidates beside it (tree=priced)
 
 
 @dataclass
@@ -235,6 +266,7 @@ class AutoDrafter(Drafter):
         head_ms: float = 0.0,
         learn_head_ms: bool = False,
         learn_prices: bool = False,
+        trees: bool = False,
     ) -> None:
         """disco: a trained DISCO artifact (`adaspec disco tune`); its classifier then
         estimates each draft token's acceptance instead of the confidence buckets.
@@ -247,7 +279,10 @@ class AutoDrafter(Drafter):
         twice the step timed alone, on the 2-vCPU Xeon), drifting back to `head_ms` while
         no step is measured; learn_prices: price a step alone by the profile rescaled by
         what this method's calls of as many rows took here (`cost.live`), learned from
-        every step priced alone (a seeded sampled request reads the profile as it is)."""
+        every step priced alone (a seeded sampled request reads the profile as it is);
+        trees: a greedy step drafting from the head proposes its chain with the head's next
+        candidates beside its tokens where the profile pays for their rows (`_head_tree`;
+        the engine then scores token trees)."""
         self.profile = profile
         self.disco = disco
         self.ngram = NgramDrafter(n_max=n_max, n_min=n_min) if use_ngram else None
@@ -268,6 +303,7 @@ class AutoDrafter(Drafter):
                 raise InputError("method auto with a draft model needs a cost profile that "
                                  "measured the draft (adaspec profile --draft ...)")
         self.head = head
+        self.drafts_trees = trees and head is not None
         self.head_floor_ms = head_ms
         self.learn_head_ms = learn_head_ms
         self.learn_prices = learn_prices
@@ -358,11 +394,11 @@ class AutoDrafter(Drafter):
         last, self._last = self._last, None
         timed, self._timed = self._timed, None
         if timed is not None:  # what the step's call took against its profile price
-            rows = 1 + (len(last.tokens) if last is not None else 0)
+            rows = 1 + (last.rows or len(last.tokens) if last is not None else 0)
             self.memory.call_scale.observe(rows, 1000 * (req.stats.target_time - timed[1]),
                                            self.profile.target(rows, timed[0]))
         if last is not None and last.tokens:
-            self._credit(last, len(path))
+            self._credit(last, last.accepted(path))
         peeked, self._peek_seen = self._peek_seen, None
         proposed = last is not None and last.kind == "head" and bool(last.tokens)
         if peeked is not None and not proposed and req.sampling.greedy \
@@ -739,7 +775,8 @@ class AutoDrafter(Drafter):
         chain = self.head.open(self._req)
         if chain is None:  # the target gave no feature of the newest position
             return None
-        token, processed, bucket = _head_token(chain, params, generator)
+        token, processed, bucket, siblings = _head_token(chain, params, generator,
+                                                         self._siblings(params))
         if self.learn_head_ms:  # a running mean over about the last HEAD_MS_WINDOW steps
             seen = 1000 * (clock() - t0)
             self.memory.head_ms += (seen - self.memory.head_ms) / HEAD_MS_WINDOW
@@ -750,7 +787,7 @@ class AutoDrafter(Drafter):
         self._peek_seen = (ctx, token, bucket)  # credited in `commit` unless proposed
         n, tokens, ms = self._head_length(self._head_rate(bucket), self._head_rate(None),
                                           limit, ctx)
-        return _Peek(chain, token, processed, bucket, n, tokens / ms)
+        return _Peek(chain, token, processed, bucket, n, tokens / ms, siblings)
 
     def _peek_pays(self, best: float, limit: int, ctx: int) -> bool:
         """Whether drawing the head's first token is worth its step: the head step is spent
@@ -793,17 +830,60 @@ class AutoDrafter(Drafter):
         rows = [peek.probs] if peek.probs is not None else []
         buckets = [peek.bucket]
         accept = [self._head_rate(peek.bucket)]
+        siblings = [peek.siblings]
         while len(tokens) < limit and cost_keeps_drafting(accept, a_next, step_ms, limit, base):
             chain.advance(tokens[-1])
-            token, processed, bucket = _head_token(chain, params, generator)
+            token, processed, bucket, others = _head_token(chain, params, generator,
+                                                           self._siblings(params))
             if processed is not None:
                 rows.append(processed)
             tokens.append(token)
             buckets.append(bucket)
             accept.append(self._head_rate(bucket))
+            siblings.append(others)
         # the peek's step is sunk
-        return self._verified_prefix("head", context, tokens, rows, buckets, accept,
-                                     (chain.steps - 1) * d1, chain.steps)
+        spent = (chain.steps - 1) * d1
+        if self._siblings(params):
+            tree = self._head_tree(context, tokens, buckets, accept, siblings, spent,
+                                   chain.steps)
+            if tree is not None:
+                return tree
+        return self._verified_prefix("head", context, tokens, rows, buckets, accept, spent,
+                                     chain.steps)
+
+    def _siblings(self, params: SamplingParams) -> int:
+        """Candidates a head token's level offers beside it: trees at temperature 0 only."""
+        return TREE_SIBLINGS if self.drafts_trees and params.greedy else 0
+
+    def _head_tree(self, context: list[int], tokens: list[int], buckets: list[int],
+                   accept: list[float], siblings: list[Candidates], spent: float,
+                   calls: int) -> Proposal | None:
+        """The head's chain with its next candidates beside its tokens, the nodes kept best
+        first by the chance their path is accepted while the step's expected tokens per ms
+        rise (`best_counts`): the chain's tokens at their confidence buckets' rates, a
+        sibling at the head's probability of it scaled as this request's head tokens held
+        (the head is calibrated: experiments/results/head-calibration-xeon-amx). None where
+        that keeps no sibling: the chain's best prefix is the step (`_verified_prefix`)."""
+        from adaspec.draft.head_tree import best_counts, level_tree
+
+        assert self._req is not None
+        ctx = len(context)
+        room = self._req.tree_nodes  # what the target's cache holds as one tree this step
+        most = min(TREE_NODES, room - 1 if room is not None else TREE_NODES)
+        scale = self._head_scale()
+        levels = [[a, *(min(0.99, q * scale) for q in probs)]
+                  for a, (_, probs) in zip(accept, siblings, strict=True)]
+        counts = best_counts(levels, lambda n: spent + self._verify_ms(n, ctx), most,
+                             self._base(ctx))
+        if max(counts, default=0) <= 1:
+            return None
+        tree, firsts = level_tree(context[-1], [[t, *others] for t, (others, _) in
+                                                zip(tokens, siblings, strict=True)], counts)
+        depth = len(firsts)
+        nodes = len(tree) - 1
+        self._last = Choice("head", tokens[:depth], ctx, buckets=buckets[:depth],
+                            nodes=firsts, rows=nodes)
+        return Proposal(tree, None, head_calls=calls, drafted_by={"head": nodes})
 
     def _accept_estimate(self, features: list[float], bucket: int, position: int,
                          context: int) -> float:

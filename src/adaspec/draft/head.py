@@ -318,6 +318,11 @@ class HeadChain:
         self._position = position  # of the next input the chain feeds
         self.steps = 1  # head forwards this chain ran (the catch-up counts as one)
 
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """[N] the kept tokens' ids, in the order of `small_logits`."""
+        return self._drafter.tokens.token_ids
+
     def small_logits(self) -> torch.Tensor:
         """[N] float logits of the next token over the kept tokens (`TokenHead.token_ids`)."""
         with torch.no_grad():

@@ -19,6 +19,8 @@ tree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from adaspec.control.base import LengthController
@@ -116,16 +118,10 @@ class HeadTreeDrafter(Drafter):
                   steps: int) -> Proposal:
         """The tree of each level's first `counts[d]` candidates, a level below the one
         before's first; the distributions they were drawn from on their parents' rows."""
-        tree = TokenTree.root(req.context[-1])
-        rows: dict[int, torch.Tensor] = {}  # node -> the distribution its children came from
-        parent = 0
-        for (picks, _, row), count in zip(levels, counts, strict=False):
-            if not count:
-                break
-            new = tree.add_level([parent] * count, picks[:count])
-            if row is not None:
-                rows[parent] = row
-            parent = new[0]
+        tree, firsts = level_tree(req.context[-1], [picks for picks, _, _ in levels], counts)
+        # node -> the distribution its children came from (each kept level below its parent)
+        rows = {parent: row for parent, (_, _, row) in zip([0, *firsts[:-1]], levels,
+                                                            strict=False) if row is not None}
         probs = None
         if rows:
             probs = torch.zeros(max(rows) + 1, self.head.tokens.vocab)
@@ -199,17 +195,39 @@ class PricedHeadTree(HeadTreeDrafter):
         super().commit(req, path)
 
 
+def level_tree(root: int, levels: list[list[int]], counts: list[int]
+               ) -> tuple[TokenTree, list[int]]:
+    """The tree of each level's first `counts[d]` tokens, a level below the previous level's
+    first node, and those first nodes (the chain through the tree)."""
+    tree = TokenTree.root(root)
+    firsts: list[int] = []
+    parent = 0
+    for picks, count in zip(levels, counts, strict=False):
+        if not count:
+            break
+        parent = tree.add_level([parent] * count, picks[:count])[0]
+        firsts.append(parent)
+    return tree, firsts
+
+
 def plan(levels: list[list[float]], profile: CostProfile, max_nodes: int,
          context: int | None = None) -> list[int]:
+    """`best_counts` priced by the profile's target calls."""
+    return best_counts(levels, lambda n: profile.target_ms(1 + n, context), max_nodes)
+
+
+def best_counts(levels: list[list[float]], step_ms: Callable[[int], float], max_nodes: int,
+                base: float = 1.0) -> list[int]:
     """How many candidates to keep at each level (a prefix of each level's, in their order;
-    a level only below the previous level's first): levels[d] the head's probabilities of
-    its candidates at depth d + 1. A node's worth is the chance its path is accepted (the
-    product of the probabilities down to it); nodes are taken best first among those whose
-    parent and earlier siblings are in, and the step keeps the count with the most expected
-    tokens (1 + the worths) per ms of a target call of that many rows."""
+    a level only below the previous level's first): levels[d] the probabilities that its
+    candidates at depth d + 1 are accepted, their parent being. A node's worth is the chance
+    its path is accepted (the product of the probabilities down to it); nodes are taken best
+    first among those whose parent and earlier siblings are in, and the step keeps the count
+    with the most expected tokens (`base`, what a step drafting nothing emits, + the worths)
+    per ms of a step verifying that many nodes (`step_ms(n)`)."""
     kept = [0] * len(levels)
     reach = [1.0] * (len(levels) + 1)  # reach[d]: the chance the path to depth d holds
-    best, best_rate, worth = list(kept), 1.0 / profile.target_ms(1, context), 1.0
+    best, best_rate, worth = list(kept), base / step_ms(0), base
     for n in range(1, max_nodes + 1):
         options = [(reach[d] * levels[d][kept[d]], d) for d in range(len(levels))
                    if kept[d] < len(levels[d]) and (d == 0 or kept[d - 1] > 0)]
@@ -220,7 +238,7 @@ def plan(levels: list[list[float]], profile: CostProfile, max_nodes: int,
         if kept[d] == 1:
             reach[d + 1] = reach[d] * levels[d][0]
         worth += gain
-        rate = worth / profile.target_ms(1 + n, context)
+        rate = worth / step_ms(n)
         if rate > best_rate:
             best, best_rate = list(kept), rate
     return best

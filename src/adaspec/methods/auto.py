@@ -47,8 +47,15 @@ class AutoParams:
     )
     verify: str = param(
         "default",
-        "verifier: default (greedy at T=0, speculative above) | greedy | speculative | mcss | "
-        "mcss-wor | mcns",
+        "verifier: default (greedy at T=0, speculative above; mcss-wor with tree=priced) | "
+        "greedy | speculative | mcss | mcss-wor | mcns",
+    )
+    tree: str = param(
+        "",
+        "priced: a greedy step drafting from the head proposes the head's chain with its next "
+        "candidates beside its tokens (a token tree), kept where the cost profile pays for "
+        "their rows: rarely on a CPU, often where rows are nearly free (a GPU); needs head in "
+        "use=; chains only for constrained output (docs/mcsd.md)",
     )
 
     def __post_init__(self) -> None:
@@ -63,6 +70,10 @@ class AutoParams:
         check_weights(self.head_weights)
         check(1 <= self.n_min <= self.n_max, "need 1 <= n_min <= n_max")
         check_verifier_name(self.verify)
+        check(self.tree in ("", "priced"), "tree must be priced (or left unset: chains)")
+        if self.tree and "head" not in use:
+            raise InputError("tree=priced shapes the draft head's trees; it needs head in use= "
+                             "(e.g. use=ngram+history+head)")
         if self.disco and "draft" not in use:
             raise InputError("disco= estimates draft-model tokens; it needs draft in use= "
                              "(e.g. use=ngram+draft)")
@@ -106,7 +117,8 @@ def _build(params: AutoParams, models: Models, text: str):
                           head=head, head_ms=head_ms, learn_head_ms=not params.head_ms,
                           # the machine's own profile, not a file's or one handed in
                           learn_prices=not params.profile and models.profile is None,
-                          eos_token_ids=set(eos))  # what ends an output the history learns
+                          eos_token_ids=set(eos),  # what ends an output the history learns
+                          trees=params.tree == "priced")
     engine = Engine(
         models.target,
         models.tokenizer,

@@ -37,6 +37,9 @@ log = logging.getLogger("adaspec.online")
 # domains learned at once beyond the default one (each holds a float head, its published
 # copy, its optimizer state and a replay buffer: about 250 MB for the built-in head)
 MAX_DOMAINS = 8
+# a refused publication whose learned head agreed with the target at most this much more
+# often than the shipped head (a share of the probe's positions) counts toward backing off
+STALE_MARGIN = 0.01
 # requests a domain's head keeps for replay (one head for all keeps HeadLearnConfig's 256:
 # a 300-token request's states are 1.8 MB)
 DOMAIN_BUFFER = 64
@@ -57,6 +60,22 @@ class DomainHead:
         # positions
         self.probe: deque[tuple[int, int, int, int]] = deque(maxlen=max(1, probe) * 4)
         self.since = self.learned = self.published = self.rejected = 0
+        # publications refused in a row with the learned head no better than the shipped
+        # one (`_publish`): learning that gains nothing
+        self.stale = 0
+        self.arrived = self.skipped = 0  # requests handed to it; those it let go
+
+    def learns_from_next(self, backoff: int) -> bool:
+        """Whether the next request is learned from (and probed): every one while learning
+        gains; while publications keep being refused with the learned head no better than
+        the shipped one (traffic the head already knows: learning gains nothing and costs
+        serving a few percent on 2 vCPUs) one in 2, 4, ... up to one in `backoff`."""
+        self.arrived += 1
+        every = min(2 ** min(self.stale, 16), backoff)
+        if self.arrived % every:
+            self.skipped += 1
+            return False
+        return True
 
     def status(self) -> dict:
         probe = list(self.probe)
@@ -64,7 +83,8 @@ class DomainHead:
         agree = {name: round(sum(p[i] for p in probe) / pos, 4) if pos else None
                  for i, name in enumerate(("learned", "serving", "shipped"))}
         return {"learned": self.learned, "published": self.published,
-                "rejected": self.rejected, "steps": self.learner.steps,
+                "rejected": self.rejected, "skipped": self.skipped,
+                "steps": self.learner.steps,
                 "kept_added": self.learner.growth.added,
                 "probe_agreement": agree | {"positions": pos},
                 "file": str(self.file)}
@@ -76,7 +96,8 @@ class OnlineHead:
 
     def __init__(self, cfg: Any, drafter: Any, target: Any, name: str) -> None:
         """cfg: the server's `OnlineConfig` (interval: requests between publications;
-        domains; head_lr; head_grow; top_k; nice; root; save; probe; tolerance); drafter:
+        domains; head_lr; head_grow; head_backoff; top_k; nice; root; save; probe;
+        tolerance); drafter:
         the default engine's head drafter (`draft/head.py`, loaded from an artifact)."""
         from adaspec.draft.head_artifact import load_for_target
 
@@ -192,7 +213,7 @@ class OnlineHead:
             domains = {name: d.status() for name, d in self.domains.items()}
         out = {"kind": "draft head", "requests": self.seen, "dropped": self.dropped,
                **{k: sum(d[k] for d in domains.values())
-                  for k in ("learned", "published", "rejected", "steps")}}
+                  for k in ("learned", "published", "rejected", "skipped", "steps")}}
         if self.shared:
             default = domains[DEFAULT]
             return out | {"kept_added": default["kept_added"],
@@ -224,6 +245,8 @@ class OnlineHead:
             log.warning("online head: more than %d domains learn at once; %r is served by "
                         "the shipped head", MAX_DOMAINS, row.get("domain"))
             return
+        if not domain.learns_from_next(self.cfg.head_backoff):
+            return
         learner = domain.learner
         # the probe: how the learned head, the serving one and the shipped one draft this
         # request, before any learned from it
@@ -252,6 +275,10 @@ class OnlineHead:
         mine, theirs, shipped, positions = (sum(p[i] for p in probe) for i in range(4))
         if mine + self.cfg.tolerance * positions < max(theirs, shipped):
             domain.rejected += 1
+            # nothing learned beyond the shipped head: back off; behind a learned serving
+            # head but ahead of the shipped one: still learning the traffic
+            gained = mine > shipped + STALE_MARGIN * positions
+            domain.stale = 0 if gained else domain.stale + 1
             log.info("online head not published: the probe agreed %d times against the "
                      "serving head's %d and the shipped head's %d", mine, theirs, shipped)
             return
@@ -259,6 +286,7 @@ class OnlineHead:
         with self._lock:
             domain.probe.clear()
         domain.published += 1
+        domain.stale = 0
         if self.cfg.save:
             self._save(domain, student)
 

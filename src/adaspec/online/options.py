@@ -19,4 +19,4 @@ def online_config(args: Any) -> OnlineConfig:
                         layers=args.osd_layers,
                         domains=args.osd_domains, distill=distill, root=args.osd_dir,
                         nice=args.osd_nice, head_lr=args.osd_head_lr,
-                        head_grow=args.osd_head_grow)
+                        head_grow=args.osd_head_grow, head_backoff=args.osd_head_backoff)

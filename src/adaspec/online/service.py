@@ -56,6 +56,10 @@ class OnlineConfig:
     nice: int = 19  # the worker process's nice value (0: the same priority as serving)
     head_lr: float = 3e-4  # the draft head's learning rate, where the head learns
     head_grow: int = 2048  # tokens the head's kept set may gain from its traffic (0: none)
+    # while a domain's publications are refused with its learned head no better than the
+    # shipped one, it learns from one request in 2, then 4, ... up to one in head_backoff
+    # (1: every request)
+    head_backoff: int = 4
 
     def __post_init__(self) -> None:
         if self.record not in RECORD_MODES:
@@ -69,7 +73,8 @@ class OnlineConfig:
                              f"{self.head_grow}")
         if self.positions < 0:
             raise InputError(f"positions must be >= 0 (0: off), got {self.positions}")
-        for name in ("interval", "buffer", "top_k", "layers", "probe_every", "probe"):
+        for name in ("interval", "buffer", "top_k", "layers", "probe_every", "probe",
+                     "head_backoff"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
 
