@@ -394,7 +394,7 @@ class AutoDrafter(Drafter):
         last, self._last = self._last, None
         timed, self._timed = self._timed, None
         if timed is not None:  # what the step's call took against its profile price
-            rows = 1 + (last.rows or len(last.tokens) if last is not None else 0)
+            rows = 1 + ((last.rows or len(last.tokens)) if last is not None else 0)
             self.memory.call_scale.observe(rows, 1000 * (req.stats.target_time - timed[1]),
                                            self.profile.target(rows, timed[0]))
         if last is not None and last.tokens:
