@@ -284,3 +284,41 @@ def test_auto_credits_the_heads_chain_by_the_path_through_its_tree():
     assert tree.accepted([2]) == 0
     assert tree.accepted([]) == 0
     assert Choice("head", [11, 12]).accepted([1, 2]) == 2  # a chain: its nodes in order
+
+
+def test_auto_trees_decoded_together_answer_what_each_gets_alone(tmp_path):
+    """Requests of `auto:tree=priced` in one batch (a server's rounds: each its own sequence
+    of one cache) propose trees and each answers what plain decoding gives it."""
+    from adaspec.backends.torch.backend import TorchBackend
+    from adaspec.draft import head_artifact
+    from adaspec.engine.batch import BatchDecoder
+    from adaspec.methods.build import build_generator
+
+    from .test_auto import flat_profile
+    from .test_batch import run_together
+
+    model = tiny_model(vocab=40, hidden=32, seed=3)
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(model).head, torch.arange(40), {})
+    plain = Engine(runtime_backend("torch", model, "plain"), None, eos_token_ids=[])
+    prompts = ([5, 9, 11, 3], [7, 7, 20, 31, 2, 8], [12, 13, 14])
+    engines = [build_generator(f"auto:use=head,head={path},head_ms=1,k_max=4,tree=priced",
+                               seq, None, eos_token_ids=[], profile=flat_profile())
+               for seq in TorchBackend(model).sequences(len(prompts))]
+    trees = 0
+    for engine in engines:
+        propose = engine.drafter.propose
+
+        def spy(req, k, controller, propose=propose):
+            nonlocal trees
+            proposal = propose(req, k, controller)
+            trees += not proposal.is_chain
+            return proposal
+
+        engine.drafter.propose = spy
+    requests = {i: e.stream_steps(p, max_new_tokens=20)
+                for i, (e, p) in enumerate(zip(engines, prompts, strict=True))}
+    results, _ = run_together(BatchDecoder(cost=None), requests)
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
+    assert trees > 0
