@@ -36,3 +36,20 @@ def test_the_gpu_sessions_costs_part_runs_on_the_cpu(tmp_path):
     assert batch["curve"]["contexts"] == [1, 2, 4, 8]  # sequences, tiny: up to 8
     summary = (tmp_path / "costs" / "gpu_costs.md").read_text()
     assert "The draft head" in summary and "| 4 |" in summary
+
+
+def test_the_gpu_benchs_methods_all_parse():
+    """Every method the device call's bench runs is a valid method string (its `hf*` peers
+    are the bench's own), checked here rather than on the GPU."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import gpu_bench
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    from adaspec.methods.spec import parse_method, split_method_list
+
+    methods = split_method_list(gpu_bench.METHODS)
+    assert "auto:tree=priced" in methods and "head:tree=priced" in methods
+    for text in methods:
+        if not text.startswith("hf"):
+            parse_method(text)
