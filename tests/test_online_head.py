@@ -437,3 +437,18 @@ def test_a_publication_made_again_ends_the_back_off():
     assert sum(domain.learns_from_next(4) for _ in range(16)) == 4  # capped at 1 in 4
     domain.stale = 0  # published again
     assert all(domain.learns_from_next(4) for _ in range(8))
+
+
+@pytest.mark.parametrize("flag, value", [("--osd-head-backoff", "0"), ("--osd-head-lr", "0"),
+                                         ("--osd-head-grow", "-1"), ("--interval", "0")])
+def test_a_bad_online_setting_is_an_error_naming_its_option(flag, value):
+    import argparse
+
+    from adaspec.cli.serve import add_online_options
+    from adaspec.errors import InputError
+    from adaspec.online.options import online_config
+
+    parser = argparse.ArgumentParser()
+    add_online_options(parser)
+    with pytest.raises(InputError, match=f"^{flag} must "):
+        online_config(parser.parse_args([flag, value]))
