@@ -271,3 +271,39 @@ def test_a_tree_method_refuses_a_grammar_and_an_engine_needs_a_real_tokenizer(mo
     with pytest.raises(InputError, match="fast\\) tokenizer"):
         build_generator("ar", target, CharTokenizer(), eos_token_ids=[0]).generate(
             [5, 6], sampling=grammar)
+
+
+def test_auto_with_trees_chains_a_constrained_request(models, tok, tmp_path):
+    """`auto:tree=priced` drafts trees, yet a constrained request gets chains (and its
+    output is constrained plain decoding's) where a tree method refuses it (above); an
+    unconstrained request of the same engine still gets trees."""
+    from adaspec.draft import head_artifact
+
+    from .test_auto import flat_profile
+    from .test_head import _trained_head_drafter
+
+    target = models[0]
+    path = tmp_path / "head.pt"
+    head_artifact.save(path, _trained_head_drafter(target).head,
+                       torch.arange(target.config.vocab_size), {})
+    gen = build_generator(f"auto:use=head,head={path},head_ms=1,k_max=4,tree=priced",
+                          TorchBackend(target), tok, eos_token_ids=[tok.eos_token_id],
+                          profile=flat_profile())
+    trees = []
+    propose = gen.drafter.propose
+
+    def spy(req, k, controller):
+        proposal = propose(req, k, controller)
+        trees.append(not proposal.is_chain)
+        return proposal
+
+    gen.drafter.propose = spy
+    grammar = Grammar.json_schema(SCHEMA)
+    prompt = tok.encode("def add(a, b):")
+    res = gen.generate(prompt, max_new_tokens=40, sampling=SamplingParams(grammar=grammar))
+    assert res.token_ids == constrained_greedy(target, grammar, tok, prompt, 40)
+    assert trees and not any(trees)
+    trees.clear()
+    for text in ("for i in range(10):", "def add(a, b):", "x = [1, 2, 3]"):
+        gen.generate(tok.encode(text), max_new_tokens=30)
+    assert any(trees)  # the same engine, unconstrained: trees

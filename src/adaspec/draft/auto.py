@@ -304,6 +304,7 @@ class AutoDrafter(Drafter):
                                  "measured the draft (adaspec profile --draft ...)")
         self.head = head
         self.drafts_trees = trees and head is not None
+        self.chains_when_constrained = True  # `_siblings`: no tree for a constrained request
         self.head_floor_ms = head_ms
         self.learn_head_ms = learn_head_ms
         self.learn_prices = learn_prices
@@ -852,8 +853,10 @@ class AutoDrafter(Drafter):
                                      chain.steps)
 
     def _siblings(self, params: SamplingParams) -> int:
-        """Candidates a head token's level offers beside it: trees at temperature 0 only."""
-        return TREE_SIBLINGS if self.drafts_trees and params.greedy else 0
+        """Candidates a head token's level offers beside it: trees at temperature 0 only,
+        and never for a constrained request (verified on chains)."""
+        constrained = self._req is not None and self._req.constraint is not None
+        return TREE_SIBLINGS if self.drafts_trees and params.greedy and not constrained else 0
 
     def _head_tree(self, context: list[int], tokens: list[int], buckets: list[int],
                    accept: list[float], siblings: list[Candidates], spent: float,

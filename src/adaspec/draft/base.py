@@ -20,6 +20,9 @@ class Drafter(ABC):
     # Proposals may branch (token trees): the target's backend must score tree masks, and
     # the default verifier above temperature 0 is a multi-candidate one.
     drafts_trees: bool = False
+    # A drafter of trees that proposes chains for a constrained request (`_siblings` of
+    # `auto`): constrained output, verified on chains, is then allowed.
+    chains_when_constrained: bool = False
     # It reads the target's final-normed states of the accepted positions
     # (`RequestState.features`): the engine asks the target's runtime to record them.
     needs_features: bool = False

@@ -263,7 +263,14 @@ class Engine(TextGenerator):
 
     def request_verifier(self, sampling: SamplingParams) -> Verifier:
         """The verifier of one request (bad settings fail here, before any compute)."""
-        return verification.choose(self.verify, self.drafts_trees, sampling.greedy)
+        return verification.choose(self.verify, self._trees_for(sampling), sampling.greedy)
+
+    def _trees_for(self, sampling: SamplingParams) -> bool:
+        """Whether this request's proposals may branch: a drafter of trees that chains a
+        constrained request proposes it chains (verified as chains)."""
+        drafter = self.drafter
+        return drafter is not None and drafter.drafts_trees and not (
+            sampling.grammar is not None and drafter.chains_when_constrained)
 
     # ------------------------------------------------------------------ loop
     def decode(
@@ -401,7 +408,7 @@ class Engine(TextGenerator):
         """The request's constraint, compiled for this engine's tokenizer (None: none)."""
         if sampling.grammar is None:
             return None
-        if self.drafts_trees:
+        if self._trees_for(sampling):
             raise InputError("constrained output (response_format, guided_grammar) is "
                              "verified on chains: use a method that drafts chains")
         return sampling.grammar.compile(self.tokenizer, self.target.vocab_size,
