@@ -97,8 +97,8 @@ class OnlineHead:
     def __init__(self, cfg: Any, drafter: Any, target: Any, name: str) -> None:
         """cfg: the server's `OnlineConfig` (interval: requests between publications;
         domains; head_lr; head_grow; head_backoff; top_k; nice; root; save; probe;
-        tolerance); drafter:
-        the default engine's head drafter (`draft/head.py`, loaded from an artifact)."""
+        tolerance); drafter: the default engine's head drafter (`draft/head.py`, loaded
+        from an artifact)."""
         from adaspec.draft.head_artifact import load_for_target
 
         if getattr(drafter, "origin", None) is None:
