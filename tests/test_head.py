@@ -723,3 +723,8 @@ def test_the_engine_writes_the_targets_own_answers_and_a_run_resumes(tmp_path):
         expected = list(want.token_ids) + ([7] if want.finish_reason == "eos" and
                                            want.token_ids[-1:] != [7] else [])
         assert list(ex.answer_ids) == row["answer_ids"] == expected
+    # a resumed run finds every answer kept: none to answer, so no model is loaded for it
+    kept, pending = head_data.with_saved_answers(examples, out)
+    assert pending == 0 and [list(e.answer_ids) for e in kept] == [r["answer_ids"]
+                                                                  for r in rows]
+    assert head_data.with_saved_answers(examples, tmp_path / "none.jsonl")[1] == 4

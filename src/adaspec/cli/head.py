@@ -132,7 +132,9 @@ def run_data(args: argparse.Namespace) -> int:
         examples += head_data.read_prompts(Path(args.prompts))
     print(f"{len(examples)} training examples", file=sys.stderr)
     t0 = time.perf_counter()
-    if args.answers_by == "engine" and any(not e.answer for e in examples):
+    # answers a resumed run kept: no model loaded to answer what is answered already
+    examples, pending = head_data.with_saved_answers(examples, out / "answers.jsonl")
+    if args.answers_by == "engine" and pending:
         from adaspec.draft.head_artifact import builtin_for
         from adaspec.methods.build import load_generator
 

@@ -119,6 +119,13 @@ def _to_answer(examples: list[Example], done: dict[str, list[int]]) -> list[Exam
     return [ex for ex in examples if not ex.answer and not ex.answer_ids and ex.id not in done]
 
 
+def with_saved_answers(examples: list[Example], out: Path) -> tuple[list[Example], int]:
+    """The examples with the answers an earlier run kept in `out`, and how many still have
+    none (0: nothing to answer, no model to load)."""
+    done = _answers_done(out)
+    return _with_answers(examples, done), len(_to_answer(examples, done))
+
+
 def own_answers(model, tokenizer, examples: list[Example], out: Path, max_new: int,
                 eos: list[int], batch: int = 16, progress: bool = True) -> list[Example]:
     """The target's own greedy answers (EAGLE-3 trains on them) to the examples that have no
