@@ -1051,13 +1051,17 @@ def test_verifier_mismatch_messages_name_the_fix():
             f"this proposal's were drawn {drawn}")
 
 
-def test_time_spent_routing_is_not_counted_as_prefill(toy):
+def test_time_spent_routing_is_not_counted_as_prefill(toy, monkeypatch):
     """A router hands the engine its stats with route_time already spent: the prefill time
-    is the prefill's own, and the wall time includes the routing."""
+    is the prefill's own, and the wall time includes the routing. A fake clock (a
+    millisecond a read): nothing here depends on how fast the machine is."""
+    import adaspec.engine.loop as loop
     from adaspec.core.metrics import RequestStats
     from adaspec.engine.loop import Engine
     from adaspec.engine.steps import GenerationResult
 
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: 0.001 * next(ticks))
     engine = Engine(TorchBackend(toy), None, eos_token_ids=[])
     stats = RequestStats(prompt_tokens=3, route_time=5.0)
     out = list(engine.decode([1, 2, 3], 3, SamplingParams(), [], stats=stats))

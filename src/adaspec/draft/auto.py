@@ -43,6 +43,7 @@ from adaspec.cost.profile import CostProfile
 from adaspec.cost.rule import cost_keeps_drafting
 from adaspec.draft.base import Drafter
 from adaspec.draft.head import HeadChain, HeadDrafter
+from adaspec.draft.head_tree import best_counts, level_tree
 from adaspec.draft.history import HistoryIndex
 from adaspec.draft.model import ModelDrafter
 from adaspec.draft.ngram import NgramDrafter
@@ -89,6 +90,13 @@ def _bucket_of(confidence: float) -> int:
     return len(CONFIDENCE_EDGES)
 
 
+# a drafted token's next candidates: their tokens and the head's probability of each
+Candidates = tuple[list[int], list[float]]
+# auto:tree=priced: candidates a level offers beside the chain's token, most nodes a step
+TREE_SIBLINGS = 3
+TREE_NODES = 16
+
+
 def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Generator | None,
                 siblings: int = 0) -> tuple[int, torch.Tensor | None, int, Candidates]:
     """The head's next drafted token, its processed distribution (None: greedy), its
@@ -107,13 +115,6 @@ def _head_token(chain: HeadChain, params: SamplingParams, generator: torch.Gener
               if int(t) != token][:siblings]
     return token, processed, _bucket_of(read[1]), ([t for t, _ in others],
                                                    [q for _, q in others])
-
-
-# a drafted token's next candidates: their tokens and the head's probability of each
-Candidates = tuple[list[int], list[float]]
-# auto:tree=priced: candidates a level offers beside the chain's token, most nodes a step
-TREE_SIBLINGS = 3
-TREE_NODES = 16
 
 
 def _bucket_prior(i: int) -> float:
@@ -867,8 +868,6 @@ class AutoDrafter(Drafter):
         sibling at the head's probability of it scaled as this request's head tokens held
         (the head is calibrated: experiments/results/head-calibration-xeon-amx). None where
         that keeps no sibling: the chain's best prefix is the step (`_verified_prefix`)."""
-        from adaspec.draft.head_tree import best_counts, level_tree
-
         assert self._req is not None
         ctx = len(context)
         room = self._req.tree_nodes  # what the target's cache holds as one tree this step
